@@ -1,1 +1,10 @@
-//! kiln compiler.
+//! kiln's compiler: the graph IR, its verifier, text form, reference interpreter,
+//! optimization passes and lowering to StableHLO text.
+//!
+//! The compiler is pure: no I/O, no devices, no globals. A graph goes in, a module
+//! (text) comes out, so everything here is testable on a CPU-only machine.
+
+mod error;
+pub mod ir;
+
+pub use error::CompileError;

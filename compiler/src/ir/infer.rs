@@ -1,0 +1,359 @@
+//! Shape and dtype inference, run once when a node is added.
+//!
+//! Each case checks exactly what StableHLO's verifier would reject for that op,
+//! so a program that gets into a `Graph` lowers to a module XLA accepts; the
+//! errors name the op and the operand types.
+
+use super::{DType, Graph, Op, Shape, TensorType, UnaryOp, ValueId};
+use crate::CompileError;
+
+type Result<T> = std::result::Result<T, CompileError>;
+
+fn invalid(op: &'static str, reason: impl Into<String>, operands: Vec<TensorType>) -> CompileError {
+    CompileError::InvalidOperands { op, reason: reason.into(), operands }
+}
+
+/// Output types of `op` in `g`. Operands have been checked to exist.
+pub fn infer(g: &Graph, op: &Op) -> Result<Vec<TensorType>> {
+    let name = op.name();
+    let ty = |v: ValueId| g.ty(v).clone();
+    let one = |t: TensorType| Ok(vec![t]);
+    match op {
+        Op::Parameter { ty, .. } => one(ty.clone()),
+        Op::Constant { literal } => one(literal.ty().clone()),
+        Op::Iota { ty, axis } => {
+            check_axis(name, *axis, ty.shape.rank())?;
+            if ty.dtype == DType::Pred {
+                return Err(CompileError::UnsupportedDType { op: name, dtype: ty.dtype, expected: "a numeric type" });
+            }
+            one(ty.clone())
+        }
+        Op::Unary { op: u, input } => {
+            let t = ty(*input);
+            let ok = match u {
+                UnaryOp::Not => !t.dtype.is_float(),
+                UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign => t.dtype != DType::Pred,
+                _ => t.dtype.is_float(),
+            };
+            if !ok {
+                let expected = if u.float_only() {
+                    "a floating-point type"
+                } else if *u == UnaryOp::Not {
+                    "pred or an integer type"
+                } else {
+                    "a numeric type"
+                };
+                return Err(CompileError::UnsupportedDType { op: name, dtype: t.dtype, expected });
+            }
+            one(t)
+        }
+        Op::Binary { op: b, lhs, rhs } => {
+            let (l, r) = (ty(*lhs), ty(*rhs));
+            same_type(name, &l, &r)?;
+            if b.is_logical() && l.dtype.is_float() {
+                return Err(CompileError::UnsupportedDType {
+                    op: name,
+                    dtype: l.dtype,
+                    expected: "pred or an integer type",
+                });
+            }
+            if !b.is_logical() && l.dtype == DType::Pred {
+                return Err(CompileError::UnsupportedDType { op: name, dtype: l.dtype, expected: "a numeric type" });
+            }
+            one(l)
+        }
+        Op::Compare { lhs, rhs, .. } => {
+            let (l, r) = (ty(*lhs), ty(*rhs));
+            same_type(name, &l, &r)?;
+            one(TensorType::new(DType::Pred, l.shape))
+        }
+        Op::Select { pred, on_true, on_false } => {
+            let (p, t, f) = (ty(*pred), ty(*on_true), ty(*on_false));
+            same_type(name, &t, &f)?;
+            if p.dtype != DType::Pred {
+                return Err(CompileError::UnsupportedDType { op: name, dtype: p.dtype, expected: "pred" });
+            }
+            if p.shape.rank() != 0 && p.shape != t.shape {
+                return Err(CompileError::ShapeMismatch { op: name, lhs: p.shape, rhs: t.shape });
+            }
+            one(t)
+        }
+        Op::Clamp { min, input, max } => {
+            let (lo, x, hi) = (ty(*min), ty(*input), ty(*max));
+            for bound in [&lo, &hi] {
+                if bound.dtype != x.dtype {
+                    return Err(CompileError::DTypeMismatch { op: name, lhs: bound.dtype, rhs: x.dtype });
+                }
+                if bound.shape.rank() != 0 && bound.shape != x.shape {
+                    return Err(CompileError::ShapeMismatch { op: name, lhs: bound.shape.clone(), rhs: x.shape });
+                }
+            }
+            one(x)
+        }
+        Op::Convert { input, to } => one(TensorType::new(*to, ty(*input).shape)),
+        Op::BroadcastInDim { input, shape, dims } => {
+            let t = ty(*input);
+            if dims.len() != t.shape.rank() {
+                return Err(invalid(
+                    name,
+                    format!("{} broadcast dimensions for an operand of rank {}", dims.len(), t.shape.rank()),
+                    vec![t],
+                ));
+            }
+            for (i, &d) in dims.iter().enumerate() {
+                check_axis(name, d, shape.rank())?;
+                if i > 0 && dims[i - 1] >= d {
+                    return Err(invalid(name, format!("broadcast dimensions {dims:?} are not increasing"), vec![t]));
+                }
+                let (from, to) = (t.shape.0[i], shape.0[d]);
+                if from != to && from != 1 {
+                    return Err(invalid(
+                        name,
+                        format!("operand dimension {i} of size {from} cannot broadcast to size {to} of {shape}"),
+                        vec![t],
+                    ));
+                }
+            }
+            one(TensorType::new(t.dtype, shape.clone()))
+        }
+        Op::Reshape { input, shape } => {
+            let t = ty(*input);
+            if t.shape.num_elements() != shape.num_elements() {
+                return Err(CompileError::ReshapeSize {
+                    op: name,
+                    from_elems: t.shape.num_elements(),
+                    to_elems: shape.num_elements(),
+                    from: t.shape,
+                    to: shape.clone(),
+                });
+            }
+            one(TensorType::new(t.dtype, shape.clone()))
+        }
+        Op::Transpose { input, perm } => {
+            let t = ty(*input);
+            check_permutation(name, perm, &t)?;
+            let dims = perm.iter().map(|&p| t.shape.0[p]).collect::<Vec<_>>();
+            one(TensorType::new(t.dtype, dims))
+        }
+        Op::Slice { input, start, limit, stride } => {
+            let t = ty(*input);
+            let r = t.shape.rank();
+            if start.len() != r || limit.len() != r || stride.len() != r {
+                return Err(invalid(name, format!("start/limit/stride must have {r} entries each"), vec![t]));
+            }
+            let mut dims = Vec::with_capacity(r);
+            for i in 0..r {
+                if start[i] > limit[i] || limit[i] > t.shape.0[i] || stride[i] == 0 {
+                    return Err(invalid(
+                        name,
+                        format!(
+                            "dimension {i}: start {} limit {} stride {} out of bounds for size {}",
+                            start[i], limit[i], stride[i], t.shape.0[i]
+                        ),
+                        vec![t],
+                    ));
+                }
+                dims.push((limit[i] - start[i]).div_ceil(stride[i]));
+            }
+            one(TensorType::new(t.dtype, dims))
+        }
+        Op::DynamicSlice { input, starts, sizes } => {
+            let t = ty(*input);
+            check_starts(g, name, &t, starts)?;
+            if sizes.len() != t.shape.rank() || sizes.iter().zip(&t.shape.0).any(|(s, d)| s > d) {
+                return Err(invalid(name, format!("slice sizes {sizes:?} do not fit {}", t.shape), vec![t]));
+            }
+            one(TensorType::new(t.dtype, sizes.clone()))
+        }
+        Op::DynamicUpdateSlice { input, update, starts } => {
+            let (t, u) = (ty(*input), ty(*update));
+            check_starts(g, name, &t, starts)?;
+            if u.dtype != t.dtype {
+                return Err(CompileError::DTypeMismatch { op: name, lhs: t.dtype, rhs: u.dtype });
+            }
+            if u.shape.rank() != t.shape.rank() || u.shape.0.iter().zip(&t.shape.0).any(|(s, d)| s > d) {
+                return Err(CompileError::ShapeMismatch { op: name, lhs: t.shape, rhs: u.shape });
+            }
+            one(t)
+        }
+        Op::Concatenate { inputs, axis } => {
+            let Some(first) = inputs.first() else {
+                return Err(invalid(name, "needs at least one operand", vec![]));
+            };
+            let f = ty(*first);
+            check_axis(name, *axis, f.shape.rank())?;
+            let mut dims = f.shape.0.clone();
+            dims[*axis] = 0;
+            for &v in inputs {
+                let t = ty(v);
+                if t.dtype != f.dtype {
+                    return Err(CompileError::DTypeMismatch { op: name, lhs: f.dtype, rhs: t.dtype });
+                }
+                let agree = t.shape.rank() == f.shape.rank()
+                    && (0..t.shape.rank()).all(|i| i == *axis || t.shape.0[i] == f.shape.0[i]);
+                if !agree {
+                    return Err(CompileError::ShapeMismatch { op: name, lhs: f.shape, rhs: t.shape });
+                }
+                dims[*axis] += t.shape.0[*axis];
+            }
+            one(TensorType::new(f.dtype, dims))
+        }
+        Op::Pad { input, value, low, high, interior } => {
+            let (t, v) = (ty(*input), ty(*value));
+            if v.shape.rank() != 0 || v.dtype != t.dtype {
+                return Err(invalid(name, "padding value must be a scalar of the operand's dtype", vec![t, v]));
+            }
+            let r = t.shape.rank();
+            if low.len() != r || high.len() != r || interior.len() != r {
+                return Err(invalid(name, format!("low/high/interior must have {r} entries each"), vec![t, v]));
+            }
+            let mut dims = Vec::with_capacity(r);
+            for i in 0..r {
+                let d = t.shape.0[i] as i64;
+                let size = low[i] + high[i] + d + (d - 1).max(0) * interior[i] as i64;
+                if size < 0 {
+                    return Err(invalid(name, format!("dimension {i} would have negative size {size}"), vec![t, v]));
+                }
+                dims.push(size as usize);
+            }
+            one(TensorType::new(t.dtype, dims))
+        }
+        Op::Reduce { input, axes, .. } => {
+            let t = ty(*input);
+            for (i, &a) in axes.iter().enumerate() {
+                check_axis(name, a, t.shape.rank())?;
+                if i > 0 && axes[i - 1] >= a {
+                    return Err(invalid(name, format!("axes {axes:?} must be sorted and unique"), vec![t]));
+                }
+            }
+            let dims = (0..t.shape.rank()).filter(|i| !axes.contains(i)).map(|i| t.shape.0[i]).collect::<Vec<_>>();
+            one(TensorType::new(t.dtype, dims))
+        }
+        Op::DotGeneral { lhs, rhs, dims } => {
+            let (l, r) = (ty(*lhs), ty(*rhs));
+            if l.dtype != r.dtype {
+                return Err(CompileError::DTypeMismatch { op: name, lhs: l.dtype, rhs: r.dtype });
+            }
+            if l.dtype == DType::Pred {
+                return Err(CompileError::UnsupportedDType { op: name, dtype: l.dtype, expected: "a numeric type" });
+            }
+            let bad = |reason: String| invalid(name, reason, vec![l.clone(), r.clone()]);
+            if dims.lhs_batch.len() != dims.rhs_batch.len() || dims.lhs_contract.len() != dims.rhs_contract.len() {
+                return Err(bad(format!("unpaired dimension numbers {dims:?}")));
+            }
+            let l_used: Vec<usize> = dims.lhs_batch.iter().chain(&dims.lhs_contract).copied().collect();
+            let r_used: Vec<usize> = dims.rhs_batch.iter().chain(&dims.rhs_contract).copied().collect();
+            for (used, t) in [(&l_used, &l), (&r_used, &r)] {
+                for (i, &d) in used.iter().enumerate() {
+                    if d >= t.shape.rank() || used[..i].contains(&d) {
+                        return Err(bad(format!("dimension numbers {dims:?} are out of range or repeated")));
+                    }
+                }
+            }
+            for (a, b) in dims.lhs_batch.iter().zip(&dims.rhs_batch).chain(dims.lhs_contract.iter().zip(&dims.rhs_contract)) {
+                if l.shape.0[*a] != r.shape.0[*b] {
+                    return Err(bad(format!("lhs dimension {a} ({}) != rhs dimension {b} ({})", l.shape.0[*a], r.shape.0[*b])));
+                }
+            }
+            let mut out: Vec<usize> = dims.lhs_batch.iter().map(|&d| l.shape.0[d]).collect();
+            out.extend((0..l.shape.rank()).filter(|d| !l_used.contains(d)).map(|d| l.shape.0[d]));
+            out.extend((0..r.shape.rank()).filter(|d| !r_used.contains(d)).map(|d| r.shape.0[d]));
+            one(TensorType::new(l.dtype, out))
+        }
+        Op::Gather { operand, indices, axis } => {
+            let (t, i) = (ty(*operand), ty(*indices));
+            check_axis(name, *axis, t.shape.rank())?;
+            check_index_dtype(name, &i)?;
+            let mut dims = t.shape.0[..*axis].to_vec();
+            dims.extend(&i.shape.0);
+            dims.extend(&t.shape.0[*axis + 1..]);
+            one(TensorType::new(t.dtype, dims))
+        }
+        Op::ScatterAdd { operand, indices, updates, axis } => {
+            let (t, i, u) = (ty(*operand), ty(*indices), ty(*updates));
+            check_axis(name, *axis, t.shape.rank())?;
+            check_index_dtype(name, &i)?;
+            let mut dims = t.shape.0[..*axis].to_vec();
+            dims.extend(&i.shape.0);
+            dims.extend(&t.shape.0[*axis + 1..]);
+            if u.dtype != t.dtype {
+                return Err(CompileError::DTypeMismatch { op: name, lhs: t.dtype, rhs: u.dtype });
+            }
+            if u.shape.0 != dims {
+                return Err(CompileError::ShapeMismatch { op: name, lhs: Shape(dims), rhs: u.shape });
+            }
+            one(t)
+        }
+        Op::RngBitGenerator { state, ty: out, .. } => {
+            let s = ty(*state);
+            if s.dtype != DType::U32 && s.dtype != DType::S64 || s.shape.rank() != 1 {
+                return Err(invalid(name, "state must be a 1-D u32 or s64 tensor", vec![s]));
+            }
+            if !matches!(out.dtype, DType::U32 | DType::U8 | DType::S32 | DType::S64) {
+                return Err(CompileError::UnsupportedDType { op: name, dtype: out.dtype, expected: "an integer type" });
+            }
+            Ok(vec![s, out.clone()])
+        }
+        Op::OptimizationBarrier { inputs } => Ok(inputs.iter().map(|&v| ty(v)).collect()),
+        Op::AllReduce { input, .. } => {
+            let t = ty(*input);
+            if t.dtype == DType::Pred {
+                return Err(CompileError::UnsupportedDType { op: name, dtype: t.dtype, expected: "a numeric type" });
+            }
+            one(t)
+        }
+    }
+}
+
+fn check_axis(op: &'static str, axis: usize, rank: usize) -> Result<()> {
+    if axis < rank {
+        Ok(())
+    } else {
+        Err(CompileError::BadAxis { op, axis, rank })
+    }
+}
+
+fn same_type(op: &'static str, l: &TensorType, r: &TensorType) -> Result<()> {
+    if l.dtype != r.dtype {
+        return Err(CompileError::DTypeMismatch { op, lhs: l.dtype, rhs: r.dtype });
+    }
+    if l.shape != r.shape {
+        return Err(CompileError::ShapeMismatch { op, lhs: l.shape.clone(), rhs: r.shape.clone() });
+    }
+    Ok(())
+}
+
+fn check_permutation(op: &'static str, perm: &[usize], t: &TensorType) -> Result<()> {
+    let mut seen = vec![false; t.shape.rank()];
+    if perm.len() != t.shape.rank() {
+        return Err(invalid(op, format!("permutation {perm:?} has the wrong length"), vec![t.clone()]));
+    }
+    for &p in perm {
+        if p >= seen.len() || seen[p] {
+            return Err(invalid(op, format!("{perm:?} is not a permutation"), vec![t.clone()]));
+        }
+        seen[p] = true;
+    }
+    Ok(())
+}
+
+fn check_index_dtype(op: &'static str, t: &TensorType) -> Result<()> {
+    if t.dtype.is_integer() {
+        Ok(())
+    } else {
+        Err(CompileError::UnsupportedDType { op, dtype: t.dtype, expected: "an integer index type" })
+    }
+}
+
+fn check_starts(g: &Graph, op: &'static str, t: &TensorType, starts: &[ValueId]) -> Result<()> {
+    if starts.len() != t.shape.rank() {
+        return Err(invalid(op, format!("{} start indices for rank {}", starts.len(), t.shape.rank()), vec![t.clone()]));
+    }
+    for &s in starts {
+        let st = g.ty(s);
+        if st.shape.rank() != 0 || !st.dtype.is_integer() {
+            return Err(invalid(op, "start indices must be integer scalars", vec![t.clone(), st.clone()]));
+        }
+    }
+    Ok(())
+}

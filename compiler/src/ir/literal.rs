@@ -1,0 +1,120 @@
+//! Constant tensor data embedded in a graph.
+//!
+//! A `Literal` owns dense, row-major, little-endian bytes of its type. It is plain
+//! data (hashable, ordered) so constants take part in structural hashing, CSE and
+//! e-graph matching like any other attribute.
+
+use half::{bf16, f16};
+
+use super::{DType, Shape, TensorType};
+use crate::CompileError;
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Literal {
+    ty: TensorType,
+    bytes: Vec<u8>,
+}
+
+impl Literal {
+    /// Wraps raw little-endian bytes; the length must match the type.
+    pub fn from_bytes(ty: TensorType, bytes: Vec<u8>) -> Result<Literal, CompileError> {
+        if bytes.len() != ty.size_in_bytes() {
+            return Err(CompileError::LiteralSize { ty, bytes: bytes.len() });
+        }
+        Ok(Literal { ty, bytes })
+    }
+
+    /// A scalar of `dtype` holding `value` converted as `convert` would.
+    pub fn scalar(dtype: DType, value: f64) -> Literal {
+        Literal::from_f64s(dtype, Shape::scalar(), &[value])
+            .expect("one value for a scalar is always the right count")
+    }
+
+    /// A tensor of `dtype` whose elements are `values` converted as `convert` would
+    /// (floats round to nearest, integers truncate toward zero, pred is `v != 0`).
+    pub fn from_f64s(dtype: DType, shape: impl Into<Shape>, values: &[f64]) -> Result<Literal, CompileError> {
+        let ty = TensorType::new(dtype, shape);
+        if values.len() != ty.shape.num_elements() {
+            return Err(CompileError::LiteralSize { ty, bytes: values.len() * dtype.size_in_bytes() });
+        }
+        let mut bytes = Vec::with_capacity(ty.size_in_bytes());
+        for &v in values {
+            encode(dtype, v, &mut bytes);
+        }
+        Ok(Literal { ty, bytes })
+    }
+
+    pub fn ty(&self) -> &TensorType {
+        &self.ty
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Every element widened to f64 (exact for all kiln dtypes but 64-bit integers
+    /// beyond 2^53).
+    pub fn to_f64s(&self) -> Vec<f64> {
+        let n = self.ty.dtype.size_in_bytes();
+        self.bytes.chunks_exact(n).map(|c| decode(self.ty.dtype, c)).collect()
+    }
+
+    /// True when every element has the same bit pattern (a splat), which the
+    /// printers write as one value.
+    pub fn is_splat(&self) -> bool {
+        let n = self.ty.dtype.size_in_bytes();
+        self.bytes.chunks_exact(n).all(|c| c == &self.bytes[..n])
+    }
+}
+
+fn encode(dtype: DType, v: f64, out: &mut Vec<u8>) {
+    match dtype {
+        DType::Pred => out.push(u8::from(v != 0.0)),
+        DType::S8 => out.extend((v as i8).to_le_bytes()),
+        DType::S32 => out.extend((v as i32).to_le_bytes()),
+        DType::S64 => out.extend((v as i64).to_le_bytes()),
+        DType::U8 => out.extend((v as u8).to_le_bytes()),
+        DType::U32 => out.extend((v as u32).to_le_bytes()),
+        DType::F16 => out.extend(f16::from_f64(v).to_le_bytes()),
+        DType::BF16 => out.extend(bf16::from_f64(v).to_le_bytes()),
+        DType::F32 => out.extend((v as f32).to_le_bytes()),
+        DType::F64 => out.extend(v.to_le_bytes()),
+    }
+}
+
+/// Reads one little-endian element of `dtype` from `c` (exactly its size).
+pub fn decode(dtype: DType, c: &[u8]) -> f64 {
+    match dtype {
+        DType::Pred => f64::from(u8::from(c[0] != 0)),
+        DType::S8 => f64::from(c[0] as i8),
+        DType::S32 => f64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        DType::S64 => i64::from_le_bytes(c[..8].try_into().expect("8 bytes")) as f64,
+        DType::U8 => f64::from(c[0]),
+        DType::U32 => f64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        DType::F16 => f16::from_le_bytes([c[0], c[1]]).to_f64(),
+        DType::BF16 => bf16::from_le_bytes([c[0], c[1]]).to_f64(),
+        DType::F32 => f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        DType::F64 => f64::from_le_bytes(c[..8].try_into().expect("8 bytes")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_every_dtype() {
+        for dtype in DType::ALL {
+            let values = [1.0, 0.0, 3.0];
+            let lit = Literal::from_f64s(dtype, [3], &values).unwrap();
+            assert_eq!(lit.bytes().len(), 3 * dtype.size_in_bytes());
+            assert_eq!(lit.to_f64s(), values, "{dtype}");
+        }
+    }
+
+    #[test]
+    fn wrong_count_is_an_error() {
+        let err = Literal::from_f64s(DType::F32, [2, 2], &[1.0]).unwrap_err();
+        assert!(err.to_string().contains("tensor<2x2xf32>"), "{err}");
+    }
+}

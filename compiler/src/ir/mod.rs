@@ -1,0 +1,15 @@
+//! kiln's graph IR: element types, shapes, constants, the closed `Op` enum and
+//! the `Graph` that holds a step.
+
+mod dtype;
+mod graph;
+pub mod infer;
+mod literal;
+mod op;
+mod shape;
+
+pub use dtype::DType;
+pub use graph::{Alias, Graph, Node, NodeId, ValueId};
+pub use literal::{decode, Literal};
+pub use op::{BinaryOp, CompareDir, DotDims, Op, ReduceOp, RngAlgorithm, UnaryOp};
+pub use shape::{Shape, TensorType};

@@ -1,0 +1,494 @@
+//! The closed set of operations of kiln's IR.
+//!
+//! Ops are plain data: operands are [`ValueId`]s, attributes are hashable, ordered
+//! values. No closures, no handles, no ops named by strings, so `Op` converts to an
+//! e-graph node and back without loss, and two structurally equal programs hash
+//! alike. Each sub-enum knows its StableHLO mnemonic.
+
+use super::{DType, Literal, Shape, TensorType, ValueId};
+
+/// Elementwise ops of one operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UnaryOp {
+    Neg,
+    Abs,
+    Exp,
+    Log,
+    Log1p,
+    Expm1,
+    Tanh,
+    Logistic,
+    Sqrt,
+    Rsqrt,
+    Sin,
+    Cos,
+    Floor,
+    Ceil,
+    Sign,
+    /// Logical not on pred, bitwise not on integers.
+    Not,
+    /// The error function (CHLO `erf`, expanded by XLA).
+    Erf,
+}
+
+impl UnaryOp {
+    pub const ALL: [UnaryOp; 17] = [
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Log1p,
+        UnaryOp::Expm1,
+        UnaryOp::Tanh,
+        UnaryOp::Logistic,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Floor,
+        UnaryOp::Ceil,
+        UnaryOp::Sign,
+        UnaryOp::Not,
+        UnaryOp::Erf,
+    ];
+
+    /// Name in kiln's text form.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Log1p => "log1p",
+            UnaryOp::Expm1 => "expm1",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Logistic => "logistic",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Floor => "floor",
+            UnaryOp::Ceil => "ceil",
+            UnaryOp::Sign => "sign",
+            UnaryOp::Not => "not",
+            UnaryOp::Erf => "erf",
+        }
+    }
+
+    /// The MLIR op this lowers to.
+    pub fn mnemonic(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "stablehlo.negate",
+            UnaryOp::Abs => "stablehlo.abs",
+            UnaryOp::Exp => "stablehlo.exponential",
+            UnaryOp::Log => "stablehlo.log",
+            UnaryOp::Log1p => "stablehlo.log_plus_one",
+            UnaryOp::Expm1 => "stablehlo.exponential_minus_one",
+            UnaryOp::Tanh => "stablehlo.tanh",
+            UnaryOp::Logistic => "stablehlo.logistic",
+            UnaryOp::Sqrt => "stablehlo.sqrt",
+            UnaryOp::Rsqrt => "stablehlo.rsqrt",
+            UnaryOp::Sin => "stablehlo.sine",
+            UnaryOp::Cos => "stablehlo.cosine",
+            UnaryOp::Floor => "stablehlo.floor",
+            UnaryOp::Ceil => "stablehlo.ceil",
+            UnaryOp::Sign => "stablehlo.sign",
+            UnaryOp::Not => "stablehlo.not",
+            UnaryOp::Erf => "chlo.erf",
+        }
+    }
+
+    /// Whether the op is defined only on floating-point operands.
+    pub fn float_only(self) -> bool {
+        match self {
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign | UnaryOp::Not => false,
+            UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Log1p
+            | UnaryOp::Expm1
+            | UnaryOp::Tanh
+            | UnaryOp::Logistic
+            | UnaryOp::Sqrt
+            | UnaryOp::Rsqrt
+            | UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Floor
+            | UnaryOp::Ceil
+            | UnaryOp::Erf => true,
+        }
+    }
+}
+
+/// Elementwise ops of two operands of the same type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Max,
+    Min,
+    Rem,
+    And,
+    Or,
+    Xor,
+}
+
+impl BinaryOp {
+    pub const ALL: [BinaryOp; 11] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Pow,
+        BinaryOp::Max,
+        BinaryOp::Min,
+        BinaryOp::Rem,
+        BinaryOp::And,
+        BinaryOp::Or,
+        BinaryOp::Xor,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Pow => "pow",
+            BinaryOp::Max => "max",
+            BinaryOp::Min => "min",
+            BinaryOp::Rem => "rem",
+            BinaryOp::And => "and",
+            BinaryOp::Or => "or",
+            BinaryOp::Xor => "xor",
+        }
+    }
+
+    pub fn mnemonic(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "stablehlo.add",
+            BinaryOp::Sub => "stablehlo.subtract",
+            BinaryOp::Mul => "stablehlo.multiply",
+            BinaryOp::Div => "stablehlo.divide",
+            BinaryOp::Pow => "stablehlo.power",
+            BinaryOp::Max => "stablehlo.maximum",
+            BinaryOp::Min => "stablehlo.minimum",
+            BinaryOp::Rem => "stablehlo.remainder",
+            BinaryOp::And => "stablehlo.and",
+            BinaryOp::Or => "stablehlo.or",
+            BinaryOp::Xor => "stablehlo.xor",
+        }
+    }
+
+    /// Logical/bitwise ops take pred or integers only.
+    pub fn is_logical(self) -> bool {
+        match self {
+            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => true,
+            BinaryOp::Add
+            | BinaryOp::Sub
+            | BinaryOp::Mul
+            | BinaryOp::Div
+            | BinaryOp::Pow
+            | BinaryOp::Max
+            | BinaryOp::Min
+            | BinaryOp::Rem => false,
+        }
+    }
+}
+
+/// Comparison direction; the result is `pred`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CompareDir {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl CompareDir {
+    pub const ALL: [CompareDir; 6] =
+        [CompareDir::Eq, CompareDir::Ne, CompareDir::Lt, CompareDir::Le, CompareDir::Gt, CompareDir::Ge];
+
+    /// `EQ`, `NE`, ... as StableHLO's `comparison_direction` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CompareDir::Eq => "EQ",
+            CompareDir::Ne => "NE",
+            CompareDir::Lt => "LT",
+            CompareDir::Le => "LE",
+            CompareDir::Gt => "GT",
+            CompareDir::Ge => "GE",
+        }
+    }
+}
+
+/// Reduction monoids (also used by `all_reduce`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+    Min,
+    Prod,
+}
+
+impl ReduceOp {
+    pub const ALL: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+            ReduceOp::Prod => "prod",
+        }
+    }
+
+    /// The binary op that combines two partial results.
+    pub fn combiner(self) -> BinaryOp {
+        match self {
+            ReduceOp::Sum => BinaryOp::Add,
+            ReduceOp::Max => BinaryOp::Max,
+            ReduceOp::Min => BinaryOp::Min,
+            ReduceOp::Prod => BinaryOp::Mul,
+        }
+    }
+
+    /// The identity element of the monoid for `dtype`.
+    pub fn identity(self, dtype: DType) -> f64 {
+        match self {
+            ReduceOp::Sum => 0.0,
+            ReduceOp::Prod => 1.0,
+            ReduceOp::Max => lowest(dtype),
+            ReduceOp::Min => highest(dtype),
+        }
+    }
+}
+
+fn lowest(dtype: DType) -> f64 {
+    match dtype {
+        DType::Pred | DType::U8 | DType::U32 => 0.0,
+        DType::S8 => f64::from(i8::MIN),
+        DType::S32 => f64::from(i32::MIN),
+        DType::S64 => i64::MIN as f64,
+        DType::F16 | DType::BF16 | DType::F32 | DType::F64 => f64::NEG_INFINITY,
+    }
+}
+
+fn highest(dtype: DType) -> f64 {
+    match dtype {
+        DType::Pred => 1.0,
+        DType::U8 => f64::from(u8::MAX),
+        DType::U32 => f64::from(u32::MAX),
+        DType::S8 => f64::from(i8::MAX),
+        DType::S32 => f64::from(i32::MAX),
+        DType::S64 => i64::MAX as f64,
+        DType::F16 | DType::BF16 | DType::F32 | DType::F64 => f64::INFINITY,
+    }
+}
+
+/// Bit-generator algorithm of `rng_bit_generator`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RngAlgorithm {
+    ThreeFry,
+    Philox,
+}
+
+impl RngAlgorithm {
+    pub fn name(self) -> &'static str {
+        match self {
+            RngAlgorithm::ThreeFry => "THREE_FRY",
+            RngAlgorithm::Philox => "PHILOX",
+        }
+    }
+}
+
+/// Dimension numbers of a `dot_general`: batch dimensions pair up and lead the
+/// result; contracting dimensions pair up and are summed over; the remaining
+/// (free) dimensions of lhs then rhs follow in order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct DotDims {
+    pub lhs_batch: Vec<usize>,
+    pub rhs_batch: Vec<usize>,
+    pub lhs_contract: Vec<usize>,
+    pub rhs_contract: Vec<usize>,
+}
+
+impl DotDims {
+    /// Plain matrix product `[m, k] x [k, n]`.
+    pub fn matmul() -> DotDims {
+        DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![0] }
+    }
+}
+
+/// One operation. Operands are values defined earlier in the same graph.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Op {
+    /// The `index`-th input of the program.
+    Parameter { index: u32, ty: TensorType },
+    Constant { literal: Literal },
+    /// Values `0, 1, 2, ...` along `axis`, broadcast over the other dimensions.
+    Iota { ty: TensorType, axis: usize },
+    Unary { op: UnaryOp, input: ValueId },
+    /// Operands have identical types (the frontend broadcasts explicitly).
+    Binary { op: BinaryOp, lhs: ValueId, rhs: ValueId },
+    Compare { dir: CompareDir, lhs: ValueId, rhs: ValueId },
+    /// `pred` is a scalar or has the operands' shape.
+    Select { pred: ValueId, on_true: ValueId, on_false: ValueId },
+    /// `min` and `max` are scalars or have the input's shape.
+    Clamp { min: ValueId, input: ValueId, max: ValueId },
+    Convert { input: ValueId, to: DType },
+    /// Input dimension `i` maps to result dimension `dims[i]`; every mapped
+    /// dimension has the input's size or the input's size is 1.
+    BroadcastInDim { input: ValueId, shape: Shape, dims: Vec<usize> },
+    Reshape { input: ValueId, shape: Shape },
+    /// Result dimension `i` is input dimension `perm[i]`.
+    Transpose { input: ValueId, perm: Vec<usize> },
+    Slice { input: ValueId, start: Vec<usize>, limit: Vec<usize>, stride: Vec<usize> },
+    /// Start indices are scalar integer values, clamped into range as in StableHLO.
+    DynamicSlice { input: ValueId, starts: Vec<ValueId>, sizes: Vec<usize> },
+    DynamicUpdateSlice { input: ValueId, update: ValueId, starts: Vec<ValueId> },
+    Concatenate { inputs: Vec<ValueId>, axis: usize },
+    /// `value` is a scalar of the input's dtype. Negative `low`/`high` crop.
+    Pad { input: ValueId, value: ValueId, low: Vec<i64>, high: Vec<i64>, interior: Vec<usize> },
+    /// Reduces over `axes` (sorted, unique), which disappear from the result.
+    Reduce { op: ReduceOp, input: ValueId, axes: Vec<usize> },
+    DotGeneral { lhs: ValueId, rhs: ValueId, dims: DotDims },
+    /// `operand` indexed along `axis` by the integer tensor `indices`: the result
+    /// has shape `operand[..axis] ++ indices ++ operand[axis+1..]` (embedding lookup).
+    Gather { operand: ValueId, indices: ValueId, axis: usize },
+    /// The adjoint of `Gather`: `updates` (shaped like the gather's result) are
+    /// added into `operand` at the rows named by `indices`; repeated rows accumulate.
+    ScatterAdd { operand: ValueId, indices: ValueId, updates: ValueId, axis: usize },
+    /// Outputs: `#0` the new state (same type as `state`), `#1` random bits of `ty`.
+    RngBitGenerator { algorithm: RngAlgorithm, state: ValueId, ty: TensorType },
+    /// Outputs equal inputs; stops XLA from moving computation across it.
+    OptimizationBarrier { inputs: Vec<ValueId> },
+    /// Reduction of `input` across all replicas of the program.
+    AllReduce { op: ReduceOp, input: ValueId },
+}
+
+impl Op {
+    /// Name in kiln's text form.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Parameter { .. } => "parameter",
+            Op::Constant { .. } => "constant",
+            Op::Iota { .. } => "iota",
+            Op::Unary { op, .. } => op.name(),
+            Op::Binary { op, .. } => op.name(),
+            Op::Compare { .. } => "compare",
+            Op::Select { .. } => "select",
+            Op::Clamp { .. } => "clamp",
+            Op::Convert { .. } => "convert",
+            Op::BroadcastInDim { .. } => "broadcast_in_dim",
+            Op::Reshape { .. } => "reshape",
+            Op::Transpose { .. } => "transpose",
+            Op::Slice { .. } => "slice",
+            Op::DynamicSlice { .. } => "dynamic_slice",
+            Op::DynamicUpdateSlice { .. } => "dynamic_update_slice",
+            Op::Concatenate { .. } => "concatenate",
+            Op::Pad { .. } => "pad",
+            Op::Reduce { .. } => "reduce",
+            Op::DotGeneral { .. } => "dot_general",
+            Op::Gather { .. } => "gather",
+            Op::ScatterAdd { .. } => "scatter_add",
+            Op::RngBitGenerator { .. } => "rng_bit_generator",
+            Op::OptimizationBarrier { .. } => "optimization_barrier",
+            Op::AllReduce { .. } => "all_reduce",
+        }
+    }
+
+    /// Operands in a fixed order (the order of the text form).
+    pub fn inputs(&self) -> Vec<ValueId> {
+        match self {
+            Op::Parameter { .. } | Op::Constant { .. } | Op::Iota { .. } => vec![],
+            Op::Unary { input, .. }
+            | Op::Convert { input, .. }
+            | Op::BroadcastInDim { input, .. }
+            | Op::Reshape { input, .. }
+            | Op::Transpose { input, .. }
+            | Op::Slice { input, .. }
+            | Op::Reduce { input, .. }
+            | Op::AllReduce { input, .. } => vec![*input],
+            Op::Binary { lhs, rhs, .. } | Op::Compare { lhs, rhs, .. } | Op::DotGeneral { lhs, rhs, .. } => {
+                vec![*lhs, *rhs]
+            }
+            Op::Select { pred, on_true, on_false } => vec![*pred, *on_true, *on_false],
+            Op::Clamp { min, input, max } => vec![*min, *input, *max],
+            Op::DynamicSlice { input, starts, .. } => std::iter::once(*input).chain(starts.iter().copied()).collect(),
+            Op::DynamicUpdateSlice { input, update, starts } => {
+                [*input, *update].into_iter().chain(starts.iter().copied()).collect()
+            }
+            Op::Concatenate { inputs, .. } | Op::OptimizationBarrier { inputs } => inputs.clone(),
+            Op::Pad { input, value, .. } => vec![*input, *value],
+            Op::Gather { operand, indices, .. } => vec![*operand, *indices],
+            Op::ScatterAdd { operand, indices, updates, .. } => vec![*operand, *indices, *updates],
+            Op::RngBitGenerator { state, .. } => vec![*state],
+        }
+    }
+
+    /// Rewrites every operand through `f` (same order as [`Op::inputs`]).
+    pub fn map_inputs(&mut self, mut f: impl FnMut(ValueId) -> ValueId) {
+        match self {
+            Op::Parameter { .. } | Op::Constant { .. } | Op::Iota { .. } => {}
+            Op::Unary { input, .. }
+            | Op::Convert { input, .. }
+            | Op::BroadcastInDim { input, .. }
+            | Op::Reshape { input, .. }
+            | Op::Transpose { input, .. }
+            | Op::Slice { input, .. }
+            | Op::Reduce { input, .. }
+            | Op::AllReduce { input, .. } => *input = f(*input),
+            Op::Binary { lhs, rhs, .. } | Op::Compare { lhs, rhs, .. } | Op::DotGeneral { lhs, rhs, .. } => {
+                *lhs = f(*lhs);
+                *rhs = f(*rhs);
+            }
+            Op::Select { pred, on_true, on_false } => {
+                *pred = f(*pred);
+                *on_true = f(*on_true);
+                *on_false = f(*on_false);
+            }
+            Op::Clamp { min, input, max } => {
+                *min = f(*min);
+                *input = f(*input);
+                *max = f(*max);
+            }
+            Op::DynamicSlice { input, starts, .. } => {
+                *input = f(*input);
+                starts.iter_mut().for_each(|s| *s = f(*s));
+            }
+            Op::DynamicUpdateSlice { input, update, starts } => {
+                *input = f(*input);
+                *update = f(*update);
+                starts.iter_mut().for_each(|s| *s = f(*s));
+            }
+            Op::Concatenate { inputs, .. } | Op::OptimizationBarrier { inputs } => {
+                inputs.iter_mut().for_each(|s| *s = f(*s));
+            }
+            Op::Pad { input, value, .. } => {
+                *input = f(*input);
+                *value = f(*value);
+            }
+            Op::Gather { operand, indices, .. } => {
+                *operand = f(*operand);
+                *indices = f(*indices);
+            }
+            Op::ScatterAdd { operand, indices, updates, .. } => {
+                *operand = f(*operand);
+                *indices = f(*indices);
+                *updates = f(*updates);
+            }
+            Op::RngBitGenerator { state, .. } => *state = f(*state),
+        }
+    }
+
+    /// Ops whose result depends on more than their operands' values (replica
+    /// identity): never merged or folded across replicas.
+    pub fn is_collective(&self) -> bool {
+        matches!(self, Op::AllReduce { .. })
+    }
+}
