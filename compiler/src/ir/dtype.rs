@@ -15,6 +15,7 @@ pub enum DType {
     S64,
     U8,
     U32,
+    U64,
     F16,
     BF16,
     F32,
@@ -23,13 +24,14 @@ pub enum DType {
 
 impl DType {
     /// Every dtype, in declaration order (for tests and parsers).
-    pub const ALL: [DType; 10] = [
+    pub const ALL: [DType; 11] = [
         DType::Pred,
         DType::S8,
         DType::S32,
         DType::S64,
         DType::U8,
         DType::U32,
+        DType::U64,
         DType::F16,
         DType::BF16,
         DType::F32,
@@ -42,20 +44,20 @@ impl DType {
             DType::Pred | DType::S8 | DType::U8 => 1,
             DType::F16 | DType::BF16 => 2,
             DType::S32 | DType::U32 | DType::F32 => 4,
-            DType::S64 | DType::F64 => 8,
+            DType::S64 | DType::U64 | DType::F64 => 8,
         }
     }
 
     pub fn is_float(self) -> bool {
         match self {
             DType::F16 | DType::BF16 | DType::F32 | DType::F64 => true,
-            DType::Pred | DType::S8 | DType::S32 | DType::S64 | DType::U8 | DType::U32 => false,
+            DType::Pred | DType::S8 | DType::S32 | DType::S64 | DType::U8 | DType::U32 | DType::U64 => false,
         }
     }
 
     pub fn is_integer(self) -> bool {
         match self {
-            DType::S8 | DType::S32 | DType::S64 | DType::U8 | DType::U32 => true,
+            DType::S8 | DType::S32 | DType::S64 | DType::U8 | DType::U32 | DType::U64 => true,
             DType::Pred | DType::F16 | DType::BF16 | DType::F32 | DType::F64 => false,
         }
     }
@@ -74,6 +76,7 @@ impl DType {
             DType::S64 => "i64",
             DType::U8 => "ui8",
             DType::U32 => "ui32",
+            DType::U64 => "ui64",
             DType::F16 => "f16",
             DType::BF16 => "bf16",
             DType::F32 => "f32",

@@ -4,7 +4,7 @@
 //! so a program that gets into a `Graph` lowers to a module XLA accepts; the
 //! errors name the op and the operand types.
 
-use super::{DType, Graph, Op, Shape, TensorType, UnaryOp, ValueId};
+use super::{DType, Graph, Op, RngAlgorithm, Shape, TensorType, UnaryOp, ValueId};
 use crate::CompileError;
 
 type Result<T> = std::result::Result<T, CompileError>;
@@ -284,13 +284,19 @@ pub fn infer(g: &Graph, op: &Op) -> Result<Vec<TensorType>> {
             }
             one(t)
         }
-        Op::RngBitGenerator { state, ty: out, .. } => {
+        Op::RngBitGenerator { state, ty: out, algorithm } => {
             let s = ty(*state);
-            if s.dtype != DType::U32 && s.dtype != DType::S64 || s.shape.rank() != 1 {
-                return Err(invalid(name, "state must be a 1-D u32 or s64 tensor", vec![s]));
+            // XLA keeps generator state as u64 words: two for THREE_FRY, two or
+            // three for PHILOX.
+            let words_ok = match algorithm {
+                RngAlgorithm::ThreeFry => s.shape.0 == [2],
+                RngAlgorithm::Philox => s.shape.0 == [2] || s.shape.0 == [3],
+            };
+            if s.dtype != DType::U64 || !words_ok {
+                return Err(invalid(name, format!("state must be u64[2] ({} takes {})", algorithm.name(), match algorithm { RngAlgorithm::ThreeFry => "2 words", RngAlgorithm::Philox => "2 or 3 words" }), vec![s]));
             }
-            if !matches!(out.dtype, DType::U32 | DType::U8 | DType::S32 | DType::S64) {
-                return Err(CompileError::UnsupportedDType { op: name, dtype: out.dtype, expected: "an integer type" });
+            if !matches!(out.dtype, DType::U32 | DType::U64) {
+                return Err(CompileError::UnsupportedDType { op: name, dtype: out.dtype, expected: "u32 or u64" });
             }
             Ok(vec![s, out.clone()])
         }

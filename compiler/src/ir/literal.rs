@@ -75,6 +75,7 @@ fn encode(dtype: DType, v: f64, out: &mut Vec<u8>) {
         DType::S64 => out.extend((v as i64).to_le_bytes()),
         DType::U8 => out.extend((v as u8).to_le_bytes()),
         DType::U32 => out.extend((v as u32).to_le_bytes()),
+        DType::U64 => out.extend((v as u64).to_le_bytes()),
         DType::F16 => out.extend(f16::from_f64(v).to_le_bytes()),
         DType::BF16 => out.extend(bf16::from_f64(v).to_le_bytes()),
         DType::F32 => out.extend((v as f32).to_le_bytes()),
@@ -91,6 +92,7 @@ pub fn decode(dtype: DType, c: &[u8]) -> f64 {
         DType::S64 => i64::from_le_bytes(c[..8].try_into().expect("8 bytes")) as f64,
         DType::U8 => f64::from(c[0]),
         DType::U32 => f64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        DType::U64 => u64::from_le_bytes(c[..8].try_into().expect("8 bytes")) as f64,
         DType::F16 => f16::from_le_bytes([c[0], c[1]]).to_f64(),
         DType::BF16 => bf16::from_le_bytes([c[0], c[1]]).to_f64(),
         DType::F32 => f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
@@ -105,7 +107,7 @@ mod tests {
     #[test]
     fn round_trips_every_dtype() {
         for dtype in DType::ALL {
-            let values = [1.0, 0.0, 3.0];
+            let values = if dtype == DType::Pred { [1.0, 0.0, 1.0] } else { [1.0, 0.0, 3.0] };
             let lit = Literal::from_f64s(dtype, [3], &values).unwrap();
             assert_eq!(lit.bytes().len(), 3 * dtype.size_in_bytes());
             assert_eq!(lit.to_f64s(), values, "{dtype}");
