@@ -1,1 +1,19 @@
-//! kiln facade.
+//! kiln: a graph-compiling training accelerator for Rust.
+//!
+//! Record ops on lazy [`Tensor`]s, call [`mark_step`], and kiln compiles the
+//! step (once) through XLA and runs it. This crate re-exports the frontend API
+//! and names the compiler and runtime crates for users who go lower.
+//!
+//! ```no_run
+//! use kiln::{DType, Tensor};
+//! let x = Tensor::from_vec(vec![1f32, 2.0, 3.0], [3])?;
+//! let y = x.tanh()?.sum_all()?;
+//! kiln::mark_step()?;
+//! println!("{}", y.item()?);
+//! # Ok::<(), kiln::FrontendError>(())
+//! ```
+
+pub use kiln_compiler as compiler;
+pub use kiln_compiler::ir::{DType, Shape, TensorType};
+pub use kiln_frontend::*;
+pub use kiln_runtime as runtime;

@@ -8,3 +8,10 @@ mod error;
 pub mod ir;
 
 pub use error::CompileError;
+pub mod passes;
+pub mod pipeline;
+
+/// Checks the graph's invariants (replaced by the full verifier).
+pub fn verify_graph(_g: &ir::Graph) -> Result<(), CompileError> {
+    Ok(())
+}

@@ -2,14 +2,18 @@
 
 use thiserror::Error;
 
-use kiln_compiler::ir::{Shape, TensorType};
+use kiln_compiler::ir::{DType, Shape, TensorType};
 use kiln_compiler::CompileError;
+use kiln_runtime::RuntimeError;
 
 #[derive(Debug, Error)]
 pub enum FrontendError {
     /// A shape or dtype error raised when an op was recorded.
     #[error(transparent)]
     Compile(#[from] CompileError),
+    /// The device runtime failed (plugin, compile, transfer, execute).
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
     /// Autodiff met an op it has no derivative for.
     #[error("autodiff: {op} is not differentiable with respect to operand {operand} ({ty})")]
     NotDifferentiable { op: &'static str, operand: usize, ty: TensorType },
@@ -18,4 +22,24 @@ pub enum FrontendError {
     LossNotScalar { ty: TensorType },
     #[error("{op}: shapes {lhs} and {rhs} do not broadcast")]
     Broadcast { op: &'static str, lhs: Shape, rhs: Shape },
+    #[error("{op}: {len} values do not fill shape {shape} ({} elements)", .shape.num_elements())]
+    DataLength { op: &'static str, shape: Shape, len: usize },
+    #[error("reading a {tensor} tensor as {requested}")]
+    ReadDType { tensor: DType, requested: DType },
+    #[error("{op}: the tensor was recorded in a step or lowering that has ended without running it")]
+    StaleTensor { op: &'static str },
+    #[error("{op}: {reason}")]
+    InvalidArgument { op: &'static str, reason: String },
+    #[error("{op}: axis {axis} is out of range for a tensor of rank {rank}")]
+    Axis { op: &'static str, axis: isize, rank: usize },
+    #[error("{}: {source}", .path.display())]
+    Io { path: std::path::PathBuf, #[source] source: std::io::Error },
+    #[error("{}: {reason}", .path.display())]
+    Data { path: std::path::PathBuf, reason: String },
+    #[error("checkpoint {}: {reason}", .path.display())]
+    Checkpoint { path: std::path::PathBuf, reason: String },
+    #[error("{op}: expected dtype {expected}, got {got}")]
+    DType { op: &'static str, expected: &'static str, got: DType },
 }
+
+pub type Result<T, E = FrontendError> = std::result::Result<T, E>;

@@ -1,6 +1,28 @@
 //! kiln's frontend: lazy tensors, autodiff, nn layers, optimizers, data loading,
 //! checkpoints.
+//!
+//! A training loop records ops on [`Tensor`]s until [`mark_step`]; the step is
+//! then compiled (once) and run, and the pending tensors become device data.
 
+pub mod autodiff;
+pub mod checkpoint;
+mod context;
+pub mod data;
+mod element;
 mod error;
+mod grad;
+pub mod metrics;
+pub mod models;
+pub mod nn;
+pub mod optim;
+pub mod random;
+mod step;
+mod tensor;
 
-pub use error::FrontendError;
+pub use context::{backend, set_backend, set_client, Backend};
+pub use element::Element;
+pub use error::{FrontendError, Result};
+pub use grad::grad;
+pub use random::manual_seed;
+pub use step::{lower, lower_with, mark_step, step, LowerOpts, StepReport};
+pub use tensor::Tensor;

@@ -1,0 +1,25 @@
+# The two set-up commands of the README. Each installs what it needs (idempotent),
+# builds and runs. CI runs `make test` (see .ci/run).
+
+PYTHON ?= python3
+CARGO ?= cargo
+PLUGIN_PKG := xla-cpu-pjrt==0.0.1
+FMNIST_DIR := /usr/share/datasets/fashion-mnist
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: run test deps
+
+# The XLA CPU PJRT plugin (pip), Fashion-MNIST and a C compiler (Debian).
+deps:
+	@$(PYTHON) -m pip show xla-cpu-pjrt 2>/dev/null | grep -q '^Version: 0.0.1$$' \
+		|| $(PYTHON) -m pip install --quiet $(PLUGIN_PKG)
+	@if [ ! -f $(FMNIST_DIR)/train-images-idx3-ubyte.gz ] || ! command -v cc >/dev/null; then \
+		$(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q dataset-fashion-mnist gcc; fi
+
+# kiln's main job: train the Fashion-MNIST MLP on the default CPU backend.
+run: deps
+	$(CARGO) run --release --bin kiln -- train mlp --epochs 8
+
+# The whole test suite (release: some tests train).
+test: deps
+	$(CARGO) test --workspace --release

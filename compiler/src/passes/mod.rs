@@ -1,0 +1,9 @@
+//! Graph-to-graph passes, one per file, each named for what it does.
+//!
+//! The pipeline order lives in [`crate::pipeline`].
+
+mod cse;
+mod dce;
+
+pub use cse::eliminate_common_subexpressions;
+pub use dce::{eliminate_dead_code, Pruned};

@@ -1,0 +1,188 @@
+//! Checkpoints of the whole training state in safetensors format.
+//!
+//! A checkpoint holds named tensors (parameters, optimizer state, the RNG
+//! state) and the step number. Writes go to a temporary file in the same
+//! directory, are synced, then renamed over the target, so a crash mid-write
+//! leaves the previous checkpoint intact. A checksum over every tensor's name
+//! and bytes is stored in the metadata and verified on load: a corrupt or
+//! truncated file is an error naming the path, never silently loaded.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+
+use kiln_compiler::ir::{DType, Literal, TensorType};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+
+use crate::error::{FrontendError, Result};
+use crate::step::mark_step;
+use crate::tensor::Tensor;
+
+const FORMAT: &str = "kiln-checkpoint-1";
+
+fn st_dtype(d: DType) -> Dtype {
+    match d {
+        DType::Pred => Dtype::BOOL,
+        DType::S8 => Dtype::I8,
+        DType::S32 => Dtype::I32,
+        DType::S64 => Dtype::I64,
+        DType::U8 => Dtype::U8,
+        DType::U32 => Dtype::U32,
+        DType::U64 => Dtype::U64,
+        DType::F16 => Dtype::F16,
+        DType::BF16 => Dtype::BF16,
+        DType::F32 => Dtype::F32,
+        DType::F64 => Dtype::F64,
+    }
+}
+
+fn kiln_dtype(d: Dtype) -> Option<DType> {
+    Some(match d {
+        Dtype::BOOL => DType::Pred,
+        Dtype::I8 => DType::S8,
+        Dtype::I32 => DType::S32,
+        Dtype::I64 => DType::S64,
+        Dtype::U8 => DType::U8,
+        Dtype::U32 => DType::U32,
+        Dtype::U64 => DType::U64,
+        Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::BF16,
+        Dtype::F32 => DType::F32,
+        Dtype::F64 => DType::F64,
+        _ => return None,
+    })
+}
+
+/// FNV-1a over names and bytes: cheap, and enough to catch corruption.
+fn checksum<'a>(items: impl Iterator<Item = (&'a str, &'a [u8])>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for (name, bytes) in items {
+        eat(name.as_bytes());
+        eat(&(bytes.len() as u64).to_le_bytes());
+        eat(bytes);
+    }
+    h
+}
+
+/// Saves `tensors` (runs the pending step first) and `step` to `path`.
+pub fn save(path: impl AsRef<Path>, step: u64, tensors: &[(String, Tensor)]) -> Result<()> {
+    let path = path.as_ref();
+    let err = |reason: String| FrontendError::Checkpoint { path: path.to_path_buf(), reason };
+    if tensors.iter().any(|(_, t)| t.is_pending()) {
+        mark_step()?;
+    }
+    let mut names: Vec<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort_unstable();
+    if names.windows(2).any(|w| w[0] == w[1]) {
+        return Err(err("duplicate tensor names".into()));
+    }
+    let literals = tensors.iter().map(|(n, t)| Ok((n.clone(), t.to_literal()?))).collect::<Result<Vec<_>>>()?;
+    // Sorted by name: the order safetensors gives back on load.
+    let mut sorted: Vec<&(String, Literal)> = literals.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let sum = checksum(sorted.iter().map(|(n, l)| (n.as_str(), l.bytes())));
+    let mut meta = HashMap::new();
+    meta.insert("format".to_string(), FORMAT.to_string());
+    meta.insert("step".to_string(), step.to_string());
+    meta.insert("checksum".to_string(), format!("{sum:016x}"));
+    let views = literals
+        .iter()
+        .map(|(n, l)| {
+            let view = TensorView::new(st_dtype(l.ty().dtype), l.ty().shape.dims().to_vec(), l.bytes())
+                .map_err(|e| err(format!("tensor {n}: {e}")))?;
+            Ok((n.clone(), view))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| err(e.to_string()))?;
+    write_atomically(path, &bytes)
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let io = |source| FrontendError::Io { path: path.to_path_buf(), source };
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().ok_or_else(|| FrontendError::Checkpoint {
+        path: path.to_path_buf(),
+        reason: "the path names no file".into(),
+    })?;
+    let tmp = dir.join(format!(".{}.tmp.{}", name.to_string_lossy(), std::process::id()));
+    let result = (|| {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result.map_err(io)
+}
+
+/// A loaded checkpoint.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    pub step: u64,
+    pub tensors: Vec<(String, Literal)>,
+}
+
+/// Reads and verifies a checkpoint.
+pub fn load(path: impl AsRef<Path>) -> Result<Loaded> {
+    let path = path.as_ref();
+    let err = |reason: String| FrontendError::Checkpoint { path: path.to_path_buf(), reason };
+    let bytes = fs::read(path).map_err(|source| FrontendError::Io { path: path.to_path_buf(), source })?;
+    let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| err(format!("not a readable safetensors file: {e}")))?;
+    let info = meta.metadata().clone().unwrap_or_default();
+    if info.get("format").map(String::as_str) != Some(FORMAT) {
+        return Err(err(format!("not a kiln checkpoint (format {:?})", info.get("format"))));
+    }
+    let step = info.get("step").and_then(|s| s.parse().ok()).ok_or_else(|| err("missing step".into()))?;
+    let expected = info.get("checksum").cloned().ok_or_else(|| err("missing checksum".into()))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| err(format!("corrupt: {e}")))?;
+    let mut tensors = Vec::new();
+    for (name, view) in st.iter() {
+        let dtype = kiln_dtype(view.dtype()).ok_or_else(|| err(format!("tensor {name}: unsupported dtype")))?;
+        let ty = TensorType::new(dtype, view.shape().to_vec());
+        let lit = Literal::from_bytes(ty, view.data().to_vec()).map_err(|e| err(format!("tensor {name}: {e}")))?;
+        tensors.push((name.to_string(), lit));
+    }
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let got = format!("{:016x}", checksum(tensors.iter().map(|(n, l)| (n.as_str(), l.bytes()))));
+    if got != expected {
+        return Err(err(format!("checksum mismatch (stored {expected}, computed {got}): the file is corrupt")));
+    }
+    Ok(Loaded { step, tensors })
+}
+
+/// Loads `path` into `targets` (every target must be present with its type);
+/// returns the saved step. Nothing is assigned unless all targets match.
+pub fn restore(path: impl AsRef<Path>, targets: &[(String, Tensor)]) -> Result<u64> {
+    let path = path.as_ref();
+    let loaded = load(path)?;
+    let mut plan = Vec::with_capacity(targets.len());
+    for (name, t) in targets {
+        let lit = loaded
+            .tensors
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, l)| l)
+            .ok_or_else(|| FrontendError::Checkpoint { path: path.to_path_buf(), reason: format!("no tensor {name}") })?;
+        if lit.ty() != t.ty() {
+            return Err(FrontendError::Checkpoint {
+                path: path.to_path_buf(),
+                reason: format!("tensor {name} is {} in the file but {} in the model", lit.ty(), t.ty()),
+            });
+        }
+        plan.push((t, lit.clone()));
+    }
+    for (t, lit) in plan {
+        t.assign(&Tensor::from_literal(lit))?;
+    }
+    Ok(loaded.step)
+}

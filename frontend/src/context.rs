@@ -1,0 +1,190 @@
+//! The per-thread lazy-tensor context: the trace being recorded, the backend
+//! that runs finished steps, and the compiled-program cache.
+//!
+//! Invariants:
+//! - A tensor is either `Ready` (host or device storage) or `Pending` in exactly
+//!   one trace, named by that trace's epoch. Epochs are unique per process, so a
+//!   tensor left pending by a trace that ended without running (a `lower`) is
+//!   recognised as stale, never confused with a value of a later trace.
+//! - A ready tensor read by a trace becomes one parameter of it, however often
+//!   it is read (memoised on the tensor by epoch).
+//! - Insertion order everywhere: live tensors and parameters are kept in `Vec`s,
+//!   so the outputs and parameters of a step, and with them its program, are
+//!   deterministic.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::{Rc, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use kiln_compiler::ir::{Graph, Literal, Op, TensorType, ValueId};
+use kiln_runtime::{Buffer, Client, Executable};
+
+use crate::error::{FrontendError, Result};
+use crate::metrics;
+
+static NEXT_EPOCH: AtomicU64 = AtomicU64::new(1);
+static NEXT_TENSOR: AtomicU64 = AtomicU64::new(1);
+
+/// Where a ready tensor's data lives.
+#[derive(Clone)]
+pub(crate) enum Storage {
+    Host(Arc<Literal>),
+    Device(Arc<Buffer>),
+}
+
+pub(crate) enum State {
+    Ready(Storage),
+    Pending { epoch: u64, value: ValueId },
+}
+
+pub(crate) struct Inner {
+    pub id: u64,
+    pub ty: TensorType,
+    pub state: RefCell<State>,
+    /// `(epoch, parameter value)` when this ready tensor is a parameter of the
+    /// trace with that epoch.
+    pub bound: Cell<Option<(u64, ValueId)>>,
+}
+
+impl Inner {
+    pub fn new(ty: TensorType, state: State) -> Rc<Inner> {
+        Rc::new(Inner {
+            id: NEXT_TENSOR.fetch_add(1, Ordering::Relaxed),
+            ty,
+            state: RefCell::new(state),
+            bound: Cell::new(None),
+        })
+    }
+}
+
+/// A parameter of the trace and the data it will be fed.
+pub(crate) struct Binding {
+    pub tensor: Weak<Inner>,
+    pub tensor_id: u64,
+    pub storage: Storage,
+}
+
+/// One step being recorded.
+pub(crate) struct Trace {
+    pub epoch: u64,
+    pub graph: Graph,
+    pub bindings: Vec<Binding>,
+    /// Tensors that were pending in this trace when created or assigned.
+    pub live: Vec<Weak<Inner>>,
+}
+
+impl Trace {
+    pub fn new() -> Trace {
+        Trace {
+            epoch: NEXT_EPOCH.fetch_add(1, Ordering::Relaxed),
+            graph: Graph::new(),
+            bindings: Vec::new(),
+            live: Vec::new(),
+        }
+    }
+}
+
+/// Which machinery runs a finished step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// Compile to StableHLO and run through the PJRT plugin (the default).
+    Pjrt,
+    /// Evaluate on kiln's reference interpreter on the host (eager debugging and
+    /// side-by-side convergence checks).
+    Reference,
+}
+
+pub(crate) struct Context {
+    pub trace: Trace,
+    pub backend: Backend,
+    pub client: Option<Client>,
+    /// Compiled programs by structural key. Only looked up, never iterated.
+    pub cache: HashMap<u64, Rc<Executable>>,
+}
+
+thread_local! {
+    static CONTEXT: RefCell<Context> = RefCell::new(Context {
+        trace: Trace::new(),
+        backend: Backend::Pjrt,
+        client: None,
+        cache: HashMap::new(),
+    });
+}
+
+/// Runs `f` with the context borrowed. `f` must not call back into anything that
+/// borrows the context (tensor ops, mark_step).
+pub(crate) fn with<R>(f: impl FnOnce(&mut Context) -> R) -> R {
+    CONTEXT.with(|c| f(&mut c.borrow_mut()))
+}
+
+impl Context {
+    /// The value of `t` inside the current trace, binding it as a parameter if it
+    /// is ready data.
+    pub fn value_of(&mut self, op: &'static str, t: &Rc<Inner>) -> Result<ValueId> {
+        let epoch = self.trace.epoch;
+        match &*t.state.borrow() {
+            State::Pending { epoch: e, value } if *e == epoch => Ok(*value),
+            State::Pending { .. } => Err(FrontendError::StaleTensor { op }),
+            State::Ready(storage) => {
+                if let Some((e, v)) = t.bound.get() {
+                    if e == epoch {
+                        return Ok(v);
+                    }
+                }
+                let v = self.trace.graph.parameter(t.ty.clone());
+                self.trace.bindings.push(Binding {
+                    tensor: Rc::downgrade(t),
+                    tensor_id: t.id,
+                    storage: storage.clone(),
+                });
+                t.bound.set(Some((epoch, v)));
+                Ok(v)
+            }
+        }
+    }
+
+    /// Records `op` and returns a pending tensor for its first output.
+    pub fn push(&mut self, op: Op) -> Result<Rc<Inner>> {
+        let id = self.trace.graph.add(op)?;
+        Ok(self.pending(ValueId::from(id)))
+    }
+
+    /// A new pending tensor for `value` of the current trace.
+    pub fn pending(&mut self, value: ValueId) -> Rc<Inner> {
+        metrics::update(|m| m.ops_recorded += 1);
+        let ty = self.trace.graph.ty(value).clone();
+        let inner = Inner::new(ty, State::Pending { epoch: self.trace.epoch, value });
+        self.trace.live.push(Rc::downgrade(&inner));
+        inner
+    }
+
+    pub fn client(&mut self) -> Result<Client> {
+        if let Some(c) = &self.client {
+            return Ok(c.clone());
+        }
+        let client = Client::new(&kiln_runtime::ClientOptions::default())?;
+        tracing::info!(platform = %client.platform_name(), "kiln: PJRT client ready");
+        self.client = Some(client.clone());
+        Ok(client)
+    }
+}
+
+/// Selects the backend for this thread's later steps.
+pub fn set_backend(backend: Backend) {
+    with(|c| c.backend = backend);
+}
+
+pub fn backend() -> Backend {
+    with(|c| c.backend)
+}
+
+/// Uses `client` for this thread's later steps (instead of one discovered from
+/// the environment).
+pub fn set_client(client: Client) {
+    with(|c| {
+        c.client = Some(client);
+        c.cache.clear();
+    });
+}

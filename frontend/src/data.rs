@@ -1,0 +1,205 @@
+//! Data loading: Fashion-MNIST's IDX files and shape-stable batching.
+//!
+//! Batches keep one shape for the whole run, so the step compiles once: either
+//! the last partial batch is dropped (`drop_last`) or it is padded to the batch
+//! size with rows of weight 0 (`PadToBatch`), which losses and metrics honour.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use flate2::read::GzDecoder;
+
+use crate::error::{FrontendError, Result};
+use crate::nn::HostRng;
+use crate::tensor::Tensor;
+
+/// Where Debian's `dataset-fashion-mnist` puts the files.
+pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
+
+/// Images as `u8` pixels and labels.
+#[derive(Clone, Debug)]
+pub struct ImageSet {
+    pub images: Vec<u8>,
+    pub labels: Vec<u8>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl ImageSet {
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    pub fn pixels(&self) -> usize {
+        self.rows * self.cols
+    }
+}
+
+/// The Fashion-MNIST train and test splits.
+#[derive(Clone, Debug)]
+pub struct FashionMnist {
+    pub train: ImageSet,
+    pub test: ImageSet,
+}
+
+impl FashionMnist {
+    /// Loads the four gzip'd IDX files from `dir`.
+    pub fn load(dir: impl AsRef<Path>) -> Result<FashionMnist> {
+        let dir = dir.as_ref();
+        if !dir.is_dir() {
+            return Err(FrontendError::Data {
+                path: dir.to_path_buf(),
+                reason: "no such directory: install Fashion-MNIST with `apt-get install dataset-fashion-mnist`".into(),
+            });
+        }
+        let set = |prefix: &str| -> Result<ImageSet> {
+            let (images, rows, cols) = read_idx_images(&dir.join(format!("{prefix}-images-idx3-ubyte.gz")))?;
+            let labels = read_idx_labels(&dir.join(format!("{prefix}-labels-idx1-ubyte.gz")))?;
+            if labels.len() * rows * cols != images.len() {
+                return Err(FrontendError::Data {
+                    path: dir.join(prefix),
+                    reason: format!("{} labels for {} images", labels.len(), images.len() / (rows * cols)),
+                });
+            }
+            Ok(ImageSet { images, labels, rows, cols })
+        };
+        Ok(FashionMnist { train: set("train")?, test: set("t10k")? })
+    }
+}
+
+fn read_gz(path: &Path) -> Result<Vec<u8>> {
+    let file = File::open(path).map_err(|source| FrontendError::Io { path: path.to_path_buf(), source })?;
+    let mut out = Vec::new();
+    GzDecoder::new(file)
+        .read_to_end(&mut out)
+        .map_err(|source| FrontendError::Io { path: path.to_path_buf(), source })?;
+    Ok(out)
+}
+
+fn be_u32(bytes: &[u8], at: usize, path: &Path) -> Result<usize> {
+    bytes
+        .get(at..at + 4)
+        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .ok_or_else(|| FrontendError::Data { path: path.to_path_buf(), reason: "truncated IDX header".into() })
+}
+
+/// Parses an IDX3 `u8` image file: magic `0x00000803`, count, rows, cols.
+pub fn read_idx_images(path: &Path) -> Result<(Vec<u8>, usize, usize)> {
+    let bytes = read_gz(path)?;
+    let magic = be_u32(&bytes, 0, path)?;
+    if magic != 0x0803 {
+        return Err(FrontendError::Data { path: path.into(), reason: format!("bad IDX3 magic {magic:#010x}") });
+    }
+    let (n, rows, cols) = (be_u32(&bytes, 4, path)?, be_u32(&bytes, 8, path)?, be_u32(&bytes, 12, path)?);
+    let body = &bytes[16..];
+    if body.len() != n * rows * cols {
+        return Err(FrontendError::Data {
+            path: path.into(),
+            reason: format!("header says {n}x{rows}x{cols} bytes, file has {}", body.len()),
+        });
+    }
+    Ok((body.to_vec(), rows, cols))
+}
+
+/// Parses an IDX1 `u8` label file: magic `0x00000801`, count.
+pub fn read_idx_labels(path: &Path) -> Result<Vec<u8>> {
+    let bytes = read_gz(path)?;
+    let magic = be_u32(&bytes, 0, path)?;
+    if magic != 0x0801 {
+        return Err(FrontendError::Data { path: path.into(), reason: format!("bad IDX1 magic {magic:#010x}") });
+    }
+    let n = be_u32(&bytes, 4, path)?;
+    let body = &bytes[8..];
+    if body.len() != n {
+        return Err(FrontendError::Data {
+            path: PathBuf::from(path),
+            reason: format!("header says {n} labels, file has {}", body.len()),
+        });
+    }
+    Ok(body.to_vec())
+}
+
+/// What to do with the last partial batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LastBatch {
+    /// Drop it (training).
+    Drop,
+    /// Pad it to the batch size with weight-0 rows (evaluation).
+    Pad,
+}
+
+/// One batch of example indices; `weights[i]` is 0 for padding rows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batch {
+    pub indices: Vec<usize>,
+    pub weights: Vec<f32>,
+}
+
+/// Splits `0..n` into batches of `batch_size`, shuffled by `seed` when given.
+pub fn batches(n: usize, batch_size: usize, shuffle_seed: Option<u64>, last: LastBatch) -> Vec<Batch> {
+    let order = match shuffle_seed {
+        Some(seed) => HostRng::new(seed).permutation(n),
+        None => (0..n).collect(),
+    };
+    let mut out = Vec::new();
+    for chunk in order.chunks(batch_size.max(1)) {
+        if chunk.len() == batch_size {
+            out.push(Batch { indices: chunk.to_vec(), weights: vec![1.0; batch_size] });
+        } else if last == LastBatch::Pad {
+            let mut indices = chunk.to_vec();
+            let mut weights = vec![1.0; chunk.len()];
+            indices.resize(batch_size, chunk[0]);
+            weights.resize(batch_size, 0.0);
+            out.push(Batch { indices, weights });
+        }
+    }
+    out
+}
+
+/// Images of `batch` as `[b, pixels]` f32 in `[0, 1]` and labels as `[b]` s32.
+pub fn image_batch(set: &ImageSet, batch: &Batch) -> Result<(Tensor, Tensor)> {
+    let p = set.pixels();
+    let mut x = Vec::with_capacity(batch.indices.len() * p);
+    let mut y = Vec::with_capacity(batch.indices.len());
+    for &i in &batch.indices {
+        x.extend(set.images[i * p..(i + 1) * p].iter().map(|&v| f32::from(v) / 255.0));
+        y.push(i32::from(set.labels[i]));
+    }
+    let b = batch.indices.len();
+    Ok((Tensor::from_vec(x, [b, p])?, Tensor::from_vec(y, [b])?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drop_last_keeps_full_batches_only() {
+        let b = batches(10, 4, Some(1), LastBatch::Drop);
+        assert_eq!(b.len(), 2);
+        let mut seen: Vec<usize> = b.iter().flat_map(|b| b.indices.clone()).collect();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), 8);
+    }
+
+    #[test]
+    fn pad_covers_everything_once_with_weight() {
+        let b = batches(10, 4, None, LastBatch::Pad);
+        assert_eq!(b.len(), 3);
+        assert_eq!(b[2].weights, vec![1.0, 1.0, 0.0, 0.0]);
+        let total: f32 = b.iter().flat_map(|b| b.weights.clone()).sum();
+        assert_eq!(total, 10.0);
+    }
+
+    #[test]
+    fn shuffle_is_seeded() {
+        assert_eq!(batches(100, 10, Some(7), LastBatch::Drop), batches(100, 10, Some(7), LastBatch::Drop));
+        assert_ne!(batches(100, 10, Some(7), LastBatch::Drop), batches(100, 10, Some(8), LastBatch::Drop));
+    }
+}

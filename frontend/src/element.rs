@@ -1,0 +1,49 @@
+//! Host element types a tensor can be built from and read into.
+
+use half::{bf16, f16};
+use kiln_compiler::ir::DType;
+
+/// A Rust scalar type with a kiln dtype and a little-endian byte layout.
+pub trait Element: Copy + Send + Sync + 'static {
+    const DTYPE: DType;
+    fn write_le(self, out: &mut Vec<u8>);
+    /// Reads one element from exactly `size_of::<Self>()` bytes.
+    fn read_le(bytes: &[u8]) -> Self;
+}
+
+macro_rules! element {
+    ($t:ty, $d:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = $d;
+            fn write_le(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn read_le(bytes: &[u8]) -> Self {
+                <$t>::from_le_bytes(bytes.try_into().expect("caller passes exactly one element"))
+            }
+        }
+    };
+}
+
+element!(f32, DType::F32);
+element!(f64, DType::F64);
+element!(i8, DType::S8);
+element!(i32, DType::S32);
+element!(i64, DType::S64);
+element!(u8, DType::U8);
+element!(u32, DType::U32);
+element!(u64, DType::U64);
+element!(f16, DType::F16);
+element!(bf16, DType::BF16);
+
+pub(crate) fn to_bytes<T: Element>(data: &[T]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(std::mem::size_of_val(data));
+    for &x in data {
+        x.write_le(&mut out);
+    }
+    out
+}
+
+pub(crate) fn from_bytes<T: Element>(bytes: &[u8]) -> Vec<T> {
+    bytes.chunks_exact(std::mem::size_of::<T>()).map(T::read_le).collect()
+}

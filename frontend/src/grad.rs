@@ -1,0 +1,18 @@
+//! Gradients of tensors: the tensor-level face of [`crate::autodiff`].
+//!
+//! The backward ops go into the same trace as the forward, so forward, backward
+//! and the optimizer update compile as one program.
+
+use crate::context;
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+/// `d loss / d wrt[i]` for each `i`; `loss` must be a floating scalar.
+pub fn grad(loss: &Tensor, wrt: &[Tensor]) -> Result<Vec<Tensor>> {
+    let l = loss.value("grad")?;
+    let ws = wrt.iter().map(|t| t.value("grad")).collect::<Result<Vec<_>>>()?;
+    context::with(|c| {
+        let gs = crate::autodiff::grad(&mut c.trace.graph, l, &ws)?;
+        Ok(gs.into_iter().map(|v| Tensor::wrap(c.pending(v))).collect())
+    })
+}

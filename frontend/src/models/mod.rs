@@ -1,0 +1,3 @@
+//! Built-in models and their training loops (used by the CLI, tests and benches).
+
+pub mod mlp;

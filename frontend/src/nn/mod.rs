@@ -1,0 +1,285 @@
+//! Neural-network layers over lazy tensors, and a named parameter store.
+//!
+//! Layers hold handles to their parameters (clones of the store's tensors), so
+//! an optimizer that assigns new values through the store updates the layers.
+//! Parameters are f32 master weights created from seeded host data.
+
+mod init;
+
+use kiln_compiler::ir::{CompareDir, DType, Shape};
+
+pub use init::HostRng;
+
+use crate::error::{FrontendError, Result};
+use crate::tensor::Tensor;
+
+/// Named parameters in creation order.
+#[derive(Clone, Debug)]
+pub struct ParamStore {
+    params: Vec<(String, Tensor)>,
+    rng: HostRng,
+}
+
+impl ParamStore {
+    pub fn new(seed: u64) -> ParamStore {
+        ParamStore { params: Vec::new(), rng: HostRng::new(seed) }
+    }
+
+    /// Registers `t` under `name` (names must be unique).
+    pub fn add(&mut self, name: impl Into<String>, t: Tensor) -> Result<Tensor> {
+        let name = name.into();
+        if self.params.iter().any(|(n, _)| *n == name) {
+            return Err(FrontendError::InvalidArgument { op: "param", reason: format!("parameter {name:?} exists") });
+        }
+        self.params.push((name, t.clone()));
+        Ok(t)
+    }
+
+    pub fn uniform(&mut self, name: &str, shape: impl Into<Shape>, bound: f64) -> Result<Tensor> {
+        let shape = shape.into();
+        let data = self.rng.uniform_vec(shape.num_elements(), -bound, bound);
+        self.add(name, Tensor::from_vec(data, shape)?)
+    }
+
+    pub fn normal(&mut self, name: &str, shape: impl Into<Shape>, std: f64) -> Result<Tensor> {
+        let shape = shape.into();
+        let data = self.rng.normal_vec(shape.num_elements(), std);
+        self.add(name, Tensor::from_vec(data, shape)?)
+    }
+
+    pub fn constant(&mut self, name: &str, shape: impl Into<Shape>, value: f32) -> Result<Tensor> {
+        let shape = shape.into();
+        self.add(name, Tensor::from_vec(vec![value; shape.num_elements()], shape)?)
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.params.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Tensor)> {
+        self.params.iter().map(|(n, t)| (n.as_str(), t))
+    }
+
+    pub fn tensors(&self) -> Vec<Tensor> {
+        self.params.iter().map(|(_, t)| t.clone()).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.params.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.params.is_empty()
+    }
+
+    pub fn num_elements(&self) -> usize {
+        self.params.iter().map(|(_, t)| t.elem_count()).sum()
+    }
+}
+
+/// `y = x W + b` with `W: [in, out]`.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// PyTorch's default init: uniform in `±1/sqrt(in)` for weight and bias.
+    pub fn new(ps: &mut ParamStore, name: &str, d_in: usize, d_out: usize, bias: bool) -> Result<Linear> {
+        let bound = 1.0 / (d_in as f64).sqrt();
+        let weight = ps.uniform(&format!("{name}.weight"), [d_in, d_out], bound)?;
+        let bias = if bias { Some(ps.uniform(&format!("{name}.bias"), [d_out], bound)?) } else { None };
+        Ok(Linear { weight, bias })
+    }
+
+    /// GPT-style init: normal(0, std) weights, zero bias.
+    pub fn new_normal(ps: &mut ParamStore, name: &str, d_in: usize, d_out: usize, std: f64) -> Result<Linear> {
+        let weight = ps.normal(&format!("{name}.weight"), [d_in, d_out], std)?;
+        let bias = Some(ps.constant(&format!("{name}.bias"), [d_out], 0.0)?);
+        Ok(Linear { weight, bias })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = x.to_dtype(self.weight.dtype())?.matmul(&self.weight)?;
+        match &self.bias {
+            Some(b) => y.add(b),
+            None => Ok(y),
+        }
+    }
+}
+
+/// Rows of a `[vocab, dim]` table picked by integer ids.
+#[derive(Clone, Debug)]
+pub struct Embedding {
+    pub table: Tensor,
+}
+
+impl Embedding {
+    pub fn new(ps: &mut ParamStore, name: &str, vocab: usize, dim: usize, std: f64) -> Result<Embedding> {
+        Ok(Embedding { table: ps.normal(&format!("{name}.weight"), [vocab, dim], std)? })
+    }
+
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.table.index_select(ids, 0)
+    }
+}
+
+/// Layer normalisation over the last dimension.
+#[derive(Clone, Debug)]
+pub struct LayerNorm {
+    pub gamma: Tensor,
+    pub beta: Tensor,
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    pub fn new(ps: &mut ParamStore, name: &str, dim: usize) -> Result<LayerNorm> {
+        Ok(LayerNorm {
+            gamma: ps.constant(&format!("{name}.weight"), [dim], 1.0)?,
+            beta: ps.constant(&format!("{name}.bias"), [dim], 0.0)?,
+            eps: 1e-5,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mean = x.mean(&[-1], true)?;
+        let centered = x.sub(&mean)?;
+        let var = centered.square()?.mean(&[-1], true)?;
+        let norm = centered.mul(&var.add_scalar(self.eps)?.rsqrt()?)?;
+        norm.mul(&self.gamma)?.add(&self.beta)
+    }
+}
+
+/// Root-mean-square normalisation over the last dimension.
+#[derive(Clone, Debug)]
+pub struct RmsNorm {
+    pub gamma: Tensor,
+    pub eps: f64,
+}
+
+impl RmsNorm {
+    pub fn new(ps: &mut ParamStore, name: &str, dim: usize) -> Result<RmsNorm> {
+        Ok(RmsNorm { gamma: ps.constant(&format!("{name}.weight"), [dim], 1.0)?, eps: 1e-6 })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let ms = x.square()?.mean(&[-1], true)?;
+        x.mul(&ms.add_scalar(self.eps)?.rsqrt()?)?.mul(&self.gamma)
+    }
+}
+
+/// Zeroes each element with probability `p` while training (scaling the rest by
+/// `1/(1-p)`); draws from the in-graph generator.
+pub fn dropout(x: &Tensor, p: f64, train: bool) -> Result<Tensor> {
+    if !train || p == 0.0 {
+        return Ok(x.clone());
+    }
+    if !(0.0..1.0).contains(&p) {
+        return Err(FrontendError::InvalidArgument { op: "dropout", reason: format!("p = {p} is not in [0, 1)") });
+    }
+    let u = Tensor::rand(x.dtype(), x.shape().clone())?;
+    let keep = u.ge(&Tensor::full(p, x.dtype(), Shape::scalar())?)?;
+    let zeros = Tensor::zeros(x.dtype(), x.shape().clone())?;
+    Tensor::where_cond(&keep, &x.mul_scalar(1.0 / (1.0 - p))?, &zeros)
+}
+
+pub fn relu(x: &Tensor) -> Result<Tensor> {
+    x.relu()
+}
+
+/// GELU, tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
+    let c = (2.0 / std::f64::consts::PI).sqrt();
+    let inner = x.add(&x.mul(x)?.mul(x)?.mul_scalar(0.044715)?)?.mul_scalar(c)?;
+    x.mul(&inner.tanh()?.add_scalar(1.0)?)?.mul_scalar(0.5)
+}
+
+/// Mean cross-entropy of `logits: [n, classes]` against integer `labels: [n]`,
+/// through a stable log-softmax. With `weights: [n]`, a weighted mean (padding
+/// rows weigh 0).
+pub fn cross_entropy(logits: &Tensor, labels: &Tensor, weights: Option<&Tensor>) -> Result<Tensor> {
+    if logits.rank() != 2 || labels.rank() != 1 || labels.dims()[0] != logits.dims()[0] {
+        return Err(FrontendError::InvalidArgument {
+            op: "cross_entropy",
+            reason: format!("logits {} and labels {} must be [n, classes] and [n]", logits.ty(), labels.ty()),
+        });
+    }
+    let logits = logits.to_dtype(DType::F32)?;
+    let logp = logits.log_softmax(-1)?;
+    let onehot = one_hot(labels, logits.dims()[1], DType::F32)?;
+    let nll = logp.mul(&onehot)?.sum(&[-1], false)?.neg()?;
+    match weights {
+        Some(w) => nll.mul(w)?.sum_all()?.div(&w.sum_all()?),
+        None => nll.mean_all(),
+    }
+}
+
+/// `[n] -> [n, classes]` one-hot rows of `dtype`.
+pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> {
+    let n = labels.dims()[0];
+    let iota = Tensor::iota(labels.dtype(), [n, classes], 1)?;
+    let l = labels.reshape([n, 1])?;
+    iota.compare(CompareDir::Eq, &l)?.to_dtype(dtype)
+}
+
+/// Multi-head causal self-attention with a fused qkv projection.
+#[derive(Clone, Debug)]
+pub struct CausalSelfAttention {
+    pub qkv: Linear,
+    pub proj: Linear,
+    pub heads: usize,
+}
+
+impl CausalSelfAttention {
+    pub fn new(ps: &mut ParamStore, name: &str, dim: usize, heads: usize, std: f64, proj_std: f64) -> Result<Self> {
+        if dim % heads != 0 {
+            return Err(FrontendError::InvalidArgument {
+                op: "attention",
+                reason: format!("dim {dim} is not divisible by {heads} heads"),
+            });
+        }
+        Ok(CausalSelfAttention {
+            qkv: Linear::new_normal(ps, &format!("{name}.qkv"), dim, 3 * dim, std)?,
+            proj: Linear::new_normal(ps, &format!("{name}.proj"), dim, dim, proj_std)?,
+            heads,
+        })
+    }
+
+    /// `x: [batch, seq, dim]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (b, t, d) = (x.dims()[0], x.dims()[1], x.dims()[2]);
+        let (h, hd) = (self.heads, d / self.heads);
+        let qkv = self.qkv.forward(x)?.reshape([b, t, 3, h, hd])?.permute(vec![2, 0, 3, 1, 4])?;
+        let pick = |i: usize| qkv.narrow(0, i, 1)?.reshape([b, h, t, hd]);
+        let (q, k, v) = (pick(0)?, pick(1)?, pick(2)?);
+        let att = q.matmul(&k.transpose(-2, -1)?)?.mul_scalar(1.0 / (hd as f64).sqrt())?;
+        let rows = Tensor::iota(DType::S32, [t, t], 0)?;
+        let cols = Tensor::iota(DType::S32, [t, t], 1)?;
+        let causal = cols.le(&rows)?;
+        let neg = Tensor::full(f64::from(f32::MIN), att.dtype(), Shape::scalar())?;
+        let att = Tensor::where_cond(&causal, &att, &neg)?.softmax(-1)?;
+        let y = att.matmul(&v)?.permute(vec![0, 2, 1, 3])?.reshape([b, t, d])?;
+        self.proj.forward(&y)
+    }
+}
+
+/// Two-layer perceptron block with GELU: `dim -> hidden -> dim`.
+#[derive(Clone, Debug)]
+pub struct MlpBlock {
+    pub fc: Linear,
+    pub proj: Linear,
+}
+
+impl MlpBlock {
+    pub fn new(ps: &mut ParamStore, name: &str, dim: usize, hidden: usize, std: f64, proj_std: f64) -> Result<Self> {
+        Ok(MlpBlock {
+            fc: Linear::new_normal(ps, &format!("{name}.fc"), dim, hidden, std)?,
+            proj: Linear::new_normal(ps, &format!("{name}.proj"), hidden, dim, proj_std)?,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.proj.forward(&gelu_tanh(&self.fc.forward(x)?)?)
+    }
+}

@@ -1,0 +1,49 @@
+//! The thread's in-graph random generator.
+//!
+//! Random numbers are drawn inside the compiled step by `rng_bit_generator`
+//! (THREE_FRY), threading a `u64[2]` state tensor from draw to draw. The state is
+//! an ordinary tensor (on the device after the first step, donated each step), so
+//! drawing costs no host sync and checkpoints can save and restore it.
+
+use std::cell::RefCell;
+
+use kiln_compiler::ir::{DType, Literal, Shape, TensorType};
+
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+thread_local! {
+    static STATE: RefCell<Option<Tensor>> = const { RefCell::new(None) };
+}
+
+const DEFAULT_SEED: u64 = 0x6b69_6c6e; // "kiln"
+
+fn state_literal(seed: u64) -> Literal {
+    let mut bytes = Vec::with_capacity(16);
+    bytes.extend(seed.to_le_bytes());
+    bytes.extend(0u64.to_le_bytes());
+    Literal::from_bytes(TensorType::new(DType::U64, [2]), bytes).expect("16 bytes fill u64[2]")
+}
+
+/// Restarts the generator from `seed`.
+pub fn manual_seed(seed: u64) {
+    STATE.with(|s| *s.borrow_mut() = Some(Tensor::from_literal(state_literal(seed))));
+}
+
+/// The generator's state tensor (for checkpoints).
+pub fn state() -> Tensor {
+    STATE.with(|s| s.borrow_mut().get_or_insert_with(|| Tensor::from_literal(state_literal(DEFAULT_SEED))).clone())
+}
+
+/// Replaces the generator's state (from a checkpoint).
+pub fn set_state(t: Tensor) {
+    STATE.with(|s| *s.borrow_mut() = Some(t));
+}
+
+/// Draws `u32` bits of `shape`, advancing the state.
+pub(crate) fn next_bits(shape: &Shape) -> Result<Tensor> {
+    let state = state();
+    let (next, bits) = Tensor::rng_bit_generator(&state, TensorType::new(DType::U32, shape.clone()))?;
+    state.assign(&next)?;
+    Ok(bits)
+}

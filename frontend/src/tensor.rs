@@ -1,0 +1,733 @@
+//! `Tensor`: a lazy handle on a value of the step being recorded, or on data
+//! that a finished step left on the device (or host).
+//!
+//! Ops never run when called: they record a node into the thread's trace and
+//! return a pending tensor, after checking shapes and dtypes (errors name the op
+//! and the shapes). `mark_step` runs the trace. Reading values (`to_vec`, `item`)
+//! is an explicit sync. Cloning a `Tensor` clones the handle: `assign` through
+//! one clone is seen by all, which is how parameters and optimizer state are
+//! updated in place (and their old buffers donated).
+
+use std::fmt;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use kiln_compiler::ir::{
+    BinaryOp, CompareDir, DType, DotDims, Literal, Op, ReduceOp, RngAlgorithm, Shape, TensorType, UnaryOp,
+    ValueId,
+};
+
+use crate::context::{self, Inner, State, Storage};
+use crate::element::{self, Element};
+use crate::error::{FrontendError, Result};
+use crate::{metrics, step};
+
+#[derive(Clone)]
+pub struct Tensor {
+    pub(crate) inner: Rc<Inner>,
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &*self.inner.state.borrow() {
+            State::Ready(Storage::Host(_)) => "host".to_string(),
+            State::Ready(Storage::Device(_)) => "device".to_string(),
+            State::Pending { value, .. } => format!("pending {value}"),
+        };
+        write!(f, "Tensor({}, {state})", self.inner.ty)
+    }
+}
+
+/// Normalises a possibly negative axis.
+fn axis(op: &'static str, a: isize, rank: usize) -> Result<usize> {
+    let r = rank as isize;
+    let i = if a < 0 { a + r } else { a };
+    if (0..r).contains(&i) {
+        Ok(i as usize)
+    } else {
+        Err(FrontendError::Axis { op, axis: a, rank })
+    }
+}
+
+fn record(op: Op) -> Result<Tensor> {
+    context::with(|c| c.push(op)).map(Tensor::wrap)
+}
+
+impl Tensor {
+    pub(crate) fn wrap(inner: Rc<Inner>) -> Tensor {
+        Tensor { inner }
+    }
+
+    /// Id of this tensor's value in the current trace (binding ready data as a
+    /// parameter).
+    pub(crate) fn value(&self, op: &'static str) -> Result<ValueId> {
+        context::with(|c| c.value_of(op, &self.inner))
+    }
+
+    fn values<const N: usize>(op: &'static str, ts: [&Tensor; N]) -> Result<[ValueId; N]> {
+        context::with(|c| {
+            let mut out = [ValueId::from(kiln_compiler::ir::NodeId::from_index(0)); N];
+            for (o, t) in out.iter_mut().zip(ts) {
+                *o = c.value_of(op, &t.inner)?;
+            }
+            Ok(out)
+        })
+    }
+
+    // ---- creation -------------------------------------------------------------
+
+    /// A tensor holding `data` (row-major) with `shape`. The data is uploaded
+    /// when a step first reads it.
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
+        Tensor::from_slice(&data, shape)
+    }
+
+    pub fn from_slice<T: Element>(data: &[T], shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        if data.len() != shape.num_elements() {
+            return Err(FrontendError::DataLength { op: "from_vec", shape, len: data.len() });
+        }
+        let ty = TensorType::new(T::DTYPE, shape);
+        let literal = Literal::from_bytes(ty.clone(), element::to_bytes(data))?;
+        Ok(Tensor::from_literal(literal))
+    }
+
+    pub fn from_literal(literal: Literal) -> Tensor {
+        let ty = literal.ty().clone();
+        Tensor::wrap(Inner::new(ty, State::Ready(Storage::Host(Arc::new(literal)))))
+    }
+
+    pub fn scalar<T: Element>(value: T) -> Tensor {
+        Tensor::from_slice(&[value], Shape::scalar()).expect("one value fills a scalar")
+    }
+
+    /// A tensor of `shape` filled with `value`, recorded as a broadcast constant
+    /// (no host data).
+    pub fn full(value: f64, dtype: DType, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        let c = record(Op::Constant { literal: Literal::scalar(dtype, value) })?;
+        if shape.rank() == 0 {
+            return Ok(c);
+        }
+        c.broadcast_to(shape)
+    }
+
+    pub fn zeros(dtype: DType, shape: impl Into<Shape>) -> Result<Tensor> {
+        Tensor::full(0.0, dtype, shape)
+    }
+
+    pub fn ones(dtype: DType, shape: impl Into<Shape>) -> Result<Tensor> {
+        Tensor::full(1.0, dtype, shape)
+    }
+
+    /// `0, 1, ..., n-1`.
+    pub fn arange(n: usize, dtype: DType) -> Result<Tensor> {
+        record(Op::Iota { ty: TensorType::new(dtype, [n]), axis: 0 })
+    }
+
+    /// Values `0, 1, ...` along `axis` of `shape`.
+    pub fn iota(dtype: DType, shape: impl Into<Shape>, axis: usize) -> Result<Tensor> {
+        record(Op::Iota { ty: TensorType::new(dtype, shape), axis })
+    }
+
+    /// Uniform values in `[0, 1)` from the thread's in-graph generator.
+    pub fn rand(dtype: DType, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        let bits = crate::random::next_bits(&shape)?;
+        // The top 24 bits as an exact f32 fraction in [0, 1).
+        let top = bits.binary_scalar(BinaryOp::Div, 256.0)?.to_dtype(DType::F32)?;
+        top.mul_scalar(1.0 / 16_777_216.0)?.to_dtype(dtype)
+    }
+
+    /// Standard normal values (Box–Muller) from the thread's in-graph generator.
+    pub fn randn(dtype: DType, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        let u1 = Tensor::rand(DType::F32, shape.clone())?;
+        let u2 = Tensor::rand(DType::F32, shape)?;
+        // 1 - u1 lies in (0, 1], so the log is finite.
+        let r = u1.neg()?.add_scalar(1.0)?.log()?.mul_scalar(-2.0)?.sqrt()?;
+        let theta = u2.mul_scalar(std::f64::consts::TAU)?;
+        r.mul(&theta.cos()?)?.to_dtype(dtype)
+    }
+
+    // ---- inspection -----------------------------------------------------------
+
+    pub fn ty(&self) -> &TensorType {
+        &self.inner.ty
+    }
+
+    pub fn shape(&self) -> &Shape {
+        &self.inner.ty.shape
+    }
+
+    pub fn dims(&self) -> &[usize] {
+        &self.inner.ty.shape.0
+    }
+
+    pub fn rank(&self) -> usize {
+        self.inner.ty.shape.rank()
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.inner.ty.dtype
+    }
+
+    pub fn elem_count(&self) -> usize {
+        self.inner.ty.shape.num_elements()
+    }
+
+    /// Whether the value still waits for `mark_step`.
+    pub fn is_pending(&self) -> bool {
+        matches!(&*self.inner.state.borrow(), State::Pending { .. })
+    }
+
+    /// Whether the data lives on the device (after a step produced or read it).
+    pub fn is_on_device(&self) -> bool {
+        matches!(&*self.inner.state.borrow(), State::Ready(Storage::Device(_)))
+    }
+
+    /// Same underlying tensor (handles compare by identity).
+    pub fn same(&self, other: &Tensor) -> bool {
+        Rc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    // ---- reading (explicit syncs) --------------------------------------------
+
+    /// The values, row-major. A pending tensor forces the step to run first,
+    /// which is counted in `metrics().forced_syncs`.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype() {
+            return Err(FrontendError::ReadDType { tensor: self.dtype(), requested: T::DTYPE });
+        }
+        Ok(element::from_bytes(&self.to_bytes()?))
+    }
+
+    /// The values as a literal (host copy).
+    pub fn to_literal(&self) -> Result<Literal> {
+        Ok(Literal::from_bytes(self.ty().clone(), self.to_bytes()?)?)
+    }
+
+    /// Every element widened to f64, whatever the dtype.
+    pub fn to_f64s(&self) -> Result<Vec<f64>> {
+        Ok(self.to_literal()?.to_f64s())
+    }
+
+    /// The single value of a one-element tensor, as f64.
+    pub fn item(&self) -> Result<f64> {
+        if self.elem_count() != 1 {
+            return Err(FrontendError::InvalidArgument {
+                op: "item",
+                reason: format!("needs a one-element tensor, got {}", self.ty()),
+            });
+        }
+        Ok(self.to_f64s()?[0])
+    }
+
+    fn to_bytes(&self) -> Result<Vec<u8>> {
+        if self.is_pending() {
+            metrics::update(|m| m.forced_syncs += 1);
+            tracing::warn!(tensor = %self.ty(), "kiln: reading a pending tensor forces the step to run now");
+            step::mark_step()?;
+        }
+        metrics::update(|m| m.reads += 1);
+        let storage = match &*self.inner.state.borrow() {
+            State::Ready(s) => s.clone(),
+            State::Pending { .. } => return Err(FrontendError::StaleTensor { op: "to_vec" }),
+        };
+        match storage {
+            Storage::Host(lit) => Ok(lit.bytes().to_vec()),
+            Storage::Device(buf) => {
+                let bytes = buf.to_host_bytes()?;
+                metrics::update(|m| m.device_to_host_bytes += bytes.len() as u64);
+                Ok(bytes)
+            }
+        }
+    }
+
+    // ---- assignment -----------------------------------------------------------
+
+    /// Makes this handle (and its clones) refer to `value` from now on. The
+    /// old data, if nothing else holds it, is donated to the step that computes
+    /// `value`. Types must match.
+    pub fn assign(&self, value: &Tensor) -> Result<()> {
+        if value.ty() != self.ty() {
+            return Err(FrontendError::InvalidArgument {
+                op: "assign",
+                reason: format!("cannot assign a {} to a {}", value.ty(), self.ty()),
+            });
+        }
+        let new_state = match &*value.inner.state.borrow() {
+            State::Ready(s) => State::Ready(s.clone()),
+            State::Pending { epoch, value } => State::Pending { epoch: *epoch, value: *value },
+        };
+        let pending = matches!(new_state, State::Pending { .. });
+        *self.inner.state.borrow_mut() = new_state;
+        self.inner.bound.set(None);
+        if pending {
+            context::with(|c| c.trace.live.push(Rc::downgrade(&self.inner)));
+        }
+        Ok(())
+    }
+
+    // ---- elementwise ----------------------------------------------------------
+
+    pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
+        let input = self.value(op.name())?;
+        record(Op::Unary { op, input })
+    }
+
+    pub fn neg(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Neg)
+    }
+    pub fn abs(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Abs)
+    }
+    pub fn exp(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Exp)
+    }
+    pub fn log(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Log)
+    }
+    pub fn log1p(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Log1p)
+    }
+    pub fn expm1(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Expm1)
+    }
+    pub fn tanh(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Tanh)
+    }
+    pub fn sigmoid(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Logistic)
+    }
+    pub fn sqrt(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sqrt)
+    }
+    pub fn rsqrt(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Rsqrt)
+    }
+    pub fn sin(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sin)
+    }
+    pub fn cos(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Cos)
+    }
+    pub fn floor(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Floor)
+    }
+    pub fn ceil(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Ceil)
+    }
+    pub fn sign(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sign)
+    }
+    pub fn logical_not(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Not)
+    }
+    pub fn erf(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Erf)
+    }
+    pub fn square(&self) -> Result<Tensor> {
+        self.mul(self)
+    }
+    pub fn relu(&self) -> Result<Tensor> {
+        self.binary_scalar(BinaryOp::Max, 0.0)
+    }
+
+    /// Binary op with numpy broadcasting.
+    pub fn binary(&self, op: BinaryOp, rhs: &Tensor) -> Result<Tensor> {
+        let (a, b) = broadcast_pair(op.name(), self, rhs)?;
+        let [lhs, rhs] = Tensor::values(op.name(), [&a, &b])?;
+        record(Op::Binary { op, lhs, rhs })
+    }
+
+    /// Binary op with a scalar of this tensor's dtype.
+    pub fn binary_scalar(&self, op: BinaryOp, value: f64) -> Result<Tensor> {
+        let s = Tensor::full(value, self.dtype(), self.shape().clone())?;
+        self.binary(op, &s)
+    }
+
+    pub fn add(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Add, rhs)
+    }
+    pub fn sub(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Sub, rhs)
+    }
+    pub fn mul(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Mul, rhs)
+    }
+    pub fn div(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Div, rhs)
+    }
+    pub fn pow(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Pow, rhs)
+    }
+    pub fn maximum(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Max, rhs)
+    }
+    pub fn minimum(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Min, rhs)
+    }
+    pub fn add_scalar(&self, v: f64) -> Result<Tensor> {
+        self.binary_scalar(BinaryOp::Add, v)
+    }
+    pub fn mul_scalar(&self, v: f64) -> Result<Tensor> {
+        self.binary_scalar(BinaryOp::Mul, v)
+    }
+    pub fn powf(&self, v: f64) -> Result<Tensor> {
+        self.binary_scalar(BinaryOp::Pow, v)
+    }
+
+    /// Elementwise comparison with broadcasting; the result is `pred`.
+    pub fn compare(&self, dir: CompareDir, rhs: &Tensor) -> Result<Tensor> {
+        let (a, b) = broadcast_pair("compare", self, rhs)?;
+        let [lhs, rhs] = Tensor::values("compare", [&a, &b])?;
+        record(Op::Compare { dir, lhs, rhs })
+    }
+    pub fn eq(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.compare(CompareDir::Eq, rhs)
+    }
+    pub fn ne(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.compare(CompareDir::Ne, rhs)
+    }
+    pub fn lt(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.compare(CompareDir::Lt, rhs)
+    }
+    pub fn le(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.compare(CompareDir::Le, rhs)
+    }
+    pub fn gt(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.compare(CompareDir::Gt, rhs)
+    }
+    pub fn ge(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.compare(CompareDir::Ge, rhs)
+    }
+
+    /// `cond ? on_true : on_false`, all three broadcast to a common shape.
+    pub fn where_cond(cond: &Tensor, on_true: &Tensor, on_false: &Tensor) -> Result<Tensor> {
+        if cond.dtype() != DType::Pred {
+            return Err(FrontendError::DType { op: "where", expected: "pred", got: cond.dtype() });
+        }
+        let shape = broadcast_shape("where", cond.shape(), on_true.shape())?;
+        let shape = broadcast_shape("where", &shape, on_false.shape())?;
+        let (c, t, f) = (cond.broadcast_to(shape.clone())?, on_true.broadcast_to(shape.clone())?, on_false.broadcast_to(shape)?);
+        let [pred, on_true, on_false] = Tensor::values("select", [&c, &t, &f])?;
+        record(Op::Select { pred, on_true, on_false })
+    }
+
+    /// Clamps into `[lo, hi]`.
+    pub fn clamp(&self, lo: f64, hi: f64) -> Result<Tensor> {
+        let lo = Tensor::full(lo, self.dtype(), Shape::scalar())?;
+        let hi = Tensor::full(hi, self.dtype(), Shape::scalar())?;
+        let [min, input, max] = Tensor::values("clamp", [&lo, self, &hi])?;
+        record(Op::Clamp { min, input, max })
+    }
+
+    pub fn to_dtype(&self, to: DType) -> Result<Tensor> {
+        if to == self.dtype() {
+            return Ok(self.clone());
+        }
+        let input = self.value("convert")?;
+        record(Op::Convert { input, to })
+    }
+
+    // ---- shape ----------------------------------------------------------------
+
+    /// Broadcasts to `shape` with numpy rules (trailing alignment).
+    pub fn broadcast_to(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        if &shape == self.shape() {
+            return Ok(self.clone());
+        }
+        let (r, n) = (self.rank(), shape.rank());
+        let fits = r <= n && self.dims().iter().zip(&shape.0[n - r..]).all(|(&a, &b)| a == b || a == 1);
+        if !fits {
+            return Err(FrontendError::Broadcast { op: "broadcast_to", lhs: self.shape().clone(), rhs: shape });
+        }
+        let input = self.value("broadcast_in_dim")?;
+        record(Op::BroadcastInDim { input, shape, dims: (n - r..n).collect() })
+    }
+
+    /// Broadcast with an explicit dimension map (`dims[i]` is where input
+    /// dimension `i` goes).
+    pub fn broadcast_in_dim(&self, shape: impl Into<Shape>, dims: Vec<usize>) -> Result<Tensor> {
+        let input = self.value("broadcast_in_dim")?;
+        record(Op::BroadcastInDim { input, shape: shape.into(), dims })
+    }
+
+    pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        if &shape == self.shape() {
+            return Ok(self.clone());
+        }
+        let input = self.value("reshape")?;
+        record(Op::Reshape { input, shape })
+    }
+
+    /// Collapses everything but the first dimension.
+    pub fn flatten_from(&self, start: usize) -> Result<Tensor> {
+        let mut dims = self.dims()[..start.min(self.rank())].to_vec();
+        dims.push(self.dims()[start.min(self.rank())..].iter().product());
+        self.reshape(dims)
+    }
+
+    /// Result dimension `i` is input dimension `perm[i]`.
+    pub fn permute(&self, perm: Vec<usize>) -> Result<Tensor> {
+        let input = self.value("transpose")?;
+        record(Op::Transpose { input, perm })
+    }
+
+    /// Swaps two dimensions.
+    pub fn transpose(&self, a: isize, b: isize) -> Result<Tensor> {
+        let (a, b) = (axis("transpose", a, self.rank())?, axis("transpose", b, self.rank())?);
+        let mut perm: Vec<usize> = (0..self.rank()).collect();
+        perm.swap(a, b);
+        self.permute(perm)
+    }
+
+    /// Transpose of a matrix (last two dimensions).
+    pub fn t(&self) -> Result<Tensor> {
+        self.transpose(-2, -1)
+    }
+
+    /// `len` entries of `axis` from `start`.
+    pub fn narrow(&self, ax: isize, start: usize, len: usize) -> Result<Tensor> {
+        let ax = axis("narrow", ax, self.rank())?;
+        let mut s = vec![0; self.rank()];
+        let mut l = self.dims().to_vec();
+        s[ax] = start;
+        l[ax] = start + len;
+        self.slice(s, l, vec![1; self.rank()])
+    }
+
+    pub fn slice(&self, start: Vec<usize>, limit: Vec<usize>, stride: Vec<usize>) -> Result<Tensor> {
+        let input = self.value("slice")?;
+        record(Op::Slice { input, start, limit, stride })
+    }
+
+    /// Rows of `axis` picked by the integer tensor `indices` (embedding lookup).
+    pub fn index_select(&self, indices: &Tensor, ax: isize) -> Result<Tensor> {
+        let ax = axis("gather", ax, self.rank())?;
+        let [operand, indices] = Tensor::values("gather", [self, indices])?;
+        record(Op::Gather { operand, indices, axis: ax })
+    }
+
+    /// Adds `updates` into a copy of `self` at the rows `indices` of `axis`.
+    pub fn index_add(&self, indices: &Tensor, updates: &Tensor, ax: isize) -> Result<Tensor> {
+        let ax = axis("scatter_add", ax, self.rank())?;
+        let [operand, indices, updates] = Tensor::values("scatter_add", [self, indices, updates])?;
+        record(Op::ScatterAdd { operand, indices, updates, axis: ax })
+    }
+
+    /// Slice starting at runtime indices (scalar s32 tensors), of static `sizes`.
+    pub fn dynamic_slice(&self, starts: &[Tensor], sizes: Vec<usize>) -> Result<Tensor> {
+        let input = self.value("dynamic_slice")?;
+        let starts = starts.iter().map(|s| s.value("dynamic_slice")).collect::<Result<Vec<_>>>()?;
+        record(Op::DynamicSlice { input, starts, sizes })
+    }
+
+    pub fn dynamic_update_slice(&self, update: &Tensor, starts: &[Tensor]) -> Result<Tensor> {
+        let [input, update] = Tensor::values("dynamic_update_slice", [self, update])?;
+        let starts = starts.iter().map(|s| s.value("dynamic_update_slice")).collect::<Result<Vec<_>>>()?;
+        record(Op::DynamicUpdateSlice { input, update, starts })
+    }
+
+    pub fn cat(tensors: &[Tensor], ax: isize) -> Result<Tensor> {
+        let Some(first) = tensors.first() else {
+            return Err(FrontendError::InvalidArgument { op: "cat", reason: "needs at least one tensor".into() });
+        };
+        let ax = axis("concatenate", ax, first.rank())?;
+        let inputs = tensors.iter().map(|t| t.value("concatenate")).collect::<Result<Vec<_>>>()?;
+        record(Op::Concatenate { inputs, axis: ax })
+    }
+
+    pub fn pad(&self, value: f64, low: Vec<i64>, high: Vec<i64>) -> Result<Tensor> {
+        let v = Tensor::full(value, self.dtype(), Shape::scalar())?;
+        let [input, value] = Tensor::values("pad", [self, &v])?;
+        let interior = vec![0; self.rank()];
+        record(Op::Pad { input, value, low, high, interior })
+    }
+
+    // ---- reductions -----------------------------------------------------------
+
+    pub fn reduce(&self, op: ReduceOp, axes: &[isize], keep_dims: bool) -> Result<Tensor> {
+        let mut ax = axes.iter().map(|&a| axis("reduce", a, self.rank())).collect::<Result<Vec<_>>>()?;
+        ax.sort_unstable();
+        ax.dedup();
+        let input = self.value("reduce")?;
+        let r = record(Op::Reduce { op, input, axes: ax.clone() })?;
+        if keep_dims {
+            let dims: Vec<usize> =
+                self.dims().iter().enumerate().map(|(i, &d)| if ax.contains(&i) { 1 } else { d }).collect();
+            r.reshape(dims)
+        } else {
+            Ok(r)
+        }
+    }
+
+    pub fn sum(&self, axes: &[isize], keep_dims: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::Sum, axes, keep_dims)
+    }
+
+    /// Sum of every element (a scalar).
+    pub fn sum_all(&self) -> Result<Tensor> {
+        let axes: Vec<isize> = (0..self.rank() as isize).collect();
+        self.sum(&axes, false)
+    }
+
+    pub fn mean(&self, axes: &[isize], keep_dims: bool) -> Result<Tensor> {
+        let mut count = 1usize;
+        for &a in axes {
+            count *= self.dims()[axis("mean", a, self.rank())?];
+        }
+        self.sum(axes, keep_dims)?.mul_scalar(1.0 / count as f64)
+    }
+
+    pub fn mean_all(&self) -> Result<Tensor> {
+        let axes: Vec<isize> = (0..self.rank() as isize).collect();
+        self.mean(&axes, false)
+    }
+
+    pub fn max(&self, axes: &[isize], keep_dims: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::Max, axes, keep_dims)
+    }
+
+    pub fn min(&self, axes: &[isize], keep_dims: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::Min, axes, keep_dims)
+    }
+
+    /// Numerically stable softmax along `axis`.
+    pub fn softmax(&self, ax: isize) -> Result<Tensor> {
+        let m = self.max(&[ax], true)?;
+        let e = self.sub(&m)?.exp()?;
+        e.div(&e.sum(&[ax], true)?)
+    }
+
+    /// `log(softmax(x))` via the log-sum-exp trick.
+    pub fn log_softmax(&self, ax: isize) -> Result<Tensor> {
+        let m = self.max(&[ax], true)?;
+        let shifted = self.sub(&m)?;
+        let lse = shifted.exp()?.sum(&[ax], true)?.log()?;
+        shifted.sub(&lse)
+    }
+
+    /// Index of the largest entry along `axis` (s32; ties pick the first).
+    pub fn argmax(&self, ax: isize) -> Result<Tensor> {
+        let a = axis("argmax", ax, self.rank())?;
+        let m = self.max(&[ax], true)?;
+        let hit = self.eq(&m)?;
+        let idx = Tensor::iota(DType::S32, self.shape().clone(), a)?;
+        let big = Tensor::full(self.dims()[a] as f64, DType::S32, self.shape().clone())?;
+        Tensor::where_cond(&hit, &idx, &big)?.min(&[ax], false)
+    }
+
+    // ---- products -------------------------------------------------------------
+
+    /// Matrix product over the last two dimensions with numpy broadcasting of
+    /// leading (batch) dimensions; a 2-D rhs is shared by every batch.
+    pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        let (lr, rr) = (self.rank(), rhs.rank());
+        let bad = || FrontendError::Broadcast { op: "matmul", lhs: self.shape().clone(), rhs: rhs.shape().clone() };
+        if lr < 2 || rr < 2 || self.dims()[lr - 1] != rhs.dims()[rr - 2] {
+            return Err(bad());
+        }
+        if rr == 2 {
+            // [..., m, k] x [k, n]: contract the last lhs dim with rhs dim 0; the
+            // free lhs dims lead the result, so no batching is needed.
+            let [lhs, r] = Tensor::values("dot_general", [self, rhs])?;
+            let dims = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![lr - 1], rhs_contract: vec![0] };
+            return record(Op::DotGeneral { lhs, rhs: r, dims });
+        }
+        let batch = broadcast_shape("matmul", &Shape(self.dims()[..lr - 2].to_vec()), &Shape(rhs.dims()[..rr - 2].to_vec()))?;
+        let nb = batch.rank();
+        let mut ls = batch.0.clone();
+        ls.extend(&self.dims()[lr - 2..]);
+        let mut rs = batch.0.clone();
+        rs.extend(&rhs.dims()[rr - 2..]);
+        let (a, b) = (self.broadcast_to(ls)?, rhs.broadcast_to(rs)?);
+        let [lhs, r] = Tensor::values("dot_general", [&a, &b])?;
+        let dims = DotDims {
+            lhs_batch: (0..nb).collect(),
+            rhs_batch: (0..nb).collect(),
+            lhs_contract: vec![nb + 1],
+            rhs_contract: vec![nb],
+        };
+        record(Op::DotGeneral { lhs, rhs: r, dims })
+    }
+
+    pub fn dot_general(&self, rhs: &Tensor, dims: DotDims) -> Result<Tensor> {
+        let [lhs, r] = Tensor::values("dot_general", [self, rhs])?;
+        record(Op::DotGeneral { lhs, rhs: r, dims })
+    }
+
+    /// Sum across data-parallel replicas.
+    pub fn all_reduce(&self, op: ReduceOp) -> Result<Tensor> {
+        let input = self.value("all_reduce")?;
+        record(Op::AllReduce { op, input })
+    }
+
+    /// Fences values so XLA does not move computation across them.
+    pub fn optimization_barrier(tensors: &[Tensor]) -> Result<Vec<Tensor>> {
+        let inputs = tensors.iter().map(|t| t.value("optimization_barrier")).collect::<Result<Vec<_>>>()?;
+        context::with(|c| {
+            let id = c.trace.graph.add(Op::OptimizationBarrier { inputs })?;
+            Ok((0..tensors.len()).map(|i| Tensor::wrap(c.pending(ValueId::new(id, i as u32)))).collect())
+        })
+    }
+
+    /// Records a `rng_bit_generator`; returns `(new_state, bits)`.
+    pub(crate) fn rng_bit_generator(state: &Tensor, ty: TensorType) -> Result<(Tensor, Tensor)> {
+        let s = state.value("rng_bit_generator")?;
+        context::with(|c| {
+            let id = c.trace.graph.add(Op::RngBitGenerator { algorithm: RngAlgorithm::ThreeFry, state: s, ty })?;
+            Ok((Tensor::wrap(c.pending(ValueId::new(id, 0))), Tensor::wrap(c.pending(ValueId::new(id, 1)))))
+        })
+    }
+}
+
+/// Numpy broadcast of two shapes.
+pub(crate) fn broadcast_shape(op: &'static str, a: &Shape, b: &Shape) -> Result<Shape> {
+    let n = a.rank().max(b.rank());
+    let mut out = vec![0; n];
+    for i in 0..n {
+        let da = if i + a.rank() >= n { a.0[i + a.rank() - n] } else { 1 };
+        let db = if i + b.rank() >= n { b.0[i + b.rank() - n] } else { 1 };
+        out[i] = match (da, db) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => return Err(FrontendError::Broadcast { op, lhs: a.clone(), rhs: b.clone() }),
+        };
+    }
+    Ok(Shape(out))
+}
+
+fn broadcast_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
+    if a.shape() == b.shape() {
+        return Ok((a.clone(), b.clone()));
+    }
+    let shape = broadcast_shape(op, a.shape(), b.shape())?;
+    Ok((a.broadcast_to(shape.clone())?, b.broadcast_to(shape)?))
+}
+
+macro_rules! binop {
+    ($trait:ident, $method:ident, $op:expr) => {
+        impl std::ops::$trait<&Tensor> for &Tensor {
+            type Output = Result<Tensor>;
+            fn $method(self, rhs: &Tensor) -> Result<Tensor> {
+                self.binary($op, rhs)
+            }
+        }
+        impl std::ops::$trait<f64> for &Tensor {
+            type Output = Result<Tensor>;
+            fn $method(self, rhs: f64) -> Result<Tensor> {
+                self.binary_scalar($op, rhs)
+            }
+        }
+    };
+}
+
+binop!(Add, add, BinaryOp::Add);
+binop!(Sub, sub, BinaryOp::Sub);
+binop!(Mul, mul, BinaryOp::Mul);
+binop!(Div, div, BinaryOp::Div);
