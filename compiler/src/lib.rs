@@ -6,5 +6,7 @@
 
 mod error;
 pub mod ir;
+pub mod lower;
 
 pub use error::CompileError;
+pub use lower::{lower, LowerOptions};
