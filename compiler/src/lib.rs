@@ -6,10 +6,12 @@
 
 mod error;
 pub mod ir;
-
-pub use error::CompileError;
+pub mod lower;
 pub mod passes;
 pub mod pipeline;
+
+pub use error::CompileError;
+pub use lower::{lower, LowerOptions};
 
 /// Checks the graph's invariants (replaced by the full verifier).
 pub fn verify_graph(_g: &ir::Graph) -> Result<(), CompileError> {

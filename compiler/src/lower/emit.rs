@@ -1,0 +1,587 @@
+//! The text of each op: one exhaustive match over [`Op`], plus the module and
+//! function frame around it.
+//!
+//! Invariant: every line written here is accepted by XLA's StableHLO parser
+//! for any node that passed shape inference (checked by compiling the lowered
+//! text of every op through the XLA CPU plugin). Where a kiln op has no direct
+//! StableHLO equivalent for some dtype, the lowering writes the small
+//! expansion next to it, with helper names derived from the node.
+
+use std::fmt::{Display, Write};
+
+use super::dense::{dense, identity};
+use super::LowerOptions;
+use crate::ir::{
+    DType, DotDims, Graph, Literal, Node, NodeId, Op, ReduceOp, TensorType, UnaryOp, ValueId,
+};
+use crate::CompileError;
+
+/// Indentation of the function body.
+const BODY: &str = "    ";
+
+/// Writes the whole module.
+pub(super) fn module(
+    g: &Graph,
+    opts: &LowerOptions,
+    live: &[bool],
+) -> Result<String, CompileError> {
+    let mut e = Emitter {
+        g,
+        num_replicas: opts.num_replicas,
+        names: vec![Vec::new(); g.len()],
+        out: String::new(),
+    };
+    // MLIR prints attribute dictionaries sorted by name; so do we (JAX's order).
+    let _ = writeln!(
+        e.out,
+        "module @kiln attributes {{mhlo.num_partitions = 1 : i32, mhlo.num_replicas = {} : i32}} {{",
+        opts.num_replicas
+    );
+    e.signature();
+    for (id, node) in g.nodes() {
+        if live[id.index()] || matches!(node.op, Op::Parameter { .. }) {
+            e.node(id, node)?;
+        }
+    }
+    let results: Vec<String> = g.outputs().iter().map(|&v| e.name(v)).collect();
+    if results.is_empty() {
+        e.line("return".to_string());
+    } else {
+        let line = format!("return {} : {}", results.join(", "), join(g.output_types()));
+        e.line(line);
+    }
+    e.out.push_str("  }\n}\n");
+    Ok(e.out)
+}
+
+struct Emitter<'g> {
+    g: &'g Graph,
+    num_replicas: usize,
+    /// SSA name of each output of each emitted node, indexed by node id.
+    names: Vec<Vec<String>>,
+    out: String,
+}
+
+impl Emitter<'_> {
+    fn signature(&mut self) {
+        let g = self.g;
+        let args: Vec<String> = g
+            .param_types()
+            .iter()
+            .enumerate()
+            .map(
+                |(i, ty)| match g.aliases().iter().find(|a| a.param as usize == i) {
+                    Some(a) => format!("%arg{i}: {ty} {{tf.aliasing_output = {} : i32}}", a.output),
+                    None => format!("%arg{i}: {ty}"),
+                },
+            )
+            .collect();
+        let _ = writeln!(
+            self.out,
+            "  func.func public @main({}) -> ({}) {{",
+            args.join(", "),
+            join(g.output_types())
+        );
+    }
+
+    fn line(&mut self, text: String) {
+        self.out.push_str(BODY);
+        self.out.push_str(&text);
+        self.out.push('\n');
+    }
+
+    fn name(&self, v: ValueId) -> String {
+        self.names[v.node.index()][v.output as usize].clone()
+    }
+
+    fn ty(&self, v: ValueId) -> &TensorType {
+        self.g.ty(v)
+    }
+
+    /// Names the outputs of `id` and returns the left-hand side that defines them.
+    fn define(&mut self, id: NodeId, node: &Node) -> String {
+        let base = format!("%v{}", id.index());
+        let n = node.outputs.len();
+        if n == 1 {
+            self.names[id.index()] = vec![base.clone()];
+            base
+        } else {
+            self.names[id.index()] = (0..n).map(|k| format!("{base}#{k}")).collect();
+            format!("{base}:{n}")
+        }
+    }
+
+    /// A helper value of node `id`: `%v<id>_<role>`.
+    fn helper(id: NodeId, role: &str) -> String {
+        format!("%v{}_{role}", id.index())
+    }
+
+    /// `name = stablehlo.constant dense<..> : ty`.
+    fn constant(&mut self, name: &str, lit: &Literal) {
+        self.line(format!(
+            "{name} = stablehlo.constant {} : {}",
+            dense(lit),
+            lit.ty()
+        ));
+    }
+
+    fn node(&mut self, id: NodeId, node: &Node) -> Result<(), CompileError> {
+        let out_ty = node.outputs.first().cloned();
+        let res = || out_ty.clone().expect("single-result op has a result type");
+        match &node.op {
+            Op::Parameter { index, .. } => {
+                self.names[id.index()] = vec![format!("%arg{index}")];
+            }
+            Op::Constant { literal } => {
+                let lhs = self.define(id, node);
+                self.constant(&lhs, literal);
+            }
+            Op::Iota { ty, axis } => {
+                let lhs = self.define(id, node);
+                self.line(format!("{lhs} = stablehlo.iota dim = {axis} : {ty}"));
+            }
+            Op::Unary { op, input } => self.unary(id, node, *op, *input),
+            Op::Binary { op, lhs, rhs } => {
+                let (a, b) = (self.name(*lhs), self.name(*rhs));
+                let def = self.define(id, node);
+                self.line(format!("{def} = {} {a}, {b} : {}", op.mnemonic(), res()));
+            }
+            Op::Compare { dir, lhs, rhs } => {
+                let (a, b) = (self.name(*lhs), self.name(*rhs));
+                let t = self.ty(*lhs).clone();
+                let def = self.define(id, node);
+                let kind = comparison_type(t.dtype);
+                self.line(format!(
+                    "{def} = stablehlo.compare {}, {a}, {b}, {kind} : ({t}, {t}) -> {}",
+                    dir.name(),
+                    res()
+                ));
+            }
+            Op::Select {
+                pred,
+                on_true,
+                on_false,
+            } => {
+                let vals = [*pred, *on_true, *on_false];
+                let text = self.call("stablehlo.select", id, node, &vals);
+                self.line(text);
+            }
+            Op::Clamp { min, input, max } => {
+                let text = self.call("stablehlo.clamp", id, node, &[*min, *input, *max]);
+                self.line(text);
+            }
+            Op::Convert { input, .. } => {
+                let text = self.call("stablehlo.convert", id, node, &[*input]);
+                self.line(text);
+            }
+            Op::BroadcastInDim { input, dims, .. } => {
+                let x = self.name(*input);
+                let t = self.ty(*input).clone();
+                let def = self.define(id, node);
+                self.line(format!(
+                    "{def} = stablehlo.broadcast_in_dim {x}, dims = {} : ({t}) -> {}",
+                    list(dims),
+                    res()
+                ));
+            }
+            Op::Reshape { input, .. } => {
+                let text = self.call("stablehlo.reshape", id, node, &[*input]);
+                self.line(text);
+            }
+            Op::Transpose { input, perm } => {
+                let x = self.name(*input);
+                let t = self.ty(*input).clone();
+                let def = self.define(id, node);
+                self.line(format!(
+                    "{def} = stablehlo.transpose {x}, dims = {} : ({t}) -> {}",
+                    list(perm),
+                    res()
+                ));
+            }
+            Op::Slice {
+                input,
+                start,
+                limit,
+                stride,
+            } => {
+                let x = self.name(*input);
+                let t = self.ty(*input).clone();
+                let ranges: Vec<String> = (0..start.len())
+                    .map(|i| match stride[i] {
+                        1 => format!("{}:{}", start[i], limit[i]),
+                        s => format!("{}:{}:{s}", start[i], limit[i]),
+                    })
+                    .collect();
+                let def = self.define(id, node);
+                self.line(format!(
+                    "{def} = stablehlo.slice {x} [{}] : ({t}) -> {}",
+                    ranges.join(", "),
+                    res()
+                ));
+            }
+            Op::DynamicSlice {
+                input,
+                starts,
+                sizes,
+            } => {
+                let (starts, start_tys) = self.start_indices(id, starts);
+                let x = self.name(*input);
+                let t = self.ty(*input).clone();
+                let def = self.define(id, node);
+                self.line(format!(
+                    "{def} = stablehlo.dynamic_slice {x}, {}, sizes = {} : ({t}, {}) -> {}",
+                    starts.join(", "),
+                    list(sizes),
+                    join(start_tys),
+                    res()
+                ));
+            }
+            Op::DynamicUpdateSlice {
+                input,
+                update,
+                starts,
+            } => {
+                let (starts, start_tys) = self.start_indices(id, starts);
+                let (x, u) = (self.name(*input), self.name(*update));
+                let (tx, tu) = (self.ty(*input).clone(), self.ty(*update).clone());
+                let def = self.define(id, node);
+                self.line(format!(
+                    "{def} = stablehlo.dynamic_update_slice {x}, {u}, {} : ({tx}, {tu}, {}) -> {}",
+                    starts.join(", "),
+                    join(start_tys),
+                    res()
+                ));
+            }
+            Op::Concatenate { inputs, axis } => {
+                let xs: Vec<String> = inputs.iter().map(|&v| self.name(v)).collect();
+                let ts: Vec<TensorType> = inputs.iter().map(|&v| self.ty(v).clone()).collect();
+                let def = self.define(id, node);
+                self.line(format!(
+                    "{def} = stablehlo.concatenate {}, dim = {axis} : ({}) -> {}",
+                    xs.join(", "),
+                    join(ts),
+                    res()
+                ));
+            }
+            Op::Pad {
+                input,
+                value,
+                low,
+                high,
+                interior,
+            } => {
+                let (x, v) = (self.name(*input), self.name(*value));
+                let (tx, tv) = (self.ty(*input).clone(), self.ty(*value).clone());
+                let def = self.define(id, node);
+                self.line(format!(
+                    "{def} = stablehlo.pad {x}, {v}, low = {}, high = {}, interior = {} : ({tx}, {tv}) -> {}",
+                    list(low),
+                    list(high),
+                    list(interior),
+                    res()
+                ));
+            }
+            Op::Reduce { op, input, axes } => {
+                let t = self.ty(*input).clone();
+                let init = Self::helper(id, "init");
+                self.constant(&init, &identity(*op, t.dtype));
+                let x = self.name(*input);
+                let def = self.define(id, node);
+                let scalar = TensorType::scalar(t.dtype);
+                self.line(format!(
+                    "{def} = stablehlo.reduce({x} init: {init}) applies {} across dimensions = {} : ({t}, {scalar}) -> {}",
+                    combiner(*op, t.dtype),
+                    list(axes),
+                    res()
+                ));
+            }
+            Op::DotGeneral { lhs, rhs, dims } => {
+                let (a, b) = (self.name(*lhs), self.name(*rhs));
+                let (ta, tb) = (self.ty(*lhs).clone(), self.ty(*rhs).clone());
+                let def = self.define(id, node);
+                self.line(format!(
+                    "{def} = stablehlo.dot_general {a}, {b}, {} : ({ta}, {tb}) -> {}",
+                    dot_dims(dims),
+                    res()
+                ));
+            }
+            Op::Gather {
+                operand,
+                indices,
+                axis,
+            } => {
+                let (x, i) = (self.name(*operand), self.name(*indices));
+                let (tx, ti) = (self.ty(*operand).clone(), self.ty(*indices).clone());
+                let w = Window::new(&tx, &ti, *axis);
+                let mut sizes = tx.shape.dims().to_vec();
+                sizes[*axis] = 1;
+                let def = self.define(id, node);
+                self.line(format!(
+                    "{def} = \"stablehlo.gather\"({x}, {i}) <{{dimension_numbers = #stablehlo.gather<offset_dims = {}, \
+                     collapsed_slice_dims = [{axis}], start_index_map = [{axis}], index_vector_dim = {}>, \
+                     indices_are_sorted = false, slice_sizes = {}}}> : ({tx}, {ti}) -> {}",
+                    list(&w.window_dims),
+                    w.index_vector_dim,
+                    i64_array(&sizes),
+                    res()
+                ));
+            }
+            Op::ScatterAdd {
+                operand,
+                indices,
+                updates,
+                axis,
+            } => {
+                let (x, i, u) = (
+                    self.name(*operand),
+                    self.name(*indices),
+                    self.name(*updates),
+                );
+                let (tx, ti, tu) = (
+                    self.ty(*operand).clone(),
+                    self.ty(*indices).clone(),
+                    self.ty(*updates).clone(),
+                );
+                let w = Window::new(&tx, &ti, *axis);
+                let def = self.define(id, node);
+                self.line(format!(
+                    "{def} = \"stablehlo.scatter\"({x}, {i}, {u}) <{{indices_are_sorted = false, \
+                     scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = {}, inserted_window_dims = [{axis}], \
+                     scatter_dims_to_operand_dims = [{axis}], index_vector_dim = {}>, unique_indices = false}}> ({{",
+                    list(&w.window_dims),
+                    w.index_vector_dim,
+                ));
+                self.combiner_region(id, ReduceOp::Sum, tx.dtype);
+                self.line(format!("}}) : ({tx}, {ti}, {tu}) -> {}", res()));
+            }
+            Op::RngBitGenerator {
+                algorithm,
+                state,
+                ty,
+            } => {
+                let s = self.name(*state);
+                let ts = self.ty(*state).clone();
+                let def = self.define(id, node);
+                self.line(format!(
+                    "{def} = stablehlo.rng_bit_generator {s}, algorithm = {} : ({ts}) -> ({ts}, {ty})",
+                    algorithm.name()
+                ));
+            }
+            Op::OptimizationBarrier { inputs } => {
+                let xs: Vec<String> = inputs.iter().map(|&v| self.name(v)).collect();
+                let def = self.define(id, node);
+                self.line(format!(
+                    "{def} = stablehlo.optimization_barrier {} : {}",
+                    xs.join(", "),
+                    join(node.outputs.clone())
+                ));
+            }
+            Op::AllReduce { op, input } => {
+                let x = self.name(*input);
+                let t = self.ty(*input).clone();
+                let n = self.num_replicas;
+                let group = (0..n).map(|r| r.to_string()).collect::<Vec<_>>().join(", ");
+                let def = self.define(id, node);
+                self.line(format!(
+                    "{def} = \"stablehlo.all_reduce\"({x}) <{{replica_groups = dense<[[{group}]]> : tensor<1x{n}xi64>}}> ({{"
+                ));
+                self.combiner_region(id, *op, t.dtype);
+                self.line(format!("}}) : ({t}) -> {}", res()));
+            }
+        }
+        Ok(())
+    }
+
+    /// `def = mnemonic %a, %b : (ta, tb) -> result`, the functional-type form.
+    fn call(&mut self, mnemonic: &str, id: NodeId, node: &Node, inputs: &[ValueId]) -> String {
+        let xs: Vec<String> = inputs.iter().map(|&v| self.name(v)).collect();
+        let ts: Vec<TensorType> = inputs.iter().map(|&v| self.ty(v).clone()).collect();
+        let def = self.define(id, node);
+        format!(
+            "{def} = {mnemonic} {} : ({}) -> {}",
+            xs.join(", "),
+            join(ts),
+            node.outputs[0]
+        )
+    }
+
+    fn unary(&mut self, id: NodeId, node: &Node, op: UnaryOp, input: ValueId) {
+        let x = self.name(input);
+        let t = self.ty(input).clone();
+        let unsigned = t.dtype.is_integer() && !t.dtype.is_signed_integer();
+        match op {
+            // StableHLO's abs and sign take signed or float operands only; on
+            // unsigned integers abs is the identity and sign is min(x, 1).
+            UnaryOp::Abs if unsigned => {
+                self.names[id.index()] = vec![x];
+            }
+            UnaryOp::Sign if unsigned => {
+                let one = Self::helper(id, "one");
+                let lit = Literal::from_f64s(
+                    t.dtype,
+                    t.shape.clone(),
+                    &vec![1.0; t.shape.num_elements()],
+                )
+                .expect("one value per element");
+                self.constant(&one, &lit);
+                let def = self.define(id, node);
+                self.line(format!("{def} = stablehlo.minimum {x}, {one} : {t}"));
+            }
+            // CHLO's unary ops print their type as a function type.
+            UnaryOp::Erf => {
+                let def = self.define(id, node);
+                self.line(format!("{def} = {} {x} : {t} -> {t}", op.mnemonic()));
+            }
+            UnaryOp::Neg
+            | UnaryOp::Abs
+            | UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Log1p
+            | UnaryOp::Expm1
+            | UnaryOp::Tanh
+            | UnaryOp::Logistic
+            | UnaryOp::Sqrt
+            | UnaryOp::Rsqrt
+            | UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Floor
+            | UnaryOp::Ceil
+            | UnaryOp::Sign
+            | UnaryOp::Not => {
+                let def = self.define(id, node);
+                self.line(format!("{def} = {} {x} : {t}", op.mnemonic()));
+            }
+        }
+    }
+
+    /// Start indices of a dynamic (update) slice. StableHLO wants them all of
+    /// one type; kiln allows any integer scalars, so mixed ones are converted
+    /// to i64 (`%v<id>_start<k>`).
+    fn start_indices(&mut self, id: NodeId, starts: &[ValueId]) -> (Vec<String>, Vec<TensorType>) {
+        let tys: Vec<TensorType> = starts.iter().map(|&v| self.ty(v).clone()).collect();
+        let uniform = tys.windows(2).all(|w| w[0] == w[1]);
+        if uniform {
+            return (starts.iter().map(|&v| self.name(v)).collect(), tys);
+        }
+        let wide = TensorType::scalar(DType::S64);
+        let mut names = Vec::with_capacity(starts.len());
+        for (k, (&v, t)) in starts.iter().zip(&tys).enumerate() {
+            if *t == wide {
+                names.push(self.name(v));
+            } else {
+                let name = Self::helper(id, &format!("start{k}"));
+                let x = self.name(v);
+                self.line(format!("{name} = stablehlo.convert {x} : ({t}) -> {wide}"));
+                names.push(name);
+            }
+        }
+        (names, vec![wide; starts.len()])
+    }
+
+    /// The scalar region `^bb0(%a, %b): return a <op> b` of scatter and
+    /// all_reduce, closed by the caller's `}) : ...` line.
+    fn combiner_region(&mut self, id: NodeId, op: ReduceOp, dtype: DType) {
+        let s = TensorType::scalar(dtype);
+        let (a, b, r) = (
+            Self::helper(id, "lhs"),
+            Self::helper(id, "rhs"),
+            Self::helper(id, "acc"),
+        );
+        self.line(format!("^bb0({a}: {s}, {b}: {s}):"));
+        self.line(format!("  {r} = {} {a}, {b} : {s}", combiner(op, dtype)));
+        self.line(format!("  stablehlo.return {r} : {s}"));
+    }
+}
+
+/// Dimension numbers shared by kiln's gather and scatter_add along `axis`,
+/// with the indices' own dimensions as batch dimensions and an implicit
+/// trailing index vector (`index_vector_dim` = rank of indices).
+struct Window {
+    /// Result (gather) / update (scatter) dimensions that walk the operand's
+    /// kept dimensions: those before `axis`, then those after the indices.
+    window_dims: Vec<usize>,
+    index_vector_dim: usize,
+}
+
+impl Window {
+    fn new(operand: &TensorType, indices: &TensorType, axis: usize) -> Window {
+        let ri = indices.shape.rank();
+        let r = operand.shape.rank();
+        let window_dims = (0..axis).chain(axis + ri..ri + r - 1).collect();
+        Window {
+            window_dims,
+            index_vector_dim: ri,
+        }
+    }
+}
+
+/// The scalar op of a reduction's region. On pred, sum/max are `or` and
+/// prod/min are `and` (their identities false/true match).
+fn combiner(op: ReduceOp, dtype: DType) -> &'static str {
+    match (dtype, op) {
+        (DType::Pred, ReduceOp::Sum | ReduceOp::Max) => "stablehlo.or",
+        (DType::Pred, ReduceOp::Prod | ReduceOp::Min) => "stablehlo.and",
+        _ => op.combiner().mnemonic(),
+    }
+}
+
+/// `comparison_type` of `stablehlo.compare`; pred compares as unsigned, as XLA does.
+fn comparison_type(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F16 | DType::BF16 | DType::F32 | DType::F64 => "FLOAT",
+        DType::S8 | DType::S32 | DType::S64 => "SIGNED",
+        DType::Pred | DType::U8 | DType::U32 | DType::U64 => "UNSIGNED",
+    }
+}
+
+fn dot_dims(d: &DotDims) -> String {
+    let contracting = format!(
+        "contracting_dims = {} x {}",
+        list(&d.lhs_contract),
+        list(&d.rhs_contract)
+    );
+    if d.lhs_batch.is_empty() {
+        contracting
+    } else {
+        format!(
+            "batching_dims = {} x {}, {contracting}",
+            list(&d.lhs_batch),
+            list(&d.rhs_batch)
+        )
+    }
+}
+
+/// `[a, b, c]`.
+fn list<T: Display>(xs: &[T]) -> String {
+    format!(
+        "[{}]",
+        xs.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// `array<i64: a, b>`, or `array<i64>` when empty.
+fn i64_array(xs: &[usize]) -> String {
+    if xs.is_empty() {
+        "array<i64>".to_string()
+    } else {
+        format!(
+            "array<i64: {}>",
+            xs.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+}
+
+/// `ta, tb, tc`.
+fn join(types: Vec<TensorType>) -> String {
+    types
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}

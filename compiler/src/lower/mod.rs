@@ -1,0 +1,56 @@
+//! Lowering of a [`Graph`] to StableHLO MLIR text, the last stage of the
+//! compiler pipeline (after fusion and remat); the runtime hands the text to
+//! XLA through PJRT.
+//!
+//! The module has one public function `@main` whose arguments are the graph's
+//! parameters in order (`%arg0`, `%arg1`, ...) and whose results are the
+//! graph's outputs in order. Donated parameters carry
+//! `{tf.aliasing_output = <output> : i32}`.
+//!
+//! Invariants:
+//! - Deterministic: the text depends only on the graph's structure and the
+//!   options; nodes are visited in insertion order, no hash-map order anywhere.
+//!   Snapshots and the compile cache key rely on byte-identical output.
+//! - Only nodes reachable from the outputs are emitted ([`live`]); the graph
+//!   is not mutated.
+//! - One op per line; a node's result is `%v<id>`, multi-result nodes define
+//!   `%v<id>:<n>` and are used as `%v<id>#<k>`. Helper values an op needs (init
+//!   constants, converted indices) are named `%v<id>_<role>`, so names never
+//!   collide and stay traceable to the node.
+//! - Pretty StableHLO forms where XLA's parser (StableHLO 1.13) accepts them;
+//!   ops with regions or structured attributes (`gather`, `scatter`,
+//!   `all_reduce`) use the generic form with a `<{...}>` property dictionary.
+
+mod dense;
+mod emit;
+mod live;
+
+use crate::ir::Graph;
+use crate::CompileError;
+
+/// Options that change the module's text (and therefore the compile key).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LowerOptions {
+    /// Number of replicas the program runs on (data parallelism). Written as
+    /// `mhlo.num_replicas` and used as the single replica group of every
+    /// `all_reduce`. At least 1; the runtime must compile with the same count.
+    pub num_replicas: usize,
+}
+
+impl Default for LowerOptions {
+    fn default() -> Self {
+        LowerOptions { num_replicas: 1 }
+    }
+}
+
+/// Lowers `g` to the text of a StableHLO module XLA can compile.
+pub fn lower(g: &Graph, opts: &LowerOptions) -> Result<String, CompileError> {
+    if opts.num_replicas == 0 {
+        return Err(CompileError::Verify {
+            node: "module".to_string(),
+            reason: "num_replicas must be at least 1".to_string(),
+        });
+    }
+    let live = live::live_nodes(g);
+    emit::module(g, opts, &live)
+}

@@ -1,0 +1,830 @@
+//! Lowering to StableHLO text: whole-module snapshots of representative
+//! programs, determinism, dead-code exclusion, donation attributes, and one
+//! small module per op kind.
+//!
+//! With `KILN_LOWER_DUMP_DIR=<dir>` every lowered module is also written to
+//! `<dir>/<name>.mlir`, so the text can be compiled by a real XLA outside the
+//! test (the compiler crate itself has no device access).
+
+use kiln_compiler::ir::Alias;
+use kiln_compiler::ir::{
+    BinaryOp, CompareDir, DType, DotDims, Graph, Literal, Op, ReduceOp, RngAlgorithm, Shape,
+    TensorType, UnaryOp, ValueId,
+};
+use kiln_compiler::{lower, LowerOptions};
+
+type Result<T> = std::result::Result<T, kiln_compiler::CompileError>;
+
+fn t(dtype: DType, dims: &[usize]) -> TensorType {
+    TensorType::new(dtype, Shape::new(dims))
+}
+
+fn lowered(name: &str, g: &Graph, num_replicas: usize) -> String {
+    let text = lower(g, &LowerOptions { num_replicas }).expect("lowering succeeds");
+    if let Ok(dir) = std::env::var("KILN_LOWER_DUMP_DIR") {
+        std::fs::create_dir_all(&dir).expect("dump dir");
+        std::fs::write(format!("{dir}/{name}.mlir"), &text).expect("dump file");
+    }
+    text
+}
+
+// ---------------------------------------------------------------- builders
+
+fn scalar(g: &mut Graph, dtype: DType, v: f64) -> Result<ValueId> {
+    g.value(Op::Constant {
+        literal: Literal::scalar(dtype, v),
+    })
+}
+
+/// `x` broadcast from a lower rank to `shape` along `dims`.
+fn bcast(g: &mut Graph, x: ValueId, shape: &[usize], dims: &[usize]) -> Result<ValueId> {
+    g.value(Op::BroadcastInDim {
+        input: x,
+        shape: Shape::new(shape),
+        dims: dims.to_vec(),
+    })
+}
+
+fn bin(g: &mut Graph, op: BinaryOp, lhs: ValueId, rhs: ValueId) -> Result<ValueId> {
+    g.value(Op::Binary { op, lhs, rhs })
+}
+
+/// Numerically stable softmax over the last axis.
+fn softmax(g: &mut Graph, x: ValueId) -> Result<ValueId> {
+    let shape = g.ty(x).shape.dims().to_vec();
+    let last = shape.len() - 1;
+    let kept: Vec<usize> = (0..last).collect();
+    let max = g.value(Op::Reduce {
+        op: ReduceOp::Max,
+        input: x,
+        axes: vec![last],
+    })?;
+    let max = bcast(g, max, &shape, &kept)?;
+    let shifted = bin(g, BinaryOp::Sub, x, max)?;
+    let e = g.value(Op::Unary {
+        op: UnaryOp::Exp,
+        input: shifted,
+    })?;
+    let sum = g.value(Op::Reduce {
+        op: ReduceOp::Sum,
+        input: e,
+        axes: vec![last],
+    })?;
+    let sum = bcast(g, sum, &shape, &kept)?;
+    bin(g, BinaryOp::Div, e, sum)
+}
+
+fn softmax_graph() -> Result<Graph> {
+    let mut g = Graph::new();
+    let x = g.parameter(t(DType::F32, &[4, 3]));
+    let y = softmax(&mut g, x)?;
+    g.set_outputs(vec![y])?;
+    Ok(g)
+}
+
+/// `x @ w + b` for x `[n, k]`, w `[k, m]`, b `[m]`.
+fn dense_layer(g: &mut Graph, x: ValueId, w: ValueId, b: ValueId) -> Result<ValueId> {
+    let y = g.value(Op::DotGeneral {
+        lhs: x,
+        rhs: w,
+        dims: DotDims::matmul(),
+    })?;
+    let shape = g.ty(y).shape.dims().to_vec();
+    let b = bcast(g, b, &shape, &[1])?;
+    bin(g, BinaryOp::Add, y, b)
+}
+
+fn mlp_graph() -> Result<Graph> {
+    let mut g = Graph::new();
+    let x = g.parameter(t(DType::F32, &[4, 8]));
+    let w1 = g.parameter(t(DType::F32, &[8, 16]));
+    let b1 = g.parameter(t(DType::F32, &[16]));
+    let w2 = g.parameter(t(DType::F32, &[16, 3]));
+    let b2 = g.parameter(t(DType::F32, &[3]));
+    let h = dense_layer(&mut g, x, w1, b1)?;
+    let zero = scalar(&mut g, DType::F32, 0.0)?;
+    let zero = bcast(&mut g, zero, &[4, 16], &[])?;
+    let h = bin(&mut g, BinaryOp::Max, h, zero)?;
+    let logits = dense_layer(&mut g, h, w2, b2)?;
+    let p = softmax(&mut g, logits)?;
+    g.set_outputs(vec![p])?;
+    Ok(g)
+}
+
+/// Causal single-head attention over `[batch, seq, dim]` = `[2, 4, 8]`.
+fn attention_graph() -> Result<Graph> {
+    let (b, s, d) = (2, 4, 8);
+    let mut g = Graph::new();
+    let q = g.parameter(t(DType::F32, &[b, s, d]));
+    let k = g.parameter(t(DType::F32, &[b, s, d]));
+    let v = g.parameter(t(DType::F32, &[b, s, d]));
+    let kt = g.value(Op::Transpose {
+        input: k,
+        perm: vec![0, 2, 1],
+    })?;
+    let batched = |lc, rc| DotDims {
+        lhs_batch: vec![0],
+        rhs_batch: vec![0],
+        lhs_contract: vec![lc],
+        rhs_contract: vec![rc],
+    };
+    let scores = g.value(Op::DotGeneral {
+        lhs: q,
+        rhs: kt,
+        dims: batched(2, 1),
+    })?;
+    let scale = scalar(&mut g, DType::F32, 1.0 / (d as f64).sqrt())?;
+    let scale = bcast(&mut g, scale, &[b, s, s], &[])?;
+    let scores = bin(&mut g, BinaryOp::Mul, scores, scale)?;
+    let row = g.value(Op::Iota {
+        ty: t(DType::S32, &[s, s]),
+        axis: 0,
+    })?;
+    let col = g.value(Op::Iota {
+        ty: t(DType::S32, &[s, s]),
+        axis: 1,
+    })?;
+    let causal = g.value(Op::Compare {
+        dir: CompareDir::Ge,
+        lhs: row,
+        rhs: col,
+    })?;
+    let causal = bcast(&mut g, causal, &[b, s, s], &[1, 2])?;
+    let neg_inf = scalar(&mut g, DType::F32, f64::NEG_INFINITY)?;
+    let neg_inf = bcast(&mut g, neg_inf, &[b, s, s], &[])?;
+    let masked = g.value(Op::Select {
+        pred: causal,
+        on_true: scores,
+        on_false: neg_inf,
+    })?;
+    let p = softmax(&mut g, masked)?;
+    let out = g.value(Op::DotGeneral {
+        lhs: p,
+        rhs: v,
+        dims: batched(2, 1),
+    })?;
+    g.set_outputs(vec![out])?;
+    Ok(g)
+}
+
+/// Embedding lookup and its adjoint: rows of a `[10, 4]` table by 6 ids.
+fn gather_scatter_graph() -> Result<Graph> {
+    let mut g = Graph::new();
+    let table = g.parameter(t(DType::F32, &[10, 4]));
+    let ids = g.parameter(t(DType::S32, &[6]));
+    let grad = g.parameter(t(DType::F32, &[6, 4]));
+    let rows = g.value(Op::Gather {
+        operand: table,
+        indices: ids,
+        axis: 0,
+    })?;
+    let zero = scalar(&mut g, DType::F32, 0.0)?;
+    let zeros = bcast(&mut g, zero, &[10, 4], &[])?;
+    let dtable = g.value(Op::ScatterAdd {
+        operand: zeros,
+        indices: ids,
+        updates: grad,
+        axis: 0,
+    })?;
+    g.set_outputs(vec![rows, dtable])?;
+    Ok(g)
+}
+
+/// Data-parallel gradient averaging over 4 replicas, plus a max across them.
+fn all_reduce_graph() -> Result<Graph> {
+    let mut g = Graph::new();
+    let grad = g.parameter(t(DType::F32, &[8]));
+    let loss = g.parameter(t(DType::F32, &[]));
+    let sum = g.value(Op::AllReduce {
+        op: ReduceOp::Sum,
+        input: grad,
+    })?;
+    let n = scalar(&mut g, DType::F32, 4.0)?;
+    let n = bcast(&mut g, n, &[8], &[])?;
+    let mean = bin(&mut g, BinaryOp::Div, sum, n)?;
+    let worst = g.value(Op::AllReduce {
+        op: ReduceOp::Max,
+        input: loss,
+    })?;
+    g.set_outputs(vec![mean, worst])?;
+    Ok(g)
+}
+
+// ---------------------------------------------------------------- snapshots
+
+#[test]
+fn snapshot_mlp() -> Result<()> {
+    insta::assert_snapshot!("mlp", lowered("mlp", &mlp_graph()?, 1));
+    Ok(())
+}
+
+#[test]
+fn snapshot_softmax() -> Result<()> {
+    insta::assert_snapshot!("softmax", lowered("softmax", &softmax_graph()?, 1));
+    Ok(())
+}
+
+#[test]
+fn snapshot_attention() -> Result<()> {
+    insta::assert_snapshot!("attention", lowered("attention", &attention_graph()?, 1));
+    Ok(())
+}
+
+#[test]
+fn snapshot_gather_scatter() -> Result<()> {
+    insta::assert_snapshot!(
+        "gather_scatter",
+        lowered("gather_scatter", &gather_scatter_graph()?, 1)
+    );
+    Ok(())
+}
+
+#[test]
+fn snapshot_all_reduce_4_replicas() -> Result<()> {
+    insta::assert_snapshot!("all_reduce", lowered("all_reduce", &all_reduce_graph()?, 4));
+    Ok(())
+}
+
+// ---------------------------------------------------------------- properties
+
+#[test]
+fn lowering_is_byte_identical_across_calls_and_rebuilds() -> Result<()> {
+    for build in [
+        mlp_graph,
+        softmax_graph,
+        attention_graph,
+        gather_scatter_graph,
+        all_reduce_graph,
+    ] {
+        let g = build()?;
+        let first = lower(&g, &LowerOptions::default())?;
+        assert_eq!(first, lower(&g, &LowerOptions::default())?);
+        assert_eq!(first, lower(&build()?, &LowerOptions::default())?);
+    }
+    Ok(())
+}
+
+#[test]
+fn dead_nodes_are_not_emitted() -> Result<()> {
+    let mut g = Graph::new();
+    let x = g.parameter(t(DType::F32, &[3]));
+    let unused = g.parameter(t(DType::F32, &[3]));
+    let dead = g.value(Op::Unary {
+        op: UnaryOp::Tanh,
+        input: x,
+    })?;
+    let _dead_user = bin(&mut g, BinaryOp::Mul, dead, unused)?;
+    let y = g.value(Op::Unary {
+        op: UnaryOp::Exp,
+        input: x,
+    })?;
+    let _after_output = g.value(Op::Unary {
+        op: UnaryOp::Sin,
+        input: y,
+    })?;
+    g.set_outputs(vec![y])?;
+    let text = lowered("dead_nodes", &g, 1);
+    insta::assert_snapshot!(text, @r"
+    module @kiln attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+      func.func public @main(%arg0: tensor<3xf32>, %arg1: tensor<3xf32>) -> (tensor<3xf32>) {
+        %v4 = stablehlo.exponential %arg0 : tensor<3xf32>
+        return %v4 : tensor<3xf32>
+      }
+    }
+    ");
+    // Unused parameters stay in the signature: the runtime passes every buffer.
+    assert_eq!(g.len(), 6, "lowering must not change the graph");
+    Ok(())
+}
+
+#[test]
+fn donated_parameters_carry_their_output_index() -> Result<()> {
+    let mut g = Graph::new();
+    let w = g.parameter(t(DType::F32, &[2, 2]));
+    let grad = g.parameter(t(DType::F32, &[2, 2]));
+    let m = g.parameter(t(DType::F32, &[2, 2]));
+    let m2 = bin(&mut g, BinaryOp::Add, m, grad)?;
+    let w2 = bin(&mut g, BinaryOp::Sub, w, m2)?;
+    g.set_outputs(vec![m2, w2])?;
+    g.add_alias(Alias {
+        param: 0,
+        output: 1,
+    })?;
+    g.add_alias(Alias {
+        param: 2,
+        output: 0,
+    })?;
+    let text = lowered("aliasing", &g, 1);
+    insta::assert_snapshot!(text, @r"
+    module @kiln attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+      func.func public @main(%arg0: tensor<2x2xf32> {tf.aliasing_output = 1 : i32}, %arg1: tensor<2x2xf32>, %arg2: tensor<2x2xf32> {tf.aliasing_output = 0 : i32}) -> (tensor<2x2xf32>, tensor<2x2xf32>) {
+        %v3 = stablehlo.add %arg2, %arg1 : tensor<2x2xf32>
+        %v4 = stablehlo.subtract %arg0, %v3 : tensor<2x2xf32>
+        return %v3, %v4 : tensor<2x2xf32>, tensor<2x2xf32>
+      }
+    }
+    ");
+    Ok(())
+}
+
+#[test]
+fn zero_replicas_is_an_error() -> Result<()> {
+    let g = softmax_graph()?;
+    assert!(lower(&g, &LowerOptions { num_replicas: 0 }).is_err());
+    Ok(())
+}
+
+// ---------------------------------------------------------------- every op
+
+/// Index of `op`'s variant. Exhaustive on purpose: a new `Op` variant fails to
+/// compile here until a case below exercises it.
+fn variant(op: &Op) -> usize {
+    match op {
+        Op::Parameter { .. } => 0,
+        Op::Constant { .. } => 1,
+        Op::Iota { .. } => 2,
+        Op::Unary { .. } => 3,
+        Op::Binary { .. } => 4,
+        Op::Compare { .. } => 5,
+        Op::Select { .. } => 6,
+        Op::Clamp { .. } => 7,
+        Op::Convert { .. } => 8,
+        Op::BroadcastInDim { .. } => 9,
+        Op::Reshape { .. } => 10,
+        Op::Transpose { .. } => 11,
+        Op::Slice { .. } => 12,
+        Op::DynamicSlice { .. } => 13,
+        Op::DynamicUpdateSlice { .. } => 14,
+        Op::Concatenate { .. } => 15,
+        Op::Pad { .. } => 16,
+        Op::Reduce { .. } => 17,
+        Op::DotGeneral { .. } => 18,
+        Op::Gather { .. } => 19,
+        Op::ScatterAdd { .. } => 20,
+        Op::RngBitGenerator { .. } => 21,
+        Op::OptimizationBarrier { .. } => 22,
+        Op::AllReduce { .. } => 23,
+    }
+}
+const VARIANTS: usize = 24;
+
+type Build = Box<dyn Fn(&mut Graph) -> Result<Vec<ValueId>>>;
+
+/// One small program per op kind and dtype class: `(name, replicas, build)`.
+fn op_cases() -> Vec<(String, usize, Build)> {
+    let mut cases: Vec<(String, usize, Build)> = Vec::new();
+    let mut add = |name: String, replicas: usize, b: Build| cases.push((name, replicas, b));
+
+    let elementwise_dtypes = [DType::F32, DType::BF16, DType::S32, DType::U32, DType::Pred];
+    for op in UnaryOp::ALL {
+        for dtype in
+            elementwise_dtypes
+                .into_iter()
+                .chain([DType::F64, DType::F16, DType::S8, DType::U64])
+        {
+            let ok = match op {
+                UnaryOp::Not => !dtype.is_float(),
+                UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign => dtype != DType::Pred,
+                _ => dtype.is_float(),
+            };
+            if ok {
+                add(
+                    format!("unary_{}_{dtype}", op.name()),
+                    1,
+                    Box::new(move |g| {
+                        let x = g.parameter(t(dtype, &[2, 3]));
+                        Ok(vec![g.value(Op::Unary { op, input: x })?])
+                    }),
+                );
+            }
+        }
+    }
+    for op in BinaryOp::ALL {
+        for dtype in elementwise_dtypes
+            .into_iter()
+            .chain([DType::U64, DType::S64])
+        {
+            let ok = if op.is_logical() {
+                !dtype.is_float()
+            } else {
+                dtype != DType::Pred
+            };
+            if ok {
+                add(
+                    format!("binary_{}_{dtype}", op.name()),
+                    1,
+                    Box::new(move |g| {
+                        let a = g.parameter(t(dtype, &[2, 3]));
+                        let b = g.parameter(t(dtype, &[2, 3]));
+                        Ok(vec![bin(g, op, a, b)?])
+                    }),
+                );
+            }
+        }
+    }
+    for dir in CompareDir::ALL {
+        for dtype in elementwise_dtypes {
+            add(
+                format!("compare_{}_{dtype}", dir.name()),
+                1,
+                Box::new(move |g| {
+                    let a = g.parameter(t(dtype, &[4]));
+                    let b = g.parameter(t(dtype, &[4]));
+                    Ok(vec![g.value(Op::Compare {
+                        dir,
+                        lhs: a,
+                        rhs: b,
+                    })?])
+                }),
+            );
+        }
+    }
+    for op in ReduceOp::ALL {
+        for dtype in [
+            DType::F32,
+            DType::BF16,
+            DType::S32,
+            DType::S64,
+            DType::U64,
+            DType::Pred,
+        ] {
+            add(
+                format!("reduce_{}_{dtype}", op.name()),
+                1,
+                Box::new(move |g| {
+                    let x = g.parameter(t(dtype, &[2, 3, 4]));
+                    let some = g.value(Op::Reduce {
+                        op,
+                        input: x,
+                        axes: vec![0, 2],
+                    })?;
+                    let all = g.value(Op::Reduce {
+                        op,
+                        input: x,
+                        axes: vec![0, 1, 2],
+                    })?;
+                    let none = g.value(Op::Reduce {
+                        op,
+                        input: x,
+                        axes: vec![],
+                    })?;
+                    Ok(vec![some, all, none])
+                }),
+            );
+        }
+        for dtype in [DType::F32, DType::S32] {
+            add(
+                format!("all_reduce_{}_{dtype}", op.name()),
+                2,
+                Box::new(move |g| {
+                    let x = g.parameter(t(dtype, &[3]));
+                    Ok(vec![g.value(Op::AllReduce { op, input: x })?])
+                }),
+            );
+        }
+    }
+    add(
+        "constants".into(),
+        1,
+        Box::new(|g| {
+            let specials = [1.0, -0.0, 0.1, f64::INFINITY, f64::NEG_INFINITY, f64::NAN];
+            let mut outs = Vec::new();
+            for dtype in DType::ALL {
+                let values: Vec<f64> = if dtype.is_float() {
+                    specials.to_vec()
+                } else {
+                    vec![1.0, 0.0, 3.0, 1.0, 0.0, 7.0]
+                };
+                outs.push(g.value(Op::Constant {
+                    literal: Literal::from_f64s(dtype, [2, 3], &values)?,
+                })?);
+                outs.push(scalar(g, dtype, 1.0)?);
+            }
+            outs.push(g.value(Op::Constant {
+                literal: Literal::from_f64s(DType::F32, [2, 0], &[])?,
+            })?);
+            let extremes = [i64::MIN, i64::MAX]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            outs.push(g.value(Op::Constant {
+                literal: Literal::from_bytes(t(DType::S64, &[2]), extremes)?,
+            })?);
+            Ok(outs)
+        }),
+    );
+    add(
+        "iota".into(),
+        1,
+        Box::new(|g| {
+            Ok(vec![
+                g.value(Op::Iota {
+                    ty: t(DType::F32, &[2, 3]),
+                    axis: 1,
+                })?,
+                g.value(Op::Iota {
+                    ty: t(DType::U8, &[5]),
+                    axis: 0,
+                })?,
+            ])
+        }),
+    );
+    add(
+        "select".into(),
+        1,
+        Box::new(|g| {
+            let p = g.parameter(t(DType::Pred, &[2, 3]));
+            let s = g.parameter(t(DType::Pred, &[]));
+            let a = g.parameter(t(DType::F32, &[2, 3]));
+            let b = g.parameter(t(DType::F32, &[2, 3]));
+            Ok(vec![
+                g.value(Op::Select {
+                    pred: p,
+                    on_true: a,
+                    on_false: b,
+                })?,
+                g.value(Op::Select {
+                    pred: s,
+                    on_true: a,
+                    on_false: b,
+                })?,
+            ])
+        }),
+    );
+    add(
+        "clamp".into(),
+        1,
+        Box::new(|g| {
+            let x = g.parameter(t(DType::S32, &[2, 3]));
+            let lo = scalar(g, DType::S32, -1.0)?;
+            let hi = g.parameter(t(DType::S32, &[2, 3]));
+            Ok(vec![g.value(Op::Clamp {
+                min: lo,
+                input: x,
+                max: hi,
+            })?])
+        }),
+    );
+    add(
+        "convert".into(),
+        1,
+        Box::new(|g| {
+            let x = g.parameter(t(DType::F32, &[4]));
+            let p = g.parameter(t(DType::Pred, &[4]));
+            let mut outs = Vec::new();
+            for to in DType::ALL {
+                outs.push(g.value(Op::Convert { input: x, to })?);
+            }
+            outs.push(g.value(Op::Convert {
+                input: p,
+                to: DType::BF16,
+            })?);
+            Ok(outs)
+        }),
+    );
+    add(
+        "shape_ops".into(),
+        1,
+        Box::new(|g| {
+            let x = g.parameter(t(DType::F32, &[4, 6]));
+            let one = g.parameter(t(DType::F32, &[1]));
+            let b = bcast(g, x, &[2, 4, 6], &[1, 2])?;
+            let b1 = bcast(g, one, &[3, 5], &[1])?;
+            let r = g.value(Op::Reshape {
+                input: x,
+                shape: Shape::new([2, 12]),
+            })?;
+            let s = g.value(Op::Reshape {
+                input: one,
+                shape: Shape::scalar(),
+            })?;
+            let tr = g.value(Op::Transpose {
+                input: x,
+                perm: vec![1, 0],
+            })?;
+            let sl = g.value(Op::Slice {
+                input: x,
+                start: vec![1, 0],
+                limit: vec![3, 6],
+                stride: vec![1, 2],
+            })?;
+            let sc = g.value(Op::Slice {
+                input: s,
+                start: vec![],
+                limit: vec![],
+                stride: vec![],
+            })?;
+            let back = g.value(Op::Transpose {
+                input: tr,
+                perm: vec![1, 0],
+            })?;
+            let c = g.value(Op::Concatenate {
+                inputs: vec![x, x, back],
+                axis: 0,
+            })?;
+            let zero = scalar(g, DType::F32, 0.0)?;
+            let p = g.value(Op::Pad {
+                input: x,
+                value: zero,
+                low: vec![-1, 2],
+                high: vec![0, -3],
+                interior: vec![1, 0],
+            })?;
+            Ok(vec![b, b1, r, s, tr, sl, sc, c, p])
+        }),
+    );
+    add(
+        "dynamic_slice".into(),
+        1,
+        Box::new(|g| {
+            let x = g.parameter(t(DType::F32, &[4, 6]));
+            let u = g.parameter(t(DType::F32, &[2, 3]));
+            let i = g.parameter(t(DType::S32, &[]));
+            let j = g.parameter(t(DType::S32, &[]));
+            let k = g.parameter(t(DType::U8, &[]));
+            let l = g.parameter(t(DType::S64, &[]));
+            Ok(vec![
+                g.value(Op::DynamicSlice {
+                    input: x,
+                    starts: vec![i, j],
+                    sizes: vec![2, 3],
+                })?,
+                g.value(Op::DynamicSlice {
+                    input: x,
+                    starts: vec![k, l],
+                    sizes: vec![2, 3],
+                })?,
+                g.value(Op::DynamicUpdateSlice {
+                    input: x,
+                    update: u,
+                    starts: vec![i, j],
+                })?,
+                g.value(Op::DynamicUpdateSlice {
+                    input: x,
+                    update: u,
+                    starts: vec![l, k],
+                })?,
+            ])
+        }),
+    );
+    add(
+        "dot_general".into(),
+        1,
+        Box::new(|g| {
+            let a = g.parameter(t(DType::F32, &[2, 3, 4]));
+            let b = g.parameter(t(DType::F32, &[2, 4, 5]));
+            let v = g.parameter(t(DType::F32, &[3]));
+            let m = g.parameter(t(DType::S32, &[3, 4]));
+            let n = g.parameter(t(DType::S32, &[4, 2]));
+            let batched = DotDims {
+                lhs_batch: vec![0],
+                rhs_batch: vec![0],
+                lhs_contract: vec![2],
+                rhs_contract: vec![1],
+            };
+            let outer = DotDims::default();
+            Ok(vec![
+                g.value(Op::DotGeneral {
+                    lhs: a,
+                    rhs: b,
+                    dims: batched,
+                })?,
+                g.value(Op::DotGeneral {
+                    lhs: v,
+                    rhs: v,
+                    dims: outer,
+                })?,
+                g.value(Op::DotGeneral {
+                    lhs: m,
+                    rhs: n,
+                    dims: DotDims::matmul(),
+                })?,
+            ])
+        }),
+    );
+    for (axis, index_dtype) in [(0, DType::S32), (1, DType::U8), (2, DType::S64)] {
+        add(
+            format!("gather_scatter_axis{axis}_{index_dtype}"),
+            1,
+            Box::new(move |g| {
+                let x = g.parameter(t(DType::F32, &[5, 6, 7]));
+                let ids = g.parameter(t(index_dtype, &[2, 3]));
+                let rows = g.value(Op::Gather {
+                    operand: x,
+                    indices: ids,
+                    axis,
+                })?;
+                let upd_shape = g.ty(rows).clone();
+                let upd = g.parameter(upd_shape);
+                Ok(vec![
+                    rows,
+                    g.value(Op::ScatterAdd {
+                        operand: x,
+                        indices: ids,
+                        updates: upd,
+                        axis,
+                    })?,
+                ])
+            }),
+        );
+    }
+    add(
+        "rng_bit_generator".into(),
+        1,
+        Box::new(|g| {
+            let s2 = g.parameter(t(DType::U64, &[2]));
+            let s3 = g.parameter(t(DType::U64, &[3]));
+            let a = g.add(Op::RngBitGenerator {
+                algorithm: RngAlgorithm::ThreeFry,
+                state: s2,
+                ty: t(DType::U32, &[2, 3]),
+            })?;
+            let b = g.add(Op::RngBitGenerator {
+                algorithm: RngAlgorithm::Philox,
+                state: s3,
+                ty: t(DType::U64, &[4]),
+            })?;
+            Ok(vec![
+                ValueId::new(a, 0),
+                ValueId::new(a, 1),
+                ValueId::new(b, 1),
+            ])
+        }),
+    );
+    add(
+        "optimization_barrier".into(),
+        1,
+        Box::new(|g| {
+            let x = g.parameter(t(DType::F32, &[3]));
+            let y = g.parameter(t(DType::S32, &[]));
+            let one = g.add(Op::OptimizationBarrier { inputs: vec![x] })?;
+            let two = g.add(Op::OptimizationBarrier { inputs: vec![x, y] })?;
+            Ok(vec![
+                ValueId::new(one, 0),
+                ValueId::new(two, 0),
+                ValueId::new(two, 1),
+            ])
+        }),
+    );
+    cases
+}
+
+#[test]
+fn every_op_kind_lowers() -> Result<()> {
+    let mut seen = [false; VARIANTS];
+    let mut names = Vec::new();
+    for (name, replicas, build) in op_cases() {
+        let mut g = Graph::new();
+        let outs = build(&mut g)?;
+        g.set_outputs(outs)?;
+        for (_, node) in g.nodes() {
+            seen[variant(&node.op)] = true;
+        }
+        let text = lowered(&format!("op_{name}"), &g, replicas);
+        assert!(text.ends_with("  }\n}\n"), "{name}: {text}");
+        names.push(name);
+    }
+    let missing: Vec<usize> = (0..VARIANTS).filter(|&i| !seen[i]).collect();
+    assert!(
+        missing.is_empty(),
+        "op variants without a case: {missing:?}"
+    );
+    insta::assert_snapshot!("op_case_names", names.join("\n"));
+    Ok(())
+}
+
+#[test]
+fn snapshot_every_op_kind() -> Result<()> {
+    for name in [
+        "constants",
+        "shape_ops",
+        "dynamic_slice",
+        "dot_general",
+        "gather_scatter_axis1_ui8",
+        "rng_bit_generator",
+        "optimization_barrier",
+        "convert",
+        "unary_sign_ui32",
+        "unary_abs_ui32",
+        "reduce_min_i1",
+        "select",
+    ] {
+        let (_, replicas, build) = op_cases()
+            .into_iter()
+            .find(|c| c.0 == name)
+            .expect("case exists");
+        let mut g = Graph::new();
+        let outs = build(&mut g)?;
+        g.set_outputs(outs)?;
+        insta::assert_snapshot!(
+            format!("op_{name}"),
+            lower(
+                &g,
+                &LowerOptions {
+                    num_replicas: replicas
+                }
+            )?
+        );
+    }
+    Ok(())
+}
