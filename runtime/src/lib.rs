@@ -1,1 +1,30 @@
-//! kiln runtime: PJRT.
+//! kiln runtime: runs StableHLO programs through a PJRT plugin.
+//!
+//! Where it sits: the compiler hands StableHLO text to [`Client::compile`];
+//! the frontend moves data with [`Buffer`]s and runs [`Executable`]s. The
+//! runtime never sees the graph IR.
+//!
+//! - [`plugin`] finds the plugin (explicit path, `KILN_PJRT_PLUGIN`, `PJRT_DEVICE`);
+//! - [`pjrt`] is kiln's binding to the PJRT C API (the only `unsafe` code);
+//! - [`Client`], [`Device`], [`Buffer`], [`Executable`] are the checked API:
+//!   argument counts, dtypes, shapes, devices and client identity are verified
+//!   before the plugin is called, and every PJRT object is freed on drop.
+
+pub mod buffer;
+pub mod client;
+pub mod compile_options;
+pub mod element_type;
+pub mod error;
+pub mod executable;
+pub mod pjrt;
+pub mod plugin;
+pub mod signature;
+
+pub use buffer::{live_buffer_count, Buffer};
+pub use client::{Client, ClientOptions, Device};
+pub use compile_options::CompileOptions;
+pub use element_type::{ElementType, NativeType};
+pub use error::{PjrtErrorCode, Result, RuntimeError};
+pub use executable::{CompiledMemoryStats, ExecArg, Executable};
+pub use plugin::PjrtDevice;
+pub use signature::{ArgType, Signature};

@@ -1,0 +1,222 @@
+//! `Client`: one PJRT client of one plugin, with its addressable devices.
+//!
+//! Invariants: a `Client` is an `Arc` over the PJRT client, so buffers,
+//! devices and executables that hold a clone keep it alive; the device list
+//! is read once at creation and never changes.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::buffer::Buffer;
+use crate::compile_options::CompileOptions;
+use crate::element_type::{as_bytes, ElementType, NativeType};
+use crate::error::{Result, RuntimeError};
+use crate::executable::Executable;
+use crate::pjrt::handles::{OptionValue, RawClient, RawDevice};
+use crate::pjrt::Api;
+use crate::plugin;
+use crate::signature::{ArgType, Signature};
+
+/// How to create a [`Client`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientOptions {
+    /// The plugin `.so`; `None` = discovery (see [`crate::plugin`]).
+    pub plugin: Option<PathBuf>,
+    /// Number of CPU devices the CPU plugin exposes (`cpu_device_count`);
+    /// `None` leaves the plugin's default. Not sent to other plugins.
+    pub cpu_device_count: Option<usize>,
+}
+
+pub(crate) struct DeviceEntry {
+    pub(crate) raw: RawDevice,
+    pub(crate) id: i32,
+    pub(crate) kind: String,
+    pub(crate) debug_string: String,
+}
+
+pub(crate) struct ClientInner {
+    // Declared before nothing that outlives it: fields drop in order, and
+    // `raw` is the only owner of the PJRT client.
+    pub(crate) raw: RawClient,
+    pub(crate) api: &'static Api,
+    pub(crate) platform_name: String,
+    pub(crate) devices: Vec<DeviceEntry>,
+}
+
+impl ClientInner {
+    pub(crate) fn device_index(&self, raw: RawDevice) -> Option<usize> {
+        self.devices.iter().position(|d| d.raw == raw)
+    }
+}
+
+/// A PJRT client. Cheap to clone; `Send + Sync`.
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<ClientInner>,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("platform", &self.inner.platform_name)
+            .field("plugin", &self.inner.api.path())
+            .field("devices", &self.inner.devices.len())
+            .finish()
+    }
+}
+
+impl Client {
+    /// Loads the plugin (once per process) and creates a client.
+    pub fn new(options: &ClientOptions) -> Result<Client> {
+        let path = plugin::resolve_plugin(options.plugin.as_deref())?;
+        let api = Api::load(&path)?;
+        let mut create_options = Vec::new();
+        if let Some(count) = options.cpu_device_count {
+            let count = i64::try_from(count).map_err(|_| RuntimeError::CompileOptions {
+                message: format!("cpu_device_count {count} is too large"),
+            })?;
+            create_options.push(("cpu_device_count".to_string(), OptionValue::Int64(count)));
+        }
+        let raw = RawClient::create(api, &create_options)?;
+        let platform_name = raw.platform_name()?;
+        let devices = raw
+            .addressable_devices()?
+            .into_iter()
+            .map(|d| {
+                let info = d.info(api)?;
+                Ok(DeviceEntry { raw: d, id: info.id, kind: info.kind, debug_string: info.debug_string })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        tracing::info!(platform = %platform_name, devices = devices.len(), plugin = %path.display(), "PJRT client created");
+        Ok(Client { inner: Arc::new(ClientInner { raw, api, platform_name, devices }) })
+    }
+
+    /// The platform (`cpu`, `cuda`, ...).
+    pub fn platform_name(&self) -> &str {
+        &self.inner.platform_name
+    }
+
+    /// Path of the loaded plugin.
+    pub fn plugin_path(&self) -> &Path {
+        self.inner.api.path()
+    }
+
+    /// PJRT C API version the plugin implements (major, minor).
+    pub fn api_version(&self) -> (i32, i32) {
+        self.inner.api.version()
+    }
+
+    /// The addressable devices, in the plugin's order.
+    pub fn devices(&self) -> Vec<Device> {
+        (0..self.inner.devices.len()).map(|index| Device { client: self.clone(), index }).collect()
+    }
+
+    pub(crate) fn same_client(&self, other: &Client) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    fn check_device(&self, device: &Device) -> Result<()> {
+        if self.same_client(&device.client) {
+            Ok(())
+        } else {
+            Err(RuntimeError::ForeignDevice { device: device.id() })
+        }
+    }
+
+    /// Copies `data` (row-major, `dims`) to a new buffer on `device`.
+    pub fn buffer_from_host<T: NativeType>(&self, data: &[T], dims: &[usize], device: &Device) -> Result<Buffer> {
+        self.buffer_from_bytes(as_bytes(data), T::TYPE, dims, device)
+    }
+
+    /// Copies raw host bytes (row-major, `ty` elements of `dims`) to a new
+    /// buffer on `device`. `Pred` takes one byte (0 or 1) per element.
+    pub fn buffer_from_bytes(&self, bytes: &[u8], ty: ElementType, dims: &[usize], device: &Device) -> Result<Buffer> {
+        self.check_device(device)?;
+        let expected = ArgType::new(ty, dims).size_in_bytes();
+        if bytes.len() != expected {
+            return Err(RuntimeError::HostDataLength { ty, dims: dims.to_vec(), expected, got: bytes.len() });
+        }
+        let dims_i64 = dims
+            .iter()
+            .map(|&d| i64::try_from(d))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|_| RuntimeError::HostDataLength { ty, dims: dims.to_vec(), expected, got: bytes.len() })?;
+        let raw = self.inner.raw.buffer_from_host(bytes, ty.to_pjrt(), &dims_i64, device.raw())?;
+        Ok(Buffer::from_parts(self.clone(), raw, ty, dims.to_vec(), device.index))
+    }
+
+    /// Parses `@main`'s signature, then compiles the StableHLO text.
+    pub fn compile(&self, stablehlo_text: &str, options: &CompileOptions) -> Result<Executable> {
+        let signature = Signature::from_stablehlo(stablehlo_text)?;
+        let proto = options.to_proto_bytes()?;
+        let raw = self.inner.raw.compile(stablehlo_text, "mlir", &proto)?;
+        Executable::new(self.clone(), raw, signature)
+    }
+
+    /// Loads an executable written by [`Executable::serialize`] (the kiln
+    /// envelope restores the signature), or raw PJRT bytes together with
+    /// `signature`. An explicit `signature` overrides the envelope's.
+    pub fn deserialize_executable(&self, bytes: &[u8], signature: Option<Signature>) -> Result<Executable> {
+        let (envelope_signature, pjrt_bytes) = match crate::executable::envelope::open(bytes)? {
+            Some((sig, rest)) => (Some(sig), rest),
+            None => (None, bytes),
+        };
+        let signature = signature.or(envelope_signature).ok_or_else(|| RuntimeError::Deserialize {
+            reason: "the bytes are not a kiln executable envelope and no signature was given".into(),
+        })?;
+        let raw = self.inner.raw.deserialize_and_load(pjrt_bytes)?;
+        Executable::new(self.clone(), raw, signature)
+    }
+}
+
+/// An addressable device of a [`Client`] (keeps the client alive).
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) client: Client,
+    pub(crate) index: usize,
+}
+
+impl Device {
+    fn entry(&self) -> &DeviceEntry {
+        &self.client.inner.devices[self.index]
+    }
+
+    pub(crate) fn raw(&self) -> RawDevice {
+        self.entry().raw
+    }
+
+    /// The plugin's device id.
+    pub fn id(&self) -> i32 {
+        self.entry().id
+    }
+
+    /// Vendor-specific kind (`cpu`, `NVIDIA H100 80GB HBM3`, ...).
+    pub fn kind(&self) -> &str {
+        &self.entry().kind
+    }
+
+    /// Verbose description for logs.
+    pub fn debug_string(&self) -> &str {
+        &self.entry().debug_string
+    }
+
+    /// The client this device belongs to.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Self) -> bool {
+        self.client.same_client(&other.client) && self.index == other.index
+    }
+}
+
+impl Eq for Device {}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Device({}, id={}, {})", self.client.platform_name(), self.id(), self.kind())
+    }
+}
