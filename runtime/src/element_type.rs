@@ -18,6 +18,7 @@ pub enum ElementType {
     S64,
     U8,
     U32,
+    U64,
     F16,
     BF16,
     F32,
@@ -26,13 +27,14 @@ pub enum ElementType {
 
 impl ElementType {
     /// Every element type, in declaration order.
-    pub const ALL: [ElementType; 10] = [
+    pub const ALL: [ElementType; 11] = [
         ElementType::Pred,
         ElementType::S8,
         ElementType::S32,
         ElementType::S64,
         ElementType::U8,
         ElementType::U32,
+        ElementType::U64,
         ElementType::F16,
         ElementType::BF16,
         ElementType::F32,
@@ -45,7 +47,7 @@ impl ElementType {
             ElementType::Pred | ElementType::S8 | ElementType::U8 => 1,
             ElementType::F16 | ElementType::BF16 => 2,
             ElementType::S32 | ElementType::U32 | ElementType::F32 => 4,
-            ElementType::S64 | ElementType::F64 => 8,
+            ElementType::S64 | ElementType::U64 | ElementType::F64 => 8,
         }
     }
 
@@ -58,6 +60,7 @@ impl ElementType {
             ElementType::S64 => "i64",
             ElementType::U8 => "ui8",
             ElementType::U32 => "ui32",
+            ElementType::U64 => "ui64",
             ElementType::F16 => "f16",
             ElementType::BF16 => "bf16",
             ElementType::F32 => "f32",
@@ -79,6 +82,7 @@ impl ElementType {
             ElementType::S64 => 5,
             ElementType::U8 => 6,
             ElementType::U32 => 8,
+            ElementType::U64 => 9,
             ElementType::F16 => 10,
             ElementType::F32 => 11,
             ElementType::F64 => 12,
@@ -122,7 +126,7 @@ macro_rules! native {
     };
 }
 native!(
-    i8 => S8, i32 => S32, i64 => S64, u8 => U8, u32 => U32,
+    i8 => S8, i32 => S32, i64 => S64, u8 => U8, u32 => U32, u64 => U64,
     half::f16 => F16, half::bf16 => BF16, f32 => F32, f64 => F64,
 );
 
