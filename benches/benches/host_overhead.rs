@@ -39,7 +39,6 @@ fn dispatch(c: &mut Criterion) {
     let x = Tensor::from_vec((0..1024).map(|i| i as f32 / 1024.0).collect::<Vec<_>>(), [1024]).expect("input");
     let mut y = chain(&x).expect("trace");
     kiln::mark_step().expect("compile");
-    drop(y);
     c.bench_function("dispatch/chain1k hit, without execute", |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;

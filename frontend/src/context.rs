@@ -13,7 +13,9 @@
 //!   deterministic.
 
 use std::cell::{Cell, RefCell};
+use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -73,6 +75,11 @@ pub(crate) struct Trace {
     pub bindings: Vec<Binding>,
     /// Tensors that were pending in this trace when created or assigned.
     pub live: Vec<Weak<Inner>>,
+    /// Running hash of the nodes `..hashed` (ops, which carry their types'
+    /// determinants), kept up to date while recording so a cache-hit step does
+    /// not rehash the whole trace.
+    hasher: DefaultHasher,
+    hashed: usize,
 }
 
 impl Trace {
@@ -82,8 +89,40 @@ impl Trace {
             graph: Graph::new(),
             bindings: Vec::new(),
             live: Vec::new(),
+            hasher: DefaultHasher::new(),
+            hashed: 0,
         }
     }
+
+    /// Folds nodes recorded since the last call into the running hash.
+    pub fn catch_up_hash(&mut self) {
+        for (_, node) in self.graph.nodes().skip(self.hashed) {
+            node.op.hash(&mut self.hasher);
+        }
+        self.hashed = self.graph.len();
+    }
+
+    /// Structural key of the trace as recorded: every node, the outputs and
+    /// the aliases. Two traces with the same key prune and lower to the same
+    /// program.
+    pub fn raw_key(&mut self) -> u64 {
+        self.catch_up_hash();
+        let mut h = self.hasher.clone();
+        self.graph.outputs().hash(&mut h);
+        self.graph.aliases().hash(&mut h);
+        h.finish()
+    }
+}
+
+/// A compiled program and how a raw trace's parameters feed it.
+pub(crate) struct CacheEntry {
+    pub exe: Executable,
+    /// `kept_params[i]`: the raw trace parameter feeding program parameter `i`.
+    pub kept_params: Vec<u32>,
+    /// Whether program parameter `i` is donated.
+    pub donated: Vec<bool>,
+    /// Nodes of the pruned program.
+    pub nodes: usize,
 }
 
 /// Which machinery runs a finished step.
@@ -101,7 +140,7 @@ pub(crate) struct Context {
     pub backend: Backend,
     pub client: Option<Client>,
     /// Compiled programs by structural key. Only looked up, never iterated.
-    pub cache: HashMap<u64, Rc<Executable>>,
+    pub cache: HashMap<u64, Rc<CacheEntry>>,
 }
 
 thread_local! {
@@ -154,6 +193,7 @@ impl Context {
     /// A new pending tensor for `value` of the current trace.
     pub fn pending(&mut self, value: ValueId) -> Rc<Inner> {
         metrics::update(|m| m.ops_recorded += 1);
+        self.trace.catch_up_hash();
         let ty = self.trace.graph.ty(value).clone();
         let inner = Inner::new(ty, State::Pending { epoch: self.trace.epoch, value });
         self.trace.live.push(Rc::downgrade(&inner));

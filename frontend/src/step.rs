@@ -1,13 +1,11 @@
 //! Cutting a step: `mark_step` turns the trace into a program, finds or compiles
 //! it, runs it, and makes the pending tensors ready.
 //!
-//! The hit path (same program as an earlier step) prunes the trace, hashes it and
-//! executes; it never lowers or optimizes. Parameters whose old buffers nothing
+//! The hit path (same trace as an earlier step) finishes the running hash of the
+//! trace, looks it up and executes; it never prunes, lowers or optimizes. Parameters whose old buffers nothing
 //! else holds are donated to the value assigned over them, so parameters and
 //! optimizer state update in place.
 
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,7 +15,7 @@ use kiln_compiler::passes::eliminate_dead_code;
 use kiln_compiler::{lower as lower_graph, pipeline, LowerOptions};
 use kiln_runtime::{CompileOptions, ElementType, ExecArg};
 
-use crate::context::{self, Backend, Binding, Inner, State, Storage, Trace};
+use crate::context::{self, Backend, Binding, CacheEntry, Inner, State, Storage, Trace};
 use crate::error::{FrontendError, Result};
 use crate::metrics;
 use crate::tensor::Tensor;
@@ -51,18 +49,18 @@ pub(crate) fn element_type(d: DType) -> ElementType {
     }
 }
 
-/// A finished trace with its outputs chosen and its dead code pruned.
-struct Program {
+/// A finished trace with its outputs chosen (not yet pruned).
+struct Closed {
     graph: Graph,
-    /// Bindings feeding the pruned graph's parameters, in order.
     bindings: Vec<Binding>,
     /// For each output, the tensors that receive it.
     receivers: Vec<Vec<Rc<Inner>>>,
+    /// Key of the trace as recorded (see [`Trace::raw_key`]).
     key: u64,
 }
 
 /// Closes `trace`: its live pending tensors become outputs.
-fn close(mut trace: Trace, donate: bool) -> Result<Option<Program>> {
+fn close(mut trace: Trace, donate: bool) -> Result<Option<Closed>> {
     let epoch = trace.epoch;
     let mut outputs = Vec::new();
     let mut receivers: Vec<Vec<Rc<Inner>>> = Vec::new();
@@ -91,15 +89,21 @@ fn close(mut trace: Trace, donate: bool) -> Result<Option<Program>> {
     if donate {
         add_donations(&mut trace, &receivers)?;
     }
-    let pruned = eliminate_dead_code(&trace.graph)?;
-    let mut slots: Vec<Option<Binding>> = trace.bindings.into_iter().map(Some).collect();
-    let bindings = pruned
-        .kept_params
-        .iter()
-        .map(|&p| slots[p as usize].take().expect("each parameter is kept once"))
-        .collect();
-    let key = structural_key(&pruned.graph);
-    Ok(Some(Program { graph: pruned.graph, bindings, receivers, key }))
+    let key = trace.raw_key();
+    Ok(Some(Closed { graph: trace.graph, bindings: trace.bindings, receivers, key }))
+}
+
+/// Prunes dead code; returns the program and the bindings that feed it.
+fn prune(graph: &Graph, bindings: Vec<Binding>) -> Result<(Graph, Vec<u32>, Vec<Binding>)> {
+    let pruned = eliminate_dead_code(graph)?;
+    let bindings = select(bindings, &pruned.kept_params);
+    Ok((pruned.graph, pruned.kept_params, bindings))
+}
+
+/// The bindings named by `kept`, in that order.
+fn select(bindings: Vec<Binding>, kept: &[u32]) -> Vec<Binding> {
+    let mut slots: Vec<Option<Binding>> = bindings.into_iter().map(Some).collect();
+    kept.iter().map(|&p| slots[p as usize].take().expect("each parameter is kept once")).collect()
 }
 
 /// Donates a parameter's buffer to the output assigned over it, when nothing
@@ -127,40 +131,28 @@ fn add_donations(trace: &mut Trace, receivers: &[Vec<Rc<Inner>>]) -> Result<()> 
     Ok(())
 }
 
-/// A hash of the program's structure: ops, attributes, types, outputs and
-/// aliases in node order. Independent of tensor values and of dead code.
-fn structural_key(g: &Graph) -> u64 {
-    let mut h = DefaultHasher::new();
-    for (_, node) in g.nodes() {
-        node.op.hash(&mut h);
-    }
-    g.outputs().hash(&mut h);
-    g.aliases().hash(&mut h);
-    h.finish()
-}
-
 /// Runs the current step: every live pending tensor becomes ready.
 pub fn mark_step() -> Result<StepReport> {
     let t0 = Instant::now();
     let (trace, backend) = context::with(|c| (std::mem::replace(&mut c.trace, Trace::new()), c.backend));
-    let Some(program) = close(trace, backend == Backend::Pjrt)? else {
+    let Some(closed) = close(trace, backend == Backend::Pjrt)? else {
         return Ok(StepReport::default());
     };
     metrics::update(|m| {
         m.steps += 1;
         m.trace_time += t0.elapsed();
     });
-    let mut report = StepReport {
-        outputs: program.receivers.len(),
-        nodes: program.graph.len(),
-        compiled: false,
-        donated: program.graph.aliases().len(),
-    };
+    let Closed { graph, bindings, receivers, key } = closed;
+    let mut report = StepReport { outputs: receivers.len(), ..StepReport::default() };
     let results = match backend {
-        Backend::Pjrt => run_pjrt(&program, &mut report)?,
-        Backend::Reference => run_reference(&program)?,
+        Backend::Pjrt => run_pjrt(&graph, bindings, key, &mut report)?,
+        Backend::Reference => {
+            let (program, _, bindings) = prune(&graph, bindings)?;
+            report.nodes = program.len();
+            run_reference(&program, bindings)?
+        }
     };
-    for (storage, receivers) in results.into_iter().zip(&program.receivers) {
+    for (storage, receivers) in results.into_iter().zip(&receivers) {
         for t in receivers {
             *t.state.borrow_mut() = State::Ready(storage.clone());
         }
@@ -168,47 +160,56 @@ pub fn mark_step() -> Result<StepReport> {
     Ok(report)
 }
 
-fn run_pjrt(p: &Program, report: &mut StepReport) -> Result<Vec<Storage>> {
+/// The compiled program for `graph`: from the cache, or pruned, optimized,
+/// lowered and compiled now.
+fn compiled(graph: &Graph, key: u64, report: &mut StepReport) -> Result<Rc<CacheEntry>> {
+    if let Some(entry) = context::with(|c| c.cache.get(&key).cloned()) {
+        metrics::update(|m| m.cache_hits += 1);
+        return Ok(entry);
+    }
+    let t = Instant::now();
     let client = context::with(|c| c.client())?;
-    let cached = context::with(|c| c.cache.get(&p.key).cloned());
-    let exe = match cached {
-        Some(exe) => {
-            metrics::update(|m| m.cache_hits += 1);
-            exe
-        }
-        None => {
-            let t = Instant::now();
-            let (optimized, _stats) = pipeline::optimize(&p.graph)?;
-            let text = lower_graph(&optimized, &LowerOptions::default())?;
-            let exe = Rc::new(client.compile(&text, &CompileOptions::default())?);
-            metrics::update(|m| {
-                m.compiles += 1;
-                m.compile_time += t.elapsed();
-            });
-            report.compiled = true;
-            tracing::debug!(key = p.key, nodes = p.graph.len(), "kiln: compiled a step");
-            context::with(|c| c.cache.insert(p.key, exe.clone()));
-            exe
-        }
-    };
+    let pruned = eliminate_dead_code(graph)?;
+    let (optimized, _stats) = pipeline::optimize(&pruned.graph)?;
+    let text = lower_graph(&optimized, &LowerOptions::default())?;
+    let exe = client.compile(&text, &CompileOptions::default())?;
+    let donated = (0..pruned.kept_params.len())
+        .map(|i| pruned.graph.aliases().iter().any(|a| a.param as usize == i))
+        .collect();
+    let entry = Rc::new(CacheEntry { exe, kept_params: pruned.kept_params, donated, nodes: pruned.graph.len() });
+    metrics::update(|m| {
+        m.compiles += 1;
+        m.compile_time += t.elapsed();
+    });
+    report.compiled = true;
+    tracing::debug!(key, nodes = entry.nodes, "kiln: compiled a step");
+    context::with(|c| c.cache.insert(key, entry.clone()));
+    Ok(entry)
+}
+
+fn run_pjrt(graph: &Graph, bindings: Vec<Binding>, key: u64, report: &mut StepReport) -> Result<Vec<Storage>> {
+    let entry = compiled(graph, key, report)?;
+    report.nodes = entry.nodes;
+    report.donated = entry.donated.iter().filter(|&&d| d).count();
+    let client = context::with(|c| c.client())?;
+    let bindings = select(bindings, &entry.kept_params);
+    let donated = &entry.donated;
     let device = client.devices().into_iter().next().ok_or_else(|| FrontendError::InvalidArgument {
         op: "mark_step",
         reason: "the PJRT client has no devices".into(),
     })?;
-    let donated: Vec<bool> =
-        (0..p.bindings.len()).map(|i| p.graph.aliases().iter().any(|a| a.param as usize == i)).collect();
     // Host data is uploaded once; the tensor then keeps the device copy.
-    let mut owned = Vec::with_capacity(p.bindings.len());
-    for b in &p.bindings {
-        let buf = match &b.storage {
-            Storage::Device(buf) => buf.clone(),
+    let mut owned = Vec::with_capacity(bindings.len());
+    for b in bindings {
+        let buf = match b.storage {
+            Storage::Device(buf) => buf,
             Storage::Host(lit) => {
                 let dims = lit.ty().shape.dims().to_vec();
                 let buf = Arc::new(client.buffer_from_bytes(lit.bytes(), element_type(lit.ty().dtype), &dims, &device)?);
                 metrics::update(|m| m.host_to_device_bytes += lit.bytes().len() as u64);
                 if let Some(t) = b.tensor.upgrade() {
                     let mut st = t.state.borrow_mut();
-                    if matches!(&*st, State::Ready(Storage::Host(l)) if Arc::ptr_eq(l, lit)) {
+                    if matches!(&*st, State::Ready(Storage::Host(l)) if Arc::ptr_eq(l, &lit)) {
                         *st = State::Ready(Storage::Device(buf.clone()));
                     }
                 }
@@ -239,7 +240,7 @@ fn run_pjrt(p: &Program, report: &mut StepReport) -> Result<Vec<Storage>> {
         })
         .collect();
     let t = Instant::now();
-    let outputs = exe.execute(&args)?;
+    let outputs = entry.exe.execute(&args)?;
     metrics::update(|m| {
         m.executions += 1;
         m.execute_time += t.elapsed();
@@ -247,10 +248,9 @@ fn run_pjrt(p: &Program, report: &mut StepReport) -> Result<Vec<Storage>> {
     Ok(outputs.into_iter().map(|b| Storage::Device(Arc::new(b))).collect())
 }
 
-fn run_reference(p: &Program) -> Result<Vec<Storage>> {
-    let types = p.graph.param_types();
-    let inputs = p
-        .bindings
+fn run_reference(graph: &Graph, bindings: Vec<Binding>) -> Result<Vec<Storage>> {
+    let types = graph.param_types();
+    let inputs = bindings
         .iter()
         .zip(types)
         .map(|(b, ty)| match &b.storage {
@@ -262,7 +262,7 @@ fn run_reference(p: &Program) -> Result<Vec<Storage>> {
         })
         .collect::<Result<Vec<Literal>>>()?;
     let t = Instant::now();
-    let outputs = kiln_compiler::interpret(&p.graph, &inputs)?;
+    let outputs = kiln_compiler::interpret(graph, &inputs)?;
     metrics::update(|m| {
         m.executions += 1;
         m.execute_time += t.elapsed();
