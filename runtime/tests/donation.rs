@@ -45,7 +45,13 @@ fn donated_buffer_is_reused_and_not_leaked() -> anyhow::Result<()> {
 #[test]
 fn replicated_donation_consumes_every_replica_argument() -> anyhow::Result<()> {
     let client = cpu_client(2);
-    let exe = client.compile(ADD_ONE_ALIASED, &CompileOptions { num_replicas: 2, ..Default::default() })?;
+    let exe = client.compile(
+        ADD_ONE_ALIASED,
+        &CompileOptions {
+            num_replicas: 2,
+            ..Default::default()
+        },
+    )?;
     let devices = client.devices();
     let mut states = devices
         .iter()
@@ -53,8 +59,15 @@ fn replicated_donation_consumes_every_replica_argument() -> anyhow::Result<()> {
         .collect::<Result<Vec<_>, _>>()?;
     let live = live_buffer_count();
     for _ in 0..5 {
-        let args = states.into_iter().map(|b| vec![ExecArg::Donated(b)]).collect();
-        states = exe.execute_replicated(args)?.into_iter().map(|mut o| o.remove(0)).collect();
+        let args = states
+            .into_iter()
+            .map(|b| vec![ExecArg::Donated(b)])
+            .collect();
+        states = exe
+            .execute_replicated(args)?
+            .into_iter()
+            .map(|mut o| o.remove(0))
+            .collect();
         assert_eq!(live_buffer_count(), live);
     }
     for (state, device) in states.iter().zip(&devices) {
