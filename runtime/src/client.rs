@@ -85,11 +85,23 @@ impl Client {
             .into_iter()
             .map(|d| {
                 let info = d.info(api)?;
-                Ok(DeviceEntry { raw: d, id: info.id, kind: info.kind, debug_string: info.debug_string })
+                Ok(DeviceEntry {
+                    raw: d,
+                    id: info.id,
+                    kind: info.kind,
+                    debug_string: info.debug_string,
+                })
             })
             .collect::<Result<Vec<_>>>()?;
         tracing::info!(platform = %platform_name, devices = devices.len(), plugin = %path.display(), "PJRT client created");
-        Ok(Client { inner: Arc::new(ClientInner { raw, api, platform_name, devices }) })
+        Ok(Client {
+            inner: Arc::new(ClientInner {
+                raw,
+                api,
+                platform_name,
+                devices,
+            }),
+        })
     }
 
     /// The platform (`cpu`, `cuda`, ...).
@@ -109,7 +121,12 @@ impl Client {
 
     /// The addressable devices, in the plugin's order.
     pub fn devices(&self) -> Vec<Device> {
-        (0..self.inner.devices.len()).map(|index| Device { client: self.clone(), index }).collect()
+        (0..self.inner.devices.len())
+            .map(|index| Device {
+                client: self.clone(),
+                index,
+            })
+            .collect()
     }
 
     pub(crate) fn same_client(&self, other: &Client) -> bool {
@@ -120,30 +137,62 @@ impl Client {
         if self.same_client(&device.client) {
             Ok(())
         } else {
-            Err(RuntimeError::ForeignDevice { device: device.id() })
+            Err(RuntimeError::ForeignDevice {
+                device: device.id(),
+            })
         }
     }
 
     /// Copies `data` (row-major, `dims`) to a new buffer on `device`.
-    pub fn buffer_from_host<T: NativeType>(&self, data: &[T], dims: &[usize], device: &Device) -> Result<Buffer> {
+    pub fn buffer_from_host<T: NativeType>(
+        &self,
+        data: &[T],
+        dims: &[usize],
+        device: &Device,
+    ) -> Result<Buffer> {
         self.buffer_from_bytes(as_bytes(data), T::TYPE, dims, device)
     }
 
     /// Copies raw host bytes (row-major, `ty` elements of `dims`) to a new
     /// buffer on `device`. `Pred` takes one byte (0 or 1) per element.
-    pub fn buffer_from_bytes(&self, bytes: &[u8], ty: ElementType, dims: &[usize], device: &Device) -> Result<Buffer> {
+    pub fn buffer_from_bytes(
+        &self,
+        bytes: &[u8],
+        ty: ElementType,
+        dims: &[usize],
+        device: &Device,
+    ) -> Result<Buffer> {
         self.check_device(device)?;
         let expected = ArgType::new(ty, dims).size_in_bytes();
         if bytes.len() != expected {
-            return Err(RuntimeError::HostDataLength { ty, dims: dims.to_vec(), expected, got: bytes.len() });
+            return Err(RuntimeError::HostDataLength {
+                ty,
+                dims: dims.to_vec(),
+                expected,
+                got: bytes.len(),
+            });
         }
         let dims_i64 = dims
             .iter()
             .map(|&d| i64::try_from(d))
             .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|_| RuntimeError::HostDataLength { ty, dims: dims.to_vec(), expected, got: bytes.len() })?;
-        let raw = self.inner.raw.buffer_from_host(bytes, ty.to_pjrt(), &dims_i64, device.raw())?;
-        Ok(Buffer::from_parts(self.clone(), raw, ty, dims.to_vec(), device.index))
+            .map_err(|_| RuntimeError::HostDataLength {
+                ty,
+                dims: dims.to_vec(),
+                expected,
+                got: bytes.len(),
+            })?;
+        let raw = self
+            .inner
+            .raw
+            .buffer_from_host(bytes, ty.to_pjrt(), &dims_i64, device.raw())?;
+        Ok(Buffer::from_parts(
+            self.clone(),
+            raw,
+            ty,
+            dims.to_vec(),
+            device.index,
+        ))
     }
 
     /// Parses `@main`'s signature, then compiles the StableHLO text.
@@ -157,14 +206,23 @@ impl Client {
     /// Loads an executable written by [`Executable::serialize`] (the kiln
     /// envelope restores the signature), or raw PJRT bytes together with
     /// `signature`. An explicit `signature` overrides the envelope's.
-    pub fn deserialize_executable(&self, bytes: &[u8], signature: Option<Signature>) -> Result<Executable> {
+    pub fn deserialize_executable(
+        &self,
+        bytes: &[u8],
+        signature: Option<Signature>,
+    ) -> Result<Executable> {
         let (envelope_signature, pjrt_bytes) = match crate::executable::envelope::open(bytes)? {
             Some((sig, rest)) => (Some(sig), rest),
             None => (None, bytes),
         };
-        let signature = signature.or(envelope_signature).ok_or_else(|| RuntimeError::Deserialize {
-            reason: "the bytes are not a kiln executable envelope and no signature was given".into(),
-        })?;
+        let signature =
+            signature
+                .or(envelope_signature)
+                .ok_or_else(|| RuntimeError::Deserialize {
+                    reason:
+                        "the bytes are not a kiln executable envelope and no signature was given"
+                            .into(),
+                })?;
         let raw = self.inner.raw.deserialize_and_load(pjrt_bytes)?;
         Executable::new(self.clone(), raw, signature)
     }
@@ -217,6 +275,12 @@ impl Eq for Device {}
 
 impl fmt::Debug for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Device({}, id={}, {})", self.client.platform_name(), self.id(), self.kind())
+        write!(
+            f,
+            "Device({}, id={}, {})",
+            self.client.platform_name(),
+            self.id(),
+            self.kind()
+        )
     }
 }

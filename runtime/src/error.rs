@@ -95,7 +95,11 @@ fn display_paths(paths: &[PathBuf]) -> String {
     if paths.is_empty() {
         return "  (no search directories: python3 gave none and KILN_PLUGIN_DIR is unset)".into();
     }
-    paths.iter().map(|p| format!("  {}", p.display())).collect::<Vec<_>>().join("\n")
+    paths
+        .iter()
+        .map(|p| format!("  {}", p.display()))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Every error of the runtime crate.
@@ -105,10 +109,18 @@ pub enum RuntimeError {
         "no PJRT plugin found for device {device}; looked at:\n{}\ninstall it with: {install_hint}\n(or point KILN_PJRT_PLUGIN at the .so)",
         display_paths(searched)
     )]
-    PluginNotFound { device: String, searched: Vec<PathBuf>, install_hint: String },
+    PluginNotFound {
+        device: String,
+        searched: Vec<PathBuf>,
+        install_hint: String,
+    },
 
     #[error("environment variable {var}={value:?} is not valid; expected {expected}")]
-    BadPluginEnv { var: &'static str, value: String, expected: &'static str },
+    BadPluginEnv {
+        var: &'static str,
+        value: String,
+        expected: &'static str,
+    },
 
     #[error("cannot load PJRT plugin {}", path.display())]
     PluginLoad {
@@ -124,43 +136,77 @@ pub enum RuntimeError {
         "PJRT plugin {} implements C API {}.{}, kiln needs at least {}.{}",
         path.display(), found.0, found.1, required.0, required.1
     )]
-    ApiTooOld { path: PathBuf, found: (i32, i32), required: (i32, i32) },
+    ApiTooOld {
+        path: PathBuf,
+        found: (i32, i32),
+        required: (i32, i32),
+    },
 
     #[error(
         "PJRT plugin {} implements C API {}.{}, kiln supports major version {supported_major} only",
         path.display(), found.0, found.1
     )]
-    ApiIncompatible { path: PathBuf, found: (i32, i32), supported_major: i32 },
+    ApiIncompatible {
+        path: PathBuf,
+        found: (i32, i32),
+        supported_major: i32,
+    },
 
     #[error("PJRT plugin {} does not provide `{function}`", path.display())]
-    MissingFunction { path: PathBuf, function: &'static str },
+    MissingFunction {
+        path: PathBuf,
+        function: &'static str,
+    },
 
     #[error("{function} failed ({code}): {message}")]
-    Pjrt { function: &'static str, code: PjrtErrorCode, message: String },
+    Pjrt {
+        function: &'static str,
+        code: PjrtErrorCode,
+        message: String,
+    },
 
     #[error("wrong number of arguments: the program takes {expected}, got {got}")]
     ArgCount { expected: usize, got: usize },
 
-    #[error("wrong number of replicas: the executable has {expected}, got argument lists for {got}")]
+    #[error(
+        "wrong number of replicas: the executable has {expected}, got argument lists for {got}"
+    )]
     ReplicaCount { expected: usize, got: usize },
 
     #[error("argument {index}: expected {expected}, got {got}")]
-    ArgType { index: usize, expected: ArgType, got: ArgType },
+    ArgType {
+        index: usize,
+        expected: ArgType,
+        got: ArgType,
+    },
 
     #[error("argument {index} is a buffer of another client")]
     ForeignBuffer { index: usize },
 
     #[error("argument {index} of replica {replica} lives on device {got}, the executable runs that replica on device {expected}")]
-    WrongDevice { replica: usize, index: usize, expected: i32, got: i32 },
+    WrongDevice {
+        replica: usize,
+        index: usize,
+        expected: i32,
+        got: i32,
+    },
 
     #[error("device {device} belongs to another client")]
     ForeignDevice { device: i32 },
 
     #[error("host data has {got} bytes, but {ty} with dims {dims:?} needs {expected}")]
-    HostDataLength { ty: ElementType, dims: Vec<usize>, expected: usize, got: usize },
+    HostDataLength {
+        ty: ElementType,
+        dims: Vec<usize>,
+        expected: usize,
+        got: usize,
+    },
 
     #[error("buffer holds {actual}, asked to read it as {requested}")]
-    DTypeMismatch { requested: ElementType, actual: ElementType },
+    DTypeMismatch {
+        requested: ElementType,
+        actual: ElementType,
+    },
 
     #[error("unsupported element type (PJRT_Buffer_Type {raw})")]
     UnsupportedElementType { raw: i32 },

@@ -21,7 +21,10 @@ pub struct ArgType {
 
 impl ArgType {
     pub fn new(ty: ElementType, dims: &[usize]) -> Self {
-        ArgType { ty, dims: dims.to_vec() }
+        ArgType {
+            ty,
+            dims: dims.to_vec(),
+        }
     }
 
     /// Number of elements (1 for a scalar).
@@ -49,8 +52,9 @@ impl ArgType {
         let dims = parts
             .iter()
             .map(|d| {
-                d.parse::<usize>()
-                    .map_err(|_| sig_err(format!("dimension `{d}` in `{text}` is not a static size")))
+                d.parse::<usize>().map_err(|_| {
+                    sig_err(format!("dimension `{d}` in `{text}` is not a static size"))
+                })
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(ArgType { ty, dims })
@@ -76,7 +80,12 @@ pub struct Signature {
 
 impl fmt::Display for Signature {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let list = |ts: &[ArgType]| ts.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+        let list = |ts: &[ArgType]| {
+            ts.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         write!(f, "({}) -> ({})", list(&self.inputs), list(&self.outputs))
     }
 }
@@ -170,7 +179,11 @@ fn parse_results(rest: &str) -> Result<Vec<ArgType>> {
 }
 
 fn head(text: &str) -> &str {
-    let end = text.char_indices().nth(40).map(|(i, _)| i).unwrap_or(text.len());
+    let end = text
+        .char_indices()
+        .nth(40)
+        .map(|(i, _)| i)
+        .unwrap_or(text.len());
     &text[..end]
 }
 
@@ -183,7 +196,10 @@ impl Signature {
         let after = &text[start + "@main".len()..];
         let (args, rest) = bracketed(after, '(', ')')
             .ok_or_else(|| sig_err("unbalanced parentheses in the @main argument list".into()))?;
-        Ok(Signature { inputs: parse_list(args)?, outputs: parse_results(rest)? })
+        Ok(Signature {
+            inputs: parse_list(args)?,
+            outputs: parse_results(rest)?,
+        })
     }
 
     /// Parses the Display form, `(types) -> (types)`.
@@ -191,7 +207,10 @@ impl Signature {
         let text = text.trim();
         let (args, rest) = bracketed(text, '(', ')')
             .ok_or_else(|| sig_err(format!("`{}` is not a function type", head(text))))?;
-        Ok(Signature { inputs: parse_list(args)?, outputs: parse_results(rest)? })
+        Ok(Signature {
+            inputs: parse_list(args)?,
+            outputs: parse_results(rest)?,
+        })
     }
 }
 
@@ -207,7 +226,10 @@ mod tests {
             sig.to_string(),
             "(tensor<4x3xf32>, tensor<f32>, tensor<2xi1>) -> (tensor<4xbf16>, tensor<ui8>)"
         );
-        assert_eq!(Signature::parse_function_type(&sig.to_string()).unwrap(), sig);
+        assert_eq!(
+            Signature::parse_function_type(&sig.to_string()).unwrap(),
+            sig
+        );
     }
 
     #[test]
@@ -218,7 +240,9 @@ mod tests {
 
     #[test]
     fn rejects_dynamic_and_unknown() {
-        assert!(Signature::from_stablehlo("func.func @main(%a: tensor<?xf32>) -> tensor<f32>").is_err());
+        assert!(
+            Signature::from_stablehlo("func.func @main(%a: tensor<?xf32>) -> tensor<f32>").is_err()
+        );
         assert!(Signature::from_stablehlo("func.func @main(%a: tensor<2xc64>)").is_err());
         assert!(Signature::from_stablehlo("func.func @other()").is_err());
     }

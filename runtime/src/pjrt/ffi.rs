@@ -158,7 +158,10 @@ pub union NamedValueUnion {
     pub bool_value: bool,
 }
 
-pjrt_struct!(PJRT_Plugin_Initialize_Args { struct_size: usize, extension_start: Ext });
+pjrt_struct!(PJRT_Plugin_Initialize_Args {
+    struct_size: usize,
+    extension_start: Ext
+});
 
 pjrt_struct!(PJRT_Event_Destroy_Args { struct_size: usize, extension_start: Ext, event: *mut PJRT_Event });
 pjrt_struct!(PJRT_Event_Await_Args { struct_size: usize, extension_start: Ext, event: *mut PJRT_Event });

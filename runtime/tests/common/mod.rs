@@ -39,18 +39,27 @@ impl XorShift {
 
 /// The installed CPU plugin, found the way the runtime finds it.
 pub fn cpu_plugin() -> PathBuf {
-    kiln_runtime::plugin::find_plugin(kiln_runtime::PjrtDevice::Cpu, &kiln_runtime::plugin::python_site_dirs())
-        .expect("the CPU PJRT plugin must be installed for these tests")
+    kiln_runtime::plugin::find_plugin(
+        kiln_runtime::PjrtDevice::Cpu,
+        &kiln_runtime::plugin::python_site_dirs(),
+    )
+    .expect("the CPU PJRT plugin must be installed for these tests")
 }
 
 /// The directory holding `pjrt_c_api.h` next to the CPU plugin.
 pub fn pjrt_header_dir() -> PathBuf {
-    cpu_plugin().parent().expect("plugin has a parent dir").join("include")
+    cpu_plugin()
+        .parent()
+        .expect("plugin has a parent dir")
+        .join("include")
 }
 
 pub fn cpu_client(devices: usize) -> Client {
-    Client::new(&ClientOptions { plugin: Some(cpu_plugin()), cpu_device_count: Some(devices) })
-        .expect("CPU client")
+    Client::new(&ClientOptions {
+        plugin: Some(cpu_plugin()),
+        cpu_device_count: Some(devices),
+    })
+    .expect("CPU client")
 }
 
 /// `tanh(x · w)` for x: [4x3], w: [3x5].
@@ -64,23 +73,30 @@ module @dot_tanh {
 }
 "#;
 
-/// Reference for [`DOT_TANH`] in f64.
-pub fn dot_tanh_reference(x: &[f32], w: &[f32]) -> Vec<f64> {
-    let mut out = vec![0.0f64; 4 * 5];
+/// Reference for [`DOT_TANH`] in f64: `(values, scales)` where `scales[i]`
+/// is `Σ|x·w|` of that output's dot product (see [`max_rel_err`]).
+pub fn dot_tanh_reference(x: &[f32], w: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    let (mut out, mut scale) = (vec![0.0f64; 4 * 5], vec![0.0f64; 4 * 5]);
     for i in 0..4 {
         for j in 0..5 {
-            let s: f64 = (0..3).map(|k| f64::from(x[i * 3 + k]) * f64::from(w[k * 5 + j])).sum();
-            out[i * 5 + j] = s.tanh();
+            let terms = (0..3).map(|k| f64::from(x[i * 3 + k]) * f64::from(w[k * 5 + j]));
+            out[i * 5 + j] = terms.clone().sum::<f64>().tanh();
+            scale[i * 5 + j] = terms.map(f64::abs).sum();
         }
     }
-    out
+    (out, scale)
 }
 
-/// Largest relative error (denominator floored at 1e-3 for values near zero).
-pub fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
+/// Largest relative error of `got` against `want`, each relative to
+/// `max(|want|, scale)`: f32 summation error is proportional to the
+/// magnitude of the summands (`scale = Σ|terms|`), not to the result, so a
+/// result that cancels to nearly zero is judged against its summands.
+pub fn max_rel_err(got: &[f32], want: &[f64], scale: &[f64]) -> f64 {
     assert_eq!(got.len(), want.len());
+    assert_eq!(got.len(), scale.len());
     got.iter()
         .zip(want)
-        .map(|(&g, &w)| (f64::from(g) - w).abs() / w.abs().max(1e-3))
+        .zip(scale)
+        .map(|((&g, &w), &s)| (f64::from(g) - w).abs() / w.abs().max(s).max(f64::MIN_POSITIVE))
         .fold(0.0, f64::max)
 }
