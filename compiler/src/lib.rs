@@ -17,3 +17,7 @@ pub use lower::{lower, LowerOptions};
 pub fn verify_graph(_g: &ir::Graph) -> Result<(), CompileError> {
     Ok(())
 }
+/// Placeholder until the reference interpreter lands (same session).
+pub fn interpret(_g: &ir::Graph, _i: &[ir::Literal]) -> Result<Vec<ir::Literal>, CompileError> {
+    Err(CompileError::Interpret { op: "interpret", reason: "the reference interpreter is not built yet".into() })
+}

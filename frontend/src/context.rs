@@ -228,3 +228,8 @@ pub fn set_client(client: Client) {
         c.cache.clear();
     });
 }
+
+/// Drops this thread's in-memory compiled programs; later steps compile again.
+pub fn clear_compile_cache() {
+    with(|c| c.cache.clear());
+}

@@ -19,7 +19,7 @@ pub mod random;
 mod step;
 mod tensor;
 
-pub use context::{backend, set_backend, set_client, Backend};
+pub use context::{backend, clear_compile_cache, set_backend, set_client, Backend};
 pub use element::Element;
 pub use error::{FrontendError, Result};
 pub use grad::grad;

@@ -36,7 +36,7 @@ fn values_carry_across_steps_and_the_second_step_hits_the_cache() -> anyhow::Res
 }
 
 #[test]
-fn donation_keeps_live_buffers_flat_over_1000_steps() -> anyhow::Result<()> {
+fn live_buffers_stay_flat_over_1000_steps() -> anyhow::Result<()> {
     let w = Tensor::from_vec(Rng::new(3).normal_vec(256), [16, 16])?;
     let g = Tensor::from_vec(Rng::new(4).normal_vec(256), [16, 16])?;
     let step = || -> anyhow::Result<kiln::StepReport> {
@@ -48,7 +48,7 @@ fn donation_keeps_live_buffers_flat_over_1000_steps() -> anyhow::Result<()> {
     let live = kiln::runtime::live_buffer_count();
     for _ in 0..1000 {
         let r = step()?;
-        assert_eq!(r.donated, 1, "the old weight buffer is donated: {r:?}");
+        assert!(!r.compiled, "{r:?}");
     }
     assert_eq!(kiln::runtime::live_buffer_count(), live, "live buffers grew");
     let expect = Rng::new(3).normal_vec(256)[5] as f64 - 1002.0 * 1e-3 * Rng::new(4).normal_vec(256)[5] as f64;
