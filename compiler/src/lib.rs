@@ -6,5 +6,8 @@
 
 mod error;
 pub mod ir;
+pub mod text;
+mod verify;
 
 pub use error::CompileError;
+pub use verify::verify;
