@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use half::{bf16, f16};
 
 use crate::ir::{
-    Alias, BinaryOp, CompareDir, DType, DotDims, Graph, Literal, NodeId, Op, ReduceOp, RngAlgorithm, Shape,
-    TensorType, UnaryOp, ValueId,
+    Alias, BinaryOp, CompareDir, DType, DotDims, Graph, Literal, NodeId, Op, ReduceOp, RngAlgorithm, Shape, TensorType,
+    UnaryOp, ValueId,
 };
 use crate::CompileError;
 
@@ -36,7 +36,10 @@ pub fn parse(text: &str) -> Result<Graph> {
     p.header(&mut Cursor::new(header, line))?;
     loop {
         let Some((line, text)) = lines.next() else {
-            return Err(CompileError::Parse { line: eof_line, reason: "unexpected end of input: expected `return`".into() });
+            return Err(CompileError::Parse {
+                line: eof_line,
+                reason: "unexpected end of input: expected `return`".into(),
+            });
         };
         let mut c = Cursor::new(text, line);
         if c.eat_word("return") {
@@ -47,11 +50,18 @@ pub fn parse(text: &str) -> Result<Graph> {
     }
     match lines.next() {
         Some((_, "}")) => {}
-        Some((line, text)) => return Err(CompileError::Parse { line, reason: format!("expected `}}` after `return`, found `{text}`") }),
-        None => return Err(CompileError::Parse { line: eof_line, reason: "unexpected end of input: expected `}`".into() }),
+        Some((line, text)) => {
+            return Err(CompileError::Parse { line, reason: format!("expected `}}` after `return`, found `{text}`") })
+        }
+        None => {
+            return Err(CompileError::Parse { line: eof_line, reason: "unexpected end of input: expected `}`".into() })
+        }
     }
     if let Some((line, text)) = lines.next() {
-        return Err(CompileError::Parse { line, reason: format!("unexpected `{text}` after the graph's closing `}}`") });
+        return Err(CompileError::Parse {
+            line,
+            reason: format!("unexpected `{text}` after the graph's closing `}}`"),
+        });
     }
     Ok(p.g)
 }
@@ -237,7 +247,8 @@ impl Parser {
                 Op::ScatterAdd { operand, indices, updates, axis }
             }
             "rng_bit_generator" => {
-                let algorithm = c.keyword(&[RngAlgorithm::ThreeFry, RngAlgorithm::Philox], |a| a.name(), "algorithm")?;
+                let algorithm =
+                    c.keyword(&[RngAlgorithm::ThreeFry, RngAlgorithm::Philox], |a| a.name(), "algorithm")?;
                 let state = self.value(c)?;
                 let ts = c.types(count)?;
                 let [_, bits] = ts.as_slice() else {
@@ -405,7 +416,12 @@ fn element(dtype: DType, s: &str, out: &mut Vec<u8>) -> std::result::Result<(), 
 /// how other NaNs print), or a decimal / `inf` / `-inf` read by `decimal`.
 /// Rust's float parser also reads `NaN` and `-nan`, whose bits are not pinned
 /// down, so those spellings are refused.
-fn float_bits(s: &str, width: u32, nan: u64, decimal: impl Fn(&str) -> Option<u64>) -> std::result::Result<u64, String> {
+fn float_bits(
+    s: &str,
+    width: u32,
+    nan: u64,
+    decimal: impl Fn(&str) -> Option<u64>,
+) -> std::result::Result<u64, String> {
     let bad = || format!("`{s}` is not a valid f{width} value");
     if s == "nan" {
         return Ok(nan);

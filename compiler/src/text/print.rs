@@ -81,24 +81,15 @@ fn write_node(out: &mut impl Write, id: NodeId, node: &Node) -> fmt::Result {
         Op::BroadcastInDim { input, shape: _, dims } => write!(out, " {input}, dims = {}", ints(dims))?,
         Op::Reshape { input, shape: _ } => write!(out, " {input}")?,
         Op::Transpose { input, perm } => write!(out, " {input}, perm = {}", ints(perm))?,
-        Op::Slice { input, start, limit, stride } => write!(
-            out,
-            " {input}, start = {}, limit = {}, stride = {}",
-            ints(start),
-            ints(limit),
-            ints(stride)
-        )?,
-        Op::DynamicSlice { input: _, starts: _, sizes: _ } | Op::DynamicUpdateSlice { input: _, update: _, starts: _ } => {
-            write!(out, " {}", values(&node.op.inputs()))?
+        Op::Slice { input, start, limit, stride } => {
+            write!(out, " {input}, start = {}, limit = {}, stride = {}", ints(start), ints(limit), ints(stride))?
         }
+        Op::DynamicSlice { input: _, starts: _, sizes: _ }
+        | Op::DynamicUpdateSlice { input: _, update: _, starts: _ } => write!(out, " {}", values(&node.op.inputs()))?,
         Op::Concatenate { inputs, axis } => write!(out, " {}, axis = {axis}", values(inputs))?,
-        Op::Pad { input, value, low, high, interior } => write!(
-            out,
-            " {input}, {value}, low = {}, high = {}, interior = {}",
-            ints(low),
-            ints(high),
-            ints(interior)
-        )?,
+        Op::Pad { input, value, low, high, interior } => {
+            write!(out, " {input}, {value}, low = {}, high = {}, interior = {}", ints(low), ints(high), ints(interior))?
+        }
         Op::Reduce { op, input, axes } => write!(out, " {} {input}, axes = {}", op.name(), ints(axes))?,
         Op::DotGeneral { lhs, rhs, dims } => write!(
             out,
