@@ -360,6 +360,17 @@ fn parser_renumbers_names_densely() {
 }
 
 #[test]
+fn empty_graph_round_trips() {
+    let g = Graph::new();
+    insta::assert_snapshot!(print(&g), @r"
+        graph() {
+          return
+        }
+    ");
+    assert_round_trips(&g);
+}
+
+#[test]
 fn splat_constants_fill_their_type() {
     let g = parse("graph() {\n  %c = constant dense<2> : tensor<2x2xi32>\n  return %c\n}").unwrap();
     let (_, node) = g.nodes().next().unwrap();
@@ -396,6 +407,14 @@ fn parse_errors_name_their_line() {
         ("  %2 = constant dense<1.0.0> : tensor<f32>", 2, "`1.0.0` is not a valid f32 value"),
         ("  %2 = constant dense<NaN> : tensor<f32>", 2, "`NaN` is not a valid f32 value"),
         ("  %2 = constant dense<300> : tensor<ui8>", 2, "`300` is not a valid ui8 value"),
+        ("  %2 = constant dense<0> : tensor<65536x65536xi32>", 2, "exceeds 1073741824 bytes"),
+        ("  %2 = reshape %0 : tensor<4294967296x4294967296xf32>", 2, "is too large"),
+        ("  %2 = constant dense<1.0> : tensor<2xf32", 2, "missing `>`"),
+        ("  %2 = constant dense<0x1ffff> : tensor<f16>", 2, "`0x1ffff` is not a valid f16 value"),
+        ("  %2:2 = rng_bit_generator PHILOX %0 : (tensor<2xf32>, tensor<2xf32>)", 2, "state must be a 1-D"),
+        ("  %2 = compare XX %0, %0 : tensor<2xi1>", 2, "unknown comparison direction `XX`"),
+        ("  %2 = dot_general %0, %0, batch = [] y [], contract = [0] x [0] : tensor<f32>", 2, "expected `x`"),
+        ("  %2 = \u{e9}xp %0 : tensor<2xf32>", 2, "expected an identifier"),
         ("  %2:2 = exp %0 : tensor<2xf32>", 2, "2 result(s) declared but 1 type(s) written"),
         ("  %0 = exp %0 : tensor<2xf32>", 2, "%0 is defined twice"),
         ("  %2 = parameter 0 : tensor<f32>", 2, "parameter 0 added out of order"),
@@ -532,5 +551,24 @@ proptest! {
         let back = parse(&text).map_err(|e| TestCaseError::fail(format!("{e}\n{text}")))?;
         prop_assert_eq!(print(&back), text);
         assert_same_graph(&g, &back);
+    }
+}
+
+proptest! {
+    /// The parser's input is user input: damaged text is an error, never a panic.
+    #[test]
+    fn damaged_text_never_panics(
+        at in prop::collection::vec((any::<prop::sample::Index>(), prop::sample::select(vec!['%', '#', ':', ',', '[', ']', '<', '>', 'x', '9', '-', ' ', '\n', 'é'])), 1..4),
+        delete in any::<bool>(),
+    ) {
+        let mut text: Vec<char> = print(&every_op()).chars().collect();
+        for (i, ch) in at {
+            let i = i.index(text.len());
+            if delete { text.remove(i); } else { text[i] = ch; }
+        }
+        let text: String = text.into_iter().collect();
+        if let Ok(g) = parse(&text) {
+            verify(&g).unwrap();
+        }
     }
 }

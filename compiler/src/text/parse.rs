@@ -346,12 +346,15 @@ fn fmt_types(ts: &[TensorType]) -> String {
     }
 }
 
+/// The largest splat constant the parser expands (1 GiB).
+const MAX_SPLAT_BYTES: usize = 1 << 30;
+
 /// The inside of `dense<..>`: one value (a splat, repeated to fill `ty`) or a
 /// bracketed row-major list of exactly `ty`'s element count.
 fn dense(c: &Cursor, body: &str, ty: &TensorType) -> Result<Literal> {
     let body = body.trim();
     let n = ty.shape.num_elements();
-    let mut bytes = Vec::with_capacity(ty.size_in_bytes());
+    let mut bytes = Vec::new();
     if let Some(list) = body.strip_prefix('[') {
         let list = list.strip_suffix(']').ok_or_else(|| c.err(format!("unterminated list in `dense<{body}>`")))?;
         let elems: Vec<&str> = if list.trim().is_empty() { Vec::new() } else { list.split(',').collect() };
@@ -362,8 +365,14 @@ fn dense(c: &Cursor, body: &str, ty: &TensorType) -> Result<Literal> {
             element(ty.dtype, e.trim(), &mut bytes).map_err(|r| c.err(r))?;
         }
     } else {
+        // A splat is stored expanded, so its size is not bounded by the text's:
+        // refuse sizes that would exhaust memory rather than abort the process.
+        if ty.size_in_bytes() > MAX_SPLAT_BYTES {
+            return Err(c.err(format!("splat constant of {ty} exceeds {MAX_SPLAT_BYTES} bytes")));
+        }
         let mut one = Vec::new();
         element(ty.dtype, body, &mut one).map_err(|r| c.err(r))?;
+        bytes.reserve_exact(ty.size_in_bytes());
         for _ in 0..n {
             bytes.extend_from_slice(&one);
         }
@@ -635,6 +644,12 @@ impl<'a> Cursor<'a> {
             .iter()
             .map(|d| d.parse::<usize>().map_err(|_| self.err(format!("bad dimension `{d}` in `tensor<{body}>`"))))
             .collect::<Result<Vec<usize>>>()?;
+        // Element and byte counts must fit a usize, or shape arithmetic in
+        // inference and literals would overflow on a typo'd dimension.
+        let fits = dims.iter().try_fold(dtype.size_in_bytes(), |acc, &d| acc.checked_mul(d)).is_some();
+        if !fits {
+            return Err(self.err(format!("`tensor<{body}>` is too large")));
+        }
         Ok(TensorType { dtype, shape: Shape(dims) })
     }
 
