@@ -65,6 +65,8 @@ fn write_node(out: &mut impl Write, id: NodeId, node: &Node) -> fmt::Result {
         write!(out, "{id}:{} = ", node.outputs.len())?;
     }
     out.write_str(node.op.name())?;
+    // Every field is named; `field: _` marks an attribute that the result type
+    // already spells (the parser reads it back from there).
     match &node.op {
         Op::Parameter { index, ty: _ } => write!(out, " {index}")?,
         Op::Constant { literal } => {
