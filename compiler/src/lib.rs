@@ -9,14 +9,13 @@ pub mod ir;
 pub mod lower;
 pub mod passes;
 pub mod pipeline;
+pub mod text;
+mod verify;
 
 pub use error::CompileError;
 pub use lower::{lower, LowerOptions};
+pub use verify::verify;
 
-/// Checks the graph's invariants (replaced by the full verifier).
-pub fn verify_graph(_g: &ir::Graph) -> Result<(), CompileError> {
-    Ok(())
-}
 /// Placeholder until the reference interpreter lands (same session).
 pub fn interpret(_g: &ir::Graph, _i: &[ir::Literal]) -> Result<Vec<ir::Literal>, CompileError> {
     Err(CompileError::Interpret { op: "interpret", reason: "the reference interpreter is not built yet".into() })

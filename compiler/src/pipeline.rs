@@ -40,7 +40,7 @@ pub fn optimize(g: &Graph) -> Result<(Graph, PipelineStats), CompileError> {
 
 fn debug_verify(g: &Graph) -> Result<(), CompileError> {
     if cfg!(debug_assertions) {
-        crate::verify_graph(g)?;
+        crate::verify(g)?;
     }
     Ok(())
 }

@@ -11,6 +11,7 @@
 use std::fmt;
 
 use petgraph::graph::{DiGraph, NodeIndex};
+use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 
 use super::{infer, Op, TensorType};
@@ -152,6 +153,32 @@ impl Graph {
         } else {
             Err(CompileError::UnknownValue { op, value: v })
         }
+    }
+
+    /// Producers of `id`'s operands as petgraph's edges record them, as
+    /// `(operand position, producer)` sorted by position. Passes read
+    /// `op.inputs()`; only the verifier reads the edges, to check they agree.
+    pub(crate) fn operand_edges(&self, id: NodeId) -> Vec<(u32, NodeId)> {
+        let mut edges: Vec<(u32, NodeId)> = self
+            .g
+            .edges_directed(NodeIndex::new(id.index()), Direction::Incoming)
+            .map(|e| (*e.weight(), NodeId(e.source().index() as u32)))
+            .collect();
+        edges.sort();
+        edges
+    }
+
+    /// Mutable access that bypasses every check `add` makes, so the verifier's
+    /// tests can build graphs that break one invariant at a time.
+    #[cfg(test)]
+    pub(crate) fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        &mut self.g[NodeIndex::new(id.index())]
+    }
+
+    /// Test-only, as [`Graph::node_mut`]: the parameter, output and alias lists.
+    #[cfg(test)]
+    pub(crate) fn lists_mut(&mut self) -> (&mut Vec<NodeId>, &mut Vec<ValueId>, &mut Vec<Alias>) {
+        (&mut self.params, &mut self.outputs, &mut self.aliases)
     }
 
     pub fn len(&self) -> usize {
