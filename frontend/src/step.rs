@@ -131,22 +131,29 @@ fn add_donations(trace: &mut Trace, receivers: &[Vec<Rc<Inner>>]) -> Result<()> 
     Ok(())
 }
 
-/// Whether assigned-over parameters donate their buffers (`KILN_DONATE=1`).
+/// Whether assigned-over parameters donate their buffers.
 ///
-/// Off by default: with the XLA CPU plugin 0.0.1, a program whose large
-/// (about 800 KB) donated parameters are fed back from its own aliased outputs
-/// was seen to compute with wrong values from its second run on, while the same
-/// text compiled afresh computed correctly (docs/donation.md). Without donation
-/// old buffers are freed when the step replaces them, so live buffers stay flat.
-fn donation_enabled() -> bool {
-    std::env::var("KILN_DONATE").is_ok_and(|v| v == "1")
+/// `KILN_DONATE=1` or `0` decides; otherwise donation is on for every platform
+/// but the XLA CPU plugin. With `xla-cpu-pjrt` 0.0.1, a program whose large
+/// (about 800 KB) donated parameters came back from its own aliased outputs was
+/// seen computing with wrong values from its second run on, while the same text
+/// compiled afresh computed correctly; the CUDA plugin gives bit-identical
+/// training with and without donation (docs/donation.md). Without donation old
+/// buffers are still freed when a step replaces them, so live buffers stay flat.
+fn donation_enabled() -> Result<bool> {
+    match std::env::var("KILN_DONATE").as_deref() {
+        Ok("1") => Ok(true),
+        Ok("0") => Ok(false),
+        _ => Ok(context::with(|c| c.client())?.platform_name() != "cpu"),
+    }
 }
 
 /// Runs the current step: every live pending tensor becomes ready.
 pub fn mark_step() -> Result<StepReport> {
     let t0 = Instant::now();
     let (trace, backend) = context::with(|c| (std::mem::replace(&mut c.trace, Trace::new()), c.backend));
-    let Some(closed) = close(trace, backend == Backend::Pjrt && donation_enabled())? else {
+    let donate = backend == Backend::Pjrt && donation_enabled()?;
+    let Some(closed) = close(trace, donate)? else {
         return Ok(StepReport::default());
     };
     metrics::update(|m| {
