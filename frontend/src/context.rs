@@ -20,7 +20,7 @@ use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use kiln_compiler::ir::{Graph, Literal, Op, TensorType, ValueId};
+use kiln_compiler::ir::{DType, Graph, Literal, Op, Shape, TensorType, ValueId};
 use kiln_runtime::{Buffer, Client, Executable};
 
 use crate::error::{FrontendError, Result};
@@ -80,6 +80,12 @@ pub(crate) struct Trace {
     /// not rehash the whole trace.
     hasher: DefaultHasher,
     hashed: usize,
+    /// Scalar constants broadcast to a shape, by (value bits, dtype, shape):
+    /// recorded once per trace however often `x * 2.0` appears. Only looked up.
+    pub constants: HashMap<(u64, DType, Shape), ValueId>,
+    /// `live` is compacted (dead handles dropped) when it reaches this length,
+    /// so dead tensors are released while recording, amortised O(1) per op.
+    compact_at: usize,
 }
 
 impl Trace {
@@ -91,13 +97,16 @@ impl Trace {
             live: Vec::new(),
             hasher: DefaultHasher::new(),
             hashed: 0,
+            compact_at: 64,
+            constants: HashMap::new(),
         }
     }
 
     /// Folds nodes recorded since the last call into the running hash.
     pub fn catch_up_hash(&mut self) {
-        for (_, node) in self.graph.nodes().skip(self.hashed) {
-            node.op.hash(&mut self.hasher);
+        // Index directly: `nodes().skip(n)` would walk the first n nodes again.
+        for i in self.hashed..self.graph.len() {
+            self.graph.node(kiln_compiler::ir::NodeId::from_index(i)).op.hash(&mut self.hasher);
         }
         self.hashed = self.graph.len();
     }
@@ -196,8 +205,38 @@ impl Context {
         self.trace.catch_up_hash();
         let ty = self.trace.graph.ty(value).clone();
         let inner = Inner::new(ty, State::Pending { epoch: self.trace.epoch, value });
-        self.trace.live.push(Rc::downgrade(&inner));
+        self.track(&inner);
         inner
+    }
+
+    /// A pending tensor holding `value` of `dtype` broadcast to `shape`,
+    /// shared with earlier requests for the same constant in this trace.
+    pub fn constant(&mut self, value: f64, dtype: DType, shape: &Shape) -> Result<Rc<Inner>> {
+        let key = (value.to_bits(), dtype, shape.clone());
+        let v = match self.trace.constants.get(&key) {
+            Some(&v) => v,
+            None => {
+                let c = self.trace.graph.value(Op::Constant { literal: Literal::scalar(dtype, value) })?;
+                let v = if shape.rank() == 0 {
+                    c
+                } else {
+                    self.trace.graph.value(Op::BroadcastInDim { input: c, shape: shape.clone(), dims: vec![] })?
+                };
+                self.trace.constants.insert(key, v);
+                v
+            }
+        };
+        Ok(self.pending(v))
+    }
+
+    /// Remembers a pending tensor of the current trace.
+    pub fn track(&mut self, inner: &Rc<Inner>) {
+        let t = &mut self.trace;
+        if t.live.len() >= t.compact_at {
+            t.live.retain(|w| w.strong_count() > 0);
+            t.compact_at = (2 * t.live.len()).max(64);
+        }
+        t.live.push(Rc::downgrade(inner));
     }
 
     pub fn client(&mut self) -> Result<Client> {

@@ -102,14 +102,10 @@ impl Tensor {
     }
 
     /// A tensor of `shape` filled with `value`, recorded as a broadcast constant
-    /// (no host data).
+    /// (no host data; recorded once per step for each value, dtype and shape).
     pub fn full(value: f64, dtype: DType, shape: impl Into<Shape>) -> Result<Tensor> {
         let shape = shape.into();
-        let c = record(Op::Constant { literal: Literal::scalar(dtype, value) })?;
-        if shape.rank() == 0 {
-            return Ok(c);
-        }
-        c.broadcast_to(shape)
+        context::with(|c| c.constant(value, dtype, &shape)).map(Tensor::wrap)
     }
 
     pub fn zeros(dtype: DType, shape: impl Into<Shape>) -> Result<Tensor> {
@@ -264,7 +260,7 @@ impl Tensor {
         *self.inner.state.borrow_mut() = new_state;
         self.inner.bound.set(None);
         if pending {
-            context::with(|c| c.trace.live.push(Rc::downgrade(&self.inner)));
+            context::with(|c| c.track(&self.inner));
         }
         Ok(())
     }
