@@ -1,0 +1,56 @@
+//! The `kiln` binary end to end: the main job's JSON, devices, bad arguments.
+
+use assert_cmd::Command;
+
+fn kiln() -> Command {
+    Command::cargo_bin("kiln").expect("the kiln binary is built")
+}
+
+#[test]
+fn train_mlp_json_reports_accuracy_and_two_compiles() {
+    let out = kiln().args(["train", "mlp", "--epochs", "1", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let last = stdout.lines().last().unwrap();
+    let v: serde_json::Value = serde_json::from_str(last).unwrap();
+    for key in ["test_accuracy", "final_loss", "steps", "compiles", "step_ms_median"] {
+        assert!(v.get(key).is_some(), "missing {key} in {last}");
+    }
+    assert_eq!(v["compiles"], 2);
+    assert_eq!(v["steps"], 468);
+    assert!(v["test_accuracy"].as_f64().unwrap() > 0.8, "{last}");
+}
+
+#[test]
+fn devices_lists_the_cpu_plugin() {
+    let out = kiln().args(["devices", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["platform"], "cpu");
+    assert!(!v["devices"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn a_missing_dataset_names_the_path() {
+    let out = kiln().args(["train", "mlp", "--data", "/nonexistent/fmnist"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/fmnist") && err.contains("dataset-fashion-mnist"), "{err}");
+}
+
+#[test]
+fn a_bad_plugin_path_is_a_clear_error() {
+    let out = kiln().args(["devices"]).env("KILN_PJRT_PLUGIN", "/nonexistent/plugin.so").output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/plugin.so"), "{err}");
+}
+
+#[test]
+fn bad_arguments_are_refused() {
+    let out = kiln().args(["train", "mlp", "--epochs", "many"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--epochs"));
+    let out = kiln().args(["train", "resnet"]).output().unwrap();
+    assert!(!out.status.success());
+}
