@@ -5,6 +5,7 @@
 //! (text) comes out, so everything here is testable on a CPU-only machine.
 
 mod error;
+pub mod interp;
 pub mod ir;
 pub mod lower;
 pub mod passes;
@@ -13,10 +14,7 @@ pub mod text;
 mod verify;
 
 pub use error::CompileError;
+pub use interp::{interpret, interpret_replicated};
 pub use lower::{lower, LowerOptions};
 pub use verify::verify;
 
-/// Placeholder until the reference interpreter lands (same session).
-pub fn interpret(_g: &ir::Graph, _i: &[ir::Literal]) -> Result<Vec<ir::Literal>, CompileError> {
-    Err(CompileError::Interpret { op: "interpret", reason: "the reference interpreter is not built yet".into() })
-}

@@ -1,0 +1,89 @@
+//! The reference interpreter: evaluates a graph on the host, one op at a time.
+//!
+//! It is the oracle for parity tests (XLA must agree with it) and the engine of
+//! the eager debug backend. Simplicity over speed, with these rules:
+//! - Values are [`Literal`]s. Data-movement ops (broadcast, reshape, transpose,
+//!   slices, pads, concatenation, gathers, select) copy element bytes, so they
+//!   are exact for every dtype.
+//! - Float arithmetic runs in f64 and rounds once to the result dtype, which
+//!   equals IEEE f32/f16/bf16 arithmetic for +, -, *, / and sqrt, and differs from
+//!   XLA's transcendental approximations by about an ulp. Dots and reductions
+//!   accumulate in f64.
+//! - Integer arithmetic runs in i128 and wraps to the dtype's width (two's
+//!   complement), so 64-bit values stay exact. Division by zero gives -1 for
+//!   division and the dividend for remainder, as XLA does.
+//! - `rng_bit_generator` uses kiln's own counter-based generator
+//!   (SplitMix64 over state and position), not XLA's bits: parity for random
+//!   bits is not claimed, only types, determinism and state advance.
+//!
+//! Only nodes the outputs need are evaluated.
+
+mod ops;
+
+use crate::ir::{Graph, Literal, NodeId, Op, ValueId};
+use crate::CompileError;
+
+pub(crate) fn err(op: &'static str, reason: impl Into<String>) -> CompileError {
+    CompileError::Interpret { op, reason: reason.into() }
+}
+
+/// Evaluates `g`'s outputs given one literal per parameter.
+pub fn interpret(g: &Graph, inputs: &[Literal]) -> Result<Vec<Literal>, CompileError> {
+    let mut out = interpret_replicated(g, &[inputs.to_vec()])?;
+    Ok(out.pop().unwrap_or_default())
+}
+
+/// Evaluates `g` on N replicas in lockstep; `all_reduce` combines across them.
+pub fn interpret_replicated(g: &Graph, inputs: &[Vec<Literal>]) -> Result<Vec<Vec<Literal>>, CompileError> {
+    let types = g.param_types();
+    for (r, list) in inputs.iter().enumerate() {
+        if list.len() != types.len() {
+            return Err(err("parameter", format!("replica {r}: {} inputs for {} parameters", list.len(), types.len())));
+        }
+        for (i, (l, t)) in list.iter().zip(&types).enumerate() {
+            if l.ty() != t {
+                return Err(err("parameter", format!("replica {r}: parameter {i} expects {t}, got {}", l.ty())));
+            }
+        }
+    }
+    let n = g.len();
+    let mut needed = vec![false; n];
+    for v in g.outputs() {
+        needed[v.node.index()] = true;
+    }
+    for i in (0..n).rev() {
+        if needed[i] {
+            for v in g.node(NodeId::from_index(i)).op.inputs() {
+                needed[v.node.index()] = true;
+            }
+        }
+    }
+    let replicas = inputs.len();
+    // values[replica][node] = outputs of that node.
+    let mut values: Vec<Vec<Vec<Literal>>> = vec![vec![Vec::new(); n]; replicas];
+    for (id, node) in g.nodes() {
+        if !needed[id.index()] {
+            continue;
+        }
+        if let Op::AllReduce { op, input } = &node.op {
+            let parts: Vec<&Literal> = values.iter().map(|v| &v[input.node.index()][input.output as usize]).collect();
+            let combined = ops::all_reduce(*op, &parts)?;
+            for v in values.iter_mut() {
+                v[id.index()] = vec![combined.clone()];
+            }
+            continue;
+        }
+        for (r, v) in values.iter_mut().enumerate() {
+            let get = |x: ValueId| -> &Literal { &v[x.node.index()][x.output as usize] };
+            let outs = match &node.op {
+                Op::Parameter { index, .. } => vec![inputs[r][*index as usize].clone()],
+                op => ops::eval(op, &node.outputs, &get)?,
+            };
+            v[id.index()] = outs;
+        }
+    }
+    Ok(values
+        .iter()
+        .map(|v| g.outputs().iter().map(|o| v[o.node.index()][o.output as usize].clone()).collect())
+        .collect())
+}
