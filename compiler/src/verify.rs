@@ -165,7 +165,7 @@ mod tests {
     #[test]
     fn stale_output_types_are_caught() {
         let mut g = valid();
-        g.node_mut(n(3)).outputs = vec![TensorType::new(DType::F32, [5])];
+        g.node_mut(n(3)).outputs = vec![TensorType::new(DType::F32, [5])].into();
         assert_fails(&g, "%3", "stored output types [tensor<5xf32>] differ from inferred [tensor<4xf32>]");
     }
 
@@ -173,7 +173,7 @@ mod tests {
     fn ops_that_no_longer_type_check_are_caught() {
         let mut g = valid();
         g.node_mut(n(1)).op = Op::Parameter { index: 1, ty: TensorType::new(DType::F32, [5]) };
-        g.node_mut(n(1)).outputs = vec![TensorType::new(DType::F32, [5])];
+        g.node_mut(n(1)).outputs = vec![TensorType::new(DType::F32, [5])].into();
         assert_fails(&g, "%3", "does not type-check");
     }
 

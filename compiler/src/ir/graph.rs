@@ -69,11 +69,15 @@ impl fmt::Display for ValueId {
     }
 }
 
+/// Output types of a node, inline for the usual single output: one heap
+/// allocation less per node to make and to free every step.
+pub type Outputs = smallvec::SmallVec<[TensorType; 1]>;
+
 /// An operation and the types of its outputs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Node {
     pub op: Op,
-    pub outputs: Vec<TensorType>,
+    pub outputs: Outputs,
 }
 
 /// A program input that the runtime may overwrite with an output (donation):

@@ -4,7 +4,7 @@
 //! so a program that gets into a `Graph` lowers to a module XLA accepts; the
 //! errors name the op and the operand types.
 
-use super::{DType, Graph, Op, RngAlgorithm, Shape, TensorType, UnaryOp, ValueId};
+use super::{DType, Graph, Op, Outputs, RngAlgorithm, Shape, TensorType, UnaryOp, ValueId};
 use crate::CompileError;
 
 type Result<T> = std::result::Result<T, CompileError>;
@@ -14,10 +14,10 @@ fn invalid(op: &'static str, reason: impl Into<String>, operands: Vec<TensorType
 }
 
 /// Output types of `op` in `g`. Operands have been checked to exist.
-pub fn infer(g: &Graph, op: &Op) -> Result<Vec<TensorType>> {
+pub fn infer(g: &Graph, op: &Op) -> Result<Outputs> {
     let name = op.name();
     let ty = |v: ValueId| g.ty(v).clone();
-    let one = |t: TensorType| Ok(vec![t]);
+    let one = |t: TensorType| Ok(smallvec::smallvec![t]);
     match op {
         Op::Parameter { ty, .. } => one(ty.clone()),
         Op::Constant { literal } => one(literal.ty().clone()),
@@ -298,7 +298,7 @@ pub fn infer(g: &Graph, op: &Op) -> Result<Vec<TensorType>> {
             if !matches!(out.dtype, DType::U32 | DType::U64) {
                 return Err(CompileError::UnsupportedDType { op: name, dtype: out.dtype, expected: "u32 or u64" });
             }
-            Ok(vec![s, out.clone()])
+            Ok(smallvec::smallvec![s, out.clone()])
         }
         Op::OptimizationBarrier { inputs } => Ok(inputs.iter().map(|&v| ty(v)).collect()),
         Op::AllReduce { input, .. } => {

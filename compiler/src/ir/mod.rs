@@ -9,7 +9,7 @@ mod op;
 mod shape;
 
 pub use dtype::DType;
-pub use graph::{Alias, Graph, Node, NodeId, ValueId};
+pub use graph::{Alias, Graph, Node, NodeId, Outputs, ValueId};
 pub use literal::{decode, Literal};
 pub use op::{BinaryOp, CompareDir, DotDims, Op, ReduceOp, RngAlgorithm, UnaryOp};
 pub use shape::{Shape, TensorType};

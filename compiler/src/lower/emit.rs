@@ -373,7 +373,7 @@ impl Emitter<'_> {
                 self.line(format!(
                     "{def} = stablehlo.optimization_barrier {} : {}",
                     xs.join(", "),
-                    join(node.outputs.clone())
+                    join(node.outputs.to_vec())
                 ));
             }
             Op::AllReduce { op, input } => {

@@ -129,7 +129,7 @@ impl Parser {
         let (op, types) = self.op(c, kw, count)?;
         let id = self.g.add(op).map_err(|e| c.err(e.to_string()))?;
         let inferred = &self.g.node(id).outputs;
-        if *inferred != types {
+        if inferred[..] != types[..] {
             return Err(c.err(format!("written type {} but `{kw}` infers {}", fmt_types(&types), fmt_types(inferred))));
         }
         self.names.insert(name.to_string(), id);
