@@ -634,11 +634,11 @@ impl Tensor {
             let dims = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![lr - 1], rhs_contract: vec![0] };
             return record(Op::DotGeneral { lhs, rhs: r, dims });
         }
-        let batch = broadcast_shape("matmul", &Shape(self.dims()[..lr - 2].to_vec()), &Shape(rhs.dims()[..rr - 2].to_vec()))?;
+        let batch = broadcast_shape("matmul", &Shape::from(&self.dims()[..lr - 2]), &Shape::from(&rhs.dims()[..rr - 2]))?;
         let nb = batch.rank();
-        let mut ls = batch.0.clone();
+        let mut ls = batch.0.to_vec();
         ls.extend(&self.dims()[lr - 2..]);
-        let mut rs = batch.0.clone();
+        let mut rs = batch.0.to_vec();
         rs.extend(&rhs.dims()[rr - 2..]);
         let (a, b) = (self.broadcast_to(ls)?, rhs.broadcast_to(rs)?);
         let [lhs, r] = Tensor::values("dot_general", [&a, &b])?;
@@ -695,7 +695,7 @@ pub(crate) fn broadcast_shape(op: &'static str, a: &Shape, b: &Shape) -> Result<
             _ => return Err(FrontendError::Broadcast { op, lhs: a.clone(), rhs: b.clone() }),
         };
     }
-    Ok(Shape(out))
+    Ok(Shape::new(out))
 }
 
 fn broadcast_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {

@@ -155,7 +155,7 @@ pub(crate) fn eval<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'
                 for j in 0..*axis {
                     src += coord(j) * in_strides[j];
                 }
-                let istr = Shape(out.shape.0[*axis..*axis + ir].to_vec()).strides();
+                let istr = Shape::from(&out.shape.0[*axis..*axis + ir]).strides();
                 let flat: usize = (0..ir).map(|k| coord(axis + k) * istr[k]).sum();
                 // XLA clamps gather start indices into range.
                 let row = idx[flat].clamp(0, xs.0[*axis] as i128 - 1) as usize;
@@ -171,7 +171,7 @@ pub(crate) fn eval<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'
             let ir = get(*indices).ty().shape.rank();
             let xs = &x.ty().shape;
             let (x_strides, u_strides) = (xs.strides(), u.ty().shape.strides());
-            let istr = Shape(u.ty().shape.0[*axis..*axis + ir].to_vec()).strides();
+            let istr = Shape::from(&u.ty().shape.0[*axis..*axis + ir]).strides();
             let target = |k: usize| -> Option<usize> {
                 let coord = |j: usize| (k / u_strides[j]) % u.ty().shape.0[j];
                 let flat: usize = (0..ir).map(|m| coord(axis + m) * istr[m]).sum();
@@ -610,7 +610,7 @@ fn dot(l: &Literal, r: &Literal, d: &DotDims, out: &TensorType) -> Literal {
     // Offsets of every contracting position in lhs and rhs.
     let csizes: Vec<usize> = d.lhs_contract.iter().map(|&a| ls.0[a]).collect();
     let kn: usize = csizes.iter().product();
-    let cstr = Shape(csizes.clone()).strides();
+    let cstr = Shape::new(csizes.clone()).strides();
     let (mut dl, mut dr) = (Vec::with_capacity(kn), Vec::with_capacity(kn));
     for k in 0..kn {
         let (mut a, mut b) = (0, 0);

@@ -196,7 +196,7 @@ pub fn infer(g: &Graph, op: &Op) -> Result<Outputs> {
                 }
                 dims[*axis] += t.shape.0[*axis];
             }
-            one(TensorType::new(f.dtype, dims))
+            one(TensorType::new(f.dtype, Shape(dims)))
         }
         Op::Pad { input, value, low, high, interior } => {
             let (t, v) = (ty(*input), ty(*value));
@@ -279,8 +279,8 @@ pub fn infer(g: &Graph, op: &Op) -> Result<Outputs> {
             if u.dtype != t.dtype {
                 return Err(CompileError::DTypeMismatch { op: name, lhs: t.dtype, rhs: u.dtype });
             }
-            if u.shape.0 != dims {
-                return Err(CompileError::ShapeMismatch { op: name, lhs: Shape(dims), rhs: u.shape });
+            if u.shape.dims() != &dims[..] {
+                return Err(CompileError::ShapeMismatch { op: name, lhs: Shape::new(dims), rhs: u.shape });
             }
             one(t)
         }
@@ -289,8 +289,8 @@ pub fn infer(g: &Graph, op: &Op) -> Result<Outputs> {
             // XLA keeps generator state as u64 words: two for THREE_FRY, two or
             // three for PHILOX.
             let words_ok = match algorithm {
-                RngAlgorithm::ThreeFry => s.shape.0 == [2],
-                RngAlgorithm::Philox => s.shape.0 == [2] || s.shape.0 == [3],
+                RngAlgorithm::ThreeFry => s.shape.dims() == [2],
+                RngAlgorithm::Philox => s.shape.dims() == [2] || s.shape.dims() == [3],
             };
             if s.dtype != DType::U64 || !words_ok {
                 return Err(invalid(name, format!("state must be u64[2] ({} takes {})", algorithm.name(), match algorithm { RngAlgorithm::ThreeFry => "2 words", RngAlgorithm::Philox => "2 or 3 words" }), vec![s]));

@@ -12,4 +12,4 @@ pub use dtype::DType;
 pub use graph::{Alias, Graph, Node, NodeId, Outputs, ValueId};
 pub use literal::{decode, Literal};
 pub use op::{BinaryOp, CompareDir, DotDims, Op, ReduceOp, RngAlgorithm, UnaryOp};
-pub use shape::{Shape, TensorType};
+pub use shape::{Dims, Shape, TensorType};

@@ -8,17 +8,21 @@ use std::fmt;
 
 use super::DType;
 
+/// Dimensions stored inline up to rank 4: most shapes then cost no heap
+/// allocation, which matters for the thousands of nodes a step records.
+pub type Dims = smallvec::SmallVec<[usize; 4]>;
+
 /// The dimensions of a tensor, outermost first (row-major).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub struct Shape(pub Vec<usize>);
+pub struct Shape(pub Dims);
 
 impl Shape {
     pub fn scalar() -> Shape {
-        Shape(Vec::new())
+        Shape(Dims::new())
     }
 
     pub fn new(dims: impl Into<Vec<usize>>) -> Shape {
-        Shape(dims.into())
+        Shape(Dims::from_vec(dims.into()))
     }
 
     pub fn dims(&self) -> &[usize] {
@@ -45,19 +49,25 @@ impl Shape {
 
 impl From<Vec<usize>> for Shape {
     fn from(v: Vec<usize>) -> Self {
+        Shape(Dims::from_vec(v))
+    }
+}
+
+impl From<Dims> for Shape {
+    fn from(v: Dims) -> Self {
         Shape(v)
     }
 }
 
 impl From<&[usize]> for Shape {
     fn from(v: &[usize]) -> Self {
-        Shape(v.to_vec())
+        Shape(Dims::from_slice(v))
     }
 }
 
 impl<const N: usize> From<[usize; N]> for Shape {
     fn from(v: [usize; N]) -> Self {
-        Shape(v.to_vec())
+        Shape(Dims::from_slice(&v))
     }
 }
 

@@ -202,7 +202,7 @@ impl Parser {
                 let mut vs = self.values(c)?.into_iter();
                 let input = vs.next().ok_or_else(|| c.err("`dynamic_slice` needs an operand"))?;
                 let ts = c.types(count)?;
-                let sizes = one(c, &ts)?.shape.0.clone();
+                let sizes = one(c, &ts)?.shape.0.to_vec();
                 return Ok((Op::DynamicSlice { input, starts: vs.collect(), sizes }, ts));
             }
             "dynamic_update_slice" => {
@@ -651,7 +651,7 @@ impl<'a> Cursor<'a> {
         if !fits {
             return Err(self.err(format!("`tensor<{body}>` is too large")));
         }
-        Ok(TensorType { dtype, shape: Shape(dims) })
+        Ok(TensorType { dtype, shape: Shape::new(dims) })
     }
 
     /// `: type` or `: (type, ..)` holding `count` types, then the end of the line.

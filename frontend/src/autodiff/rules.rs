@@ -155,7 +155,7 @@ pub(crate) fn backward(b: &mut Builder, id: NodeId, op: &Op, outs: &[Option<Valu
                 out.push((0, b.op(Op::DynamicUpdateSlice { input: ct, update: zeros, starts: starts.clone() })?));
             }
             if wants[1] {
-                out.push((1, b.op(Op::DynamicSlice { input: ct, starts, sizes: tu.shape.0.clone() })?));
+                out.push((1, b.op(Op::DynamicSlice { input: ct, starts, sizes: tu.shape.0.to_vec() })?));
             }
         }
         Op::Concatenate { inputs, axis } => {
@@ -166,7 +166,7 @@ pub(crate) fn backward(b: &mut Builder, id: NodeId, op: &Op, outs: &[Option<Valu
                 let len = b.ty(v).shape.0[*axis];
                 if wants[pos] {
                     let mut start = vec![0; tc.shape.rank()];
-                    let mut limit = tc.shape.0.clone();
+                    let mut limit = tc.shape.0.to_vec();
                     start[*axis] = offset;
                     limit[*axis] = offset + len;
                     let stride = vec![1; tc.shape.rank()];
