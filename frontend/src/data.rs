@@ -7,9 +7,13 @@
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
 use flate2::read::GzDecoder;
 
+use crate::context::{self, Backend};
 use crate::error::{FrontendError, Result};
 use crate::nn::HostRng;
 use crate::tensor::Tensor;
@@ -43,8 +47,8 @@ impl ImageSet {
 /// The Fashion-MNIST train and test splits.
 #[derive(Clone, Debug)]
 pub struct FashionMnist {
-    pub train: ImageSet,
-    pub test: ImageSet,
+    pub train: Arc<ImageSet>,
+    pub test: Arc<ImageSet>,
 }
 
 impl FashionMnist {
@@ -68,7 +72,7 @@ impl FashionMnist {
             }
             Ok(ImageSet { images, labels, rows, cols })
         };
-        Ok(FashionMnist { train: set("train")?, test: set("t10k")? })
+        Ok(FashionMnist { train: Arc::new(set("train")?), test: Arc::new(set("t10k")?) })
     }
 }
 
@@ -161,8 +165,8 @@ pub fn batches(n: usize, batch_size: usize, shuffle_seed: Option<u64>, last: Las
     out
 }
 
-/// Images of `batch` as `[b, pixels]` f32 in `[0, 1]` and labels as `[b]` s32.
-pub fn image_batch(set: &ImageSet, batch: &Batch) -> Result<(Tensor, Tensor)> {
+/// Pixels in `[0, 1]` and labels of `batch`, on the host.
+fn host_batch(set: &ImageSet, batch: &Batch) -> (Vec<f32>, Vec<i32>) {
     let p = set.pixels();
     let mut x = Vec::with_capacity(batch.indices.len() * p);
     let mut y = Vec::with_capacity(batch.indices.len());
@@ -170,8 +174,90 @@ pub fn image_batch(set: &ImageSet, batch: &Batch) -> Result<(Tensor, Tensor)> {
         x.extend(set.images[i * p..(i + 1) * p].iter().map(|&v| f32::from(v) / 255.0));
         y.push(i32::from(set.labels[i]));
     }
+    (x, y)
+}
+
+/// Images of `batch` as `[b, pixels]` f32 in `[0, 1]` and labels as `[b]` s32.
+pub fn image_batch(set: &ImageSet, batch: &Batch) -> Result<(Tensor, Tensor)> {
+    let (x, y) = host_batch(set, batch);
     let b = batch.indices.len();
-    Ok((Tensor::from_vec(x, [b, p])?, Tensor::from_vec(y, [b])?))
+    Ok((Tensor::from_vec(x, [b, set.pixels()])?, Tensor::from_vec(y, [b])?))
+}
+
+type Uploaded = kiln_runtime::Result<(kiln_runtime::Buffer, kiln_runtime::Buffer)>;
+
+/// Host-to-device prefetch: a worker thread assembles the next batches and
+/// uploads them while the current step runs, up to `depth` batches ahead. With
+/// the reference backend (no device) batches are built on the caller's thread.
+pub struct Prefetcher {
+    set: Arc<ImageSet>,
+    batches: std::vec::IntoIter<Batch>,
+    rx: Option<Receiver<Uploaded>>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl Prefetcher {
+    pub fn new(set: Arc<ImageSet>, batches: Vec<Batch>, depth: usize) -> Result<Prefetcher> {
+        if context::backend() != Backend::Pjrt {
+            return Ok(Prefetcher { set, batches: batches.into_iter(), rx: None, worker: None });
+        }
+        let client = context::with(|c| c.client())?;
+        let (tx, rx) = sync_channel::<Uploaded>(depth.max(1));
+        let worker_set = set.clone();
+        let todo = batches.clone();
+        let worker = std::thread::Builder::new()
+            .name("kiln-prefetch".into())
+            .spawn(move || {
+                let Some(device) = client.devices().into_iter().next() else { return };
+                for b in &todo {
+                    let (x, y) = host_batch(&worker_set, b);
+                    let n = b.indices.len();
+                    let up = client
+                        .buffer_from_host(&x, &[n, worker_set.pixels()], &device)
+                        .and_then(|xb| Ok((xb, client.buffer_from_host(&y, &[n], &device)?)));
+                    // The receiver hung up: the loop stopped early.
+                    if tx.send(up).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(|source| FrontendError::Io { path: "kiln-prefetch thread".into(), source })?;
+        Ok(Prefetcher { set, batches: batches.into_iter(), rx: Some(rx), worker: Some(worker) })
+    }
+}
+
+impl Iterator for Prefetcher {
+    /// The batch's indices and weights, its images and its labels.
+    type Item = Result<(Batch, Tensor, Tensor)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let batch = self.batches.next()?;
+        let Some(rx) = &self.rx else {
+            return Some(image_batch(&self.set, &batch).map(|(x, y)| (batch, x, y)));
+        };
+        let up = match rx.recv() {
+            Ok(up) => up,
+            Err(_) => return Some(Err(FrontendError::InvalidArgument {
+                op: "prefetch",
+                reason: "the prefetch thread stopped".into(),
+            })),
+        };
+        Some(up.map_err(FrontendError::from).and_then(|(xb, yb)| {
+            let bytes = (xb.on_device_size_in_bytes()? + yb.on_device_size_in_bytes()?) as u64;
+            crate::metrics::update(|m| m.host_to_device_bytes += bytes);
+            Ok((batch, Tensor::from_buffer(xb)?, Tensor::from_buffer(yb)?))
+        }))
+    }
+}
+
+impl Drop for Prefetcher {
+    fn drop(&mut self) {
+        // Hang up first so a worker blocked on a full channel finishes.
+        self.rx = None;
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
 }
 
 #[cfg(test)]

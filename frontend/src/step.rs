@@ -49,6 +49,22 @@ pub(crate) fn element_type(d: DType) -> ElementType {
     }
 }
 
+pub(crate) fn dtype_of(e: ElementType) -> DType {
+    match e {
+        ElementType::Pred => DType::Pred,
+        ElementType::S8 => DType::S8,
+        ElementType::S32 => DType::S32,
+        ElementType::S64 => DType::S64,
+        ElementType::U8 => DType::U8,
+        ElementType::U32 => DType::U32,
+        ElementType::U64 => DType::U64,
+        ElementType::F16 => DType::F16,
+        ElementType::BF16 => DType::BF16,
+        ElementType::F32 => DType::F32,
+        ElementType::F64 => DType::F64,
+    }
+}
+
 /// A finished trace with its outputs chosen (not yet pruned).
 struct Closed {
     graph: Graph,

@@ -92,6 +92,12 @@ impl Tensor {
         Ok(Tensor::from_literal(literal))
     }
 
+    /// A ready tensor on a device buffer of this thread's client.
+    pub fn from_buffer(buffer: kiln_runtime::Buffer) -> Result<Tensor> {
+        let ty = TensorType::new(step::dtype_of(buffer.element_type()), buffer.dims());
+        Ok(Tensor::wrap(Inner::new(ty, State::Ready(Storage::Device(Arc::new(buffer))))))
+    }
+
     pub fn from_literal(literal: Literal) -> Tensor {
         let ty = literal.ty().clone();
         Tensor::wrap(Inner::new(ty, State::Ready(Storage::Host(Arc::new(literal)))))

@@ -274,6 +274,28 @@ proptest! {
 }
 
 #[test]
+fn rng_bit_generator_reproduces_xla_bits() {
+    use kiln::compiler::ir::RngAlgorithm;
+    let mut rng = Rng::new(fresh());
+    for (algorithm, words) in [(RngAlgorithm::ThreeFry, 2), (RngAlgorithm::Philox, 2), (RngAlgorithm::Philox, 3)] {
+        for (dtype, shape) in [(DType::U32, vec![3, 4]), (DType::U32, vec![5]), (DType::U32, vec![3, 5]), (DType::U64, vec![3]), (DType::U32, vec![])] {
+            let state: Vec<u8> = (0..words).flat_map(|_| rng.next_u64().to_le_bytes()).collect();
+            let state = Literal::from_bytes(TensorType::new(DType::U64, [words]), state).unwrap();
+            let what = format!("{} {dtype} {shape:?}", algorithm.name());
+            parity(&what, vec![state], |g, p| {
+                let n = g.add(Op::RngBitGenerator { algorithm, state: p[0], ty: TensorType::new(dtype, shape.clone()) }).unwrap();
+                vec![ValueId::new(n, 0), ValueId::new(n, 1)]
+            })
+            .unwrap();
+        }
+    }
+}
+
+fn fresh() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+}
+
+#[test]
 fn optimization_barrier_passes_values_through() {
     let mut rng = Rng::new(3);
     let (a, b) = (lit(DType::F32, &[3], &mut rng, -1.0, 1.0), lit(DType::S32, &[2], &mut rng, 0.0, 9.0));

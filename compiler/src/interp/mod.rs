@@ -12,13 +12,13 @@
 //! - Integer arithmetic runs in i128 and wraps to the dtype's width (two's
 //!   complement), so 64-bit values stay exact. Division by zero gives -1 for
 //!   division and the dividend for remainder, as XLA does.
-//! - `rng_bit_generator` uses kiln's own counter-based generator
-//!   (SplitMix64 over state and position), not XLA's bits: parity for random
-//!   bits is not claimed, only types, determinism and state advance.
+//! - `rng_bit_generator` reproduces XLA's Threefry/Philox bits and layout
+//!   (`rng.rs`; parity-tested against the plugin).
 //!
 //! Only nodes the outputs need are evaluated.
 
 mod ops;
+mod rng;
 
 use crate::ir::{Graph, Literal, NodeId, Op, ValueId};
 use crate::CompileError;

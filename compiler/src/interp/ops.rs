@@ -207,18 +207,7 @@ pub(crate) fn eval<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'
                 one(ints_to(out, &acc))
             }
         }
-        Op::RngBitGenerator { state, ty, .. } => {
-            let s = get(*state);
-            let words: Vec<u64> = s.bytes().chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
-            let n = ty.shape.num_elements() as u64;
-            let key = words[0];
-            let counter = words[1];
-            let bits: Vec<i128> = (0..n).map(|k| i128::from(splitmix64(key ^ splitmix64(counter.wrapping_add(k))))).collect();
-            let mut next = words.clone();
-            next[1] = counter.wrapping_add(n);
-            let next_bytes: Vec<u8> = next.iter().flat_map(|w| w.to_le_bytes()).collect();
-            Ok(vec![Literal::from_bytes(s.ty().clone(), next_bytes)?, ints_to(ty, &bits)])
-        }
+        Op::RngBitGenerator { algorithm, state, ty } => super::rng::rng_bit_generator(*algorithm, get(*state), ty),
         Op::OptimizationBarrier { inputs } => Ok(inputs.iter().map(|&v| get(v).clone()).collect()),
     }
 }
@@ -229,13 +218,6 @@ fn at_l(v: &[f64], i: usize) -> usize {
 
 fn at_l_i(v: &[i128], i: usize) -> usize {
     if v.len() == 1 { 0 } else { i }
-}
-
-fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// Builds a literal of `ty` whose element `i` is element `j` of `src` for

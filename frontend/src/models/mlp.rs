@@ -10,7 +10,7 @@ use std::time::Instant;
 use kiln_compiler::ir::DType;
 
 use crate::context::{self, Backend};
-use crate::data::{self, Batch, FashionMnist, ImageSet, LastBatch};
+use crate::data::{self, Batch, FashionMnist, ImageSet, LastBatch, Prefetcher};
 use crate::error::Result;
 use crate::grad::grad;
 use crate::nn::{cross_entropy, Linear, ParamStore};
@@ -147,6 +147,12 @@ impl Trainer {
     /// Records and runs one training step; returns the loss.
     pub fn train_step(&mut self, set: &ImageSet, batch: &Batch, lr: f64) -> Result<f64> {
         let (x, y) = data::image_batch(set, batch)?;
+        self.train_step_on(&x, &y, lr)
+    }
+
+    /// One training step on a batch already in tensors (e.g. prefetched).
+    pub fn train_step_on(&mut self, x: &Tensor, y: &Tensor, lr: f64) -> Result<f64> {
+        let (x, y) = (x.clone(), y.clone());
         let logits = self.model.forward(&x)?;
         let loss = cross_entropy(&logits, &y, None)?;
         let params = self.params.tensors();
@@ -199,12 +205,14 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     let mut report = TrainReport::default();
     let start = Instant::now();
     'epochs: for epoch in 0..cfg.epochs {
-        for b in data::batches(data.train.len(), cfg.batch, Some(cfg.seed ^ epoch as u64), LastBatch::Drop) {
+        let order = data::batches(data.train.len(), cfg.batch, Some(cfg.seed ^ epoch as u64), LastBatch::Drop);
+        for item in Prefetcher::new(data.train.clone(), order, 2)? {
             if t.step >= total {
                 break 'epochs;
             }
+            let (_, x, y) = item?;
             let t0 = Instant::now();
-            let loss = t.train_step(&data.train, &b, schedule.lr(t.step))?;
+            let loss = t.train_step_on(&x, &y, schedule.lr(t.step))?;
             let ms = t0.elapsed().as_secs_f64() * 1e3;
             report.losses.push(loss);
             report.step_ms.push(ms);
