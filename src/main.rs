@@ -7,6 +7,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::data::{FashionMnist, FASHION_MNIST_DIR};
+use kiln::models::gpt;
 use kiln::models::mlp::{self, MlpConfig};
 use serde_json::json;
 
@@ -58,6 +59,29 @@ enum Model {
         #[arg(long)]
         json: bool,
     },
+    /// A character-level GPT on a text file.
+    Gpt {
+        /// The text to learn.
+        #[arg(long)]
+        text: PathBuf,
+        #[arg(long, value_enum, default_value_t = GptSize::Tiny)]
+        config: GptSize,
+        /// Training steps (default: the config's).
+        #[arg(long)]
+        steps: Option<u64>,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// End with one JSON object (for scripts).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum GptSize {
+    Tiny,
+    #[value(name = "gpt2-small")]
+    Gpt2Small,
 }
 
 fn main() -> ExitCode {
@@ -81,7 +105,61 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let cfg = MlpConfig { epochs, batch, lr, seed, checkpoint, ..MlpConfig::default() };
             train_mlp(&cfg, &data, compare_eager, json)
         }
+        Command::Train { model: Model::Gpt { text, config, steps, seed, json } } => train_gpt(&text, config, steps, seed, json),
     }
+}
+
+fn progress(json: bool) -> ProgressBar {
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    if json {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    bar
+}
+
+fn train_gpt(path: &std::path::Path, size: GptSize, steps: Option<u64>, seed: u64, json: bool) -> anyhow::Result<()> {
+    let base = match size {
+        GptSize::Tiny => gpt::GptConfig::tiny(0),
+        GptSize::Gpt2Small => gpt::GptConfig::gpt2_small(0),
+    };
+    let cfg = gpt::GptConfig { steps: steps.unwrap_or(base.steps), seed, ..base };
+    let text = gpt::read_text(path, cfg.seq)?;
+    let bar = progress(json);
+    let report = gpt::train(&text, &cfg, |s| {
+        bar.set_length(s.steps_total);
+        bar.set_position(s.step);
+        bar.set_message(format!("loss {:.4} step {:.1} ms", s.loss, s.step_ms));
+    })?;
+    bar.finish_and_clear();
+    if json {
+        println!(
+            "{}",
+            json!({
+                "model": "gpt",
+                "final_loss": report.final_loss(),
+                "first_loss": report.losses.first(),
+                "steps": report.steps,
+                "compiles": report.compiles,
+                "cache_hits": report.cache_hits,
+                "step_ms_median": report.step_ms_median(),
+                "train_seconds": report.train_seconds,
+            })
+        );
+    } else {
+        println!(
+            "gpt: {} steps in {:.1} s, loss {:.4} -> {:.4}, {} compiles, median step {:.2} ms",
+            report.steps,
+            report.train_seconds,
+            report.losses.first().copied().unwrap_or(f64::NAN),
+            report.final_loss(),
+            report.compiles,
+            report.step_ms_median()
+        );
+    }
+    Ok(())
 }
 
 fn devices(json: bool) -> anyhow::Result<()> {
@@ -117,13 +195,7 @@ fn train_mlp(cfg: &MlpConfig, dir: &PathBuf, compare: Option<u64>, json: bool) -
         }
         return Ok(());
     }
-    let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    if json {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
+    let bar = progress(json);
     let report = mlp::train(&data, cfg, |s| {
         bar.set_length(s.steps_total);
         bar.set_position(s.step);

@@ -54,3 +54,24 @@ fn bad_arguments_are_refused() {
     let out = kiln().args(["train", "resnet"]).output().unwrap();
     assert!(!out.status.success());
 }
+
+#[test]
+fn train_gpt_refuses_a_missing_text_naming_it() {
+    let out = kiln().args(["train", "gpt", "--text", "/nonexistent/corpus.txt"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/corpus.txt"));
+}
+
+#[test]
+fn train_gpt_json_reports_one_compile() {
+    let out = kiln()
+        .args(["train", "gpt", "--text", "/usr/share/common-licenses/Apache-2.0", "--steps", "20", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(v["compiles"], 1);
+    assert_eq!(v["steps"], 20);
+    assert!(v["final_loss"].as_f64().unwrap() < v["first_loss"].as_f64().unwrap());
+}

@@ -1,0 +1,246 @@
+//! A character-level GPT (pre-LN transformer with tied embeddings) and its
+//! training loop.
+//!
+//! Batches are random windows of the encoded text, always `[batch, seq]`, so the
+//! run compiles one program. Dropout draws from the in-graph generator, whose
+//! state is part of the checkpointed training state.
+
+use std::path::Path;
+use std::time::Instant;
+
+use kiln_compiler::ir::DType;
+
+use crate::error::{FrontendError, Result};
+use crate::grad::grad;
+use crate::models::mlp::{StepInfo, TrainReport};
+use crate::nn::{self, CausalSelfAttention, Embedding, HostRng, LayerNorm, MlpBlock, ParamStore};
+use crate::optim::{AdamW, AdamWConfig, WarmupCosine};
+use crate::step::mark_step;
+use crate::tensor::Tensor;
+use crate::{checkpoint, metrics, random};
+
+/// Model and training settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GptConfig {
+    pub vocab: usize,
+    pub seq: usize,
+    pub dim: usize,
+    pub heads: usize,
+    pub layers: usize,
+    pub batch: usize,
+    pub lr: f64,
+    pub steps: u64,
+    pub seed: u64,
+    pub dropout: f64,
+}
+
+impl GptConfig {
+    /// Small enough to train on two CPU cores in seconds.
+    pub fn tiny(vocab: usize) -> GptConfig {
+        GptConfig { vocab, seq: 32, dim: 64, heads: 4, layers: 2, batch: 16, lr: 3e-3, steps: 300, seed: 0, dropout: 0.0 }
+    }
+
+    /// GPT-2 small's shape (BENCHMARKS.md `gpt2-small`): for accelerators.
+    pub fn gpt2_small(vocab: usize) -> GptConfig {
+        GptConfig { vocab, seq: 1024, dim: 768, heads: 12, layers: 12, batch: 8, lr: 6e-4, steps: 1000, seed: 0, dropout: 0.0 }
+    }
+}
+
+/// The sorted distinct characters of a text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CharVocab {
+    chars: Vec<char>,
+}
+
+impl CharVocab {
+    pub fn new(text: &str) -> CharVocab {
+        let mut chars: Vec<char> = text.chars().collect();
+        chars.sort_unstable();
+        chars.dedup();
+        CharVocab { chars }
+    }
+
+    pub fn len(&self) -> usize {
+        self.chars.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.chars.is_empty()
+    }
+
+    /// Ids of `text`'s characters; characters outside the vocabulary are skipped.
+    pub fn encode(&self, text: &str) -> Vec<i32> {
+        text.chars().filter_map(|c| self.chars.binary_search(&c).ok().map(|i| i as i32)).collect()
+    }
+
+    pub fn decode(&self, ids: &[i32]) -> String {
+        ids.iter().filter_map(|&i| self.chars.get(i as usize)).collect()
+    }
+}
+
+/// One pre-LN transformer block.
+#[derive(Clone, Debug)]
+struct Block {
+    ln1: LayerNorm,
+    attn: CausalSelfAttention,
+    ln2: LayerNorm,
+    mlp: MlpBlock,
+}
+
+/// Token and position embeddings, blocks, final norm, tied LM head.
+#[derive(Clone, Debug)]
+pub struct Gpt {
+    tok: Embedding,
+    pos: Embedding,
+    blocks: Vec<Block>,
+    ln_f: LayerNorm,
+    cfg: GptConfig,
+}
+
+impl Gpt {
+    /// GPT-2 init: normal(0, 0.02), residual projections scaled by 1/sqrt(2·layers).
+    pub fn new(ps: &mut ParamStore, cfg: &GptConfig) -> Result<Gpt> {
+        let std = 0.02;
+        let proj_std = std / (2.0 * cfg.layers as f64).sqrt();
+        let blocks = (0..cfg.layers)
+            .map(|i| {
+                Ok(Block {
+                    ln1: LayerNorm::new(ps, &format!("h{i}.ln1"), cfg.dim)?,
+                    attn: CausalSelfAttention::new(ps, &format!("h{i}.attn"), cfg.dim, cfg.heads, std, proj_std)?,
+                    ln2: LayerNorm::new(ps, &format!("h{i}.ln2"), cfg.dim)?,
+                    mlp: MlpBlock::new(ps, &format!("h{i}.mlp"), cfg.dim, 4 * cfg.dim, std, proj_std)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Gpt {
+            tok: Embedding::new(ps, "wte", cfg.vocab, cfg.dim, std)?,
+            pos: Embedding::new(ps, "wpe", cfg.seq, cfg.dim, std)?,
+            blocks,
+            ln_f: LayerNorm::new(ps, "ln_f", cfg.dim)?,
+            cfg: cfg.clone(),
+        })
+    }
+
+    /// `ids: [batch, seq]` s32 -> logits `[batch, seq, vocab]`.
+    pub fn forward(&self, ids: &Tensor, train: bool) -> Result<Tensor> {
+        let t = ids.dims()[1];
+        let positions = Tensor::arange(t, DType::S32)?;
+        let mut h = self.tok.forward(ids)?.add(&self.pos.forward(&positions)?)?;
+        h = nn::dropout(&h, self.cfg.dropout, train)?;
+        for b in &self.blocks {
+            h = h.add(&nn::dropout(&b.attn.forward(&b.ln1.forward(&h)?)?, self.cfg.dropout, train)?)?;
+            h = h.add(&nn::dropout(&b.mlp.forward(&b.ln2.forward(&h)?)?, self.cfg.dropout, train)?)?;
+        }
+        // The LM head shares the token embedding: logits = h · Eᵀ.
+        self.ln_f.forward(&h)?.matmul(&self.tok.table.t()?)
+    }
+
+    /// Mean next-character cross-entropy over every position.
+    pub fn loss(&self, ids: &Tensor, targets: &Tensor, train: bool) -> Result<Tensor> {
+        let logits = self.forward(ids, train)?;
+        let (b, t, v) = (logits.dims()[0], logits.dims()[1], logits.dims()[2]);
+        nn::cross_entropy(&logits.reshape([b * t, v])?, targets, None)
+    }
+}
+
+/// The model, its parameters and optimizer, and the batch sampler.
+pub struct GptTrainer {
+    pub params: ParamStore,
+    pub model: Gpt,
+    pub opt: AdamW,
+    pub step: u64,
+    data: Vec<i32>,
+    sampler: HostRng,
+    cfg: GptConfig,
+}
+
+impl GptTrainer {
+    /// `data` are encoded characters; it must hold more than `seq` of them.
+    pub fn new(data: Vec<i32>, cfg: &GptConfig) -> Result<GptTrainer> {
+        if data.len() <= cfg.seq {
+            return Err(FrontendError::InvalidArgument {
+                op: "gpt",
+                reason: format!("{} characters cannot fill one window of {} + 1", data.len(), cfg.seq),
+            });
+        }
+        let mut params = ParamStore::new(cfg.seed);
+        let model = Gpt::new(&mut params, cfg)?;
+        let opt = AdamW::new(&params.tensors(), AdamWConfig { weight_decay: 0.1, beta2: 0.99, ..Default::default() })?;
+        random::manual_seed(cfg.seed);
+        Ok(GptTrainer { params, model, opt, step: 0, data, sampler: HostRng::new(cfg.seed ^ 0x5eed), cfg: cfg.clone() })
+    }
+
+    /// Random windows: inputs `[batch, seq]`, targets (shifted by one) `[batch·seq]`.
+    pub fn next_batch(&mut self) -> Result<(Tensor, Tensor)> {
+        let (b, t) = (self.cfg.batch, self.cfg.seq);
+        let (mut x, mut y) = (Vec::with_capacity(b * t), Vec::with_capacity(b * t));
+        for _ in 0..b {
+            let start = (self.sampler.next_u64() % (self.data.len() - t) as u64) as usize;
+            x.extend_from_slice(&self.data[start..start + t]);
+            y.extend_from_slice(&self.data[start + 1..start + t + 1]);
+        }
+        Ok((Tensor::from_vec(x, [b, t])?, Tensor::from_vec(y, [b * t])?))
+    }
+
+    /// Records and runs one training step; returns the loss.
+    pub fn train_step(&mut self, lr: f64) -> Result<f64> {
+        let (x, y) = self.next_batch()?;
+        let loss = self.model.loss(&x, &y, true)?;
+        let params = self.params.tensors();
+        let grads = grad(&loss, &params)?;
+        self.opt.step(&params, &grads, lr)?;
+        mark_step()?;
+        self.step += 1;
+        loss.item()
+    }
+
+    /// Every tensor of the training state, by name (for checkpoints).
+    pub fn state(&self) -> Vec<(String, Tensor)> {
+        let mut out: Vec<(String, Tensor)> = self.params.iter().map(|(n, t)| (format!("param.{n}"), t.clone())).collect();
+        out.extend(self.opt.state().into_iter().map(|(n, t)| (format!("optim.{n}"), t)));
+        out.push(("rng.state".into(), random::state()));
+        out
+    }
+
+    pub fn save(&self, path: &Path) -> Result<()> {
+        checkpoint::save(path, self.step, &self.state())
+    }
+}
+
+/// Reads a text file for training, with errors naming the path.
+pub fn read_text(path: &Path, seq: usize) -> Result<String> {
+    let text = std::fs::read_to_string(path).map_err(|source| FrontendError::Io { path: path.into(), source })?;
+    if text.chars().count() <= seq {
+        return Err(FrontendError::Data {
+            path: path.into(),
+            reason: format!("{} characters, need more than the sequence length {seq}", text.chars().count()),
+        });
+    }
+    Ok(text)
+}
+
+/// Trains `cfg` on `text`'s characters, calling `on_step` after every step.
+pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) -> Result<TrainReport> {
+    let before = metrics::snapshot();
+    let vocab = CharVocab::new(text);
+    let cfg = GptConfig { vocab: vocab.len(), ..cfg.clone() };
+    let mut t = GptTrainer::new(vocab.encode(text), &cfg)?;
+    let schedule =
+        WarmupCosine { base_lr: cfg.lr, min_lr: cfg.lr * 0.1, warmup_steps: (cfg.steps / 10).max(1), total_steps: cfg.steps };
+    let mut report = TrainReport::default();
+    let start = Instant::now();
+    while t.step < cfg.steps {
+        let t0 = Instant::now();
+        let loss = t.train_step(schedule.lr(t.step))?;
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        report.losses.push(loss);
+        report.step_ms.push(ms);
+        on_step(&StepInfo { epoch: 0, step: t.step, steps_total: cfg.steps, loss, step_ms: ms });
+    }
+    report.train_seconds = start.elapsed().as_secs_f64();
+    let after = metrics::snapshot();
+    report.steps = t.step;
+    report.compiles = after.compiles - before.compiles;
+    report.cache_hits = after.cache_hits - before.cache_hits;
+    Ok(report)
+}
