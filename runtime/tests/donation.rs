@@ -6,6 +6,9 @@ mod common;
 use common::*;
 use kiln_runtime::{live_buffer_count, CompileOptions, ExecArg};
 
+/// The live-buffer counter is process-wide: tests that assert on it take turns.
+static COUNTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 const ADD_ONE_ALIASED: &str = r#"
 module @add_one {
   func.func public @main(%arg0: tensor<4xf32> {tf.aliasing_output = 0 : i32}) -> tensor<4xf32> {
@@ -18,6 +21,7 @@ module @add_one {
 
 #[test]
 fn donated_buffer_is_reused_and_not_leaked() -> anyhow::Result<()> {
+    let _turn = COUNTER.lock().unwrap_or_else(|e| e.into_inner());
     let client = cpu_client(1);
     let device = &client.devices()[0];
     let exe = client.compile(ADD_ONE_ALIASED, &CompileOptions::default())?;
@@ -44,6 +48,7 @@ fn donated_buffer_is_reused_and_not_leaked() -> anyhow::Result<()> {
 
 #[test]
 fn replicated_donation_consumes_every_replica_argument() -> anyhow::Result<()> {
+    let _turn = COUNTER.lock().unwrap_or_else(|e| e.into_inner());
     let client = cpu_client(2);
     let exe = client.compile(
         ADD_ONE_ALIASED,

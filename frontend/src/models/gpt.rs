@@ -11,11 +11,9 @@ use std::time::Instant;
 use kiln_compiler::ir::DType;
 
 use crate::error::{FrontendError, Result};
-use crate::grad::grad;
 use crate::models::mlp::{StepInfo, TrainReport};
 use crate::nn::{self, CausalSelfAttention, Embedding, HostRng, LayerNorm, MlpBlock, ParamStore};
 use crate::optim::{AdamW, AdamWConfig, WarmupCosine};
-use crate::step::mark_step;
 use crate::tensor::Tensor;
 use crate::{checkpoint, metrics, random};
 
@@ -186,20 +184,14 @@ impl GptTrainer {
     pub fn train_step(&mut self, lr: f64) -> Result<f64> {
         let (x, y) = self.next_batch()?;
         let loss = self.model.loss(&x, &y, true)?;
-        let params = self.params.tensors();
-        let grads = grad(&loss, &params)?;
-        self.opt.step(&params, &grads, lr)?;
-        mark_step()?;
+        let value = super::update_and_step(&self.params, &mut self.opt, &loss, lr)?;
         self.step += 1;
-        loss.item()
+        Ok(value)
     }
 
     /// Every tensor of the training state, by name (for checkpoints).
     pub fn state(&self) -> Vec<(String, Tensor)> {
-        let mut out: Vec<(String, Tensor)> = self.params.iter().map(|(n, t)| (format!("param.{n}"), t.clone())).collect();
-        out.extend(self.opt.state().into_iter().map(|(n, t)| (format!("optim.{n}"), t)));
-        out.push(("rng.state".into(), random::state()));
-        out
+        super::training_state(&self.params, &self.opt)
     }
 
     pub fn save(&self, path: &Path) -> Result<()> {

@@ -12,7 +12,6 @@ use kiln_compiler::ir::DType;
 use crate::context::{self, Backend};
 use crate::data::{self, Batch, FashionMnist, ImageSet, LastBatch, Prefetcher};
 use crate::error::Result;
-use crate::grad::grad;
 use crate::nn::{cross_entropy, Linear, ParamStore};
 use crate::optim::{AdamW, AdamWConfig, WarmupCosine};
 use crate::step::mark_step;
@@ -155,12 +154,9 @@ impl Trainer {
         let (x, y) = (x.clone(), y.clone());
         let logits = self.model.forward(&x)?;
         let loss = cross_entropy(&logits, &y, None)?;
-        let params = self.params.tensors();
-        let grads = grad(&loss, &params)?;
-        self.opt.step(&params, &grads, lr)?;
-        mark_step()?;
+        let value = super::update_and_step(&self.params, &mut self.opt, &loss, lr)?;
         self.step += 1;
-        loss.item()
+        Ok(value)
     }
 
     /// Accuracy on `set`, batched with padding so every example counts once.
@@ -179,10 +175,7 @@ impl Trainer {
 
     /// Every tensor of the training state, by name (for checkpoints).
     pub fn state(&self) -> Vec<(String, Tensor)> {
-        let mut out: Vec<(String, Tensor)> = self.params.iter().map(|(n, t)| (format!("param.{n}"), t.clone())).collect();
-        out.extend(self.opt.state().into_iter().map(|(n, t)| (format!("optim.{n}"), t)));
-        out.push(("rng.state".into(), random::state()));
-        out
+        super::training_state(&self.params, &self.opt)
     }
 
     pub fn save(&self, path: &std::path::Path) -> Result<()> {
