@@ -202,3 +202,27 @@ fn no_backward_ops_for_branches_that_do_not_reach_wrt() -> anyhow::Result<()> {
     assert_eq!(info.saved, vec![ex], "the backward of exp reads exp(x)");
     Ok(())
 }
+
+#[test]
+fn barrier_and_single_replica_all_reduce() {
+    check("optimization_barrier", &[&[2, 3], &[3]], -1.0, 1.0, &|x| {
+        let b = Tensor::optimization_barrier(&[x[0].tanh()?, x[1].exp()?])?;
+        b[0].add(&b[1])
+    });
+    // One replica: all_reduce is the identity and so is its derivative.
+    check("all_reduce", &[&[4]], -1.0, 1.0, &|x| x[0].sin()?.all_reduce(kiln::compiler::ir::ReduceOp::Sum));
+}
+
+#[test]
+fn convert_passes_the_cotangent_back_in_the_input_dtype() -> anyhow::Result<()> {
+    // d/dx sum(f32(x) * r) = r, delivered as f64 (an f32 round trip is too
+    // coarse for finite differences at h = 1e-6, so this checks the value).
+    let x = Tensor::from_vec(vec![0.25f64, -1.5, 2.0], [3])?;
+    let r = Tensor::from_vec(vec![3.0f32, -0.5, 0.125], [3])?;
+    let loss = x.to_dtype(DType::F32)?.mul(&r)?.sum_all()?;
+    let g = kiln::grad(&loss, &[x.clone()])?;
+    kiln::mark_step()?;
+    assert_eq!(g[0].dtype(), DType::F64);
+    assert_eq!(g[0].to_vec::<f64>()?, vec![3.0, -0.5, 0.125]);
+    Ok(())
+}
