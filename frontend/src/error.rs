@@ -32,7 +32,9 @@ pub enum FrontendError {
     InvalidArgument { op: &'static str, reason: String },
     #[error("{op}: axis {axis} is out of range for a tensor of rank {rank}")]
     Axis { op: &'static str, axis: isize, rank: usize },
-    #[error("{}: {source}", .path.display())]
+    /// The cause is the error's source (not repeated in its message, so a
+    /// report that prints the chain says it once).
+    #[error("{}", .path.display())]
     Io { path: std::path::PathBuf, #[source] source: std::io::Error },
     #[error("{}: {reason}", .path.display())]
     Data { path: std::path::PathBuf, reason: String },
