@@ -148,6 +148,8 @@ pub(crate) struct Context {
     pub trace: Trace,
     pub backend: Backend,
     pub client: Option<Client>,
+    /// Data-parallel replicas every step runs on (see [`crate::replicas`]).
+    pub replicas: usize,
     /// Compiled programs by structural key. Only looked up, never iterated.
     pub cache: HashMap<u64, Rc<CacheEntry>>,
 }
@@ -157,6 +159,7 @@ thread_local! {
         trace: Trace::new(),
         backend: Backend::Pjrt,
         client: None,
+        replicas: 1,
         cache: HashMap::new(),
     });
 }

@@ -16,6 +16,7 @@ pub mod models;
 pub mod nn;
 pub mod optim;
 pub mod random;
+pub mod replicas;
 mod step;
 mod tensor;
 
