@@ -42,6 +42,9 @@ pub enum FrontendError {
     Checkpoint { path: std::path::PathBuf, reason: String },
     #[error("{op}: expected dtype {expected}, got {got}")]
     DType { op: &'static str, expected: &'static str, got: DType },
+    /// A setting out of its range (learning-rate, clipping or scaling settings).
+    #[error("{op}: {name} = {value} must be {expected}")]
+    HyperParameter { op: &'static str, name: &'static str, value: f64, expected: &'static str },
 }
 
 pub type Result<T, E = FrontendError> = std::result::Result<T, E>;

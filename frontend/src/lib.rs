@@ -1,11 +1,13 @@
-//! kiln's frontend: lazy tensors, autodiff, nn layers, optimizers, data loading,
-//! checkpoints.
+//! kiln's frontend: lazy tensors, autodiff, nn layers, optimizers, mixed
+//! precision, data loading, checkpoints.
 //!
 //! A training loop records ops on [`Tensor`]s until [`mark_step`]; the step is
 //! then compiled (once) and run, and the pending tensors become device data.
 
+pub mod amp;
 pub mod autodiff;
 pub mod checkpoint;
+pub mod clip;
 mod context;
 pub mod data;
 mod element;
@@ -19,6 +21,7 @@ pub mod random;
 pub mod replicas;
 mod step;
 mod tensor;
+pub mod train_step;
 
 pub use context::{backend, clear_compile_cache, set_backend, set_client, Backend};
 pub use element::Element;

@@ -36,6 +36,34 @@ fn check(params: &[Tensor], grads: &[Tensor]) -> Result<()> {
     Ok(())
 }
 
+/// What [`crate::train_step::TrainStep`] needs of an optimizer: to record its
+/// update, and to name every tensor that update assigns over besides the
+/// parameters, so a skipped step can restore them all.
+pub trait Optimizer {
+    /// Records one update of `params` with `grads` at learning rate `lr`.
+    fn step(&mut self, params: &[Tensor], grads: &[Tensor], lr: f64) -> Result<()>;
+    /// Every state tensor `step` assigns (moments, buffers, counters), by name.
+    fn state(&self) -> Vec<(String, Tensor)>;
+}
+
+impl Optimizer for AdamW {
+    fn step(&mut self, params: &[Tensor], grads: &[Tensor], lr: f64) -> Result<()> {
+        AdamW::step(self, params, grads, lr)
+    }
+    fn state(&self) -> Vec<(String, Tensor)> {
+        AdamW::state(self)
+    }
+}
+
+impl Optimizer for Sgd {
+    fn step(&mut self, params: &[Tensor], grads: &[Tensor], lr: f64) -> Result<()> {
+        Sgd::step(self, params, grads, lr)
+    }
+    fn state(&self) -> Vec<(String, Tensor)> {
+        Sgd::state(self)
+    }
+}
+
 /// Hyper-parameters of [`AdamW`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamWConfig {

@@ -20,7 +20,7 @@ use kiln_compiler::ir::{
 use crate::context::{self, Inner, State, Storage};
 use crate::element::{self, Element};
 use crate::error::{FrontendError, Result};
-use crate::{metrics, step};
+use crate::{amp, metrics, step};
 
 #[derive(Clone)]
 pub struct Tensor {
@@ -271,6 +271,15 @@ impl Tensor {
         Ok(())
     }
 
+    /// A new handle on this tensor's current value in the step being recorded
+    /// (binding ready data as a parameter of the step), which later `assign`s
+    /// to `self` do not move: the "before" of an update that may be undone.
+    /// Drop it before `mark_step`, or the step also outputs that value.
+    pub(crate) fn snapshot(&self) -> Result<Tensor> {
+        let v = self.value("snapshot")?;
+        Ok(Tensor::wrap(context::with(|c| c.pending(v))))
+    }
+
     // ---- elementwise ----------------------------------------------------------
 
     pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
@@ -336,9 +345,11 @@ impl Tensor {
         self.binary_scalar(BinaryOp::Max, 0.0)
     }
 
-    /// Binary op with numpy broadcasting.
+    /// Binary op with numpy broadcasting; two float dtypes meet in the wider
+    /// one ([`amp::promote`]).
     pub fn binary(&self, op: BinaryOp, rhs: &Tensor) -> Result<Tensor> {
-        let (a, b) = broadcast_pair(op.name(), self, rhs)?;
+        let (a, b) = promote_pair(self, rhs)?;
+        let (a, b) = broadcast_pair(op.name(), &a, &b)?;
         let [lhs, rhs] = Tensor::values(op.name(), [&a, &b])?;
         record(Op::Binary { op, lhs, rhs })
     }
@@ -382,7 +393,8 @@ impl Tensor {
 
     /// Elementwise comparison with broadcasting; the result is `pred`.
     pub fn compare(&self, dir: CompareDir, rhs: &Tensor) -> Result<Tensor> {
-        let (a, b) = broadcast_pair("compare", self, rhs)?;
+        let (a, b) = promote_pair(self, rhs)?;
+        let (a, b) = broadcast_pair("compare", &a, &b)?;
         let [lhs, rhs] = Tensor::values("compare", [&a, &b])?;
         record(Op::Compare { dir, lhs, rhs })
     }
@@ -410,6 +422,7 @@ impl Tensor {
         if cond.dtype() != DType::Pred {
             return Err(FrontendError::DType { op: "where", expected: "pred", got: cond.dtype() });
         }
+        let (on_true, on_false) = promote_pair(on_true, on_false)?;
         let shape = broadcast_shape("where", cond.shape(), on_true.shape())?;
         let shape = broadcast_shape("where", &shape, on_false.shape())?;
         let (c, t, f) = (cond.broadcast_to(shape.clone())?, on_true.broadcast_to(shape.clone())?, on_false.broadcast_to(shape)?);
@@ -552,11 +565,14 @@ impl Tensor {
 
     // ---- reductions -----------------------------------------------------------
 
+    /// Reduces over `axes`; under autocast a 16-bit float input is reduced in
+    /// f32 (see [`crate::amp`]).
     pub fn reduce(&self, op: ReduceOp, axes: &[isize], keep_dims: bool) -> Result<Tensor> {
+        let x = amp::full_precision(self)?;
         let mut ax = axes.iter().map(|&a| axis("reduce", a, self.rank())).collect::<Result<Vec<_>>>()?;
         ax.sort_unstable();
         ax.dedup();
-        let input = self.value("reduce")?;
+        let input = x.value("reduce")?;
         let r = record(Op::Reduce { op, input, axes: ax.clone() })?;
         if keep_dims {
             let dims: Vec<usize> =
@@ -598,17 +614,19 @@ impl Tensor {
         self.reduce(ReduceOp::Min, axes, keep_dims)
     }
 
-    /// Numerically stable softmax along `axis`.
+    /// Numerically stable softmax along `axis` (in f32 under autocast).
     pub fn softmax(&self, ax: isize) -> Result<Tensor> {
-        let m = self.max(&[ax], true)?;
-        let e = self.sub(&m)?.exp()?;
+        let x = amp::full_precision(self)?;
+        let m = x.max(&[ax], true)?;
+        let e = x.sub(&m)?.exp()?;
         e.div(&e.sum(&[ax], true)?)
     }
 
-    /// `log(softmax(x))` via the log-sum-exp trick.
+    /// `log(softmax(x))` via the log-sum-exp trick (in f32 under autocast).
     pub fn log_softmax(&self, ax: isize) -> Result<Tensor> {
-        let m = self.max(&[ax], true)?;
-        let shifted = self.sub(&m)?;
+        let x = amp::full_precision(self)?;
+        let m = x.max(&[ax], true)?;
+        let shifted = x.sub(&m)?;
         let lse = shifted.exp()?.sum(&[ax], true)?.log()?;
         shifted.sub(&lse)
     }
@@ -626,8 +644,14 @@ impl Tensor {
     // ---- products -------------------------------------------------------------
 
     /// Matrix product over the last two dimensions with numpy broadcasting of
-    /// leading (batch) dimensions; a 2-D rhs is shared by every batch.
+    /// leading (batch) dimensions; a 2-D rhs is shared by every batch. Under
+    /// autocast, float operands are converted to the low dtype first.
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        let (a, b) = autocast_operands(self, rhs)?;
+        a.matmul_as_is(&b)
+    }
+
+    fn matmul_as_is(&self, rhs: &Tensor) -> Result<Tensor> {
         let (lr, rr) = (self.rank(), rhs.rank());
         let bad = || FrontendError::Broadcast { op: "matmul", lhs: self.shape().clone(), rhs: rhs.shape().clone() };
         if lr < 2 || rr < 2 || self.dims()[lr - 1] != rhs.dims()[rr - 2] {
@@ -657,8 +681,10 @@ impl Tensor {
         record(Op::DotGeneral { lhs, rhs: r, dims })
     }
 
+    /// `stablehlo.dot_general` (operands autocast like [`Tensor::matmul`]).
     pub fn dot_general(&self, rhs: &Tensor, dims: DotDims) -> Result<Tensor> {
-        let [lhs, r] = Tensor::values("dot_general", [self, rhs])?;
+        let (a, b) = autocast_operands(self, rhs)?;
+        let [lhs, r] = Tensor::values("dot_general", [&a, &b])?;
         record(Op::DotGeneral { lhs, rhs: r, dims })
     }
 
@@ -702,6 +728,20 @@ pub(crate) fn broadcast_shape(op: &'static str, a: &Shape, b: &Shape) -> Result<
         };
     }
     Ok(Shape::new(out))
+}
+
+/// Two float operands of different dtypes converted to the dtype they meet in;
+/// anything else as it is (a mismatch is then reported by the op).
+fn promote_pair(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
+    match amp::promote(a.dtype(), b.dtype()) {
+        Some(d) if a.dtype() != b.dtype() => Ok((a.to_dtype(d)?, b.to_dtype(d)?)),
+        _ => Ok((a.clone(), b.clone())),
+    }
+}
+
+/// The operands of a matrix product in the dtype it computes in.
+fn autocast_operands(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
+    Ok((a.to_dtype(amp::compute_dtype(a.dtype()))?, b.to_dtype(amp::compute_dtype(b.dtype()))?))
 }
 
 fn broadcast_pair(op: &'static str, a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {

@@ -10,6 +10,7 @@ use kiln_compiler::ir::{CompareDir, DType, Shape};
 
 pub use init::HostRng;
 
+use crate::amp;
 use crate::error::{FrontendError, Result};
 use crate::tensor::Tensor;
 
@@ -100,10 +101,13 @@ impl Linear {
         Ok(Linear { weight, bias })
     }
 
+    /// In the weight's dtype, or in the autocast dtype inside a scope (bias
+    /// included, as a fused `x W + b` would).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.to_dtype(self.weight.dtype())?.matmul(&self.weight)?;
+        let dtype = amp::compute_dtype(self.weight.dtype());
+        let y = x.to_dtype(dtype)?.matmul(&self.weight)?;
         match &self.bias {
-            Some(b) => y.add(b),
+            Some(b) => y.add(&b.to_dtype(dtype)?),
             None => Ok(y),
         }
     }
@@ -142,7 +146,9 @@ impl LayerNorm {
         })
     }
 
+    /// In f32 under autocast.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = amp::full_precision(x)?;
         let mean = x.mean(&[-1], true)?;
         let centered = x.sub(&mean)?;
         let var = centered.square()?.mean(&[-1], true)?;
@@ -163,7 +169,9 @@ impl RmsNorm {
         Ok(RmsNorm { gamma: ps.constant(&format!("{name}.weight"), [dim], 1.0)?, eps: 1e-6 })
     }
 
+    /// In f32 under autocast.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = amp::full_precision(x)?;
         let ms = x.square()?.mean(&[-1], true)?;
         x.mul(&ms.add_scalar(self.eps)?.rsqrt()?)?.mul(&self.gamma)
     }
@@ -254,6 +262,8 @@ impl CausalSelfAttention {
         let pick = |i: usize| qkv.narrow(0, i, 1)?.reshape([b, h, t, hd]);
         let (q, k, v) = (pick(0)?, pick(1)?, pick(2)?);
         let att = q.matmul(&k.transpose(-2, -1)?)?.mul_scalar(1.0 / (hd as f64).sqrt())?;
+        // Masked scores in f32 under autocast: the mask value is f32's lowest.
+        let att = amp::full_precision(&att)?;
         let rows = Tensor::iota(DType::S32, [t, t], 0)?;
         let cols = Tensor::iota(DType::S32, [t, t], 1)?;
         let causal = cols.le(&rows)?;
