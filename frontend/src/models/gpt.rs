@@ -3,18 +3,23 @@
 //!
 //! Batches are random windows of the encoded text, always `[batch, seq]`, so the
 //! run compiles one program. Dropout draws from the in-graph generator, whose
-//! state is part of the checkpointed training state.
+//! state is part of the checkpointed training state. With `amp` or
+//! `max_grad_norm` set, the update goes through
+//! [`crate::train_step::TrainStep`] (the forward under autocast, the gradients
+//! clipped, f16 loss-scaled).
 
 use std::path::Path;
 use std::time::Instant;
 
 use kiln_compiler::ir::DType;
 
+use crate::amp;
 use crate::error::{FrontendError, Result};
 use crate::models::mlp::{StepInfo, TrainReport};
 use crate::nn::{self, CausalSelfAttention, Embedding, HostRng, LayerNorm, MlpBlock, ParamStore};
 use crate::optim::{AdamW, AdamWConfig, WarmupCosine};
 use crate::tensor::Tensor;
+use crate::train_step::TrainStep;
 use crate::{checkpoint, metrics, random};
 
 /// Model and training settings.
@@ -30,17 +35,21 @@ pub struct GptConfig {
     pub steps: u64,
     pub seed: u64,
     pub dropout: f64,
+    /// Mixed precision: matmuls in this dtype (`f16` or `bf16`). `None`: f32.
+    pub amp: Option<DType>,
+    /// Clip the global gradient norm to this. `None`: no clipping.
+    pub max_grad_norm: Option<f64>,
 }
 
 impl GptConfig {
     /// Small enough to train on two CPU cores in seconds.
     pub fn tiny(vocab: usize) -> GptConfig {
-        GptConfig { vocab, seq: 32, dim: 64, heads: 4, layers: 2, batch: 16, lr: 3e-3, steps: 300, seed: 0, dropout: 0.0 }
+        GptConfig { vocab, seq: 32, dim: 64, heads: 4, layers: 2, batch: 16, lr: 3e-3, steps: 300, seed: 0, dropout: 0.0, amp: None, max_grad_norm: None }
     }
 
     /// GPT-2 small's shape (BENCHMARKS.md `gpt2-small`): for accelerators.
     pub fn gpt2_small(vocab: usize) -> GptConfig {
-        GptConfig { vocab, seq: 1024, dim: 768, heads: 12, layers: 12, batch: 8, lr: 6e-4, steps: 1000, seed: 0, dropout: 0.0 }
+        GptConfig { vocab, seq: 1024, dim: 768, heads: 12, layers: 12, batch: 8, lr: 6e-4, steps: 1000, seed: 0, dropout: 0.0, amp: None, max_grad_norm: None }
     }
 }
 
@@ -147,6 +156,10 @@ pub struct GptTrainer {
     pub model: Gpt,
     pub opt: AdamW,
     pub step: u64,
+    /// The ordered step when mixed precision or clipping is on.
+    pub ordered: Option<TrainStep>,
+    /// Updates skipped so far for non-finite gradients.
+    pub skipped: u64,
     data: Vec<i32>,
     sampler: HostRng,
     cfg: GptConfig,
@@ -165,7 +178,18 @@ impl GptTrainer {
         let model = Gpt::new(&mut params, cfg)?;
         let opt = AdamW::new(&params.tensors(), AdamWConfig { weight_decay: 0.1, beta2: 0.99, ..Default::default() })?;
         random::manual_seed(cfg.seed);
-        Ok(GptTrainer { params, model, opt, step: 0, data, sampler: HostRng::new(cfg.seed ^ 0x5eed), cfg: cfg.clone() })
+        let ordered = super::ordered_step(cfg.amp, cfg.max_grad_norm)?;
+        Ok(GptTrainer {
+            params,
+            model,
+            opt,
+            step: 0,
+            ordered,
+            skipped: 0,
+            data,
+            sampler: HostRng::new(cfg.seed ^ 0x5eed),
+            cfg: cfg.clone(),
+        })
     }
 
     /// Random windows: inputs `[batch, seq]`, targets (shifted by one) `[batch·seq]`.
@@ -183,15 +207,18 @@ impl GptTrainer {
     /// Records and runs one training step; returns the loss.
     pub fn train_step(&mut self, lr: f64) -> Result<f64> {
         let (x, y) = self.next_batch()?;
-        let loss = self.model.loss(&x, &y, true)?;
-        let value = super::update_and_step(&self.params, &mut self.opt, &loss, lr)?;
+        let loss = amp::autocast_if(self.cfg.amp, || self.model.loss(&x, &y, true))?;
+        let out = super::run_step(self.ordered.as_mut(), &self.params, &mut self.opt, &loss, lr)?;
         self.step += 1;
-        Ok(value)
+        self.skipped += u64::from(out.skipped);
+        Ok(out.loss)
     }
 
     /// Every tensor of the training state, by name (for checkpoints).
     pub fn state(&self) -> Vec<(String, Tensor)> {
-        super::training_state(&self.params, &self.opt)
+        let mut state = super::training_state(&self.params, &self.opt);
+        state.extend(self.ordered.iter().flat_map(TrainStep::state));
+        state
     }
 
     pub fn save(&self, path: &Path) -> Result<()> {
@@ -232,6 +259,8 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
     report.train_seconds = start.elapsed().as_secs_f64();
     let after = metrics::snapshot();
     report.steps = t.step;
+    report.skipped_steps = t.skipped;
+    report.loss_scale = t.ordered.as_ref().and_then(|o| o.scaler.as_ref()).map(|s| s.scale.item()).transpose()?;
     report.compiles = after.compiles - before.compiles;
     report.cache_hits = after.cache_hits - before.cache_hits;
     Ok(report)

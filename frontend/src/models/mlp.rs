@@ -4,6 +4,9 @@
 //! forward, the gradients and the update, `mark_step`, then read the loss (a
 //! value of the finished step, so no forced sync). Batches keep one shape, so the
 //! run compiles two programs: the train step and the eval step.
+//!
+//! With `amp` set, the forward (and evaluation) runs under autocast and the
+//! update goes through [`crate::train_step::TrainStep`] (loss-scaled for f16).
 
 use std::time::Instant;
 
@@ -11,11 +14,13 @@ use kiln_compiler::ir::DType;
 
 use crate::context::{self, Backend};
 use crate::data::{self, Batch, FashionMnist, ImageSet, LastBatch, Prefetcher};
+use crate::amp;
 use crate::error::Result;
 use crate::nn::{cross_entropy, Linear, ParamStore};
 use crate::optim::{AdamW, AdamWConfig, WarmupCosine};
 use crate::step::mark_step;
 use crate::tensor::Tensor;
+use crate::train_step::TrainStep;
 use crate::{checkpoint, metrics, random};
 
 /// A stack of linear layers with ReLU between them.
@@ -63,6 +68,9 @@ pub struct MlpConfig {
     pub eval: bool,
     /// Save a checkpoint here after each epoch.
     pub checkpoint: Option<std::path::PathBuf>,
+    /// Mixed precision: matmuls in this dtype (`f16` or `bf16`), master weights
+    /// in f32. `None`: everything in f32.
+    pub amp: Option<DType>,
 }
 
 impl Default for MlpConfig {
@@ -78,6 +86,7 @@ impl Default for MlpConfig {
             max_steps: None,
             eval: true,
             checkpoint: None,
+            amp: None,
         }
     }
 }
@@ -102,6 +111,10 @@ pub struct TrainReport {
     pub compiles: u64,
     pub cache_hits: u64,
     pub train_seconds: f64,
+    /// Updates skipped for non-finite gradients (mixed precision only).
+    pub skipped_steps: u64,
+    /// The loss scale at the end (f16 mixed precision only).
+    pub loss_scale: Option<f64>,
 }
 
 impl TrainReport {
@@ -129,6 +142,11 @@ pub struct Trainer {
     pub model: Mlp,
     pub opt: AdamW,
     pub step: u64,
+    /// The ordered step when mixed precision is on.
+    pub ordered: Option<TrainStep>,
+    pub amp: Option<DType>,
+    /// Updates skipped so far for non-finite gradients.
+    pub skipped: u64,
 }
 
 impl Trainer {
@@ -140,7 +158,8 @@ impl Trainer {
         let model = Mlp::new(&mut params, &sizes)?;
         let opt = AdamW::new(&params.tensors(), AdamWConfig { weight_decay: cfg.weight_decay, ..Default::default() })?;
         random::manual_seed(cfg.seed);
-        Ok(Trainer { params, model, opt, step: 0 })
+        let ordered = super::ordered_step(cfg.amp, None)?;
+        Ok(Trainer { params, model, opt, step: 0, ordered, amp: cfg.amp, skipped: 0 })
     }
 
     /// Records and runs one training step; returns the loss.
@@ -152,11 +171,11 @@ impl Trainer {
     /// One training step on a batch already in tensors (e.g. prefetched).
     pub fn train_step_on(&mut self, x: &Tensor, y: &Tensor, lr: f64) -> Result<f64> {
         let (x, y) = (x.clone(), y.clone());
-        let logits = self.model.forward(&x)?;
-        let loss = cross_entropy(&logits, &y, None)?;
-        let value = super::update_and_step(&self.params, &mut self.opt, &loss, lr)?;
+        let loss = amp::autocast_if(self.amp, || cross_entropy(&self.model.forward(&x)?, &y, None))?;
+        let out = super::run_step(self.ordered.as_mut(), &self.params, &mut self.opt, &loss, lr)?;
         self.step += 1;
-        Ok(value)
+        self.skipped += u64::from(out.skipped);
+        Ok(out.loss)
     }
 
     /// Accuracy on `set`, batched with padding so every example counts once.
@@ -165,7 +184,7 @@ impl Trainer {
         for b in data::batches(set.len(), eval_batch, None, LastBatch::Pad) {
             let (x, y) = data::image_batch(set, &b)?;
             let w = Tensor::from_vec(b.weights.clone(), [b.weights.len()])?;
-            let pred = self.model.forward(&x)?.argmax(-1)?;
+            let pred = amp::autocast_if(self.amp, || self.model.forward(&x)?.argmax(-1))?;
             let hits = pred.eq(&y)?.to_dtype(DType::F32)?.mul(&w)?.sum_all()?;
             mark_step()?;
             correct += hits.item()?;
@@ -175,7 +194,9 @@ impl Trainer {
 
     /// Every tensor of the training state, by name (for checkpoints).
     pub fn state(&self) -> Vec<(String, Tensor)> {
-        super::training_state(&self.params, &self.opt)
+        let mut state = super::training_state(&self.params, &self.opt);
+        state.extend(self.ordered.iter().flat_map(TrainStep::state));
+        state
     }
 
     pub fn save(&self, path: &std::path::Path) -> Result<()> {
@@ -221,6 +242,8 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     }
     let after = metrics::snapshot();
     report.steps = t.step;
+    report.skipped_steps = t.skipped;
+    report.loss_scale = t.ordered.as_ref().and_then(|o| o.scaler.as_ref()).map(|s| s.scale.item()).transpose()?;
     report.compiles = after.compiles - before.compiles;
     report.cache_hits = after.cache_hits - before.cache_hits;
     Ok(report)

@@ -2,13 +2,17 @@
 
 pub mod mlp;
 
+use kiln_compiler::ir::DType;
+
+use crate::amp::LossScalerConfig;
 use crate::error::Result;
 use crate::grad::grad;
 use crate::nn::ParamStore;
 use crate::optim::AdamW;
+use crate::random;
 use crate::step::mark_step;
 use crate::tensor::Tensor;
-use crate::random;
+use crate::train_step::{TrainStep, TrainStepOptions};
 
 /// The step every built-in loop runs: gradients of `loss`, the update, and
 /// `mark_step`; returns the loss (a value of the finished step, so no forced sync).
@@ -18,6 +22,43 @@ pub(crate) fn update_and_step(params: &ParamStore, opt: &mut AdamW, loss: &Tenso
     opt.step(&tensors, &grads, lr)?;
     mark_step()?;
     loss.item()
+}
+
+/// The ordered step for a loop with mixed precision (`amp`) or clipping, `None`
+/// when it has neither (the loop then keeps [`update_and_step`]). f16 gets a
+/// dynamic loss scaler (its range is narrow); bf16 has f32's range and needs
+/// none.
+pub(crate) fn ordered_step(amp: Option<DType>, max_grad_norm: Option<f64>) -> Result<Option<TrainStep>> {
+    if amp.is_none() && max_grad_norm.is_none() {
+        return Ok(None);
+    }
+    let loss_scaling = (amp == Some(DType::F16)).then(LossScalerConfig::default);
+    TrainStep::new(TrainStepOptions { loss_scaling, max_grad_norm }).map(Some)
+}
+
+/// What one step of a built-in loop returns: the loss, and whether the update
+/// was skipped (non-finite gradients; only with an ordered step).
+pub(crate) struct StepOutcome {
+    pub loss: f64,
+    pub skipped: bool,
+}
+
+/// [`update_and_step`], or the ordered step when there is one; reads the loss
+/// (and the skip flag) of the finished step.
+pub(crate) fn run_step(
+    ordered: Option<&mut TrainStep>,
+    params: &ParamStore,
+    opt: &mut AdamW,
+    loss: &Tensor,
+    lr: f64,
+) -> Result<StepOutcome> {
+    match ordered {
+        None => Ok(StepOutcome { loss: update_and_step(params, opt, loss, lr)?, skipped: false }),
+        Some(ts) => {
+            let stats = ts.step(loss, &params.tensors(), opt, lr)?;
+            Ok(StepOutcome { loss: stats.loss.item()?, skipped: stats.skipped.item()? != 0.0 })
+        }
+    }
 }
 
 /// The whole training state by name: parameters, optimizer state, RNG state.
