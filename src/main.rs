@@ -55,6 +55,9 @@ enum Model {
         /// loss curves side by side.
         #[arg(long, value_name = "N")]
         compare_eager: Option<u64>,
+        /// Mixed precision: matmuls in this dtype, f32 master weights.
+        #[arg(long)]
+        amp: Option<AmpDtype>,
         /// End with one JSON object (for scripts).
         #[arg(long)]
         json: bool,
@@ -71,10 +74,31 @@ enum Model {
         steps: Option<u64>,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Mixed precision: matmuls in this dtype, f32 master weights.
+        #[arg(long)]
+        amp: Option<AmpDtype>,
+        /// Clip the global gradient norm to this value.
+        #[arg(long)]
+        max_grad_norm: Option<f64>,
         /// End with one JSON object (for scripts).
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum AmpDtype {
+    Bf16,
+    F16,
+}
+
+impl From<AmpDtype> for kiln::DType {
+    fn from(d: AmpDtype) -> kiln::DType {
+        match d {
+            AmpDtype::Bf16 => kiln::DType::BF16,
+            AmpDtype::F16 => kiln::DType::F16,
+        }
+    }
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -101,11 +125,18 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Devices { json } => devices(json),
-        Command::Train { model: Model::Mlp { epochs, batch, lr, seed, data, checkpoint, compare_eager, json } } => {
-            let cfg = MlpConfig { epochs, batch, lr, seed, checkpoint, ..MlpConfig::default() };
+        Command::Train { model: Model::Mlp { epochs, batch, lr, seed, data, checkpoint, compare_eager, amp, json } } => {
+            let cfg = MlpConfig { epochs, batch, lr, seed, checkpoint, amp: amp.map(Into::into), ..MlpConfig::default() };
             train_mlp(&cfg, &data, compare_eager, json)
         }
-        Command::Train { model: Model::Gpt { text, config, steps, seed, json } } => train_gpt(&text, config, steps, seed, json),
+        Command::Train { model: Model::Gpt { text, config, steps, seed, amp, max_grad_norm, json } } => {
+            let base = match config {
+                GptSize::Tiny => gpt::GptConfig::tiny(0),
+                GptSize::Gpt2Small => gpt::GptConfig::gpt2_small(0),
+            };
+            let cfg = gpt::GptConfig { steps: steps.unwrap_or(base.steps), seed, amp: amp.map(Into::into), max_grad_norm, ..base };
+            train_gpt(&text, &cfg, json)
+        }
     }
 }
 
@@ -120,15 +151,10 @@ fn progress(json: bool) -> ProgressBar {
     bar
 }
 
-fn train_gpt(path: &std::path::Path, size: GptSize, steps: Option<u64>, seed: u64, json: bool) -> anyhow::Result<()> {
-    let base = match size {
-        GptSize::Tiny => gpt::GptConfig::tiny(0),
-        GptSize::Gpt2Small => gpt::GptConfig::gpt2_small(0),
-    };
-    let cfg = gpt::GptConfig { steps: steps.unwrap_or(base.steps), seed, ..base };
+fn train_gpt(path: &std::path::Path, cfg: &gpt::GptConfig, json: bool) -> anyhow::Result<()> {
     let text = gpt::read_text(path, cfg.seq)?;
     let bar = progress(json);
-    let report = gpt::train(&text, &cfg, |s| {
+    let report = gpt::train(&text, cfg, |s| {
         bar.set_length(s.steps_total);
         bar.set_position(s.step);
         bar.set_message(format!("loss {:.4} step {:.1} ms", s.loss, s.step_ms));
@@ -139,6 +165,9 @@ fn train_gpt(path: &std::path::Path, size: GptSize, steps: Option<u64>, seed: u6
             "{}",
             json!({
                 "model": "gpt",
+                "amp": cfg.amp.map(|d| d.to_string()),
+                "skipped_steps": report.skipped_steps,
+                "loss_scale": report.loss_scale,
                 "final_loss": report.final_loss(),
                 "first_loss": report.losses.first(),
                 "steps": report.steps,
@@ -158,8 +187,17 @@ fn train_gpt(path: &std::path::Path, size: GptSize, steps: Option<u64>, seed: u6
             report.compiles,
             report.step_ms_median()
         );
+        print_amp(cfg.amp, &report);
     }
     Ok(())
+}
+
+/// One line on mixed precision, when it was on.
+fn print_amp(amp: Option<kiln::DType>, report: &mlp::TrainReport) {
+    if let Some(d) = amp {
+        let scale = report.loss_scale.map_or("none".to_string(), |s| s.to_string());
+        println!("amp {d}: {} of {} updates skipped, final loss scale {scale}", report.skipped_steps, report.steps);
+    }
 }
 
 fn devices(json: bool) -> anyhow::Result<()> {
@@ -218,6 +256,9 @@ fn train_mlp(cfg: &MlpConfig, dir: &PathBuf, compare: Option<u64>, json: bool) -
             "{}",
             json!({
                 "model": "mlp",
+                "amp": cfg.amp.map(|d| d.to_string()),
+                "skipped_steps": report.skipped_steps,
+                "loss_scale": report.loss_scale,
                 "test_accuracy": acc,
                 "final_loss": report.final_loss(),
                 "steps": report.steps,
@@ -238,6 +279,7 @@ fn train_mlp(cfg: &MlpConfig, dir: &PathBuf, compare: Option<u64>, json: bool) -
             report.cache_hits,
             report.step_ms_median()
         );
+        print_amp(cfg.amp, &report);
         println!("{}", kiln::metrics::report());
     }
     Ok(())

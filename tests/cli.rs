@@ -75,3 +75,27 @@ fn train_gpt_json_reports_one_compile() {
     assert_eq!(v["steps"], 20);
     assert!(v["final_loss"].as_f64().unwrap() < v["first_loss"].as_f64().unwrap());
 }
+
+#[test]
+fn train_gpt_with_amp_reports_the_dtype_and_the_loss_scale() {
+    let text = "/usr/share/common-licenses/Apache-2.0";
+    let out = kiln()
+        .args(["train", "gpt", "--text", text, "--steps", "20", "--amp", "f16", "--max-grad-norm", "1", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(v["amp"], "f16");
+    assert_eq!(v["compiles"], 1);
+    assert_eq!(v["skipped_steps"], 0);
+    assert_eq!(v["loss_scale"], 65536.0, "no growth within 20 steps of a 2000-step interval");
+    assert!(v["final_loss"].as_f64().unwrap() < v["first_loss"].as_f64().unwrap());
+
+    let out = kiln().args(["train", "mlp", "--amp", "f32"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--amp"));
+    let out = kiln().args(["train", "gpt", "--text", text, "--max-grad-norm", "0"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("max_grad_norm = 0 must be positive"), "{}", String::from_utf8_lossy(&out.stderr));
+}
