@@ -60,6 +60,9 @@ pub fn all_finite(x: &Tensor) -> Result<Tensor> {
         other => return Err(FrontendError::DType { op: "all_finite", expected: "a float type", got: other }),
     };
     let ok = x.abs()?.le(&Tensor::full(max, x.dtype(), [])?)?;
+    if x.rank() == 0 {
+        return Ok(ok);
+    }
     let axes: Vec<isize> = (0..x.rank() as isize).collect();
     // On pred, a min-reduction is a logical and.
     ok.min(&axes, false)
