@@ -5,6 +5,7 @@
 //! (text) comes out, so everything here is testable on a CPU-only machine.
 
 mod error;
+pub mod fingerprint;
 pub mod interp;
 pub mod ir;
 pub mod lower;
@@ -14,6 +15,7 @@ pub mod text;
 mod verify;
 
 pub use error::CompileError;
+pub use fingerprint::{fingerprint, Fingerprint, BUILD_FINGERPRINT};
 pub use interp::{interpret, interpret_replicated};
 pub use lower::{lower, LowerOptions};
 pub use verify::verify;
