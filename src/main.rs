@@ -45,6 +45,9 @@ enum Model {
         lr: f64,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Stop after this many training steps.
+        #[arg(long, value_name = "N")]
+        max_steps: Option<u64>,
         /// Directory holding Fashion-MNIST's IDX files.
         #[arg(long, default_value = FASHION_MNIST_DIR)]
         data: PathBuf,
@@ -101,8 +104,8 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Devices { json } => devices(json),
-        Command::Train { model: Model::Mlp { epochs, batch, lr, seed, data, checkpoint, compare_eager, json } } => {
-            let cfg = MlpConfig { epochs, batch, lr, seed, checkpoint, ..MlpConfig::default() };
+        Command::Train { model: Model::Mlp { epochs, batch, lr, seed, max_steps, data, checkpoint, compare_eager, json } } => {
+            let cfg = MlpConfig { epochs, batch, lr, seed, max_steps, checkpoint, ..MlpConfig::default() };
             train_mlp(&cfg, &data, compare_eager, json)
         }
         Command::Train { model: Model::Gpt { text, config, steps, seed, json } } => train_gpt(&text, config, steps, seed, json),
@@ -144,6 +147,9 @@ fn train_gpt(path: &std::path::Path, size: GptSize, steps: Option<u64>, seed: u6
                 "steps": report.steps,
                 "compiles": report.compiles,
                 "cache_hits": report.cache_hits,
+                "disk_hits": report.disk_hits,
+                "compile_seconds": report.compile_seconds,
+                "first_step_ms": report.step_ms.first(),
                 "step_ms_median": report.step_ms_median(),
                 "train_seconds": report.train_seconds,
             })
@@ -223,6 +229,9 @@ fn train_mlp(cfg: &MlpConfig, dir: &PathBuf, compare: Option<u64>, json: bool) -
                 "steps": report.steps,
                 "compiles": report.compiles,
                 "cache_hits": report.cache_hits,
+                "disk_hits": report.disk_hits,
+                "compile_seconds": report.compile_seconds,
+                "first_step_ms": report.step_ms.first(),
                 "step_ms_median": report.step_ms_median(),
                 "train_seconds": report.train_seconds,
             })

@@ -2,8 +2,12 @@
 
 use assert_cmd::Command;
 
+/// The binary with the persistent compile cache off, so compile counts do not
+/// depend on earlier runs (the cache has its own tests in `cli_cache.rs`).
 fn kiln() -> Command {
-    Command::cargo_bin("kiln").expect("the kiln binary is built")
+    let mut cmd = Command::cargo_bin("kiln").expect("the kiln binary is built");
+    cmd.env("KILN_CACHE", "off");
+    cmd
 }
 
 #[test]

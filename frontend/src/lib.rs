@@ -4,23 +4,26 @@
 //! A training loop records ops on [`Tensor`]s until [`mark_step`]; the step is
 //! then compiled (once) and run, and the pending tensors become device data.
 
+mod atomic_write;
 pub mod autodiff;
 pub mod checkpoint;
 mod context;
 pub mod data;
 mod element;
 mod error;
+mod explain;
 mod grad;
 pub mod metrics;
 pub mod models;
 pub mod nn;
 pub mod optim;
+mod program;
 pub mod random;
 pub mod replicas;
 mod step;
 mod tensor;
 
-pub use context::{backend, clear_compile_cache, set_backend, set_client, Backend};
+pub use context::{backend, clear_compile_cache, set_backend, set_client, set_disk_cache, Backend};
 pub use element::Element;
 pub use error::{FrontendError, Result};
 pub use grad::grad;

@@ -230,9 +230,7 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
         on_step(&StepInfo { epoch: 0, step: t.step, steps_total: cfg.steps, loss, step_ms: ms });
     }
     report.train_seconds = start.elapsed().as_secs_f64();
-    let after = metrics::snapshot();
     report.steps = t.step;
-    report.compiles = after.compiles - before.compiles;
-    report.cache_hits = after.cache_hits - before.cache_hits;
+    report.count_since(&before);
     Ok(report)
 }

@@ -101,10 +101,22 @@ pub struct TrainReport {
     pub steps: u64,
     pub compiles: u64,
     pub cache_hits: u64,
+    /// Programs loaded from the persistent compile cache.
+    pub disk_hits: u64,
+    pub compile_seconds: f64,
     pub train_seconds: f64,
 }
 
 impl TrainReport {
+    /// Fills the compile and cache counters with what happened since `before`.
+    pub fn count_since(&mut self, before: &metrics::Metrics) {
+        let after = metrics::snapshot();
+        self.compiles = after.compiles - before.compiles;
+        self.cache_hits = after.cache_hits - before.cache_hits;
+        self.disk_hits = after.disk_hits - before.disk_hits;
+        self.compile_seconds = (after.compile_time - before.compile_time).as_secs_f64();
+    }
+
     pub fn final_loss(&self) -> f64 {
         self.losses.last().copied().unwrap_or(f64::NAN)
     }
@@ -219,10 +231,8 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     if cfg.eval {
         report.test_accuracy = Some(t.evaluate(&data.test, cfg.eval_batch)?);
     }
-    let after = metrics::snapshot();
     report.steps = t.step;
-    report.compiles = after.compiles - before.compiles;
-    report.cache_hits = after.cache_hits - before.cache_hits;
+    report.count_since(&before);
     Ok(report)
 }
 
