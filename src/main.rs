@@ -11,6 +11,8 @@ use kiln::models::gpt;
 use kiln::models::mlp::{self, MlpConfig};
 use serde_json::json;
 
+mod cmd;
+
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "kiln: a graph-compiling training accelerator")]
 struct Cli {
@@ -24,6 +26,14 @@ enum Command {
     Train {
         #[command(subcommand)]
         model: Model,
+    },
+    /// Where a step's time goes: trace, compile, transfers, execute (per step,
+    /// as a Chrome/Perfetto trace with --trace), and when compiling pays off.
+    Profile(cmd::profile::ProfileArgs),
+    /// The persistent compile cache (KILN_CACHE_DIR).
+    Cache {
+        #[command(subcommand)]
+        command: cmd::cache::CacheCommand,
     },
     /// List the PJRT devices of the selected plugin.
     Devices {
@@ -104,6 +114,8 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Devices { json } => devices(json),
+        Command::Profile(args) => cmd::profile::run(args),
+        Command::Cache { command } => cmd::cache::run(command),
         Command::Train { model: Model::Mlp { epochs, batch, lr, seed, max_steps, data, checkpoint, compare_eager, json } } => {
             let cfg = MlpConfig { epochs, batch, lr, seed, max_steps, checkpoint, ..MlpConfig::default() };
             train_mlp(&cfg, &data, compare_eager, json)

@@ -12,7 +12,7 @@ use crate::error::{FrontendError, Result};
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// Replaces `path` with `bytes` atomically. Errors name `path`.
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let io = |source| FrontendError::Io { path: path.to_path_buf(), source };
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path

@@ -4,7 +4,7 @@
 //! A training loop records ops on [`Tensor`]s until [`mark_step`]; the step is
 //! then compiled (once) and run, and the pending tensors become device data.
 
-mod atomic_write;
+pub mod atomic_write;
 pub mod autodiff;
 pub mod checkpoint;
 mod context;
