@@ -11,6 +11,8 @@ use kiln::models::gpt;
 use kiln::models::mlp::{self, MlpConfig};
 use serde_json::json;
 
+mod cmd;
+
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "kiln: a graph-compiling training accelerator")]
 struct Cli {
@@ -25,6 +27,8 @@ enum Command {
         #[command(subcommand)]
         model: Model,
     },
+    /// Compile a saved step graph (kiln's text form) and report its cost.
+    Compile(cmd::compile::CompileArgs),
     /// List the PJRT devices of the selected plugin.
     Devices {
         /// Print one JSON object.
@@ -100,6 +104,7 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Compile(args) => cmd::compile::run(&args),
         Command::Devices { json } => devices(json),
         Command::Train { model: Model::Mlp { epochs, batch, lr, seed, data, checkpoint, compare_eager, json } } => {
             let cfg = MlpConfig { epochs, batch, lr, seed, checkpoint, ..MlpConfig::default() };
