@@ -35,6 +35,8 @@ enum Command {
         #[command(subcommand)]
         command: cmd::cache::CacheCommand,
     },
+    /// Compile a saved step graph (kiln's text form) and report its cost.
+    Compile(cmd::compile::CompileArgs),
     /// List the PJRT devices of the selected plugin.
     Devices {
         /// Print one JSON object.
@@ -113,6 +115,7 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Compile(args) => cmd::compile::run(&args),
         Command::Devices { json } => devices(json),
         Command::Profile(args) => cmd::profile::run(args),
         Command::Cache { command } => cmd::cache::run(command),
