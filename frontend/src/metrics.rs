@@ -34,6 +34,8 @@ pub struct Metrics {
     pub corrupt_cache_entries: u64,
     pub executions: u64,
     pub execute_time: Duration,
+    /// FLOPs the executions performed, summed over replicas (cost model).
+    pub flops_executed: f64,
     /// Time spent closing traces and finding their programs on hits.
     pub trace_time: Duration,
     pub host_to_device_bytes: u64,

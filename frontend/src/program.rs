@@ -27,6 +27,9 @@ pub(crate) struct Program {
     /// The pruned graph (before optimization): what a later recompile is
     /// compared with.
     pub graph: Graph,
+    /// FLOPs of one execution on one replica (the cost model's count of the
+    /// optimized program): what MFU is computed from.
+    pub flops: f64,
 }
 
 impl Program {
@@ -134,7 +137,7 @@ pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, repli
         tracing::warn!("kiln: {text}");
         metrics::explain(text.clone());
     }
-    let program = Rc::new(Program { exe, graph: pruned.graph.clone() });
+    let program = Rc::new(Program { exe, graph: pruned.graph.clone(), flops: kiln_compiler::cost::graph_flops(&optimized) });
     context::with(|c| {
         c.programs.insert(key, program.clone());
         c.history.push(program.clone());

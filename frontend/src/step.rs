@@ -297,6 +297,7 @@ fn run_pjrt(graph: &Graph, bindings: Vec<Binding>, key: u64, report: &mut StepRe
     metrics::update(|m| {
         m.executions += 1;
         m.execute_time += t.elapsed();
+        m.flops_executed += entry.program.flops;
     });
     metrics::span("execute", t);
     Ok(outputs.into_iter().map(|b| Storage::Device(Arc::new(b))).collect())

@@ -14,6 +14,7 @@ use anyhow::Context as _;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::compiler::ir::{DType, TensorType};
+use kiln::compiler::cost::{self, Target};
 use kiln::compiler::{lower, pipeline, text, LowerOptions};
 use kiln::data::{FashionMnist, FASHION_MNIST_DIR};
 use kiln::metrics::{self, Event, Payback};
@@ -57,7 +58,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         anyhow::bail!("--steps must be at least 1");
     }
     let model = matches!(args.target.as_str(), "mlp" | "gpt");
-    let (events, eager, platform) =
+    let Profiled { events, eager, platform, device_kind, graph_flops } =
         if model { profile_model(&args)? } else { profile_graph(&args, Path::new(&args.target))? };
     // Compiles, loads and executions as the timeline saw them (a graph file
     // runs outside the frontend, whose counters then stay empty).
@@ -66,6 +67,23 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
     let executions = count("execute");
     let m = metrics::snapshot();
     let summary = summarize(&events);
+    let flops_per_step = match graph_flops {
+        Some(f) => f,
+        None if m.executions > 0 => m.flops_executed / m.executions as f64,
+        None => 0.0,
+    };
+    let step_ms = step_ms_median(&events);
+    // MFU against the dense bf16 peak of the GPU (the convention of
+    // BENCHMARKS.md); not defined for CPUs.
+    let target = Target::ALL.into_iter().find(|t| match t.name {
+        "h100_sxm" => device_kind.contains("H100"),
+        "h200_sxm" => device_kind.contains("H200"),
+        _ => false,
+    });
+    let mfu = match (&target, step_ms) {
+        (Some(t), Some(ms)) if ms > 0.0 => Some(flops_per_step / (ms / 1e3) / t.peak_bf16_flops_per_s),
+        _ => None,
+    };
     if let Some(path) = &args.trace {
         kiln::atomic_write::write_atomically(path, chrome_trace(&events).to_string().as_bytes())?;
     }
@@ -99,6 +117,11 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
                 "device_to_host_bytes": m.device_to_host_bytes,
                 "forced_syncs": m.forced_syncs,
                 "trace_file": args.trace,
+                "device_kind": device_kind,
+                "flops_per_step": flops_per_step,
+                "step_ms_median": step_ms,
+                "mfu": mfu,
+                "mfu_peak": target.as_ref().map(|t| t.name),
             })
         );
     } else {
@@ -107,6 +130,13 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         for p in &summary {
             let cell = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3} ms"));
             println!("{:<10} {:>12} {:>16} {:>12}", p.name, cell(p.first_ms), cell(p.median_ms), format!("{:.1} ms", p.total_ms));
+        }
+        if let Some(ms) = step_ms {
+            println!("step (later steps, median) {ms:.3} ms, {:.3} GFLOP per step (cost model)", flops_per_step / 1e9);
+        }
+        match (mfu, &target) {
+            (Some(mfu), Some(t)) => println!("MFU {:.3} of {}'s dense bf16 peak ({:.0} TFLOP/s)", mfu, t.name, t.peak_bf16_flops_per_s / 1e12),
+            _ => println!("MFU n/a on {device_kind} (defined against a GPU's peak)"),
         }
         if let Some(e) = eager {
             println!("eager baseline: {} steps on the reference interpreter, median {:.3} ms per step", args.eager_steps, ms(e));
@@ -134,8 +164,33 @@ fn progress(args: &ProfileArgs, len: u64) -> ProgressBar {
     bar
 }
 
-/// Runs the built-in model with the timeline on, then the eager baseline.
-fn profile_model(args: &ProfileArgs) -> anyhow::Result<(Vec<Event>, Option<Duration>, String)> {
+/// What a profiled run gives the report.
+struct Profiled {
+    events: Vec<Event>,
+    eager: Option<Duration>,
+    platform: String,
+    device_kind: String,
+    /// FLOPs of one execution, when the graph is known here (a graph file);
+    /// the models' come from the frontend's counters.
+    graph_flops: Option<f64>,
+}
+
+fn device_kind(client: &Client) -> String {
+    client.devices().first().map_or_else(|| "no device".to_string(), |d| d.kind().to_string())
+}
+
+/// The median over steps 2.. of each step's summed phases.
+fn step_ms_median(events: &[Event]) -> Option<f64> {
+    let mut per_step: std::collections::BTreeMap<u64, f64> = Default::default();
+    for e in events.iter().filter(|e| e.step >= 2) {
+        *per_step.entry(e.step).or_default() += ms(e.duration);
+    }
+    let v: Vec<f64> = per_step.into_values().collect();
+    (!v.is_empty()).then(|| mlp::median(&v))
+}
+
+/// Runs the eager baseline, then the built-in model with the timeline on.
+fn profile_model(args: &ProfileArgs) -> anyhow::Result<Profiled> {
     type Runner<'a> = Box<dyn FnMut(u64, &mut dyn FnMut(&mlp::StepInfo)) -> anyhow::Result<mlp::TrainReport> + 'a>;
     let mut runner: Runner = match args.target.as_str() {
         "mlp" => {
@@ -175,12 +230,18 @@ fn profile_model(args: &ProfileArgs) -> anyhow::Result<(Vec<Event>, Option<Durat
     runner(args.steps, &mut |s| bar.set_position(s.step))?;
     let events = metrics::take_timeline();
     bar.finish_and_clear();
-    let platform = Client::new(&ClientOptions::default())?.platform_name().to_string();
-    Ok((events, eager, platform))
+    let client = Client::new(&ClientOptions::default())?;
+    Ok(Profiled {
+        events,
+        eager,
+        platform: client.platform_name().to_string(),
+        device_kind: device_kind(&client),
+        graph_flops: None,
+    })
 }
 
 /// Compiles the graph in `path` and runs it `steps` times on random inputs.
-fn profile_graph(args: &ProfileArgs, path: &Path) -> anyhow::Result<(Vec<Event>, Option<Duration>, String)> {
+fn profile_graph(args: &ProfileArgs, path: &Path) -> anyhow::Result<Profiled> {
     let source = std::fs::read_to_string(path)
         .with_context(|| format!("reading step graph {} (expected mlp, gpt or a graph file)", path.display()))?;
     let graph = text::parse(&source).with_context(|| format!("parsing {}", path.display()))?;
@@ -224,7 +285,13 @@ fn profile_graph(args: &ProfileArgs, path: &Path) -> anyhow::Result<(Vec<Event>,
     }
     span("download", args.steps, t);
     metrics::reset();
-    Ok((events, None, client.platform_name().to_string()))
+    Ok(Profiled {
+        events,
+        eager: None,
+        platform: client.platform_name().to_string(),
+        device_kind: device_kind(&client),
+        graph_flops: Some(cost::graph_flops(&optimized)),
+    })
 }
 
 fn element_type(d: DType) -> ElementType {
