@@ -11,6 +11,8 @@ use kiln::models::gpt;
 use kiln::models::mlp::{self, MlpConfig};
 use serde_json::json;
 
+mod cmd;
+
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "kiln: a graph-compiling training accelerator")]
 struct Cli {
@@ -25,6 +27,16 @@ enum Command {
         #[command(subcommand)]
         model: Model,
     },
+    /// Where a step's time goes: trace, compile, transfers, execute (per step,
+    /// as a Chrome/Perfetto trace with --trace), and when compiling pays off.
+    Profile(cmd::profile::ProfileArgs),
+    /// The persistent compile cache (KILN_CACHE_DIR).
+    Cache {
+        #[command(subcommand)]
+        command: cmd::cache::CacheCommand,
+    },
+    /// Compile a saved step graph (kiln's text form) and report its cost.
+    Compile(cmd::compile::CompileArgs),
     /// List the PJRT devices of the selected plugin.
     Devices {
         /// Print one JSON object.
@@ -45,6 +57,9 @@ enum Model {
         lr: f64,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Stop after this many training steps.
+        #[arg(long, value_name = "N")]
+        max_steps: Option<u64>,
         /// Directory holding Fashion-MNIST's IDX files.
         #[arg(long, default_value = FASHION_MNIST_DIR)]
         data: PathBuf,
@@ -124,9 +139,12 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Compile(args) => cmd::compile::run(&args),
         Command::Devices { json } => devices(json),
-        Command::Train { model: Model::Mlp { epochs, batch, lr, seed, data, checkpoint, compare_eager, amp, json } } => {
-            let cfg = MlpConfig { epochs, batch, lr, seed, checkpoint, amp: amp.map(Into::into), ..MlpConfig::default() };
+        Command::Profile(args) => cmd::profile::run(args),
+        Command::Cache { command } => cmd::cache::run(command),
+        Command::Train { model: Model::Mlp { epochs, batch, lr, seed, max_steps, data, checkpoint, compare_eager, amp, json } } => {
+            let cfg = MlpConfig { epochs, batch, lr, seed, max_steps, checkpoint, amp: amp.map(Into::into), ..MlpConfig::default() };
             train_mlp(&cfg, &data, compare_eager, json)
         }
         Command::Train { model: Model::Gpt { text, config, steps, seed, amp, max_grad_norm, json } } => {
@@ -173,6 +191,9 @@ fn train_gpt(path: &std::path::Path, cfg: &gpt::GptConfig, json: bool) -> anyhow
                 "steps": report.steps,
                 "compiles": report.compiles,
                 "cache_hits": report.cache_hits,
+                "disk_hits": report.disk_hits,
+                "compile_seconds": report.compile_seconds,
+                "first_step_ms": report.step_ms.first(),
                 "step_ms_median": report.step_ms_median(),
                 "train_seconds": report.train_seconds,
             })
@@ -264,6 +285,9 @@ fn train_mlp(cfg: &MlpConfig, dir: &PathBuf, compare: Option<u64>, json: bool) -
                 "steps": report.steps,
                 "compiles": report.compiles,
                 "cache_hits": report.cache_hits,
+                "disk_hits": report.disk_hits,
+                "compile_seconds": report.compile_seconds,
+                "first_step_ms": report.step_ms.first(),
                 "step_ms_median": report.step_ms_median(),
                 "train_seconds": report.train_seconds,
             })

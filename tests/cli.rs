@@ -2,8 +2,12 @@
 
 use assert_cmd::Command;
 
+/// The binary with the persistent compile cache off, so compile counts do not
+/// depend on earlier runs (the cache has its own tests in `cli_cache.rs`).
 fn kiln() -> Command {
-    Command::cargo_bin("kiln").expect("the kiln binary is built")
+    let mut cmd = Command::cargo_bin("kiln").expect("the kiln binary is built");
+    cmd.env("KILN_CACHE", "off");
+    cmd
 }
 
 #[test]
@@ -74,6 +78,46 @@ fn train_gpt_json_reports_one_compile() {
     assert_eq!(v["compiles"], 1);
     assert_eq!(v["steps"], 20);
     assert!(v["final_loss"].as_f64().unwrap() < v["first_loss"].as_f64().unwrap());
+}
+
+#[test]
+fn profile_mlp_reports_phases_payback_and_writes_a_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("timeline.json");
+    let out = kiln()
+        .args(["profile", "mlp", "--steps", "12", "--eager-steps", "1", "--json", "--trace"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(v["compiles"], 1, "{v}");
+    assert_eq!(v["executions"], 12, "{v}");
+    for phase in ["trace", "compile", "upload", "execute", "download"] {
+        assert!(v["phases"][phase]["total_ms"].as_f64().unwrap() > 0.0, "{phase} in {v}");
+    }
+    assert!(v["phases"]["compile"]["first_ms"].as_f64().unwrap() > 0.0);
+    assert!(v["phases"]["compile"]["median_ms"].is_null(), "compiles only in step 1: {v}");
+    // The eager reference is far slower than compiled steps on this MLP.
+    assert!(v["payback_steps"].as_u64().unwrap() >= 1, "{v}");
+    assert!(v["flops_per_step"].as_f64().unwrap() > 1e8, "{v}");
+    assert!(v["mfu"].is_null(), "no MFU on a CPU: {v}");
+    let t: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let executes = t["traceEvents"].as_array().unwrap().iter().filter(|e| e["name"] == "execute").count();
+    assert_eq!(executes, 12);
+}
+
+#[test]
+fn profile_refuses_what_it_cannot_profile() {
+    let out = kiln().args(["profile", "/nonexistent/step.kiln"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/step.kiln"));
+    let out = kiln().args(["profile", "gpt"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--text"));
+    let out = kiln().args(["profile", "mlp", "--steps", "0"]).output().unwrap();
+    assert!(!out.status.success());
 }
 
 #[test]

@@ -1,10 +1,12 @@
 //! kiln's compiler: the graph IR, its verifier, text form, reference interpreter,
-//! optimization passes and lowering to StableHLO text.
+//! optimization passes, cost model and lowering to StableHLO text.
 //!
 //! The compiler is pure: no I/O, no devices, no globals. A graph goes in, a module
 //! (text) comes out, so everything here is testable on a CPU-only machine.
 
+pub mod cost;
 mod error;
+pub mod fingerprint;
 pub mod interp;
 pub mod ir;
 pub mod lower;
@@ -14,6 +16,7 @@ pub mod text;
 mod verify;
 
 pub use error::CompileError;
+pub use fingerprint::{fingerprint, Fingerprint, BUILD_FINGERPRINT};
 pub use interp::{interpret, interpret_replicated};
 pub use lower::{lower, LowerOptions};
 pub use verify::verify;

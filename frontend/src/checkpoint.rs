@@ -9,13 +9,13 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::Write;
 use std::path::Path;
 
 use kiln_compiler::ir::{DType, Literal, TensorType};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
+use crate::atomic_write::write_atomically;
 use crate::error::{FrontendError, Result};
 use crate::step::mark_step;
 use crate::tensor::Tensor;
@@ -103,26 +103,6 @@ pub fn save(path: impl AsRef<Path>, step: u64, tensors: &[(String, Tensor)]) -> 
         .collect::<Result<Vec<_>>>()?;
     let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| err(e.to_string()))?;
     write_atomically(path, &bytes)
-}
-
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let io = |source| FrontendError::Io { path: path.to_path_buf(), source };
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().ok_or_else(|| FrontendError::Checkpoint {
-        path: path.to_path_buf(),
-        reason: "the path names no file".into(),
-    })?;
-    let tmp = dir.join(format!(".{}.tmp.{}", name.to_string_lossy(), std::process::id()));
-    let result = (|| {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result.map_err(io)
 }
 
 /// A loaded checkpoint.

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use kiln_compiler::ir::{DType, Graph, Literal, Op, Shape, TensorType, ValueId};
-use kiln_runtime::{Buffer, Client, Executable};
+use kiln_runtime::{Buffer, Client, CompileKey, DiskCache, DiskCacheConfig};
 
 use crate::error::{FrontendError, Result};
 use crate::metrics;
@@ -48,6 +48,9 @@ pub(crate) struct Inner {
     /// `(epoch, parameter value)` when this ready tensor is a parameter of the
     /// trace with that epoch.
     pub bound: Cell<Option<(u64, ValueId)>>,
+    /// A name for messages (recompile explanations): parameters get theirs
+    /// from the `ParamStore`, data batches from the loader.
+    pub name: RefCell<Option<Rc<str>>>,
 }
 
 impl Inner {
@@ -57,6 +60,7 @@ impl Inner {
             ty,
             state: RefCell::new(state),
             bound: Cell::new(None),
+            name: RefCell::new(None),
         })
     }
 }
@@ -125,7 +129,7 @@ impl Trace {
 
 /// A compiled program and how a raw trace's parameters feed it.
 pub(crate) struct CacheEntry {
-    pub exe: Executable,
+    pub program: Rc<crate::program::Program>,
     /// `kept_params[i]`: the raw trace parameter feeding program parameter `i`.
     pub kept_params: Vec<u32>,
     /// Whether program parameter `i` is donated.
@@ -150,8 +154,28 @@ pub(crate) struct Context {
     pub client: Option<Client>,
     /// Data-parallel replicas every step runs on (see [`crate::replicas`]).
     pub replicas: usize,
-    /// Compiled programs by structural key. Only looked up, never iterated.
+    /// Compiled programs by the raw trace's key (the hit path). Only looked
+    /// up, never iterated.
     pub cache: HashMap<u64, Rc<CacheEntry>>,
+    /// Compiled programs by their canonical key, so traces that optimize to
+    /// the same program share one executable. Only looked up.
+    pub programs: HashMap<CompileKey, Rc<crate::program::Program>>,
+    /// Every program compiled or loaded in this context, oldest first: what a
+    /// recompile is compared with to explain it.
+    pub history: Vec<Rc<crate::program::Program>>,
+    /// Steps in a row that needed a new program (the recompile-every-step warning).
+    pub new_programs_in_a_row: u32,
+    pub disk: DiskSetting,
+    /// `KILN_SAVE_GRAPHS`, read once: where each new program's graph is saved.
+    pub save_graphs: Option<Option<std::path::PathBuf>>,
+}
+
+/// The persistent cache of this context: read from the environment on the first
+/// miss unless set explicitly.
+pub(crate) enum DiskSetting {
+    FromEnv,
+    Off,
+    On(DiskCache),
 }
 
 thread_local! {
@@ -161,6 +185,11 @@ thread_local! {
         client: None,
         replicas: 1,
         cache: HashMap::new(),
+        programs: HashMap::new(),
+        history: Vec::new(),
+        new_programs_in_a_row: 0,
+        disk: DiskSetting::FromEnv,
+        save_graphs: None,
     });
 }
 
@@ -267,11 +296,56 @@ pub fn backend() -> Backend {
 pub fn set_client(client: Client) {
     with(|c| {
         c.client = Some(client);
-        c.cache.clear();
+        c.clear_programs();
     });
 }
 
-/// Drops this thread's in-memory compiled programs; later steps compile again.
+/// Drops this thread's in-memory compiled programs; later steps compile again
+/// (or load from the disk cache).
 pub fn clear_compile_cache() {
-    with(|c| c.cache.clear());
+    with(|c| c.clear_programs());
+}
+
+/// Sets this thread's persistent compile cache: `Some(config)` uses that
+/// directory, `None` turns the disk cache off. Without a call, the first step
+/// that compiles reads the environment (`KILN_CACHE_DIR`, `KILN_CACHE`,
+/// `KILN_CACHE_MAX_BYTES`, `KILN_CACHE_READONLY`; see
+/// [`DiskCacheConfig::from_env`]).
+pub fn set_disk_cache(config: Option<DiskCacheConfig>) -> Result<()> {
+    let setting = match config {
+        Some(config) => DiskSetting::On(DiskCache::open(config)?),
+        None => DiskSetting::Off,
+    };
+    with(|c| c.disk = setting);
+    Ok(())
+}
+
+impl Context {
+    fn clear_programs(&mut self) {
+        self.cache.clear();
+        self.programs.clear();
+        self.history.clear();
+        self.new_programs_in_a_row = 0;
+    }
+
+    /// The disk cache, opened from the environment on first use.
+    pub fn disk_cache(&mut self) -> Result<Option<DiskCache>> {
+        if let DiskSetting::FromEnv = self.disk {
+            self.disk = match DiskCacheConfig::from_env()? {
+                Some(config) => DiskSetting::On(DiskCache::open(config)?),
+                None => DiskSetting::Off,
+            };
+        }
+        Ok(match &self.disk {
+            DiskSetting::On(d) => Some(d.clone()),
+            DiskSetting::Off | DiskSetting::FromEnv => None,
+        })
+    }
+
+    /// `KILN_SAVE_GRAPHS`, read once.
+    pub fn save_graphs_dir(&mut self) -> Option<std::path::PathBuf> {
+        self.save_graphs
+            .get_or_insert_with(|| std::env::var_os("KILN_SAVE_GRAPHS").filter(|v| !v.is_empty()).map(Into::into))
+            .clone()
+    }
 }

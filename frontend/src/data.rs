@@ -181,7 +181,7 @@ fn host_batch(set: &ImageSet, batch: &Batch) -> (Vec<f32>, Vec<i32>) {
 pub fn image_batch(set: &ImageSet, batch: &Batch) -> Result<(Tensor, Tensor)> {
     let (x, y) = host_batch(set, batch);
     let b = batch.indices.len();
-    Ok((Tensor::from_vec(x, [b, set.pixels()])?, Tensor::from_vec(y, [b])?))
+    Ok((Tensor::from_vec(x, [b, set.pixels()])?.with_name("images"), Tensor::from_vec(y, [b])?.with_name("labels")))
 }
 
 type Uploaded = kiln_runtime::Result<(kiln_runtime::Buffer, kiln_runtime::Buffer)>;
@@ -245,7 +245,7 @@ impl Iterator for Prefetcher {
         Some(up.map_err(FrontendError::from).and_then(|(xb, yb)| {
             let bytes = (xb.on_device_size_in_bytes()? + yb.on_device_size_in_bytes()?) as u64;
             crate::metrics::update(|m| m.host_to_device_bytes += bytes);
-            Ok((batch, Tensor::from_buffer(xb)?, Tensor::from_buffer(yb)?))
+            Ok((batch, Tensor::from_buffer(xb)?.with_name("images"), Tensor::from_buffer(yb)?.with_name("labels")))
         }))
     }
 }

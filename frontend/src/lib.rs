@@ -5,6 +5,7 @@
 //! then compiled (once) and run, and the pending tensors become device data.
 
 pub mod amp;
+pub mod atomic_write;
 pub mod autodiff;
 pub mod checkpoint;
 pub mod clip;
@@ -12,18 +13,20 @@ mod context;
 pub mod data;
 mod element;
 mod error;
+mod explain;
 mod grad;
 pub mod metrics;
 pub mod models;
 pub mod nn;
 pub mod optim;
+mod program;
 pub mod random;
 pub mod replicas;
 mod step;
 mod tensor;
 pub mod train_step;
 
-pub use context::{backend, clear_compile_cache, set_backend, set_client, Backend};
+pub use context::{backend, clear_compile_cache, set_backend, set_client, set_disk_cache, Backend};
 pub use element::Element;
 pub use error::{FrontendError, Result};
 pub use grad::grad;

@@ -1,12 +1,16 @@
-//! Counters of what the frontend and runtime did: traces, compiles, cache hits,
-//! executions, transfers, forced syncs.
+//! Counters of what the frontend and runtime did: traces, compiles, cache hits
+//! (memory and disk), executions, transfers, forced syncs, recompile
+//! explanations, and an optional per-step timeline for the profiler.
 //!
 //! Counters are per thread (the lazy-tensor context is per thread). Reading them
 //! never syncs the device.
 
 use std::cell::RefCell;
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How many recompile explanations are kept (the newest).
+const KEPT_EXPLANATIONS: usize = 16;
 
 /// A snapshot of the counters.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -15,14 +19,24 @@ pub struct Metrics {
     pub ops_recorded: u64,
     /// Steps cut by `mark_step` (or a forced sync) that had work to do.
     pub steps: u64,
-    /// Programs compiled (cache misses).
+    /// Programs compiled (misses of every cache).
     pub compiles: u64,
     pub compile_time: Duration,
-    /// Steps served by an already compiled program.
+    /// Steps served by a program already in memory.
     pub cache_hits: u64,
+    /// Programs loaded from the persistent cache instead of compiled.
+    pub disk_hits: u64,
+    /// Time spent loading programs from the persistent cache.
+    pub disk_load_time: Duration,
+    /// What the disk hits' programs took to compile when they were stored.
+    pub compile_time_saved: Duration,
+    /// Damaged persistent-cache entries met (each recompiled and replaced).
+    pub corrupt_cache_entries: u64,
     pub executions: u64,
     pub execute_time: Duration,
-    /// Time spent turning a trace into a program key (prune, hash).
+    /// FLOPs the executions performed, summed over replicas (cost model).
+    pub flops_executed: f64,
+    /// Time spent closing traces and finding their programs on hits.
     pub trace_time: Duration,
     pub host_to_device_bytes: u64,
     pub device_to_host_bytes: u64,
@@ -31,14 +45,110 @@ pub struct Metrics {
     pub forced_syncs: u64,
     /// Explicit reads of values (each a host sync).
     pub reads: u64,
+    /// New programs that resembled an earlier one (same ops, other shapes or
+    /// attributes): recompiles a user could avoid.
+    pub recompiles: u64,
+    /// What changed, for the newest recompiles (at most 16).
+    pub recompile_explanations: Vec<String>,
+    /// Warnings that a loop needs a new program every step.
+    pub recompile_warnings: u64,
+    /// The median time of one step run eagerly on the reference interpreter,
+    /// when measured (`kiln profile` does): the baseline that compilation must
+    /// pay for itself against.
+    pub eager_step_time: Option<Duration>,
+}
+
+/// One span of the per-step timeline.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    /// `trace`, `compile`, `disk_load`, `upload`, `execute`, `download`.
+    pub name: &'static str,
+    /// The step the span belongs to (1-based; reads after step n belong to n).
+    pub step: u64,
+    /// Start, from the moment the timeline was started.
+    pub start: Duration,
+    pub duration: Duration,
+}
+
+struct Timeline {
+    origin: Instant,
+    /// End of the previous `mark_step`: where the next `trace` span starts.
+    last_cut: Instant,
+    events: Vec<Event>,
 }
 
 thread_local! {
     static METRICS: RefCell<Metrics> = RefCell::new(Metrics::default());
+    static TIMELINE: RefCell<Option<Timeline>> = const { RefCell::new(None) };
 }
 
 pub(crate) fn update(f: impl FnOnce(&mut Metrics)) {
     METRICS.with(|m| f(&mut m.borrow_mut()));
+}
+
+pub(crate) fn explain(text: String) {
+    update(|m| {
+        m.recompiles += 1;
+        if m.recompile_explanations.len() == KEPT_EXPLANATIONS {
+            m.recompile_explanations.remove(0);
+        }
+        m.recompile_explanations.push(text);
+    });
+}
+
+/// Records a span that started at `start` and ends now, if a timeline is on.
+pub(crate) fn span(name: &'static str, start: Instant) {
+    TIMELINE.with(|t| {
+        if let Some(t) = t.borrow_mut().as_mut() {
+            let step = METRICS.with(|m| m.borrow().steps);
+            t.events.push(Event {
+                name,
+                step,
+                start: start.saturating_duration_since(t.origin),
+                duration: start.elapsed(),
+            });
+        }
+    });
+}
+
+/// Marks the start of a step's cut: the time since the previous cut was spent
+/// recording (the `trace` span).
+pub(crate) fn cut_started(now: Instant) {
+    TIMELINE.with(|t| {
+        if let Some(t) = t.borrow_mut().as_mut() {
+            let step = METRICS.with(|m| m.borrow().steps) + 1;
+            t.events.push(Event {
+                name: "trace",
+                step,
+                start: t.last_cut.saturating_duration_since(t.origin),
+                duration: now.saturating_duration_since(t.last_cut),
+            });
+        }
+    });
+}
+
+pub(crate) fn cut_finished() {
+    TIMELINE.with(|t| {
+        if let Some(t) = t.borrow_mut().as_mut() {
+            t.last_cut = Instant::now();
+        }
+    });
+}
+
+/// Starts recording a per-step timeline on this thread (clearing any earlier one).
+pub fn start_timeline() {
+    let now = Instant::now();
+    TIMELINE.with(|t| *t.borrow_mut() = Some(Timeline { origin: now, last_cut: now, events: Vec::new() }));
+}
+
+/// Stops the timeline and returns its spans in the order they ended.
+pub fn take_timeline() -> Vec<Event> {
+    TIMELINE.with(|t| t.borrow_mut().take().map(|t| t.events).unwrap_or_default())
+}
+
+/// Records the eager baseline (see [`Metrics::eager_step_time`]).
+pub fn set_eager_step_time(d: Duration) {
+    update(|m| m.eager_step_time = Some(d));
 }
 
 /// The counters so far on this thread.
@@ -56,18 +166,132 @@ pub fn report() -> String {
     snapshot().to_string()
 }
 
+/// When compilation has paid for itself against running eagerly.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Payback {
+    /// No eager baseline was measured, or nothing ran.
+    Unknown,
+    /// Compiled steps are not faster than eager ones: compilation never pays.
+    Never,
+    /// After this many executed steps, the time compiled steps saved over eager
+    /// ones exceeds the time spent compiling.
+    AfterSteps(u64),
+}
+
+impl Metrics {
+    /// Mean time of one execution.
+    pub fn execute_time_per_step(&self) -> Option<Duration> {
+        (self.executions > 0).then(|| self.execute_time / self.executions as u32)
+    }
+
+    /// The break-even point of compilation against the eager baseline.
+    pub fn payback(&self) -> Payback {
+        let (Some(eager), Some(compiled)) = (self.eager_step_time, self.execute_time_per_step()) else {
+            return Payback::Unknown;
+        };
+        if eager <= compiled {
+            return Payback::Never;
+        }
+        let saved_per_step = (eager - compiled).as_secs_f64();
+        Payback::AfterSteps((self.compile_time.as_secs_f64() / saved_per_step).ceil() as u64)
+    }
+}
+
+fn bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 => format!("{:.2} GiB", n as f64 / (1u64 << 30) as f64),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
+        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        n => format!("{n} B"),
+    }
+}
+
 impl fmt::Display for Metrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        writeln!(f, "steps            {}", self.steps)?;
-        writeln!(f, "ops recorded     {}", self.ops_recorded)?;
+        writeln!(f, "steps            {} ({} ops recorded, {:.1} ms closing traces)", self.steps, self.ops_recorded, ms(self.trace_time))?;
         writeln!(f, "compiles         {} ({:.1} ms)", self.compiles, ms(self.compile_time))?;
-        writeln!(f, "cache hits       {}", self.cache_hits)?;
+        writeln!(
+            f,
+            "cache hits       {} in memory, {} from disk ({:.1} ms loading, {:.1} ms of compiling saved)",
+            self.cache_hits,
+            self.disk_hits,
+            ms(self.disk_load_time),
+            ms(self.compile_time_saved)
+        )?;
+        if self.corrupt_cache_entries > 0 {
+            writeln!(f, "corrupt entries  {} (recompiled and replaced)", self.corrupt_cache_entries)?;
+        }
+        writeln!(f, "recompiles       {}", self.recompiles)?;
+        for e in &self.recompile_explanations {
+            writeln!(f, "  - {e}")?;
+        }
         writeln!(f, "executions       {} ({:.1} ms)", self.executions, ms(self.execute_time))?;
-        writeln!(f, "trace            {:.1} ms", ms(self.trace_time))?;
-        writeln!(f, "host->device     {} bytes", self.host_to_device_bytes)?;
-        writeln!(f, "device->host     {} bytes", self.device_to_host_bytes)?;
-        writeln!(f, "reads            {}", self.reads)?;
-        write!(f, "forced syncs     {}", self.forced_syncs)
+        writeln!(f, "host->device     {}", bytes(self.host_to_device_bytes))?;
+        writeln!(f, "device->host     {}", bytes(self.device_to_host_bytes))?;
+        writeln!(f, "reads            {} ({} forced syncs)", self.reads, self.forced_syncs)?;
+        match self.execute_time_per_step() {
+            Some(per) if self.compile_time > Duration::ZERO => {
+                let steps_worth = self.compile_time.as_secs_f64() / per.as_secs_f64().max(1e-12);
+                write!(
+                    f,
+                    "compilation      {:.1} ms = {:.0} steps of execution ({:.3} ms each); amortized over {} executions: {:.3} ms per step",
+                    ms(self.compile_time),
+                    steps_worth,
+                    ms(per),
+                    self.executions,
+                    ms(self.compile_time) / self.executions as f64
+                )?;
+            }
+            _ => write!(f, "compilation      none in this run")?,
+        }
+        match self.payback() {
+            Payback::Unknown => Ok(()),
+            Payback::Never => write!(
+                f,
+                "\npaid for itself  never: eager steps ({:.3} ms) are not slower than compiled ones",
+                ms(self.eager_step_time.unwrap_or_default())
+            ),
+            Payback::AfterSteps(n) => {
+                let status = if self.executions >= n { "reached" } else { "not yet reached" };
+                write!(
+                    f,
+                    "\npaid for itself  after {n} steps against the eager reference ({:.3} ms per step): {status} ({} run)",
+                    ms(self.eager_step_time.unwrap_or_default()),
+                    self.executions
+                )
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payback_is_compile_time_over_time_saved_per_step() {
+        let mut m = Metrics { executions: 10, execute_time: Duration::from_millis(20), ..Metrics::default() };
+        assert_eq!(m.payback(), Payback::Unknown);
+        m.compile_time = Duration::from_millis(100);
+        m.eager_step_time = Some(Duration::from_millis(12));
+        // 2 ms compiled vs 12 ms eager: 10 ms saved per step, 100 ms to repay.
+        assert_eq!(m.payback(), Payback::AfterSteps(10));
+        assert!(m.to_string().contains("after 10 steps"), "{m}");
+        m.eager_step_time = Some(Duration::from_millis(1));
+        assert_eq!(m.payback(), Payback::Never);
+    }
+
+    #[test]
+    fn explanations_keep_the_newest() {
+        reset();
+        for i in 0..20 {
+            explain(format!("e{i}"));
+        }
+        let m = snapshot();
+        assert_eq!(m.recompiles, 20);
+        assert_eq!(m.recompile_explanations.len(), KEPT_EXPLANATIONS);
+        assert_eq!(m.recompile_explanations[0], "e4");
+        reset();
     }
 }

@@ -13,11 +13,11 @@ use std::time::Instant;
 use kiln_compiler::ir::{Alias, DType, Graph, Literal};
 use kiln_compiler::passes::eliminate_dead_code;
 use kiln_compiler::{lower as lower_graph, pipeline, LowerOptions};
-use kiln_runtime::{CompileOptions, ElementType, ExecArg};
+use kiln_runtime::{ElementType, ExecArg};
 
 use crate::context::{self, Backend, Binding, CacheEntry, Inner, State, Storage, Trace};
 use crate::error::{FrontendError, Result};
-use crate::metrics;
+use crate::{metrics, program};
 use crate::tensor::Tensor;
 
 /// What one `mark_step` did.
@@ -31,6 +31,9 @@ pub struct StepReport {
     pub compiled: bool,
     /// Parameters donated to outputs.
     pub donated: usize,
+    /// Why the step needed a new program, when it resembles an earlier one
+    /// (also logged and kept in `metrics::snapshot().recompile_explanations`).
+    pub recompile: Option<String>,
 }
 
 pub(crate) fn element_type(d: DType) -> ElementType {
@@ -167,6 +170,13 @@ fn donation_enabled() -> Result<bool> {
 /// Runs the current step: every live pending tensor becomes ready.
 pub fn mark_step() -> Result<StepReport> {
     let t0 = Instant::now();
+    metrics::cut_started(t0);
+    let report = cut(t0);
+    metrics::cut_finished();
+    report
+}
+
+fn cut(t0: Instant) -> Result<StepReport> {
     let (trace, backend) = context::with(|c| (std::mem::replace(&mut c.trace, Trace::new()), c.backend));
     let donate = backend == Backend::Pjrt && donation_enabled()?;
     let Some(closed) = close(trace, donate)? else {
@@ -194,35 +204,42 @@ pub fn mark_step() -> Result<StepReport> {
     Ok(report)
 }
 
-/// The compiled program for `graph`: from the cache, or pruned, optimized,
-/// lowered and compiled now.
-fn compiled(graph: &Graph, key: u64, report: &mut StepReport) -> Result<Rc<CacheEntry>> {
+/// The compiled program for `graph`: from the raw-trace cache (the hit path),
+/// or found or built by [`program::obtain`].
+fn compiled(graph: &Graph, bindings: &[Binding], key: u64, report: &mut StepReport) -> Result<Rc<CacheEntry>> {
     if let Some(entry) = context::with(|c| c.cache.get(&key).cloned()) {
         metrics::update(|m| m.cache_hits += 1);
+        context::with(|c| c.new_programs_in_a_row = 0);
         return Ok(entry);
     }
-    let t = Instant::now();
-    let client = context::with(|c| c.client())?;
-    let pruned = eliminate_dead_code(graph)?;
-    let (optimized, _stats) = pipeline::optimize(&pruned.graph)?;
-    let text = lower_graph(&optimized, &LowerOptions::default())?;
-    let exe = client.compile(&text, &CompileOptions::default())?;
-    let donated = (0..pruned.kept_params.len())
-        .map(|i| pruned.graph.aliases().iter().any(|a| a.param as usize == i))
-        .collect();
-    let entry = Rc::new(CacheEntry { exe, kept_params: pruned.kept_params, donated, nodes: pruned.graph.len() });
-    metrics::update(|m| {
-        m.compiles += 1;
-        m.compile_time += t.elapsed();
+    let (client, replicas) = context::with(|c| Ok::<_, FrontendError>((c.client()?, c.replicas)))?;
+    let got = program::obtain(graph, bindings, &client, replicas)?;
+    report.compiled = got.compiled;
+    report.recompile = got.explanation;
+    let new_program = got.compiled || report.recompile.is_some();
+    let streak = context::with(|c| {
+        c.new_programs_in_a_row = if new_program { c.new_programs_in_a_row + 1 } else { 0 };
+        c.new_programs_in_a_row
     });
-    report.compiled = true;
-    tracing::debug!(key, nodes = entry.nodes, "kiln: compiled a step");
+    if streak >= RECOMPILE_STREAK && streak.is_power_of_two() {
+        metrics::update(|m| m.recompile_warnings += 1);
+        tracing::warn!(
+            "kiln: the last {streak} steps each needed a new program: shapes or constants change every step, so \
+             every step compiles (metrics::snapshot().recompile_explanations says what changed)"
+        );
+    }
+    tracing::debug!(nodes = got.nodes, compiled = got.compiled, "kiln: new step program");
+    let entry = Rc::new(CacheEntry { program: got.program, kept_params: got.kept_params, donated: got.donated, nodes: got.nodes });
     context::with(|c| c.cache.insert(key, entry.clone()));
     Ok(entry)
 }
 
+/// Steps in a row with a new program before kiln warns that a loop recompiles
+/// every step (then again at every power of two).
+const RECOMPILE_STREAK: u32 = 4;
+
 fn run_pjrt(graph: &Graph, bindings: Vec<Binding>, key: u64, report: &mut StepReport) -> Result<Vec<Storage>> {
-    let entry = compiled(graph, key, report)?;
+    let entry = compiled(graph, &bindings, key, report)?;
     report.nodes = entry.nodes;
     report.donated = entry.donated.iter().filter(|&&d| d).count();
     let client = context::with(|c| c.client())?;
@@ -233,6 +250,7 @@ fn run_pjrt(graph: &Graph, bindings: Vec<Binding>, key: u64, report: &mut StepRe
         reason: "the PJRT client has no devices".into(),
     })?;
     // Host data is uploaded once; the tensor then keeps the device copy.
+    let t_upload = Instant::now();
     let mut owned = Vec::with_capacity(bindings.len());
     for b in bindings {
         let buf = match b.storage {
@@ -252,6 +270,7 @@ fn run_pjrt(graph: &Graph, bindings: Vec<Binding>, key: u64, report: &mut StepRe
         };
         owned.push(buf);
     }
+    metrics::span("upload", t_upload);
     // Donated buffers are moved in: the step's bindings held the last reference
     // (checked when the alias was added), so `try_unwrap` succeeds.
     let mut bufs: Vec<Option<Arc<kiln_runtime::Buffer>>> = owned.into_iter().map(Some).collect();
@@ -274,11 +293,13 @@ fn run_pjrt(graph: &Graph, bindings: Vec<Binding>, key: u64, report: &mut StepRe
         })
         .collect();
     let t = Instant::now();
-    let outputs = entry.exe.execute(&args)?;
+    let outputs = entry.program.exe.execute(&args)?;
     metrics::update(|m| {
         m.executions += 1;
         m.execute_time += t.elapsed();
+        m.flops_executed += entry.program.flops;
     });
+    metrics::span("execute", t);
     Ok(outputs.into_iter().map(|b| Storage::Device(Arc::new(b))).collect())
 }
 

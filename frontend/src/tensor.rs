@@ -188,6 +188,18 @@ impl Tensor {
         matches!(&*self.inner.state.borrow(), State::Ready(Storage::Device(_)))
     }
 
+    /// Names this tensor in kiln's messages (a recompile explanation says
+    /// "input 'images' changed ..."). Returns the tensor, for chaining.
+    pub fn with_name(self, name: &str) -> Tensor {
+        *self.inner.name.borrow_mut() = Some(Rc::from(name));
+        self
+    }
+
+    /// The name given by [`Tensor::with_name`] (or a `ParamStore`).
+    pub fn name(&self) -> Option<String> {
+        self.inner.name.borrow().as_deref().map(str::to_string)
+    }
+
     /// Same underlying tensor (handles compare by identity).
     pub fn same(&self, other: &Tensor) -> bool {
         Rc::ptr_eq(&self.inner, &other.inner)
@@ -239,8 +251,10 @@ impl Tensor {
         match storage {
             Storage::Host(lit) => Ok(lit.bytes().to_vec()),
             Storage::Device(buf) => {
+                let t = std::time::Instant::now();
                 let bytes = buf.to_host_bytes()?;
                 metrics::update(|m| m.device_to_host_bytes += bytes.len() as u64);
+                metrics::span("download", t);
                 Ok(bytes)
             }
         }

@@ -222,4 +222,22 @@ pub enum RuntimeError {
 
     #[error("the plugin returned {got} outputs, the signature declares {expected}")]
     OutputCount { expected: usize, got: usize },
+
+    #[error("environment variable {var}={value:?} is not valid; expected {expected}")]
+    BadCacheEnv {
+        var: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+
+    /// The cause is the source (not repeated in the message).
+    #[error("compile cache {}", path.display())]
+    CacheIo {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("compile cache {} is read-only (KILN_CACHE_READONLY=1)", dir.display())]
+    CacheReadOnly { dir: PathBuf },
 }

@@ -5,12 +5,14 @@
 //! runtime never sees the graph IR.
 //!
 //! - [`plugin`] finds the plugin (explicit path, `KILN_PJRT_PLUGIN`, `PJRT_DEVICE`);
+//! - [`cache`] is the persistent compile cache (serialized executables on disk);
 //! - [`pjrt`] is kiln's binding to the PJRT C API (the only `unsafe` code);
 //! - [`Client`], [`Device`], [`Buffer`], [`Executable`] are the checked API:
 //!   argument counts, dtypes, shapes, devices and client identity are verified
 //!   before the plugin is called, and every PJRT object is freed on drop.
 
 pub mod buffer;
+pub mod cache;
 pub mod client;
 pub mod compile_options;
 pub mod element_type;
@@ -21,6 +23,7 @@ pub mod plugin;
 pub mod signature;
 
 pub use buffer::{live_buffer_count, Buffer};
+pub use cache::{CacheStats, CompileKey, DiskCache, DiskCacheConfig, EntryInfo, Lookup};
 pub use client::{Client, ClientOptions, Device};
 pub use compile_options::CompileOptions;
 pub use element_type::{ElementType, NativeType};

@@ -327,6 +327,8 @@ fn fmnist() -> FashionMnist {
 }
 
 fn trains_under(dtype: DType) -> anyhow::Result<mlp::TrainReport> {
+    // Compile counts must not depend on an earlier run's persistent cache.
+    kiln::set_disk_cache(None)?;
     let cfg = MlpConfig { hidden: vec![128], epochs: 1, max_steps: Some(300), amp: Some(dtype), ..MlpConfig::default() };
     let report = mlp::train(&fmnist(), &cfg, |_| {})?;
     assert_eq!(report.steps, 300);
@@ -375,6 +377,7 @@ fn the_f16_training_state_includes_the_loss_scaler() -> anyhow::Result<()> {
 
 #[test]
 fn the_tiny_gpt_trains_under_bf16_with_clipping_and_one_compile() -> anyhow::Result<()> {
+    kiln::set_disk_cache(None)?;
     let text = gpt::read_text(std::path::Path::new("/usr/share/common-licenses/Apache-2.0"), 32)?;
     let cfg = GptConfig { steps: 150, amp: Some(DType::BF16), max_grad_norm: Some(1.0), ..GptConfig::tiny(0) };
     let report = gpt::train(&text, &cfg, |_| {})?;

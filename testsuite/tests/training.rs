@@ -11,6 +11,8 @@ fn fmnist() -> FashionMnist {
 
 #[test]
 fn mlp_learns_with_two_compiles() -> anyhow::Result<()> {
+    // Compile counts must not depend on what earlier runs left on disk.
+    kiln::set_disk_cache(None)?;
     let data = fmnist();
     let cfg = MlpConfig { hidden: vec![128], epochs: 1, max_steps: Some(300), ..MlpConfig::default() };
     let report = mlp::train(&data, &cfg, |_| {})?;

@@ -22,6 +22,9 @@ use crate::CompileError;
 pub struct NodeId(u32);
 
 impl NodeId {
+    /// An id no graph uses (the fingerprint's stand-in for operands).
+    pub(crate) const HOLE: NodeId = NodeId(u32::MAX);
+
     pub fn index(self) -> usize {
         self.0 as usize
     }

@@ -23,7 +23,7 @@
 
 mod dense;
 mod emit;
-mod live;
+pub(crate) mod live;
 
 use crate::ir::Graph;
 use crate::CompileError;

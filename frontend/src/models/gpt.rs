@@ -257,11 +257,9 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
         on_step(&StepInfo { epoch: 0, step: t.step, steps_total: cfg.steps, loss, step_ms: ms });
     }
     report.train_seconds = start.elapsed().as_secs_f64();
-    let after = metrics::snapshot();
     report.steps = t.step;
     report.skipped_steps = t.skipped;
     report.loss_scale = t.ordered.as_ref().and_then(|o| o.scaler.as_ref()).map(|s| s.scale.item()).transpose()?;
-    report.compiles = after.compiles - before.compiles;
-    report.cache_hits = after.cache_hits - before.cache_hits;
+    report.count_since(&before);
     Ok(report)
 }

@@ -110,6 +110,9 @@ pub struct TrainReport {
     pub steps: u64,
     pub compiles: u64,
     pub cache_hits: u64,
+    /// Programs loaded from the persistent compile cache.
+    pub disk_hits: u64,
+    pub compile_seconds: f64,
     pub train_seconds: f64,
     /// Updates skipped for non-finite gradients (mixed precision only).
     pub skipped_steps: u64,
@@ -118,6 +121,15 @@ pub struct TrainReport {
 }
 
 impl TrainReport {
+    /// Fills the compile and cache counters with what happened since `before`.
+    pub fn count_since(&mut self, before: &metrics::Metrics) {
+        let after = metrics::snapshot();
+        self.compiles = after.compiles - before.compiles;
+        self.cache_hits = after.cache_hits - before.cache_hits;
+        self.disk_hits = after.disk_hits - before.disk_hits;
+        self.compile_seconds = (after.compile_time - before.compile_time).as_secs_f64();
+    }
+
     pub fn final_loss(&self) -> f64 {
         self.losses.last().copied().unwrap_or(f64::NAN)
     }
@@ -240,12 +252,10 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     if cfg.eval {
         report.test_accuracy = Some(t.evaluate(&data.test, cfg.eval_batch)?);
     }
-    let after = metrics::snapshot();
     report.steps = t.step;
     report.skipped_steps = t.skipped;
     report.loss_scale = t.ordered.as_ref().and_then(|o| o.scaler.as_ref()).map(|s| s.scale.item()).transpose()?;
-    report.compiles = after.compiles - before.compiles;
-    report.cache_hits = after.cache_hits - before.cache_hits;
+    report.count_since(&before);
     Ok(report)
 }
 

@@ -32,6 +32,7 @@ impl ParamStore {
         if self.params.iter().any(|(n, _)| *n == name) {
             return Err(FrontendError::InvalidArgument { op: "param", reason: format!("parameter {name:?} exists") });
         }
+        let t = t.with_name(&name);
         self.params.push((name, t.clone()));
         Ok(t)
     }

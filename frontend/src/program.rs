@@ -1,0 +1,146 @@
+//! The miss path of `mark_step`: from a closed trace to a compiled program.
+//!
+//! Prune dead code, optimize, take the canonical key (the optimized program's
+//! fingerprint, the compiler build, the plugin, the compile options, kiln's
+//! version), then look in this thread's programs, then in the persistent cache,
+//! and compile only when both miss. A new program that resembles an earlier one
+//! is explained (what changed, how to avoid it); `KILN_SAVE_GRAPHS=dir` saves
+//! each new program's graph in the text form for `kiln compile`/`kiln profile`.
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use kiln_compiler::ir::{Graph, TensorType};
+use kiln_compiler::passes::eliminate_dead_code;
+use kiln_compiler::{fingerprint, lower as lower_graph, pipeline, LowerOptions, BUILD_FINGERPRINT};
+use kiln_runtime::{Client, CompileKey, CompileOptions, EntryInfo, Executable, Lookup};
+
+use crate::atomic_write::write_atomically;
+use crate::context::{self, Binding};
+use crate::error::Result;
+use crate::explain;
+use crate::metrics;
+
+/// A compiled program of this thread.
+pub(crate) struct Program {
+    pub exe: Executable,
+    /// The pruned graph (before optimization): what a later recompile is
+    /// compared with.
+    pub graph: Graph,
+    /// FLOPs of one execution on one replica (the cost model's count of the
+    /// optimized program): what MFU is computed from.
+    pub flops: f64,
+}
+
+impl Program {
+    pub fn param_types(&self) -> Vec<TensorType> {
+        self.graph.param_types()
+    }
+}
+
+/// What [`obtain`] found or built.
+pub(crate) struct Obtained {
+    pub program: Rc<Program>,
+    /// `kept[i]`: the raw trace parameter feeding program parameter `i`.
+    pub kept_params: Vec<u32>,
+    /// Whether program parameter `i` is donated.
+    pub donated: Vec<bool>,
+    /// Nodes of the pruned program.
+    pub nodes: usize,
+    /// Compiled by this call (not found in memory or on disk).
+    pub compiled: bool,
+    /// Why this step needed a new program, when it resembles an earlier one.
+    pub explanation: Option<String>,
+}
+
+/// The program of `graph` (a closed raw trace fed by `bindings`), compiled
+/// with `replicas` replicas.
+pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, replicas: usize) -> Result<Obtained> {
+    let pruned = eliminate_dead_code(graph)?;
+    let donated = (0..pruned.kept_params.len())
+        .map(|i| pruned.graph.aliases().iter().any(|a| a.param as usize == i))
+        .collect();
+    let (optimized, _stats) = pipeline::optimize(&pruned.graph)?;
+    let lower_opts = LowerOptions { num_replicas: replicas };
+    let compile_opts = CompileOptions { num_replicas: replicas, ..CompileOptions::default() };
+    let fp = fingerprint(&optimized);
+    let mut program_id = Vec::with_capacity(64);
+    program_id.extend_from_slice(&fp.0);
+    program_id.extend_from_slice(BUILD_FINGERPRINT.as_bytes());
+    program_id.extend_from_slice(&(replicas as u64).to_le_bytes());
+    let key = CompileKey::new(&program_id, client, &compile_opts)?;
+    let nodes = pruned.graph.len();
+
+    if let Some(program) = context::with(|c| c.programs.get(&key).cloned()) {
+        // Another trace (dead code elsewhere, another recording order) of a
+        // program this thread already has.
+        metrics::update(|m| m.cache_hits += 1);
+        let kept_params = pruned.kept_params;
+        return Ok(Obtained { program, kept_params, donated, nodes, compiled: false, explanation: None });
+    }
+
+    let param_names = pruned
+        .kept_params
+        .iter()
+        .map(|&p| bindings[p as usize].tensor.upgrade().and_then(|t| t.name.borrow().clone()))
+        .collect::<Vec<_>>();
+    let explanation = context::with(|c| explain::new_program(&pruned.graph, &param_names, &c.history));
+
+    let disk = context::with(|c| c.disk_cache())?;
+    let mut exe = None;
+    let mut compiled = false;
+    if let Some(d) = &disk {
+        let t = Instant::now();
+        match d.load(&key, client)? {
+            Lookup::Hit { exe: e, info } => {
+                metrics::update(|m| {
+                    m.disk_hits += 1;
+                    m.disk_load_time += t.elapsed();
+                    m.compile_time_saved += info.compile_time;
+                });
+                metrics::span("disk_load", t);
+                exe = Some(e);
+            }
+            Lookup::Miss => {}
+            Lookup::Corrupt { .. } => metrics::update(|m| m.corrupt_cache_entries += 1),
+        }
+    }
+    let exe = match exe {
+        Some(e) => e,
+        None => {
+            let t = Instant::now();
+            let text = lower_graph(&optimized, &lower_opts)?;
+            let e = client.compile(&text, &compile_opts)?;
+            let took = t.elapsed();
+            metrics::update(|m| {
+                m.compiles += 1;
+                m.compile_time += took;
+            });
+            metrics::span("compile", t);
+            compiled = true;
+            if let Some(d) = &disk {
+                // A cache that cannot be written costs later runs a compile,
+                // never this run its result.
+                if let Err(err) = d.store(&key, &e, EntryInfo { compile_time: took }) {
+                    tracing::warn!(%err, "kiln: could not store the compiled program in the disk cache");
+                }
+            }
+            e
+        }
+    };
+    if let Some(dir) = context::with(|c| c.save_graphs_dir()) {
+        let path = dir.join(format!("step-{}.kiln", &fp.to_string()[..16]));
+        std::fs::create_dir_all(&dir).map_err(|source| crate::FrontendError::Io { path: dir.clone(), source })?;
+        write_atomically(&path, kiln_compiler::text::print(&pruned.graph).as_bytes())?;
+    }
+    if let Some(text) = &explanation {
+        tracing::warn!("kiln: {text}");
+        metrics::explain(text.clone());
+    }
+    let program = Rc::new(Program { exe, graph: pruned.graph.clone(), flops: kiln_compiler::cost::graph_flops(&optimized) });
+    context::with(|c| {
+        c.programs.insert(key, program.clone());
+        c.history.push(program.clone());
+    });
+    Ok(Obtained { program, kept_params: pruned.kept_params, donated, nodes, compiled, explanation })
+}

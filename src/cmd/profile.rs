@@ -1,0 +1,395 @@
+//! `kiln profile <mlp|gpt|GRAPH> --steps N [--trace out.json]`: where a step's
+//! time goes — recording (trace), compile or disk load, uploads, execution,
+//! downloads — per step, as a summary and as a Chrome/Perfetto trace; the
+//! eager baseline that compilation must pay for itself against; MFU on GPUs.
+//!
+//! For the built-in models the training loop runs with the frontend's
+//! timeline on. A GRAPH file (kiln's text form, as `KILN_SAVE_GRAPHS` writes
+//! it) is compiled and run directly through the runtime on random inputs.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use kiln::compiler::ir::{DType, TensorType};
+use kiln::compiler::cost::{self, Target};
+use kiln::compiler::{lower, pipeline, text, LowerOptions};
+use kiln::data::{FashionMnist, FASHION_MNIST_DIR};
+use kiln::metrics::{self, Event, Payback};
+use kiln::models::{gpt, mlp};
+use kiln::runtime::{Client, ClientOptions, CompileOptions, ElementType, ExecArg};
+use serde_json::json;
+
+#[derive(Args)]
+pub struct ProfileArgs {
+    /// `mlp`, `gpt`, or the path of a step graph in kiln's text form.
+    target: String,
+    /// Steps (or executions of a graph) to profile.
+    #[arg(long, default_value_t = 50)]
+    steps: u64,
+    /// Write the timeline as a Chrome/Perfetto trace (JSON) here.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Steps to run eagerly on the reference interpreter for the payback
+    /// baseline (0 skips it).
+    #[arg(long, default_value_t = 2)]
+    eager_steps: u64,
+    /// Fashion-MNIST's directory (mlp).
+    #[arg(long, default_value = FASHION_MNIST_DIR)]
+    data: PathBuf,
+    /// The text to learn (gpt).
+    #[arg(long)]
+    text: Option<PathBuf>,
+    /// Batch size (mlp).
+    #[arg(long, default_value_t = 128)]
+    batch: usize,
+    /// End with one JSON object (for scripts).
+    #[arg(long)]
+    json: bool,
+}
+
+/// The phases of a step, in timeline order (their Perfetto rows).
+const PHASES: [&str; 6] = ["trace", "compile", "disk_load", "upload", "execute", "download"];
+
+pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
+    if args.steps == 0 {
+        anyhow::bail!("--steps must be at least 1");
+    }
+    let model = matches!(args.target.as_str(), "mlp" | "gpt");
+    let Profiled { events, eager, platform, device_kind, graph_flops } =
+        if model { profile_model(&args)? } else { profile_graph(&args, Path::new(&args.target))? };
+    // Compiles, loads and executions as the timeline saw them (a graph file
+    // runs outside the frontend, whose counters then stay empty).
+    let count = |name: &str| events.iter().filter(|e| e.name == name).count() as u64;
+    let total = |name: &str| events.iter().filter(|e| e.name == name).map(|e| e.duration).sum::<Duration>();
+    let executions = count("execute");
+    let m = metrics::snapshot();
+    let summary = summarize(&events);
+    let flops_per_step = match graph_flops {
+        Some(f) => f,
+        None if m.executions > 0 => m.flops_executed / m.executions as f64,
+        None => 0.0,
+    };
+    let step_ms = step_ms_median(&events);
+    // MFU against the dense bf16 peak of the GPU (the convention of
+    // BENCHMARKS.md); not defined for CPUs.
+    let target = Target::ALL.into_iter().find(|t| match t.name {
+        "h100_sxm" => device_kind.contains("H100"),
+        "h200_sxm" => device_kind.contains("H200"),
+        _ => false,
+    });
+    let mfu = match (&target, step_ms) {
+        (Some(t), Some(ms)) if ms > 0.0 => Some(flops_per_step / (ms / 1e3) / t.peak_bf16_flops_per_s),
+        _ => None,
+    };
+    if let Some(path) = &args.trace {
+        kiln::atomic_write::write_atomically(path, chrome_trace(&events).to_string().as_bytes())?;
+    }
+    let payback = match m.payback() {
+        Payback::AfterSteps(n) => Some(n),
+        Payback::Never | Payback::Unknown => None,
+    };
+    if args.json {
+        let phases: serde_json::Map<String, serde_json::Value> = summary
+            .iter()
+            .map(|p| {
+                (p.name.to_string(), json!({"first_ms": p.first_ms, "median_ms": p.median_ms, "total_ms": p.total_ms}))
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({
+                "target": args.target,
+                "platform": platform,
+                "steps": args.steps,
+                "phases": phases,
+                "compiles": count("compile"),
+                "compile_ms": ms(total("compile")),
+                "cache_hits": m.cache_hits,
+                "disk_hits": count("disk_load"),
+                "executions": executions,
+                "execute_ms_per_step": (executions > 0).then(|| ms(total("execute")) / executions as f64),
+                "eager_step_ms": eager.map(ms),
+                "payback_steps": payback,
+                "host_to_device_bytes": m.host_to_device_bytes,
+                "device_to_host_bytes": m.device_to_host_bytes,
+                "forced_syncs": m.forced_syncs,
+                "trace_file": args.trace,
+                "device_kind": device_kind,
+                "flops_per_step": flops_per_step,
+                "step_ms_median": step_ms,
+                "mfu": mfu,
+                "mfu_peak": target.as_ref().map(|t| t.name),
+            })
+        );
+    } else {
+        println!("profile {}: {} steps on {platform}", args.target, args.steps);
+        println!("{:<10} {:>12} {:>16} {:>12}", "phase", "first step", "median (later)", "total");
+        for p in &summary {
+            let cell = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3} ms"));
+            println!("{:<10} {:>12} {:>16} {:>12}", p.name, cell(p.first_ms), cell(p.median_ms), format!("{:.1} ms", p.total_ms));
+        }
+        if let Some(ms) = step_ms {
+            println!("step (later steps, median) {ms:.3} ms, {:.3} GFLOP per step (cost model)", flops_per_step / 1e9);
+        }
+        match (mfu, &target) {
+            (Some(mfu), Some(t)) => println!("MFU {:.3} of {}'s dense bf16 peak ({:.0} TFLOP/s)", mfu, t.name, t.peak_bf16_flops_per_s / 1e12),
+            _ => println!("MFU n/a on {device_kind} (defined against a GPU's peak)"),
+        }
+        if let Some(e) = eager {
+            println!("eager baseline: {} steps on the reference interpreter, median {:.3} ms per step", args.eager_steps, ms(e));
+        }
+        if model {
+            println!("{m}");
+        }
+        if let Some(path) = &args.trace {
+            println!("timeline written to {} (open it in ui.perfetto.dev or chrome://tracing)", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn progress(args: &ProfileArgs, len: u64) -> ProgressBar {
+    if args.json {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    bar
+}
+
+/// What a profiled run gives the report.
+struct Profiled {
+    events: Vec<Event>,
+    eager: Option<Duration>,
+    platform: String,
+    device_kind: String,
+    /// FLOPs of one execution, when the graph is known here (a graph file);
+    /// the models' come from the frontend's counters.
+    graph_flops: Option<f64>,
+}
+
+fn device_kind(client: &Client) -> String {
+    client.devices().first().map_or_else(|| "no device".to_string(), |d| d.kind().to_string())
+}
+
+/// The median over steps 2.. of each step's summed phases.
+fn step_ms_median(events: &[Event]) -> Option<f64> {
+    let mut per_step: std::collections::BTreeMap<u64, f64> = Default::default();
+    for e in events.iter().filter(|e| e.step >= 2) {
+        *per_step.entry(e.step).or_default() += ms(e.duration);
+    }
+    let v: Vec<f64> = per_step.into_values().collect();
+    (!v.is_empty()).then(|| mlp::median(&v))
+}
+
+/// Runs the eager baseline, then the built-in model with the timeline on.
+fn profile_model(args: &ProfileArgs) -> anyhow::Result<Profiled> {
+    type Runner<'a> = Box<dyn FnMut(u64, &mut dyn FnMut(&mlp::StepInfo)) -> anyhow::Result<mlp::TrainReport> + 'a>;
+    let mut runner: Runner = match args.target.as_str() {
+        "mlp" => {
+            let data = FashionMnist::load(&args.data).context("loading Fashion-MNIST")?;
+            let batch = args.batch;
+            Box::new(move |steps, on_step| {
+                let cfg = mlp::MlpConfig { batch, epochs: usize::MAX / 2, max_steps: Some(steps), eval: false, ..mlp::MlpConfig::default() };
+                Ok(mlp::train(&data, &cfg, on_step)?)
+            })
+        }
+        _ => {
+            let path = args.text.as_deref().context("kiln profile gpt needs --text FILE")?;
+            let base = gpt::GptConfig::tiny(0);
+            let text = gpt::read_text(path, base.seq)?;
+            Box::new(move |steps, on_step| Ok(gpt::train(&text, &gpt::GptConfig { steps, ..base.clone() }, on_step)?))
+        }
+    };
+    // The eager baseline first, so the compiled run's counters stand alone.
+    let eager = if args.eager_steps > 0 {
+        let bar = progress(args, args.eager_steps);
+        bar.set_message("eager baseline (reference interpreter)");
+        kiln::set_backend(kiln::Backend::Reference);
+        let report = runner(args.eager_steps, &mut |s| bar.set_position(s.step));
+        kiln::set_backend(kiln::Backend::Pjrt);
+        bar.finish_and_clear();
+        Some(Duration::from_secs_f64(mlp::median(&report?.step_ms) / 1e3))
+    } else {
+        None
+    };
+    let bar = progress(args, args.steps);
+    bar.set_message("compiled steps");
+    metrics::reset();
+    if let Some(e) = eager {
+        metrics::set_eager_step_time(e);
+    }
+    metrics::start_timeline();
+    runner(args.steps, &mut |s| bar.set_position(s.step))?;
+    let events = metrics::take_timeline();
+    bar.finish_and_clear();
+    let client = Client::new(&ClientOptions::default())?;
+    Ok(Profiled {
+        events,
+        eager,
+        platform: client.platform_name().to_string(),
+        device_kind: device_kind(&client),
+        graph_flops: None,
+    })
+}
+
+/// Compiles the graph in `path` and runs it `steps` times on random inputs.
+fn profile_graph(args: &ProfileArgs, path: &Path) -> anyhow::Result<Profiled> {
+    let source = std::fs::read_to_string(path)
+        .with_context(|| format!("reading step graph {} (expected mlp, gpt or a graph file)", path.display()))?;
+    let graph = text::parse(&source).with_context(|| format!("parsing {}", path.display()))?;
+    let client = Client::new(&ClientOptions::default())?;
+    let origin = Instant::now();
+    let mut events = Vec::new();
+    let mut span = |name: &'static str, step: u64, start: Instant| {
+        events.push(Event { name, step, start: start - origin, duration: start.elapsed() });
+    };
+    let (optimized, _) = pipeline::optimize(&graph)?;
+    let t = Instant::now();
+    let exe = client.compile(&lower(&optimized, &LowerOptions::default())?, &CompileOptions::default())?;
+    span("compile", 1, t);
+    let device = client.devices().into_iter().next().context("the PJRT client has no devices")?;
+    let t = Instant::now();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let inputs = graph
+        .param_types()
+        .iter()
+        .map(|ty| {
+            let bytes = random_bytes(ty, &mut seed);
+            Ok(client.buffer_from_bytes(&bytes, element_type(ty.dtype), ty.shape.dims(), &device)?)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    span("upload", 1, t);
+    let bar = progress(args, args.steps);
+    let mut last = Vec::new();
+    for step in 1..=args.steps {
+        let t = Instant::now();
+        let argv: Vec<ExecArg> = inputs.iter().map(ExecArg::Borrowed).collect();
+        // `execute` returns when the device has finished (the runtime awaits
+        // the completion events), so the span is the device time plus dispatch.
+        last = exe.execute(&argv)?;
+        span("execute", step, t);
+        bar.set_position(step);
+    }
+    bar.finish_and_clear();
+    let t = Instant::now();
+    for b in &last {
+        b.to_host_bytes()?;
+    }
+    span("download", args.steps, t);
+    metrics::reset();
+    Ok(Profiled {
+        events,
+        eager: None,
+        platform: client.platform_name().to_string(),
+        device_kind: device_kind(&client),
+        graph_flops: Some(cost::graph_flops(&optimized)),
+    })
+}
+
+fn element_type(d: DType) -> ElementType {
+    match d {
+        DType::Pred => ElementType::Pred,
+        DType::S8 => ElementType::S8,
+        DType::S32 => ElementType::S32,
+        DType::S64 => ElementType::S64,
+        DType::U8 => ElementType::U8,
+        DType::U32 => ElementType::U32,
+        DType::U64 => ElementType::U64,
+        DType::F16 => ElementType::F16,
+        DType::BF16 => ElementType::BF16,
+        DType::F32 => ElementType::F32,
+        DType::F64 => ElementType::F64,
+    }
+}
+
+/// Random inputs of `ty`: floats in [-1, 1), integers in [0, 8) (valid as
+/// small indices), random bits for unsigned state.
+fn random_bytes(ty: &TensorType, seed: &mut u64) -> Vec<u8> {
+    let mut next = || {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *seed
+    };
+    let n = ty.shape.num_elements();
+    let unit = |r: u64| (r >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
+    let mut out = Vec::with_capacity(n * ty.dtype.size_in_bytes());
+    for _ in 0..n {
+        let r = next();
+        match ty.dtype {
+            DType::Pred => out.push((r & 1) as u8),
+            DType::S8 | DType::U8 => out.push((r % 8) as u8),
+            DType::S32 => out.extend(((r % 8) as i32).to_le_bytes()),
+            DType::S64 => out.extend(((r % 8) as i64).to_le_bytes()),
+            DType::U32 => out.extend((r as u32).to_le_bytes()),
+            DType::U64 => out.extend(r.to_le_bytes()),
+            DType::F16 => out.extend(half::f16::from_f64(unit(r)).to_le_bytes()),
+            DType::BF16 => out.extend(half::bf16::from_f64(unit(r)).to_le_bytes()),
+            DType::F32 => out.extend((unit(r) as f32).to_le_bytes()),
+            DType::F64 => out.extend(unit(r).to_le_bytes()),
+        }
+    }
+    out
+}
+
+struct Phase {
+    name: &'static str,
+    /// The phase's time in step 1 (absent if step 1 had none).
+    first_ms: Option<f64>,
+    /// Median over the later steps that had it.
+    median_ms: Option<f64>,
+    total_ms: f64,
+}
+
+fn summarize(events: &[Event]) -> Vec<Phase> {
+    PHASES
+        .iter()
+        .map(|&name| {
+            let mut per_step: std::collections::BTreeMap<u64, f64> = Default::default();
+            for e in events.iter().filter(|e| e.name == name) {
+                *per_step.entry(e.step).or_default() += ms(e.duration);
+            }
+            let first_ms = per_step.get(&1).copied();
+            let later: Vec<f64> = per_step.range(2..).map(|(_, v)| *v).collect();
+            Phase {
+                name,
+                first_ms,
+                median_ms: (!later.is_empty()).then(|| mlp::median(&later)),
+                total_ms: per_step.values().fold(0.0, |a, b| a + b),
+            }
+        })
+        .collect()
+}
+
+/// The Chrome trace-event format: one complete ("X") event per span, one row
+/// (thread) per phase, times in microseconds.
+fn chrome_trace(events: &[Event]) -> serde_json::Value {
+    let tid = |name: &str| PHASES.iter().position(|p| *p == name).map_or(0, |i| i + 1);
+    let mut out: Vec<serde_json::Value> = PHASES
+        .iter()
+        .enumerate()
+        .map(|(i, p)| json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": i + 1, "args": {"name": p}}))
+        .collect();
+    out.push(json!({"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "kiln"}}));
+    for e in events {
+        out.push(json!({
+            "name": e.name,
+            "cat": "kiln",
+            "ph": "X",
+            "pid": 1,
+            "tid": tid(e.name),
+            "ts": e.start.as_secs_f64() * 1e6,
+            "dur": e.duration.as_secs_f64() * 1e6,
+            "args": {"step": e.step},
+        }));
+    }
+    json!({"traceEvents": out, "displayTimeUnit": "ms"})
+}
