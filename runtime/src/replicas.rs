@@ -55,8 +55,10 @@ impl fmt::Display for ReplicaSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ReplicaSource::Env { var, value } => write!(f, "{var}={value}"),
-            ReplicaSource::AllGpus => write!(f, "every visible GPU ({ENV_GPU_NUM_DEVICES} unset)"),
-            ReplicaSource::CpuDefault => write!(f, "one replica ({ENV_CPU_DEVICES} unset)"),
+            ReplicaSource::AllGpus => {
+                write!(f, "{ENV_GPU_NUM_DEVICES} unset: every visible GPU")
+            }
+            ReplicaSource::CpuDefault => write!(f, "{ENV_CPU_DEVICES} unset"),
         }
     }
 }
