@@ -221,22 +221,112 @@ fn print_amp(amp: Option<kiln::DType>, report: &mlp::TrainReport) {
     }
 }
 
+/// Lists the plugin's devices, the GPUs the CUDA driver shows (on CUDA or
+/// where a driver is installed) and the replica count the environment gives.
+/// Every part is shown even when another fails; any failure makes the command
+/// fail after printing, with each error on stderr.
 fn devices(json: bool) -> anyhow::Result<()> {
-    let client = kiln::runtime::Client::new(&kiln::runtime::ClientOptions::default())?;
-    let devices = client.devices();
+    use kiln::runtime::{Client, ClientOptions, GpuProbe, PjrtDevice, ReplicaEnv};
+
+    let env = ReplicaEnv::from_env()?;
+    let probe = kiln::runtime::probe_gpus();
+    let plan = env.plan(|| probe.clone());
+    // A refused count still leaves the plugin's own devices worth showing.
+    let options = plan.as_ref().map(|p| p.client_options.clone()).unwrap_or_else(|_| ClientOptions::default());
+    let client = Client::new(&options);
+    let pjrt_devices: Vec<String> = match &client {
+        Ok(c) => c.devices().iter().map(|d| format!("[{}] {}", d.id(), d.kind())).collect(),
+        Err(_) => Vec::new(),
+    };
+    // Checked against the client when there is one; without a client its
+    // error below already fails the command.
+    let checked: Result<&kiln::runtime::ReplicaPlan, String> = match (&plan, &client) {
+        (Err(e), _) => Err(e.to_string()),
+        (Ok(p), Ok(_)) => p.check_pjrt_devices(&pjrt_devices).map(|()| p).map_err(|e| e.to_string()),
+        (Ok(p), Err(_)) => Ok(p),
+    };
+    let mut errors: Vec<String> = Vec::new();
+    if let Err(e) = &checked {
+        errors.push(e.clone());
+    }
+    if let Err(e) = &client {
+        errors.push(format!("cannot create the PJRT client: {e}"));
+    }
+    let show_gpus = env.device == PjrtDevice::Cuda || probe.driver_found();
+
     if json {
-        let list: Vec<_> = devices.iter().map(|d| json!({"id": d.id(), "kind": d.kind()})).collect();
+        let (platform, plugin, list) = match &client {
+            Ok(c) => (
+                Some(c.platform_name().to_string()),
+                Some(c.plugin_path().display().to_string()),
+                c.devices().iter().map(|d| json!({"id": d.id(), "kind": d.kind()})).collect(),
+            ),
+            Err(_) => (None, None, Vec::new()),
+        };
+        let (driver, driver_version) = match &probe {
+            GpuProbe::NoDriver { .. } => ("missing", None),
+            GpuProbe::DriverFailed { .. } => ("failed", None),
+            GpuProbe::Found { driver_version, .. } => ("found", driver_version.map(|(major, minor)| format!("{major}.{minor}"))),
+        };
+        let gpus: Vec<_> = probe
+            .gpus()
+            .iter()
+            .map(|g| json!({"ordinal": g.ordinal, "name": g.name, "total_bytes": g.total_bytes, "free_bytes": g.free_bytes}))
+            .collect();
         println!(
             "{}",
-            json!({"platform": client.platform_name(), "plugin": client.plugin_path(), "devices": list})
+            json!({
+                "pjrt_device": env.device.to_string(),
+                "platform": platform,
+                "plugin": plugin,
+                "devices": list,
+                "gpu_probe": {"driver": driver, "driver_version": driver_version, "summary": probe.to_string(), "gpus": gpus},
+                "replicas": checked.as_ref().ok().map(|p| p.replicas),
+                "replicas_source": checked.as_ref().ok().map(|p| p.source.to_string()),
+                "errors": errors,
+            })
         );
     } else {
-        println!("platform {} ({})", client.platform_name(), client.plugin_path().display());
-        for d in devices {
-            println!("  device {}: {}", d.id(), d.kind());
+        match &client {
+            Ok(c) => {
+                println!("platform {} ({})", c.platform_name(), c.plugin_path().display());
+                for d in c.devices() {
+                    println!("  device {}: {}", d.id(), d.kind());
+                }
+            }
+            Err(_) => println!("platform: no PJRT client (error below)"),
+        }
+        if show_gpus {
+            match &probe {
+                GpuProbe::Found { driver_version, gpus } if !gpus.is_empty() => {
+                    match driver_version {
+                        Some((major, minor)) => println!("GPUs (CUDA driver {major}.{minor}):"),
+                        None => println!("GPUs:"),
+                    }
+                    for g in gpus {
+                        let free = g.free_bytes.map_or_else(|| "free memory unknown".to_string(), |b| format!("{} free", gib(b)));
+                        println!("  gpu {}: {}, {free} of {}", g.ordinal, g.name, gib(g.total_bytes));
+                    }
+                }
+                other => println!("GPUs: {other}"),
+            }
+        }
+        match &checked {
+            Ok(p) => println!("replicas: {} ({})", p.replicas, p.source),
+            Err(_) => println!("replicas: none (error below)"),
         }
     }
-    Ok(())
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        // main prints the first "error: "; each further error gets its own.
+        Err(anyhow::anyhow!(errors.join("\nerror: ")))
+    }
+}
+
+/// Bytes as GiB with one decimal (`79.1 GiB`).
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 
 fn train_mlp(cfg: &MlpConfig, dir: &PathBuf, compare: Option<u64>, json: bool) -> anyhow::Result<()> {

@@ -27,11 +27,91 @@ fn train_mlp_json_reports_accuracy_and_two_compiles() {
 
 #[test]
 fn devices_lists_the_cpu_plugin() {
-    let out = kiln().args(["devices", "--json"]).output().unwrap();
+    let out = devices_cmd(&[]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["platform"], "cpu");
+    assert_eq!(v["pjrt_device"], "CPU");
     assert!(!v["devices"].as_array().unwrap().is_empty());
+    assert_eq!(v["replicas"], 1);
+    assert_eq!(v["replicas_source"], "KILN_CPU_DEVICES unset");
+    assert!(v["gpu_probe"]["driver"].is_string() && v["gpu_probe"]["gpus"].is_array(), "{v}");
+    assert_eq!(v["errors"], serde_json::json!([]));
+}
+
+/// `kiln devices --json` with these variables and none of the replica
+/// variables inherited from the caller.
+fn devices_cmd(vars: &[(&str, &str)]) -> Command {
+    let mut cmd = kiln();
+    cmd.args(["devices", "--json"]);
+    for var in ["PJRT_DEVICE", "GPU_NUM_DEVICES", "KILN_CPU_DEVICES", "KILN_PJRT_PLUGIN"] {
+        cmd.env_remove(var);
+    }
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+#[test]
+fn kiln_cpu_devices_sets_the_devices_and_the_replicas() {
+    for n in [4, 2] {
+        let value = n.to_string();
+        let out = devices_cmd(&[("KILN_CPU_DEVICES", &value)]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["devices"].as_array().unwrap().len(), n, "{v}");
+        assert_eq!(v["replicas"], n);
+        assert_eq!(v["replicas_source"], format!("KILN_CPU_DEVICES={n}"));
+    }
+    let out = kiln().args(["devices"]).env_remove("PJRT_DEVICE").env("KILN_CPU_DEVICES", "2").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("replicas: 2 (KILN_CPU_DEVICES=2)"), "{text}");
+}
+
+#[test]
+fn bad_kiln_cpu_devices_fail_naming_the_variable_and_value() {
+    for (value, problem) in [("zero", "is not a whole number"), ("0", "must be at least 1"), ("-3", "must be at least 1")] {
+        let out = devices_cmd(&[("KILN_CPU_DEVICES", value)]).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "KILN_CPU_DEVICES={value}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let expected = format!("error: KILN_CPU_DEVICES={value:?} {problem}; the XLA CPU plugin makes 1 to 1024 devices");
+        assert!(err.contains(&expected), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+        // The JSON still shows the plugin's devices, and no replica count.
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["platform"], "cpu");
+        assert!(v["replicas"].is_null(), "{v}");
+        assert!(v["errors"][0].as_str().unwrap().starts_with(&format!("KILN_CPU_DEVICES={value:?}")), "{v}");
+    }
+}
+
+#[test]
+fn gpu_num_devices_on_a_machine_without_gpus_fails_clearly() {
+    let out = devices_cmd(&[("PJRT_DEVICE", "CUDA"), ("GPU_NUM_DEVICES", "2")]).output().unwrap();
+    // 1 is kiln's own failure; a panic would exit with 101.
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains("error: GPU_NUM_DEVICES=\"2\" asks for more devices than the"), "{err}");
+    assert!(err.contains("devices found: "), "{err}");
+    // Without the NVIDIA kernel module (this project's machines) the probe
+    // names the missing driver library.
+    if !std::path::Path::new("/proc/driver/nvidia").exists() {
+        assert!(err.contains("devices found: no CUDA driver found (libcuda.so.1)"), "{err}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["gpu_probe"]["driver"], "missing");
+        assert_eq!(v["pjrt_device"], "CUDA");
+        assert!(v["replicas"].is_null(), "{v}");
+    }
+    // Unset, it fails the same way: there is no GPU to use.
+    let out = devices_cmd(&[("PJRT_DEVICE", "CUDA")]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !std::path::Path::new("/proc/driver/nvidia").exists() {
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains("GPU_NUM_DEVICES unset uses every visible GPU as a replica, but there is none"), "{err}");
+    }
 }
 
 #[test]

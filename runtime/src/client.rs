@@ -24,7 +24,8 @@ pub struct ClientOptions {
     /// The plugin `.so`; `None` = discovery (see [`crate::plugin`]).
     pub plugin: Option<PathBuf>,
     /// Number of CPU devices the CPU plugin exposes (`cpu_device_count`);
-    /// `None` leaves the plugin's default. Not sent to other plugins.
+    /// `None` leaves the plugin's default. Sent as a create option whenever
+    /// set, so set it only for the CPU plugin (replica plans do).
     pub cpu_device_count: Option<usize>,
 }
 

@@ -8,6 +8,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use crate::element_type::ElementType;
+use crate::gpu::GpuProbe;
 use crate::signature::ArgType;
 
 /// Result alias for the runtime crate.
@@ -91,6 +92,59 @@ impl fmt::Display for PjrtErrorCode {
     }
 }
 
+/// Why the value of a device-count variable (`GPU_NUM_DEVICES`,
+/// `KILN_CPU_DEVICES`) was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CountProblem {
+    /// Not a whole number (`two`, `1.5`).
+    NotANumber,
+    /// Zero or negative.
+    NotPositive,
+    /// More devices than there are.
+    TooMany { available: usize },
+}
+
+impl fmt::Display for CountProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CountProblem::NotANumber => f.write_str("is not a whole number"),
+            CountProblem::NotPositive => f.write_str("must be at least 1"),
+            CountProblem::TooMany { available } => {
+                write!(f, "asks for more devices than the {available} available")
+            }
+        }
+    }
+}
+
+/// The devices a requested count was checked against, shown in the error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DevicesFound {
+    /// What the CUDA driver showed (GPU names, or why there are none).
+    Gpus(GpuProbe),
+    /// The CPU plugin makes as many devices as asked, up to `max`.
+    CpuPlugin { max: usize },
+}
+
+impl fmt::Display for DevicesFound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DevicesFound::Gpus(probe) => write!(f, "devices found: {probe}"),
+            DevicesFound::CpuPlugin { max } => {
+                write!(f, "the XLA CPU plugin makes 1 to {max} devices")
+            }
+        }
+    }
+}
+
+/// `[0] NVIDIA H100, [1] NVIDIA H100`, or `none`.
+fn listed(items: &[String]) -> String {
+    if items.is_empty() {
+        "none".into()
+    } else {
+        items.join(", ")
+    }
+}
+
 fn display_paths(paths: &[PathBuf]) -> String {
     if paths.is_empty() {
         return "  (no search directories: python3 gave none and KILN_PLUGIN_DIR is unset)".into();
@@ -120,6 +174,34 @@ pub enum RuntimeError {
         var: &'static str,
         value: String,
         expected: &'static str,
+    },
+
+    #[error("{var}={value:?} {problem}; {found}")]
+    BadDeviceCount {
+        var: &'static str,
+        value: String,
+        problem: CountProblem,
+        found: DevicesFound,
+    },
+
+    #[error("PJRT_DEVICE=CUDA with {var} unset uses every visible GPU as a replica, but there is none: {found}")]
+    NoGpus { var: &'static str, found: GpuProbe },
+
+    #[error(
+        "the CUDA driver shows {} GPU(s) ({}) but the PJRT plugin exposes {} device(s) ({}); {var} is checked against the driver's GPUs, so the two must agree (is CUDA_VISIBLE_DEVICES the same for both, and the plugin built for this driver?)",
+        driver_gpus.len(), listed(driver_gpus), pjrt_devices.len(), listed(pjrt_devices)
+    )]
+    GpuCountMismatch {
+        var: &'static str,
+        driver_gpus: Vec<String>,
+        pjrt_devices: Vec<String>,
+    },
+
+    #[error("{var}={requested} asked the PJRT CPU client for {requested} devices, but it exposes {exposed}")]
+    CpuDeviceCountIgnored {
+        var: &'static str,
+        requested: usize,
+        exposed: usize,
     },
 
     #[error("cannot load PJRT plugin {}", path.display())]

@@ -6,6 +6,9 @@
 //!
 //! - [`plugin`] finds the plugin (explicit path, `KILN_PJRT_PLUGIN`, `PJRT_DEVICE`);
 //! - [`cache`] is the persistent compile cache (serialized executables on disk);
+//! - [`gpu`] probes the CUDA driver for GPUs (names, memory); [`replicas`]
+//!   turns `GPU_NUM_DEVICES` / `KILN_CPU_DEVICES` into a replica count and
+//!   client options;
 //! - [`pjrt`] is kiln's binding to the PJRT C API (the only `unsafe` code);
 //! - [`Client`], [`Device`], [`Buffer`], [`Executable`] are the checked API:
 //!   argument counts, dtypes, shapes, devices and client identity are verified
@@ -18,8 +21,10 @@ pub mod compile_options;
 pub mod element_type;
 pub mod error;
 pub mod executable;
+pub mod gpu;
 pub mod pjrt;
 pub mod plugin;
+pub mod replicas;
 pub mod signature;
 
 pub use buffer::{live_buffer_count, Buffer};
@@ -27,7 +32,9 @@ pub use cache::{CacheStats, CompileKey, DiskCache, DiskCacheConfig, EntryInfo, L
 pub use client::{Client, ClientOptions, Device};
 pub use compile_options::CompileOptions;
 pub use element_type::{ElementType, NativeType};
-pub use error::{PjrtErrorCode, Result, RuntimeError};
+pub use error::{CountProblem, DevicesFound, PjrtErrorCode, Result, RuntimeError};
 pub use executable::{CompiledMemoryStats, ExecArg, Executable};
+pub use gpu::{probe_gpus, GpuInfo, GpuProbe};
 pub use plugin::PjrtDevice;
+pub use replicas::{replica_plan_from_env, ReplicaEnv, ReplicaPlan, ReplicaSource};
 pub use signature::{ArgType, Signature};

@@ -165,7 +165,10 @@ fn compile(
 ) -> anyhow::Result<(Client, kiln::runtime::Executable, Duration)> {
     // The CPU plugin exposes one device unless told otherwise; other plugins
     // have the devices they have, and a too-small count is caught below.
-    let cpu_device_count = (replicas > 1).then_some(replicas);
+    // Only the CPU plugin knows `cpu_device_count`: send it only when the CPU
+    // plugin is the one discovery will pick.
+    let on_cpu = plugin.is_none() && kiln::runtime::PjrtDevice::from_env()? == kiln::runtime::PjrtDevice::Cpu;
+    let cpu_device_count = (replicas > 1 && on_cpu).then_some(replicas);
     let client = Client::new(&ClientOptions { plugin, cpu_device_count }).context("creating the PJRT client")?;
     let devices = client.devices().len();
     if devices < replicas {

@@ -1,6 +1,7 @@
 //! kiln's own binding to the PJRT C API (≥ 0.81), loaded at run time.
 //!
-//! This module is the only place in the crate with `unsafe`. It offers small
+//! This module is the only place in the crate with `unsafe` (the GPU probe's
+//! few driver calls included, in `cuda`). It offers small
 //! RAII handles (`RawClient`, `RawBuffer`, `RawLoadedExecutable`, ...) whose
 //! methods are safe: each owns exactly one PJRT object and frees it on drop,
 //! and each keeps a `&'static Api` so the plugin it came from outlives it
@@ -8,12 +9,14 @@
 //! (`client`, `buffer`, `executable`).
 
 pub(crate) mod api;
+pub(crate) mod cuda;
 pub mod ffi;
 pub(crate) mod handles;
 pub(crate) mod host;
 
 pub(crate) use api::Api;
 pub use api::REQUIRED_API_VERSION;
+pub use cuda::CUDA_DRIVER_LIBRARY;
 
 /// Sizes and field offsets of every `#[repr(C)]` struct kiln declares, for the
 /// test that compares them with the installed `pjrt_c_api.h`.
