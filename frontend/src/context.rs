@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use kiln_compiler::ir::{DType, Graph, Literal, Op, Shape, TensorType, ValueId};
+use kiln_runtime::replicas::ReplicaPlan;
 use kiln_runtime::{Buffer, Client, CompileKey, DiskCache, DiskCacheConfig};
 
 use crate::error::{FrontendError, Result};
@@ -32,8 +33,29 @@ static NEXT_TENSOR: AtomicU64 = AtomicU64::new(1);
 /// Where a ready tensor's data lives.
 #[derive(Clone)]
 pub(crate) enum Storage {
+    /// One host value, the same on every replica.
     Host(Arc<Literal>),
-    Device(Arc<Buffer>),
+    /// One host value per replica, in replica order (data shards, the
+    /// per-replica generator state).
+    HostShards(Arc<Vec<Literal>>),
+    /// One device buffer per replica, in replica order.
+    Device(Arc<DeviceValue>),
+}
+
+/// A value on the devices: one buffer per replica, replica `r`'s on the
+/// device that runs replica `r`.
+pub(crate) struct DeviceValue(pub Vec<Buffer>);
+
+impl Storage {
+    /// Number of replicas the storage holds values for (`None`: the same
+    /// value serves any number).
+    pub fn replicas(&self) -> Option<usize> {
+        match self {
+            Storage::Host(_) => None,
+            Storage::HostShards(s) => Some(s.len()),
+            Storage::Device(d) => Some(d.0.len()),
+        }
+    }
 }
 
 pub(crate) enum State {
@@ -152,8 +174,9 @@ pub(crate) struct Context {
     pub trace: Trace,
     pub backend: Backend,
     pub client: Option<Client>,
-    /// Data-parallel replicas every step runs on (see [`crate::replicas`]).
-    pub replicas: usize,
+    /// How many replicas every step runs on and how the client is made:
+    /// from the environment on first use, or set by [`crate::replicas`].
+    pub plan: Option<ReplicaPlan>,
     /// Compiled programs by the raw trace's key (the hit path). Only looked
     /// up, never iterated.
     pub cache: HashMap<u64, Rc<CacheEntry>>,
@@ -183,7 +206,7 @@ thread_local! {
         trace: Trace::new(),
         backend: Backend::Pjrt,
         client: None,
-        replicas: 1,
+        plan: None,
         cache: HashMap::new(),
         programs: HashMap::new(),
         history: Vec::new(),
@@ -271,12 +294,30 @@ impl Context {
         t.live.push(Rc::downgrade(inner));
     }
 
+    /// The replica plan: `PJRT_DEVICE`, `GPU_NUM_DEVICES` and
+    /// `KILN_CPU_DEVICES` on first use, unless set explicitly.
+    pub fn plan(&mut self) -> Result<&ReplicaPlan> {
+        if self.plan.is_none() {
+            let plan = kiln_runtime::replicas::replica_plan_from_env()?;
+            if plan.replicas > 1 {
+                tracing::info!(replicas = plan.replicas, source = ?plan.source, "kiln: data-parallel replicas");
+            }
+            self.plan = Some(plan);
+        }
+        Ok(self.plan.as_ref().expect("set above"))
+    }
+
+    /// Replicas every step runs on.
+    pub fn replicas(&mut self) -> Result<usize> {
+        Ok(self.plan()?.replicas)
+    }
+
     pub fn client(&mut self) -> Result<Client> {
         if let Some(c) = &self.client {
             return Ok(c.clone());
         }
-        let client = Client::new(&kiln_runtime::ClientOptions::default())?;
-        tracing::info!(platform = %client.platform_name(), "kiln: PJRT client ready");
+        let client = self.plan()?.create_client()?;
+        tracing::info!(platform = %client.platform_name(), devices = client.devices().len(), "kiln: PJRT client ready");
         self.client = Some(client.clone());
         Ok(client)
     }
@@ -296,6 +337,17 @@ pub fn backend() -> Backend {
 pub fn set_client(client: Client) {
     with(|c| {
         c.client = Some(client);
+        c.clear_programs();
+    });
+}
+
+/// Replaces the replica plan (and drops the client and programs made for the
+/// old one). Tensors already on the devices keep their old replica count; a
+/// step that mixes counts is refused.
+pub(crate) fn set_plan(plan: ReplicaPlan) {
+    with(|c| {
+        c.plan = Some(plan);
+        c.client = None;
         c.clear_programs();
     });
 }

@@ -15,7 +15,7 @@ use kiln_compiler::passes::eliminate_dead_code;
 use kiln_compiler::{lower as lower_graph, pipeline, LowerOptions};
 use kiln_runtime::{ElementType, ExecArg};
 
-use crate::context::{self, Backend, Binding, CacheEntry, Inner, State, Storage, Trace};
+use crate::context::{self, Backend, Binding, CacheEntry, DeviceValue, Inner, State, Storage, Trace};
 use crate::error::{FrontendError, Result};
 use crate::{metrics, program};
 use crate::tensor::Tensor;
@@ -133,8 +133,9 @@ fn add_donations(trace: &mut Trace, receivers: &[Vec<Rc<Inner>>]) -> Result<()> 
         // else will hold, so step 1 (host-initialised state) compiles to the same
         // program as every later step (device state).
         let sole_holder = match &b.storage {
-            Storage::Device(buf) => Arc::strong_count(buf) == 1,
+            Storage::Device(value) => Arc::strong_count(value) == 1,
             Storage::Host(lit) => Arc::strong_count(lit) == 1,
+            Storage::HostShards(shards) => Arc::strong_count(shards) == 1,
         };
         if !sole_holder {
             continue;
@@ -212,7 +213,7 @@ fn compiled(graph: &Graph, bindings: &[Binding], key: u64, report: &mut StepRepo
         context::with(|c| c.new_programs_in_a_row = 0);
         return Ok(entry);
     }
-    let (client, replicas) = context::with(|c| Ok::<_, FrontendError>((c.client()?, c.replicas)))?;
+    let (client, replicas) = context::with(|c| Ok::<_, FrontendError>((c.client()?, c.replicas()?)))?;
     let got = program::obtain(graph, bindings, &client, replicas)?;
     report.compiled = got.compiled;
     report.recompile = got.explanation;
@@ -244,85 +245,151 @@ fn run_pjrt(graph: &Graph, bindings: Vec<Binding>, key: u64, report: &mut StepRe
     report.donated = entry.donated.iter().filter(|&&d| d).count();
     let client = context::with(|c| c.client())?;
     let bindings = select(bindings, &entry.kept_params);
-    let donated = &entry.donated;
-    let device = client.devices().into_iter().next().ok_or_else(|| FrontendError::InvalidArgument {
-        op: "mark_step",
-        reason: "the PJRT client has no devices".into(),
-    })?;
-    // Host data is uploaded once; the tensor then keeps the device copy.
+    let exe = &entry.program.exe;
+    let devices = exe.replica_devices();
+    let replicas = devices.len();
+    // Host data is uploaded once (to every replica's device); the tensor then
+    // keeps the device copy.
     let t_upload = Instant::now();
-    let mut owned = Vec::with_capacity(bindings.len());
-    for b in bindings {
-        let buf = match b.storage {
-            Storage::Device(buf) => buf,
-            Storage::Host(lit) => {
-                let dims = lit.ty().shape.dims().to_vec();
-                let buf = Arc::new(client.buffer_from_bytes(lit.bytes(), element_type(lit.ty().dtype), &dims, &device)?);
-                metrics::update(|m| m.host_to_device_bytes += lit.bytes().len() as u64);
-                if let Some(t) = b.tensor.upgrade() {
-                    let mut st = t.state.borrow_mut();
-                    if matches!(&*st, State::Ready(Storage::Host(l)) if Arc::ptr_eq(l, &lit)) {
-                        *st = State::Ready(Storage::Device(buf.clone()));
-                    }
-                }
-                buf
-            }
+    let mut owned: Vec<Arc<DeviceValue>> = Vec::with_capacity(bindings.len());
+    for (i, b) in bindings.into_iter().enumerate() {
+        let mismatch = |got: usize| FrontendError::InvalidArgument {
+            op: "mark_step",
+            reason: format!(
+                "argument {i} ({}) holds values for {got} replicas but the step runs on {replicas}: \
+                 set the replica count before creating tensors",
+                b.tensor.upgrade().map_or_else(|| "a dropped tensor".to_string(), |t| t.ty.to_string())
+            ),
         };
-        owned.push(buf);
+        if let Some(got) = b.storage.replicas().filter(|&n| n != replicas) {
+            return Err(mismatch(got));
+        }
+        let value = match &b.storage {
+            Storage::Device(value) => value.clone(),
+            Storage::Host(lit) => Arc::new(upload(&client, &devices, |_| lit)?),
+            Storage::HostShards(shards) => Arc::new(upload(&client, &devices, |r| &shards[r])?),
+        };
+        if !matches!(b.storage, Storage::Device(_)) {
+            if let Some(t) = b.tensor.upgrade() {
+                let mut st = t.state.borrow_mut();
+                let same = match (&*st, &b.storage) {
+                    (State::Ready(Storage::Host(a)), Storage::Host(b)) => Arc::ptr_eq(a, b),
+                    (State::Ready(Storage::HostShards(a)), Storage::HostShards(b)) => Arc::ptr_eq(a, b),
+                    _ => false,
+                };
+                if same {
+                    *st = State::Ready(Storage::Device(value.clone()));
+                }
+            }
+        }
+        owned.push(value);
     }
     metrics::span("upload", t_upload);
     // Donated buffers are moved in: the step's bindings held the last reference
     // (checked when the alias was added), so `try_unwrap` succeeds.
-    let mut bufs: Vec<Option<Arc<kiln_runtime::Buffer>>> = owned.into_iter().map(Some).collect();
-    let mut moved: Vec<Option<kiln_runtime::Buffer>> = (0..bufs.len()).map(|_| None).collect();
-    for (i, &d) in donated.iter().enumerate() {
+    let mut slots: Vec<Option<Arc<DeviceValue>>> = owned.into_iter().map(Some).collect();
+    let mut moved: Vec<Option<std::vec::IntoIter<kiln_runtime::Buffer>>> = (0..slots.len()).map(|_| None).collect();
+    for (i, &d) in entry.donated.iter().enumerate() {
         if d {
-            let arc = bufs[i].take().expect("each argument taken once");
-            moved[i] = Some(Arc::try_unwrap(arc).map_err(|_| FrontendError::InvalidArgument {
+            let arc = slots[i].take().expect("each argument taken once");
+            let value = Arc::try_unwrap(arc).map_err(|_| FrontendError::InvalidArgument {
                 op: "mark_step",
                 reason: format!("parameter {i} was marked for donation but is still shared"),
-            })?);
+            })?;
+            moved[i] = Some(value.0.into_iter());
         }
     }
-    let args: Vec<ExecArg> = moved
-        .into_iter()
-        .zip(&bufs)
-        .map(|(m, b)| match m {
-            Some(buf) => ExecArg::Donated(buf),
-            None => ExecArg::Borrowed(b.as_deref().expect("borrowed buffers stay in their slot")),
+    let args: Vec<Vec<ExecArg>> = (0..replicas)
+        .map(|r| {
+            moved
+                .iter_mut()
+                .zip(&slots)
+                .map(|(m, b)| match m {
+                    Some(bufs) => ExecArg::Donated(bufs.next().expect("one donated buffer per replica")),
+                    None => ExecArg::Borrowed(&b.as_deref().expect("borrowed values stay in their slot").0[r]),
+                })
+                .collect()
         })
         .collect();
     let t = Instant::now();
-    let outputs = entry.program.exe.execute(&args)?;
+    let per_replica = exe.execute_replicated(args)?;
     metrics::update(|m| {
         m.executions += 1;
         m.execute_time += t.elapsed();
-        m.flops_executed += entry.program.flops;
+        m.flops_executed += entry.program.flops * replicas as f64;
     });
     metrics::span("execute", t);
-    Ok(outputs.into_iter().map(|b| Storage::Device(Arc::new(b))).collect())
+    // `[replica][output]` -> one value per output, its buffers in replica order.
+    let mut outputs: Vec<Vec<kiln_runtime::Buffer>> = (0..exe.num_outputs()).map(|_| Vec::with_capacity(replicas)).collect();
+    for list in per_replica {
+        for (o, buf) in list.into_iter().enumerate() {
+            outputs[o].push(buf);
+        }
+    }
+    Ok(outputs.into_iter().map(|bufs| Storage::Device(Arc::new(DeviceValue(bufs)))).collect())
 }
 
-fn run_reference(graph: &Graph, bindings: Vec<Binding>) -> Result<Vec<Storage>> {
-    let types = graph.param_types();
-    let inputs = bindings
+/// Uploads `value(r)` to replica `r`'s device, for every replica.
+fn upload<'a>(
+    client: &kiln_runtime::Client,
+    devices: &[kiln_runtime::Device],
+    value: impl Fn(usize) -> &'a Literal,
+) -> Result<DeviceValue> {
+    let bufs = devices
         .iter()
-        .zip(types)
-        .map(|(b, ty)| match &b.storage {
-            Storage::Host(lit) => Ok((**lit).clone()),
-            Storage::Device(buf) => {
-                let bytes = buf.to_host_bytes()?;
-                Ok(Literal::from_bytes(ty, bytes)?)
-            }
+        .enumerate()
+        .map(|(r, device)| {
+            let lit = value(r);
+            let buf = client.buffer_from_bytes(lit.bytes(), element_type(lit.ty().dtype), lit.ty().shape.dims(), device)?;
+            metrics::update(|m| m.host_to_device_bytes += lit.bytes().len() as u64);
+            Ok(buf)
         })
-        .collect::<Result<Vec<Literal>>>()?;
+        .collect::<Result<Vec<_>>>()?;
+    Ok(DeviceValue(bufs))
+}
+
+/// Runs the step on the reference interpreter, all replicas in lockstep.
+fn run_reference(graph: &Graph, bindings: Vec<Binding>) -> Result<Vec<Storage>> {
+    let replicas = context::with(|c| c.replicas())?;
+    let types = graph.param_types();
+    let mut inputs: Vec<Vec<Literal>> = vec![Vec::with_capacity(bindings.len()); replicas];
+    for (b, ty) in bindings.iter().zip(types) {
+        if let Some(got) = b.storage.replicas().filter(|&n| n != replicas) {
+            return Err(FrontendError::InvalidArgument {
+                op: "mark_step",
+                reason: format!("an argument ({ty}) holds values for {got} replicas but the step runs on {replicas}"),
+            });
+        }
+        for (r, list) in inputs.iter_mut().enumerate() {
+            list.push(match &b.storage {
+                Storage::Host(lit) => (**lit).clone(),
+                Storage::HostShards(shards) => shards[r].clone(),
+                Storage::Device(value) => Literal::from_bytes(ty.clone(), value.0[r].to_host_bytes()?)?,
+            });
+        }
+    }
     let t = Instant::now();
-    let outputs = kiln_compiler::interpret(graph, &inputs)?;
+    let per_replica = kiln_compiler::interpret_replicated(graph, &inputs)?;
     metrics::update(|m| {
         m.executions += 1;
         m.execute_time += t.elapsed();
     });
-    Ok(outputs.into_iter().map(|l| Storage::Host(Arc::new(l))).collect())
+    let mut outputs: Vec<Vec<Literal>> = (0..graph.outputs().len()).map(|_| Vec::with_capacity(replicas)).collect();
+    for list in per_replica {
+        for (o, lit) in list.into_iter().enumerate() {
+            outputs[o].push(lit);
+        }
+    }
+    Ok(outputs
+        .into_iter()
+        .map(|mut lits| {
+            if lits.len() == 1 {
+                Storage::Host(Arc::new(lits.pop().expect("one replica")))
+            } else {
+                Storage::HostShards(Arc::new(lits))
+            }
+        })
+        .collect())
 }
 
 /// Runs `f` as one step: records it, then `mark_step`.

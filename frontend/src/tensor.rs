@@ -17,7 +17,7 @@ use kiln_compiler::ir::{
     ValueId,
 };
 
-use crate::context::{self, Inner, State, Storage};
+use crate::context::{self, DeviceValue, Inner, State, Storage};
 use crate::element::{self, Element};
 use crate::error::{FrontendError, Result};
 use crate::{amp, metrics, step};
@@ -31,7 +31,9 @@ impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &*self.inner.state.borrow() {
             State::Ready(Storage::Host(_)) => "host".to_string(),
-            State::Ready(Storage::Device(_)) => "device".to_string(),
+            State::Ready(Storage::HostShards(s)) => format!("host, {} shards", s.len()),
+            State::Ready(Storage::Device(d)) if d.0.len() == 1 => "device".to_string(),
+            State::Ready(Storage::Device(d)) => format!("device, {} replicas", d.0.len()),
             State::Pending { value, .. } => format!("pending {value}"),
         };
         write!(f, "Tensor({}, {state})", self.inner.ty)
@@ -95,7 +97,7 @@ impl Tensor {
     /// A ready tensor on a device buffer of this thread's client.
     pub fn from_buffer(buffer: kiln_runtime::Buffer) -> Result<Tensor> {
         let ty = TensorType::new(step::dtype_of(buffer.element_type()), buffer.dims());
-        Ok(Tensor::wrap(Inner::new(ty, State::Ready(Storage::Device(Arc::new(buffer))))))
+        Ok(Tensor::wrap(Inner::new(ty, State::Ready(Storage::Device(Arc::new(DeviceValue(vec![buffer])))))))
     }
 
     pub fn from_literal(literal: Literal) -> Tensor {
@@ -237,7 +239,19 @@ impl Tensor {
         Ok(self.to_f64s()?[0])
     }
 
+    /// Replica 0's bytes (every replica's for [`Tensor::replica_bytes`]).
     fn to_bytes(&self) -> Result<Vec<u8>> {
+        Ok(self.read(Some(0))?.swap_remove(0))
+    }
+
+    /// Every replica's bytes, in replica order (one entry for a value that
+    /// is the same on every replica and lives on the host).
+    pub(crate) fn replica_bytes(&self) -> Result<Vec<Vec<u8>>> {
+        self.read(None)
+    }
+
+    /// Reads replica `only` (or all): an explicit sync, counted.
+    fn read(&self, only: Option<usize>) -> Result<Vec<Vec<u8>>> {
         if self.is_pending() {
             metrics::update(|m| m.forced_syncs += 1);
             tracing::warn!(tensor = %self.ty(), "kiln: reading a pending tensor forces the step to run now");
@@ -248,14 +262,19 @@ impl Tensor {
             State::Ready(s) => s.clone(),
             State::Pending { .. } => return Err(FrontendError::StaleTensor { op: "to_vec" }),
         };
+        let pick = |n: usize| match only {
+            Some(r) => r..r + 1,
+            None => 0..n,
+        };
         match storage {
-            Storage::Host(lit) => Ok(lit.bytes().to_vec()),
-            Storage::Device(buf) => {
+            Storage::Host(lit) => Ok(vec![lit.bytes().to_vec()]),
+            Storage::HostShards(shards) => Ok(shards[pick(shards.len())].iter().map(|l| l.bytes().to_vec()).collect()),
+            Storage::Device(value) => {
                 let t = std::time::Instant::now();
-                let bytes = buf.to_host_bytes()?;
-                metrics::update(|m| m.device_to_host_bytes += bytes.len() as u64);
+                let out = value.0[pick(value.0.len())].iter().map(|b| b.to_host_bytes()).collect::<kiln_runtime::Result<Vec<_>>>()?;
+                metrics::update(|m| m.device_to_host_bytes += out.iter().map(|b| b.len() as u64).sum::<u64>());
                 metrics::span("download", t);
-                Ok(bytes)
+                Ok(out)
             }
         }
     }

@@ -130,6 +130,15 @@ impl Executable {
         self.num_replicas
     }
 
+    /// The device each replica runs on, in replica order: where its
+    /// arguments must live.
+    pub fn replica_devices(&self) -> Vec<crate::client::Device> {
+        self.replica_devices
+            .iter()
+            .map(|&index| crate::client::Device { client: self.client.clone(), index })
+            .collect()
+    }
+
     pub fn num_outputs(&self) -> usize {
         self.num_outputs
     }
