@@ -1,7 +1,7 @@
 //! Mixed precision end to end on the CPU plugin: the autocast policy as it
 //! lowers, dynamic loss scaling (skip, backoff, growth) inside the step,
-//! global-norm clipping against an f64 reference, and the ordered
-//! [`TrainStep`] against the plain optimizer step.
+//! global-norm clipping against an f64 reference, the ordered
+//! [`TrainStep`] against the plain optimizer step, and on two replicas.
 
 use kiln::amp::{self, LossScalerConfig};
 use kiln::clip;
@@ -427,6 +427,64 @@ fn the_ordered_step_without_amp_matches_the_plain_optimizer_step() -> anyhow::Re
         // stated tolerance is f32 rounding: 1e-6 relative.
         for (i, (x, y)) in a.iter().zip(&b).enumerate() {
             assert!((x - y).abs() <= 1e-6 * x.abs().max(1.0), "{name} param {i}: {x} vs {y}");
+        }
+    }
+    Ok(())
+}
+
+/// Parameters after `factors.len()` steps of [`TrainStep`] (scaled, f32, AdamW)
+/// on `replicas` replicas, replica `r` training on `shards[s][r]` scaled by
+/// `factors[s][r]`; every replica's parameters and skip flags.
+type ReplicaRun = (Vec<Vec<Vec<f32>>>, Vec<Vec<f32>>);
+
+fn run_replicas(replicas: usize, shards: &[Vec<(Vec<f32>, Vec<i32>)>], factors: &[Vec<f32>]) -> anyhow::Result<ReplicaRun> {
+    kiln::replicas::set_replicas(replicas)?;
+    let net = Net::new(30)?;
+    let mut opt = AdamW::new(&net.ps.tensors(), AdamWConfig::default())?;
+    let cfg = LossScalerConfig { init_scale: 1024.0, growth_interval: 1000, ..LossScalerConfig::default() };
+    let mut ts = TrainStep::new(TrainStepOptions { loss_scaling: Some(cfg), max_grad_norm: Some(1.0) })?;
+    let mut skipped = Vec::new();
+    for (step, f) in shards.iter().zip(factors) {
+        let n = step[0].1.len();
+        let x = kiln::replicas::from_shards(step.iter().map(|(x, _)| x.clone()).collect(), [n, 6])?;
+        let y = kiln::replicas::from_shards(step.iter().map(|(_, y)| y.clone()).collect(), [n])?;
+        let factor = kiln::replicas::from_shards(f.iter().map(|&v| vec![v]).collect(), [])?;
+        let loss = net.loss(&x, &y)?.mul(&factor)?;
+        let s = ts.record(&loss, &net.ps.tensors(), &mut opt, 0.05)?;
+        let flag = s.skipped.to_dtype(DType::F32)?;
+        kiln::mark_step()?;
+        skipped.push(kiln::replicas::replica_values::<f32>(&flag)?.concat());
+    }
+    let params = net.ps.tensors().iter().map(kiln::replicas::replica_values::<f32>).collect::<kiln::Result<Vec<_>>>()?;
+    Ok((params, skipped))
+}
+
+#[test]
+fn two_replicas_reduce_before_the_check_and_skip_together() -> anyhow::Result<()> {
+    let mut rng = Rng::new(31);
+    let mut shard = || -> (Vec<f32>, Vec<i32>) { (rng.normal_vec(30), (0..5).map(|i| (i * 7 % 3) as i32).collect()) };
+    let steps: Vec<Vec<(Vec<f32>, Vec<i32>)>> = (0..3).map(|_| vec![shard(), shard()]).collect();
+    // Step 2: only replica 1's loss is inf.
+    let factors = vec![vec![1.0, 1.0], vec![1.0, f32::INFINITY], vec![1.0, 1.0]];
+    // The same batches whole on one replica (its own thread: the replica count
+    // is set per thread before any tensor exists).
+    let whole: Vec<Vec<(Vec<f32>, Vec<i32>)>> =
+        steps.iter().map(|s| vec![(s.iter().flat_map(|(x, _)| x.clone()).collect(), s.iter().flat_map(|(_, y)| y.clone()).collect())]).collect();
+    let whole_factors: Vec<Vec<f32>> = vec![vec![1.0], vec![f32::INFINITY], vec![1.0]];
+    let one = std::thread::spawn(move || run_replicas(1, &whole, &whole_factors).map_err(|e| e.to_string()))
+        .join()
+        .map_err(|_| anyhow::anyhow!("the one-replica run panicked"))?
+        .map_err(anyhow::Error::msg)?;
+    let two = run_replicas(2, &steps, &factors)?;
+
+    assert_eq!(two.1, vec![vec![0.0, 0.0], vec![1.0, 1.0], vec![0.0, 0.0]], "both replicas skip step 2 together");
+    assert_eq!(one.1, vec![vec![0.0], vec![1.0], vec![0.0]]);
+    for (i, (p2, p1)) in two.0.iter().zip(&one.0).enumerate() {
+        assert_eq!(p2[0], p2[1], "parameter {i} differs between replicas");
+        // The mean of two 5-example mean losses is the 10-example mean loss:
+        // same update up to f32 rounding of the two reductions (stated 1e-5).
+        for (a, b) in p2[0].iter().zip(&p1[0]) {
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "parameter {i}: {a} (2 replicas) vs {b} (1 replica)");
         }
     }
     Ok(())
