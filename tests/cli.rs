@@ -201,6 +201,21 @@ fn profile_refuses_what_it_cannot_profile() {
 }
 
 #[test]
+fn train_mlp_on_four_cpu_replicas() {
+    let out = kiln()
+        .env("KILN_CPU_DEVICES", "4")
+        .args(["train", "mlp", "--max-steps", "40", "--batch", "32", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(v["steps"], 40, "{v}");
+    assert_eq!(v["compiles"], 2, "train and eval programs, once each: {v}");
+    assert!(v["test_accuracy"].as_f64().unwrap() > 0.6, "{v}");
+}
+
+#[test]
 fn train_gpt_with_amp_reports_the_dtype_and_the_loss_scale() {
     let text = "/usr/share/common-licenses/Apache-2.0";
     let out = kiln()

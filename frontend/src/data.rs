@@ -165,6 +165,43 @@ pub fn batches(n: usize, batch_size: usize, shuffle_seed: Option<u64>, last: Las
     out
 }
 
+/// The distributed sampler: `batches` of `batch_per_replica × replicas`
+/// examples, each split into `replicas` contiguous shards, so step `k` gives
+/// replica `r` its own `batch_per_replica` examples. Shards are disjoint,
+/// every replica gets the same number of batches, and the global batches are
+/// exactly those one replica with `batch_per_replica × replicas` would see (so
+/// the all-reduced mean gradient equals that replica's gradient).
+pub fn replica_batches(
+    n: usize,
+    batch_per_replica: usize,
+    replicas: usize,
+    shuffle_seed: Option<u64>,
+    last: LastBatch,
+) -> Vec<Vec<Batch>> {
+    let b = batch_per_replica.max(1);
+    batches(n, b * replicas.max(1), shuffle_seed, last)
+        .into_iter()
+        .map(|g| {
+            g.indices
+                .chunks(b)
+                .zip(g.weights.chunks(b))
+                .map(|(i, w)| Batch { indices: i.to_vec(), weights: w.to_vec() })
+                .collect()
+        })
+        .collect()
+}
+
+/// One step's shards as tensors holding replica `r`'s images and labels on
+/// replica `r` (`[b, pixels]` f32 and `[b]` s32 per replica).
+pub fn image_shards(set: &ImageSet, shards: &[Batch]) -> Result<(Tensor, Tensor)> {
+    let b = shards.first().map_or(0, |s| s.indices.len());
+    let (xs, ys): (Vec<_>, Vec<_>) = shards.iter().map(|s| host_batch(set, s)).unzip();
+    Ok((
+        crate::replicas::from_shards(xs, [b, set.pixels()])?.with_name("images"),
+        crate::replicas::from_shards(ys, [b])?.with_name("labels"),
+    ))
+}
+
 /// Pixels in `[0, 1]` and labels of `batch`, on the host.
 fn host_batch(set: &ImageSet, batch: &Batch) -> (Vec<f32>, Vec<i32>) {
     let p = set.pixels();

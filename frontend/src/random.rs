@@ -18,21 +18,39 @@ thread_local! {
 
 const DEFAULT_SEED: u64 = 0x6b69_6c6e; // "kiln"
 
-fn state_literal(seed: u64) -> Literal {
+fn state_literal(key: u64) -> Literal {
     let mut bytes = Vec::with_capacity(16);
-    bytes.extend(seed.to_le_bytes());
+    bytes.extend(key.to_le_bytes());
     bytes.extend(0u64.to_le_bytes());
     Literal::from_bytes(TensorType::new(DType::U64, [2]), bytes).expect("16 bytes fill u64[2]")
 }
 
-/// Restarts the generator from `seed`.
+/// Replica `r`'s generator key for `seed`: replica 0 keeps the seed itself (a
+/// single replica draws what it always drew), the others get keys spread by
+/// the golden-ratio increment, so dropout masks differ between replicas.
+fn replica_key(seed: u64, r: usize) -> u64 {
+    seed.wrapping_add((r as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
+/// The initial state: one key per replica of this thread's steps.
+fn initial_state(seed: u64) -> Tensor {
+    // A plan that cannot be made fails the first step with its own error.
+    let replicas = crate::context::with(|c| c.replicas()).unwrap_or(1);
+    if replicas == 1 {
+        return Tensor::from_literal(state_literal(seed));
+    }
+    let states: Vec<Vec<u64>> = (0..replicas).map(|r| vec![replica_key(seed, r), 0]).collect();
+    crate::replicas::from_shards(states, [2]).unwrap_or_else(|_| Tensor::from_literal(state_literal(seed)))
+}
+
+/// Restarts the generator from `seed` (each replica from its own key).
 pub fn manual_seed(seed: u64) {
-    STATE.with(|s| *s.borrow_mut() = Some(Tensor::from_literal(state_literal(seed))));
+    STATE.with(|s| *s.borrow_mut() = Some(initial_state(seed)));
 }
 
 /// The generator's state tensor (for checkpoints).
 pub fn state() -> Tensor {
-    STATE.with(|s| s.borrow_mut().get_or_insert_with(|| Tensor::from_literal(state_literal(DEFAULT_SEED))).clone())
+    STATE.with(|s| s.borrow_mut().get_or_insert_with(|| initial_state(DEFAULT_SEED)).clone())
 }
 
 /// Replaces the generator's state (from a checkpoint).

@@ -18,8 +18,10 @@
 //!    steps).
 //!
 //! [`TrainStep::step`] is `record` followed by `mark_step`. Nothing is read back
-//! to the host: the loss, the norm, whether the step was skipped and the scale
-//! come back as tensors, ready once the step has run.
+//! to the host: the loss (averaged over replicas), the norm, whether the step
+//! was skipped and the scale come back as tensors, ready once the step has run.
+//! The norm, the skip decision and the scale are computed from all-reduced
+//! gradients, so every replica makes the same decision.
 //!
 //! Without a scaler (full precision) steps 1 and 3 are the identity and the
 //! rest is unchanged: a step with non-finite gradients is skipped there too.
@@ -50,7 +52,7 @@ pub struct TrainStepOptions {
 /// step has run is a plain read, not a forced sync).
 #[derive(Clone, Debug)]
 pub struct StepStats {
-    /// The unscaled loss (f32 scalar).
+    /// The unscaled loss, averaged over replicas (f32 scalar).
     pub loss: Tensor,
     /// Global norm of the unscaled gradients before clipping (f32 scalar).
     pub grad_norm: Tensor,
@@ -140,7 +142,8 @@ impl TrainStep {
             }
             None => Tensor::ones(DType::F32, [])?,
         };
-        Ok(StepStats { loss: loss.clone(), grad_norm, skipped: clean.logical_not()?, scale })
+        let loss = replicas::all_reduce_mean(std::slice::from_ref(loss))?.remove(0);
+        Ok(StepStats { loss, grad_norm, skipped: clean.logical_not()?, scale })
     }
 
     /// [`TrainStep::record`], then `mark_step`.

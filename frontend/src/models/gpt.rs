@@ -192,16 +192,26 @@ impl GptTrainer {
         })
     }
 
-    /// Random windows: inputs `[batch, seq]`, targets (shifted by one) `[batch·seq]`.
+    /// Random windows: inputs `[batch, seq]`, targets (shifted by one)
+    /// `[batch·seq]`; with several replicas, each replica draws its own.
     pub fn next_batch(&mut self) -> Result<(Tensor, Tensor)> {
         let (b, t) = (self.cfg.batch, self.cfg.seq);
-        let (mut x, mut y) = (Vec::with_capacity(b * t), Vec::with_capacity(b * t));
-        for _ in 0..b {
-            let start = (self.sampler.next_u64() % (self.data.len() - t) as u64) as usize;
-            x.extend_from_slice(&self.data[start..start + t]);
-            y.extend_from_slice(&self.data[start + 1..start + t + 1]);
+        let replicas = crate::replicas::num_replicas()?;
+        let (mut xs, mut ys) = (Vec::with_capacity(replicas), Vec::with_capacity(replicas));
+        for _ in 0..replicas {
+            let (mut x, mut y) = (Vec::with_capacity(b * t), Vec::with_capacity(b * t));
+            for _ in 0..b {
+                let start = (self.sampler.next_u64() % (self.data.len() - t) as u64) as usize;
+                x.extend_from_slice(&self.data[start..start + t]);
+                y.extend_from_slice(&self.data[start + 1..start + t + 1]);
+            }
+            xs.push(x);
+            ys.push(y);
         }
-        Ok((Tensor::from_vec(x, [b, t])?, Tensor::from_vec(y, [b * t])?))
+        Ok((
+            crate::replicas::from_shards(xs, [b, t])?.with_name("tokens"),
+            crate::replicas::from_shards(ys, [b * t])?.with_name("targets"),
+        ))
     }
 
     /// Records and runs one training step; returns the loss.

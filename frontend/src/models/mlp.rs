@@ -224,25 +224,42 @@ impl Trainer {
 /// Trains on `data` per `cfg`, calling `on_step` after every step.
 pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&StepInfo)) -> Result<TrainReport> {
     let before = metrics::snapshot();
+    let replicas = crate::replicas::num_replicas()?;
     let mut t = Trainer::new(data.train.pixels(), 10, cfg)?;
-    let per_epoch = (data.train.len() / cfg.batch) as u64;
+    // `cfg.batch` examples per replica per step.
+    let per_epoch = (data.train.len() / (cfg.batch * replicas)) as u64;
     let total = cfg.max_steps.unwrap_or(per_epoch * cfg.epochs as u64).min(per_epoch * cfg.epochs as u64);
     let schedule = WarmupCosine { base_lr: cfg.lr, min_lr: cfg.lr * 0.05, warmup_steps: (total / 20).max(1), total_steps: total };
     let mut report = TrainReport::default();
     let start = Instant::now();
+    let mut run = |t: &mut Trainer, epoch: usize, x: &Tensor, y: &Tensor, report: &mut TrainReport| -> Result<()> {
+        let t0 = Instant::now();
+        let loss = t.train_step_on(x, y, schedule.lr(t.step))?;
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        report.losses.push(loss);
+        report.step_ms.push(ms);
+        on_step(&StepInfo { epoch, step: t.step, steps_total: total, loss, step_ms: ms });
+        Ok(())
+    };
     'epochs: for epoch in 0..cfg.epochs {
-        let order = data::batches(data.train.len(), cfg.batch, Some(cfg.seed ^ epoch as u64), LastBatch::Drop);
-        for item in Prefetcher::new(data.train.clone(), order, 2)? {
-            if t.step >= total {
-                break 'epochs;
+        let seed = Some(cfg.seed ^ epoch as u64);
+        if replicas == 1 {
+            let order = data::batches(data.train.len(), cfg.batch, seed, LastBatch::Drop);
+            for item in Prefetcher::new(data.train.clone(), order, 2)? {
+                if t.step >= total {
+                    break 'epochs;
+                }
+                let (_, x, y) = item?;
+                run(&mut t, epoch, &x, &y, &mut report)?;
             }
-            let (_, x, y) = item?;
-            let t0 = Instant::now();
-            let loss = t.train_step_on(&x, &y, schedule.lr(t.step))?;
-            let ms = t0.elapsed().as_secs_f64() * 1e3;
-            report.losses.push(loss);
-            report.step_ms.push(ms);
-            on_step(&StepInfo { epoch, step: t.step, steps_total: total, loss, step_ms: ms });
+        } else {
+            for shards in data::replica_batches(data.train.len(), cfg.batch, replicas, seed, LastBatch::Drop) {
+                if t.step >= total {
+                    break 'epochs;
+                }
+                let (x, y) = data::image_shards(&data.train, &shards)?;
+                run(&mut t, epoch, &x, &y, &mut report)?;
+            }
         }
         if let Some(path) = &cfg.checkpoint {
             t.save(path)?;

@@ -9,19 +9,21 @@ use crate::error::Result;
 use crate::grad::grad;
 use crate::nn::ParamStore;
 use crate::optim::AdamW;
-use crate::random;
 use crate::step::mark_step;
 use crate::tensor::Tensor;
 use crate::train_step::{TrainStep, TrainStepOptions};
+use crate::{random, replicas};
 
-/// The step every built-in loop runs: gradients of `loss`, the update, and
-/// `mark_step`; returns the loss (a value of the finished step, so no forced sync).
+/// The step every built-in loop runs: gradients of `loss`, averaged over
+/// replicas, the update, and `mark_step`; returns the loss averaged over
+/// replicas (a value of the finished step, so no forced sync).
 pub(crate) fn update_and_step(params: &ParamStore, opt: &mut AdamW, loss: &Tensor, lr: f64) -> Result<f64> {
     let tensors = params.tensors();
-    let grads = grad(loss, &tensors)?;
+    let grads = replicas::all_reduce_mean(&grad(loss, &tensors)?)?;
     opt.step(&tensors, &grads, lr)?;
+    let mean_loss = replicas::all_reduce_mean(std::slice::from_ref(loss))?.remove(0);
     mark_step()?;
-    loss.item()
+    mean_loss.item()
 }
 
 /// The ordered step for a loop with mixed precision (`amp`) or clipping, `None`
