@@ -51,8 +51,12 @@ enum Model {
     Mlp {
         #[arg(long, default_value_t = 8)]
         epochs: usize,
+        /// Examples per step on each replica.
         #[arg(long, default_value_t = 128)]
         batch: usize,
+        /// Hidden layer widths (BENCHMARKS.md's mlp-b4096 is 4096,4096).
+        #[arg(long, value_delimiter = ',', default_value = "256,128")]
+        hidden: Vec<usize>,
         #[arg(long, default_value_t = 2e-3)]
         lr: f64,
         #[arg(long, default_value_t = 0)]
@@ -87,6 +91,10 @@ enum Model {
         /// Training steps (default: the config's).
         #[arg(long)]
         steps: Option<u64>,
+        /// Pad the vocabulary (the text's characters) to this size, e.g. GPT-2's
+        /// 50304 for its embedding and LM-head shapes.
+        #[arg(long)]
+        vocab: Option<usize>,
         #[arg(long, default_value_t = 0)]
         seed: u64,
         /// Mixed precision: matmuls in this dtype, f32 master weights.
@@ -143,16 +151,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Devices { json } => devices(json),
         Command::Profile(args) => cmd::profile::run(args),
         Command::Cache { command } => cmd::cache::run(command),
-        Command::Train { model: Model::Mlp { epochs, batch, lr, seed, max_steps, data, checkpoint, compare_eager, amp, json } } => {
-            let cfg = MlpConfig { epochs, batch, lr, seed, max_steps, checkpoint, amp: amp.map(Into::into), ..MlpConfig::default() };
+        Command::Train { model: Model::Mlp { epochs, batch, hidden, lr, seed, max_steps, data, checkpoint, compare_eager, amp, json } } => {
+            let cfg = MlpConfig { epochs, batch, hidden, lr, seed, max_steps, checkpoint, amp: amp.map(Into::into), ..MlpConfig::default() };
             train_mlp(&cfg, &data, compare_eager, json)
         }
-        Command::Train { model: Model::Gpt { text, config, steps, seed, amp, max_grad_norm, json } } => {
+        Command::Train { model: Model::Gpt { text, config, steps, vocab, seed, amp, max_grad_norm, json } } => {
             let base = match config {
                 GptSize::Tiny => gpt::GptConfig::tiny(0),
                 GptSize::Gpt2Small => gpt::GptConfig::gpt2_small(0),
             };
-            let cfg = gpt::GptConfig { steps: steps.unwrap_or(base.steps), seed, amp: amp.map(Into::into), max_grad_norm, ..base };
+            let cfg = gpt::GptConfig {
+                steps: steps.unwrap_or(base.steps),
+                vocab: vocab.unwrap_or(0),
+                seed,
+                amp: amp.map(Into::into),
+                max_grad_norm,
+                ..base
+            };
             train_gpt(&text, &cfg, json)
         }
     }

@@ -252,7 +252,8 @@ pub fn read_text(path: &Path, seq: usize) -> Result<String> {
 pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) -> Result<TrainReport> {
     let before = metrics::snapshot();
     let vocab = CharVocab::new(text);
-    let cfg = GptConfig { vocab: vocab.len(), ..cfg.clone() };
+    // `cfg.vocab` pads the embedding past the text's characters (0: no padding).
+    let cfg = GptConfig { vocab: vocab.len().max(cfg.vocab), ..cfg.clone() };
     let mut t = GptTrainer::new(vocab.encode(text), &cfg)?;
     let schedule =
         WarmupCosine { base_lr: cfg.lr, min_lr: cfg.lr * 0.1, warmup_steps: (cfg.steps / 10).max(1), total_steps: cfg.steps };
