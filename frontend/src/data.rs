@@ -221,37 +221,62 @@ pub fn image_batch(set: &ImageSet, batch: &Batch) -> Result<(Tensor, Tensor)> {
     Ok((Tensor::from_vec(x, [b, set.pixels()])?.with_name("images"), Tensor::from_vec(y, [b])?.with_name("labels")))
 }
 
-type Uploaded = kiln_runtime::Result<(kiln_runtime::Buffer, kiln_runtime::Buffer)>;
+/// One step's uploaded images and labels, one buffer pair per replica.
+type Uploaded = kiln_runtime::Result<(Vec<kiln_runtime::Buffer>, Vec<kiln_runtime::Buffer>)>;
 
-/// Host-to-device prefetch: a worker thread assembles the next batches and
-/// uploads them while the current step runs, up to `depth` batches ahead. With
-/// the reference backend (no device) batches are built on the caller's thread.
+/// Host-to-device prefetch: a worker thread assembles the next steps' batches
+/// and uploads them while the current step runs, up to `depth` steps ahead.
+/// Each step is one batch per replica (see [`replica_batches`]; one replica:
+/// one batch), uploaded to that replica's device. With the reference backend
+/// (no device) batches are built on the caller's thread.
 pub struct Prefetcher {
     set: Arc<ImageSet>,
-    batches: std::vec::IntoIter<Batch>,
+    steps: std::vec::IntoIter<Vec<Batch>>,
     rx: Option<Receiver<Uploaded>>,
     worker: Option<JoinHandle<()>>,
 }
 
 impl Prefetcher {
+    /// Prefetches single-replica `batches`.
     pub fn new(set: Arc<ImageSet>, batches: Vec<Batch>, depth: usize) -> Result<Prefetcher> {
+        Prefetcher::sharded(set, batches.into_iter().map(|b| vec![b]).collect(), depth)
+    }
+
+    /// Prefetches `steps[k][r]`: step `k`'s batch for replica `r`; every step
+    /// has one batch per replica of this thread's steps.
+    pub fn sharded(set: Arc<ImageSet>, steps: Vec<Vec<Batch>>, depth: usize) -> Result<Prefetcher> {
+        let replicas = crate::replicas::num_replicas()?;
+        if let Some(bad) = steps.iter().find(|s| s.len() != replicas) {
+            return Err(FrontendError::InvalidArgument {
+                op: "prefetch",
+                reason: format!("a step has {} batches for {replicas} replicas", bad.len()),
+            });
+        }
         if context::backend() != Backend::Pjrt {
-            return Ok(Prefetcher { set, batches: batches.into_iter(), rx: None, worker: None });
+            return Ok(Prefetcher { set, steps: steps.into_iter(), rx: None, worker: None });
         }
         let client = context::with(|c| c.client())?;
+        // XLA's default device assignment runs replica r on the client's r-th
+        // device; the runtime checks every argument's device before running.
+        let devices: Vec<_> = client.devices().into_iter().take(replicas).collect();
         let (tx, rx) = sync_channel::<Uploaded>(depth.max(1));
         let worker_set = set.clone();
-        let todo = batches.clone();
+        let todo = steps.clone();
         let worker = std::thread::Builder::new()
             .name("kiln-prefetch".into())
             .spawn(move || {
-                let Some(device) = client.devices().into_iter().next() else { return };
-                for b in &todo {
-                    let (x, y) = host_batch(&worker_set, b);
-                    let n = b.indices.len();
-                    let up = client
-                        .buffer_from_host(&x, &[n, worker_set.pixels()], &device)
-                        .and_then(|xb| Ok((xb, client.buffer_from_host(&y, &[n], &device)?)));
+                for step in &todo {
+                    let up = step
+                        .iter()
+                        .zip(&devices)
+                        .map(|(b, device)| {
+                            let (x, y) = host_batch(&worker_set, b);
+                            let n = b.indices.len();
+                            let xb = client.buffer_from_host(&x, &[n, worker_set.pixels()], device)?;
+                            Ok((xb, client.buffer_from_host(&y, &[n], device)?))
+                        })
+                        .collect::<kiln_runtime::Result<Vec<_>>>()
+                        .map(|pairs| pairs.into_iter().unzip());
                     // The receiver hung up: the loop stopped early.
                     if tx.send(up).is_err() {
                         return;
@@ -259,30 +284,36 @@ impl Prefetcher {
                 }
             })
             .map_err(|source| FrontendError::Io { path: "kiln-prefetch thread".into(), source })?;
-        Ok(Prefetcher { set, batches: batches.into_iter(), rx: Some(rx), worker: Some(worker) })
+        Ok(Prefetcher { set, steps: steps.into_iter(), rx: Some(rx), worker: Some(worker) })
     }
 }
 
 impl Iterator for Prefetcher {
-    /// The batch's indices and weights, its images and its labels.
-    type Item = Result<(Batch, Tensor, Tensor)>;
+    /// The step's batches (one per replica), its images and its labels.
+    type Item = Result<(Vec<Batch>, Tensor, Tensor)>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let batch = self.batches.next()?;
+        let step = self.steps.next()?;
         let Some(rx) = &self.rx else {
-            return Some(image_batch(&self.set, &batch).map(|(x, y)| (batch, x, y)));
+            return Some(image_shards(&self.set, &step).map(|(x, y)| (step, x, y)));
         };
         let up = match rx.recv() {
             Ok(up) => up,
-            Err(_) => return Some(Err(FrontendError::InvalidArgument {
-                op: "prefetch",
-                reason: "the prefetch thread stopped".into(),
-            })),
+            Err(_) => {
+                return Some(Err(FrontendError::InvalidArgument {
+                    op: "prefetch",
+                    reason: "the prefetch thread stopped".into(),
+                }))
+            }
         };
-        Some(up.map_err(FrontendError::from).and_then(|(xb, yb)| {
-            let bytes = (xb.on_device_size_in_bytes()? + yb.on_device_size_in_bytes()?) as u64;
-            crate::metrics::update(|m| m.host_to_device_bytes += bytes);
-            Ok((batch, Tensor::from_buffer(xb)?.with_name("images"), Tensor::from_buffer(yb)?.with_name("labels")))
+        Some(up.map_err(FrontendError::from).and_then(|(xs, ys)| {
+            let bytes = xs.iter().chain(&ys).map(|b| b.on_device_size_in_bytes()).sum::<kiln_runtime::Result<usize>>()?;
+            crate::metrics::update(|m| m.host_to_device_bytes += bytes as u64);
+            Ok((
+                step,
+                Tensor::from_replica_buffers(xs)?.with_name("images"),
+                Tensor::from_replica_buffers(ys)?.with_name("labels"),
+            ))
         }))
     }
 }

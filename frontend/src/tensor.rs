@@ -96,8 +96,23 @@ impl Tensor {
 
     /// A ready tensor on a device buffer of this thread's client.
     pub fn from_buffer(buffer: kiln_runtime::Buffer) -> Result<Tensor> {
-        let ty = TensorType::new(step::dtype_of(buffer.element_type()), buffer.dims());
-        Ok(Tensor::wrap(Inner::new(ty, State::Ready(Storage::Device(Arc::new(DeviceValue(vec![buffer])))))))
+        Tensor::from_replica_buffers(vec![buffer])
+    }
+
+    /// A ready tensor with one device buffer per replica (replica `r`'s on the
+    /// device that runs replica `r`); the buffers must agree in type.
+    pub fn from_replica_buffers(buffers: Vec<kiln_runtime::Buffer>) -> Result<Tensor> {
+        let Some(first) = buffers.first() else {
+            return Err(FrontendError::InvalidArgument { op: "from_replica_buffers", reason: "no buffers".into() });
+        };
+        let ty = TensorType::new(step::dtype_of(first.element_type()), first.dims());
+        if let Some((r, b)) = buffers.iter().enumerate().find(|(_, b)| b.arg_type() != first.arg_type()) {
+            return Err(FrontendError::InvalidArgument {
+                op: "from_replica_buffers",
+                reason: format!("replica {r}'s buffer is {}, replica 0's {}", b.arg_type(), first.arg_type()),
+            });
+        }
+        Ok(Tensor::wrap(Inner::new(ty, State::Ready(Storage::Device(Arc::new(DeviceValue(buffers)))))))
     }
 
     pub fn from_literal(literal: Literal) -> Tensor {

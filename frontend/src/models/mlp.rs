@@ -243,23 +243,13 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     };
     'epochs: for epoch in 0..cfg.epochs {
         let seed = Some(cfg.seed ^ epoch as u64);
-        if replicas == 1 {
-            let order = data::batches(data.train.len(), cfg.batch, seed, LastBatch::Drop);
-            for item in Prefetcher::new(data.train.clone(), order, 2)? {
-                if t.step >= total {
-                    break 'epochs;
-                }
-                let (_, x, y) = item?;
-                run(&mut t, epoch, &x, &y, &mut report)?;
+        let steps = data::replica_batches(data.train.len(), cfg.batch, replicas, seed, LastBatch::Drop);
+        for item in Prefetcher::sharded(data.train.clone(), steps, 2)? {
+            if t.step >= total {
+                break 'epochs;
             }
-        } else {
-            for shards in data::replica_batches(data.train.len(), cfg.batch, replicas, seed, LastBatch::Drop) {
-                if t.step >= total {
-                    break 'epochs;
-                }
-                let (x, y) = data::image_shards(&data.train, &shards)?;
-                run(&mut t, epoch, &x, &y, &mut report)?;
-            }
+            let (_, x, y) = item?;
+            run(&mut t, epoch, &x, &y, &mut report)?;
         }
         if let Some(path) = &cfg.checkpoint {
             t.save(path)?;
