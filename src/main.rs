@@ -13,6 +13,8 @@ use serde_json::json;
 
 mod cmd;
 
+use cmd::{AmpDtype, GptSize};
+
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "kiln: a graph-compiling training accelerator")]
 struct Cli {
@@ -109,27 +111,6 @@ enum Model {
     },
 }
 
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum AmpDtype {
-    Bf16,
-    F16,
-}
-
-impl From<AmpDtype> for kiln::DType {
-    fn from(d: AmpDtype) -> kiln::DType {
-        match d {
-            AmpDtype::Bf16 => kiln::DType::BF16,
-            AmpDtype::F16 => kiln::DType::F16,
-        }
-    }
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum GptSize {
-    Tiny,
-    #[value(name = "gpt2-small")]
-    Gpt2Small,
-}
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -156,10 +137,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             train_mlp(&cfg, &data, compare_eager, json)
         }
         Command::Train { model: Model::Gpt { text, config, steps, vocab, seed, amp, max_grad_norm, json } } => {
-            let base = match config {
-                GptSize::Tiny => gpt::GptConfig::tiny(0),
-                GptSize::Gpt2Small => gpt::GptConfig::gpt2_small(0),
-            };
+            let base = config.config();
             let cfg = gpt::GptConfig {
                 steps: steps.unwrap_or(base.steps),
                 vocab: vocab.unwrap_or(0),

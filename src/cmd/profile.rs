@@ -22,6 +22,8 @@ use kiln::models::{gpt, mlp};
 use kiln::runtime::{Client, ClientOptions, CompileOptions, ElementType, ExecArg};
 use serde_json::json;
 
+use super::{AmpDtype, GptSize};
+
 #[derive(Args)]
 pub struct ProfileArgs {
     /// `mlp`, `gpt`, or the path of a step graph in kiln's text form.
@@ -42,9 +44,21 @@ pub struct ProfileArgs {
     /// The text to learn (gpt).
     #[arg(long)]
     text: Option<PathBuf>,
-    /// Batch size (mlp).
+    /// Batch size per replica (mlp).
     #[arg(long, default_value_t = 128)]
     batch: usize,
+    /// Hidden layer widths (mlp).
+    #[arg(long, value_delimiter = ',', default_value = "256,128")]
+    hidden: Vec<usize>,
+    /// Model size (gpt).
+    #[arg(long, value_enum, default_value_t = GptSize::Tiny)]
+    config: GptSize,
+    /// Pad the character vocabulary to this size (gpt).
+    #[arg(long)]
+    vocab: Option<usize>,
+    /// Mixed precision: matmuls in this dtype, f32 master weights.
+    #[arg(long)]
+    amp: Option<AmpDtype>,
     /// End with one JSON object (for scripts).
     #[arg(long)]
     json: bool,
@@ -195,15 +209,27 @@ fn profile_model(args: &ProfileArgs) -> anyhow::Result<Profiled> {
     let mut runner: Runner = match args.target.as_str() {
         "mlp" => {
             let data = FashionMnist::load(&args.data).context("loading Fashion-MNIST")?;
-            let batch = args.batch;
+            let (batch, hidden, amp) = (args.batch, args.hidden.clone(), args.amp.map(Into::into));
             Box::new(move |steps, on_step| {
-                let cfg = mlp::MlpConfig { batch, epochs: usize::MAX / 2, max_steps: Some(steps), eval: false, ..mlp::MlpConfig::default() };
+                let cfg = mlp::MlpConfig {
+                    batch,
+                    hidden: hidden.clone(),
+                    amp,
+                    epochs: usize::MAX / 2,
+                    max_steps: Some(steps),
+                    eval: false,
+                    ..mlp::MlpConfig::default()
+                };
                 Ok(mlp::train(&data, &cfg, on_step)?)
             })
         }
         _ => {
             let path = args.text.as_deref().context("kiln profile gpt needs --text FILE")?;
-            let base = gpt::GptConfig::tiny(0);
+            let base = gpt::GptConfig {
+                vocab: args.vocab.unwrap_or(0),
+                amp: args.amp.map(Into::into),
+                ..args.config.config()
+            };
             let text = gpt::read_text(path, base.seq)?;
             Box::new(move |steps, on_step| Ok(gpt::train(&text, &gpt::GptConfig { steps, ..base.clone() }, on_step)?))
         }
