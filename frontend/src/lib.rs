@@ -31,5 +31,5 @@ pub use element::Element;
 pub use error::{FrontendError, Result};
 pub use grad::grad;
 pub use random::manual_seed;
-pub use step::{lower, lower_with, mark_step, step, LowerOpts, StepReport};
+pub use step::{element_type, lower, lower_with, mark_step, step, LowerOpts, StepReport};
 pub use tensor::Tensor;

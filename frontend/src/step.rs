@@ -36,7 +36,9 @@ pub struct StepReport {
     pub recompile: Option<String>,
 }
 
-pub(crate) fn element_type(d: DType) -> ElementType {
+/// The runtime's element type of a kiln dtype (the two crates do not know
+/// each other).
+pub fn element_type(d: DType) -> ElementType {
     match d {
         DType::Pred => ElementType::Pred,
         DType::S8 => ElementType::S8,

@@ -19,7 +19,7 @@ use kiln::compiler::{lower, pipeline, text, LowerOptions};
 use kiln::data::{FashionMnist, FASHION_MNIST_DIR};
 use kiln::metrics::{self, Event, Payback};
 use kiln::models::{gpt, mlp};
-use kiln::runtime::{Client, ClientOptions, CompileOptions, ElementType, ExecArg};
+use kiln::runtime::{Client, ClientOptions, CompileOptions, ExecArg};
 use serde_json::json;
 
 use super::{AmpDtype, GptSize};
@@ -289,7 +289,7 @@ fn profile_graph(args: &ProfileArgs, path: &Path) -> anyhow::Result<Profiled> {
         .iter()
         .map(|ty| {
             let bytes = random_bytes(ty, &mut seed);
-            Ok(client.buffer_from_bytes(&bytes, element_type(ty.dtype), ty.shape.dims(), &device)?)
+            Ok(client.buffer_from_bytes(&bytes, kiln::element_type(ty.dtype), ty.shape.dims(), &device)?)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     span("upload", 1, t);
@@ -318,22 +318,6 @@ fn profile_graph(args: &ProfileArgs, path: &Path) -> anyhow::Result<Profiled> {
         device_kind: device_kind(&client),
         graph_flops: Some(cost::graph_flops(&optimized)),
     })
-}
-
-fn element_type(d: DType) -> ElementType {
-    match d {
-        DType::Pred => ElementType::Pred,
-        DType::S8 => ElementType::S8,
-        DType::S32 => ElementType::S32,
-        DType::S64 => ElementType::S64,
-        DType::U8 => ElementType::U8,
-        DType::U32 => ElementType::U32,
-        DType::U64 => ElementType::U64,
-        DType::F16 => ElementType::F16,
-        DType::BF16 => ElementType::BF16,
-        DType::F32 => ElementType::F32,
-        DType::F64 => ElementType::F64,
-    }
 }
 
 /// Random inputs of `ty`: floats in [-1, 1), integers in [0, 8) (valid as
