@@ -31,17 +31,19 @@ pub fn global_norm(grads: &[Tensor]) -> Result<Tensor> {
     }
 }
 
+/// A clipping threshold must be positive and finite.
+pub(crate) fn check_max_norm(op: &'static str, name: &'static str, value: f64) -> Result<()> {
+    if value.is_finite() && value > 0.0 {
+        Ok(())
+    } else {
+        Err(FrontendError::HyperParameter { op, name, value, expected: "positive and finite" })
+    }
+}
+
 /// Scales `grads` so their global norm is at most `max_norm`; returns the
 /// clipped gradients (each in its own dtype) and the norm before clipping.
 pub fn clip_grad_norm(grads: &[Tensor], max_norm: f64) -> Result<(Vec<Tensor>, Tensor)> {
-    if !(max_norm.is_finite() && max_norm > 0.0) {
-        return Err(FrontendError::HyperParameter {
-            op: "clip_grad_norm",
-            name: "max_norm",
-            value: max_norm,
-            expected: "positive and finite",
-        });
-    }
+    check_max_norm("clip_grad_norm", "max_norm", max_norm)?;
     let norm = global_norm(grads)?;
     let coef = Tensor::full(max_norm, DType::F32, [])?.div(&norm.add_scalar(CLIP_EPS)?)?;
     let coef = coef.minimum(&Tensor::ones(DType::F32, [])?)?;

@@ -74,14 +74,7 @@ pub struct TrainStep {
 impl TrainStep {
     pub fn new(options: TrainStepOptions) -> Result<TrainStep> {
         if let Some(m) = options.max_grad_norm {
-            if !(m.is_finite() && m > 0.0) {
-                return Err(FrontendError::HyperParameter {
-                    op: "train_step",
-                    name: "max_grad_norm",
-                    value: m,
-                    expected: "positive and finite",
-                });
-            }
+            crate::clip::check_max_norm("train_step", "max_grad_norm", m)?;
         }
         let scaler = options.loss_scaling.map(LossScaler::new).transpose()?;
         Ok(TrainStep { scaler, max_grad_norm: options.max_grad_norm })
