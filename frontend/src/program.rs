@@ -16,7 +16,7 @@ use kiln_compiler::{fingerprint, lower as lower_graph, pipeline, LowerOptions, B
 use kiln_runtime::{Client, CompileKey, CompileOptions, EntryInfo, Executable, Lookup};
 
 use crate::atomic_write::write_atomically;
-use crate::context::{self, Binding};
+use crate::context::{self, Binding, CacheEntry};
 use crate::error::Result;
 use crate::explain;
 use crate::metrics;
@@ -40,13 +40,8 @@ impl Program {
 
 /// What [`obtain`] found or built.
 pub(crate) struct Obtained {
-    pub program: Rc<Program>,
-    /// `kept[i]`: the raw trace parameter feeding program parameter `i`.
-    pub kept_params: Vec<u32>,
-    /// Whether program parameter `i` is donated.
-    pub donated: Vec<bool>,
-    /// Nodes of the pruned program.
-    pub nodes: usize,
+    /// The program and how the raw trace's parameters feed it.
+    pub entry: CacheEntry,
     /// Compiled by this call (not found in memory or on disk).
     pub compiled: bool,
     /// Why this step needed a new program, when it resembles an earlier one.
@@ -75,8 +70,8 @@ pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, repli
         // Another trace (dead code elsewhere, another recording order) of a
         // program this thread already has.
         metrics::update(|m| m.cache_hits += 1);
-        let kept_params = pruned.kept_params;
-        return Ok(Obtained { program, kept_params, donated, nodes, compiled: false, explanation: None });
+        let entry = CacheEntry { program, kept_params: pruned.kept_params, donated, nodes };
+        return Ok(Obtained { entry, compiled: false, explanation: None });
     }
 
     let param_names = pruned
@@ -142,5 +137,6 @@ pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, repli
         c.programs.insert(key, program.clone());
         c.history.push(program.clone());
     });
-    Ok(Obtained { program, kept_params: pruned.kept_params, donated, nodes, compiled, explanation })
+    let entry = CacheEntry { program, kept_params: pruned.kept_params, donated, nodes };
+    Ok(Obtained { entry, compiled, explanation })
 }

@@ -210,9 +210,15 @@ fn cut(t0: Instant) -> Result<StepReport> {
 /// The compiled program for `graph`: from the raw-trace cache (the hit path),
 /// or found or built by [`program::obtain`].
 fn compiled(graph: &Graph, bindings: &[Binding], key: u64, report: &mut StepReport) -> Result<Rc<CacheEntry>> {
-    if let Some(entry) = context::with(|c| c.cache.get(&key).cloned()) {
+    let hit = context::with(|c| {
+        let entry = c.cache.get(&key).cloned();
+        if entry.is_some() {
+            c.new_programs_in_a_row = 0;
+        }
+        entry
+    });
+    if let Some(entry) = hit {
         metrics::update(|m| m.cache_hits += 1);
-        context::with(|c| c.new_programs_in_a_row = 0);
         return Ok(entry);
     }
     let (client, replicas) = context::with(|c| Ok::<_, FrontendError>((c.client()?, c.replicas()?)))?;
@@ -231,8 +237,8 @@ fn compiled(graph: &Graph, bindings: &[Binding], key: u64, report: &mut StepRepo
              every step compiles (metrics::snapshot().recompile_explanations says what changed)"
         );
     }
-    tracing::debug!(nodes = got.nodes, compiled = got.compiled, "kiln: new step program");
-    let entry = Rc::new(CacheEntry { program: got.program, kept_params: got.kept_params, donated: got.donated, nodes: got.nodes });
+    tracing::debug!(nodes = got.entry.nodes, compiled = got.compiled, "kiln: new step program");
+    let entry = Rc::new(got.entry);
     context::with(|c| c.cache.insert(key, entry.clone()));
     Ok(entry)
 }
@@ -248,8 +254,9 @@ fn run_pjrt(graph: &Graph, bindings: Vec<Binding>, key: u64, report: &mut StepRe
     let client = context::with(|c| c.client())?;
     let bindings = select(bindings, &entry.kept_params);
     let exe = &entry.program.exe;
-    let devices = exe.replica_devices();
-    let replicas = devices.len();
+    let replicas = exe.num_replicas();
+    // Asked for only when host data must be uploaded (not on a steady step).
+    let mut devices: Option<Vec<kiln_runtime::Device>> = None;
     // Host data is uploaded once (to every replica's device); the tensor then
     // keeps the device copy.
     let t_upload = Instant::now();
@@ -268,8 +275,12 @@ fn run_pjrt(graph: &Graph, bindings: Vec<Binding>, key: u64, report: &mut StepRe
         }
         let value = match &b.storage {
             Storage::Device(value) => value.clone(),
-            Storage::Host(lit) => Arc::new(upload(&client, &devices, |_| lit)?),
-            Storage::HostShards(shards) => Arc::new(upload(&client, &devices, |r| &shards[r])?),
+            Storage::Host(lit) => {
+                Arc::new(upload(&client, devices.get_or_insert_with(|| exe.replica_devices()), |_| lit)?)
+            }
+            Storage::HostShards(shards) => {
+                Arc::new(upload(&client, devices.get_or_insert_with(|| exe.replica_devices()), |r| &shards[r])?)
+            }
         };
         if !matches!(b.storage, Storage::Device(_)) {
             if let Some(t) = b.tensor.upgrade() {

@@ -232,15 +232,6 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     let schedule = WarmupCosine { base_lr: cfg.lr, min_lr: cfg.lr * 0.05, warmup_steps: (total / 20).max(1), total_steps: total };
     let mut report = TrainReport::default();
     let start = Instant::now();
-    let mut run = |t: &mut Trainer, epoch: usize, x: &Tensor, y: &Tensor, report: &mut TrainReport| -> Result<()> {
-        let t0 = Instant::now();
-        let loss = t.train_step_on(x, y, schedule.lr(t.step))?;
-        let ms = t0.elapsed().as_secs_f64() * 1e3;
-        report.losses.push(loss);
-        report.step_ms.push(ms);
-        on_step(&StepInfo { epoch, step: t.step, steps_total: total, loss, step_ms: ms });
-        Ok(())
-    };
     'epochs: for epoch in 0..cfg.epochs {
         let seed = Some(cfg.seed ^ epoch as u64);
         let steps = data::replica_batches(data.train.len(), cfg.batch, replicas, seed, LastBatch::Drop);
@@ -249,7 +240,12 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
                 break 'epochs;
             }
             let (_, x, y) = item?;
-            run(&mut t, epoch, &x, &y, &mut report)?;
+            let t0 = Instant::now();
+            let loss = t.train_step_on(&x, &y, schedule.lr(t.step))?;
+            let ms = t0.elapsed().as_secs_f64() * 1e3;
+            report.losses.push(loss);
+            report.step_ms.push(ms);
+            on_step(&StepInfo { epoch, step: t.step, steps_total: total, loss, step_ms: ms });
         }
         if let Some(path) = &cfg.checkpoint {
             t.save(path)?;
