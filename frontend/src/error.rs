@@ -42,6 +42,11 @@ pub enum FrontendError {
     Checkpoint { path: std::path::PathBuf, reason: String },
     #[error("{op}: expected dtype {expected}, got {got}")]
     DType { op: &'static str, expected: &'static str, got: DType },
+    /// A step that ran asynchronously failed on the device (or a check run
+    /// when its results were known failed); reported at the first `mark_step`,
+    /// read or `sync` after the failure was learnt.
+    #[error("step {step} failed: {reason}")]
+    StepFailed { step: u64, reason: String },
     /// A setting out of its range (learning-rate, clipping or scaling settings).
     #[error("{op}: {name} = {value} must be {expected}")]
     HyperParameter { op: &'static str, name: &'static str, value: f64, expected: &'static str },

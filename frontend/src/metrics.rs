@@ -33,7 +33,12 @@ pub struct Metrics {
     /// Damaged persistent-cache entries met (each recompiled and replaced).
     pub corrupt_cache_entries: u64,
     pub executions: u64,
+    /// Host time inside the plugin's execute calls: the enqueue of an
+    /// asynchronous step (a plugin that runs inline spends the run here).
     pub execute_time: Duration,
+    /// Time the host blocked waiting on the devices: for a step in flight to
+    /// finish (the bound on steps in flight, `sync`) or for a read's data.
+    pub device_wait_time: Duration,
     /// FLOPs the executions performed, summed over replicas (cost model).
     pub flops_executed: f64,
     /// Time spent closing traces and finding their programs on hits.
@@ -61,7 +66,8 @@ pub struct Metrics {
 /// One span of the per-step timeline.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Event {
-    /// `trace`, `compile`, `disk_load`, `upload`, `execute`, `download`.
+    /// `trace`, `compile`, `disk_load`, `upload`, `execute`, `device_wait`,
+    /// `download`.
     pub name: &'static str,
     /// The step the span belongs to (1-based; reads after step n belong to n).
     pub step: u64,
@@ -156,6 +162,11 @@ pub fn snapshot() -> Metrics {
     METRICS.with(|m| m.borrow().clone())
 }
 
+/// Steps cut so far on this thread (cheaper than a snapshot).
+pub(crate) fn steps() -> u64 {
+    METRICS.with(|m| m.borrow().steps)
+}
+
 /// Resets the counters on this thread.
 pub fn reset() {
     METRICS.with(|m| *m.borrow_mut() = Metrics::default());
@@ -226,7 +237,13 @@ impl fmt::Display for Metrics {
         for e in &self.recompile_explanations {
             writeln!(f, "  - {e}")?;
         }
-        writeln!(f, "executions       {} ({:.1} ms)", self.executions, ms(self.execute_time))?;
+        writeln!(
+            f,
+            "executions       {} ({:.1} ms in execute calls, {:.1} ms waiting on the devices)",
+            self.executions,
+            ms(self.execute_time),
+            ms(self.device_wait_time)
+        )?;
         writeln!(f, "host->device     {}", bytes(self.host_to_device_bytes))?;
         writeln!(f, "device->host     {}", bytes(self.device_to_host_bytes))?;
         writeln!(f, "reads            {} ({} forced syncs)", self.reads, self.forced_syncs)?;

@@ -6,20 +6,108 @@
 //! and compile only when both miss. A new program that resembles an earlier one
 //! is explained (what changed, how to avoid it); `KILN_SAVE_GRAPHS=dir` saves
 //! each new program's graph in the text form for `kiln compile`/`kiln profile`.
+//!
+//! [`ProgramCache`] holds this thread's programs: by raw-trace key (the hit
+//! path, looked up by `mark_step` before anything here runs) and by canonical
+//! key, with the history that recompiles are explained against.
 
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Instant;
 
 use kiln_compiler::ir::{Graph, TensorType};
 use kiln_compiler::passes::eliminate_dead_code;
 use kiln_compiler::{fingerprint, lower as lower_graph, pipeline, LowerOptions, BUILD_FINGERPRINT};
-use kiln_runtime::{Client, CompileKey, CompileOptions, EntryInfo, Executable, Lookup};
+use kiln_runtime::{Client, CompileKey, CompileOptions, DiskCache, DiskCacheConfig, EntryInfo, Executable, Lookup};
 
 use crate::atomic_write::write_atomically;
-use crate::context::{self, Binding, CacheEntry};
+use crate::context::{self, Binding};
 use crate::error::Result;
 use crate::explain;
 use crate::metrics;
+
+/// A compiled program and how a raw trace's parameters feed it.
+pub(crate) struct CacheEntry {
+    pub program: Rc<Program>,
+    /// `kept_params[i]`: the raw trace parameter feeding program parameter `i`.
+    pub kept_params: Vec<u32>,
+    /// Whether program parameter `i` is donated.
+    pub donated: Vec<bool>,
+    /// Nodes of the pruned program.
+    pub nodes: usize,
+}
+
+/// The persistent cache of this context: read from the environment on the first
+/// miss unless set explicitly.
+pub(crate) enum DiskSetting {
+    FromEnv,
+    Off,
+    On(DiskCache),
+}
+
+/// This thread's compiled programs.
+///
+/// Invariants: `traces` and `programs` are only looked up, never iterated
+/// (their order is not deterministic); `history` is in compile order; a
+/// program is in `history` exactly when it is in `programs`.
+pub(crate) struct ProgramCache {
+    /// Compiled programs by the raw trace's key (the hit path).
+    pub traces: HashMap<u64, Rc<CacheEntry>>,
+    /// Compiled programs by their canonical key, so traces that optimize to
+    /// the same program share one executable.
+    pub programs: HashMap<CompileKey, Rc<Program>>,
+    /// Every program compiled or loaded in this context, oldest first: what a
+    /// recompile is compared with to explain it.
+    pub history: Vec<Rc<Program>>,
+    /// Steps in a row that needed a new program (the recompile-every-step warning).
+    pub new_programs_in_a_row: u32,
+    pub disk: DiskSetting,
+    /// `KILN_SAVE_GRAPHS`, read once: where each new program's graph is saved.
+    pub save_graphs: Option<Option<std::path::PathBuf>>,
+}
+
+impl ProgramCache {
+    pub fn new() -> ProgramCache {
+        ProgramCache {
+            traces: HashMap::new(),
+            programs: HashMap::new(),
+            history: Vec::new(),
+            new_programs_in_a_row: 0,
+            disk: DiskSetting::FromEnv,
+            save_graphs: None,
+        }
+    }
+}
+
+impl ProgramCache {
+    pub fn clear(&mut self) {
+        self.traces.clear();
+        self.programs.clear();
+        self.history.clear();
+        self.new_programs_in_a_row = 0;
+    }
+
+    /// The disk cache, opened from the environment on first use.
+    pub fn disk_cache(&mut self) -> Result<Option<DiskCache>> {
+        if let DiskSetting::FromEnv = self.disk {
+            self.disk = match DiskCacheConfig::from_env()? {
+                Some(config) => DiskSetting::On(DiskCache::open(config)?),
+                None => DiskSetting::Off,
+            };
+        }
+        Ok(match &self.disk {
+            DiskSetting::On(d) => Some(d.clone()),
+            DiskSetting::Off | DiskSetting::FromEnv => None,
+        })
+    }
+
+    /// `KILN_SAVE_GRAPHS`, read once.
+    pub fn save_graphs_dir(&mut self) -> Option<std::path::PathBuf> {
+        self.save_graphs
+            .get_or_insert_with(|| std::env::var_os("KILN_SAVE_GRAPHS").filter(|v| !v.is_empty()).map(Into::into))
+            .clone()
+    }
+}
 
 /// A compiled program of this thread.
 pub(crate) struct Program {
@@ -66,7 +154,7 @@ pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, repli
     let key = CompileKey::new(&program_id, client, &compile_opts)?;
     let nodes = pruned.graph.len();
 
-    if let Some(program) = context::with(|c| c.programs.get(&key).cloned()) {
+    if let Some(program) = context::with(|c| c.cache.programs.get(&key).cloned()) {
         // Another trace (dead code elsewhere, another recording order) of a
         // program this thread already has.
         metrics::update(|m| m.cache_hits += 1);
@@ -79,9 +167,9 @@ pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, repli
         .iter()
         .map(|&p| bindings[p as usize].tensor.upgrade().and_then(|t| t.name.borrow().clone()))
         .collect::<Vec<_>>();
-    let explanation = context::with(|c| explain::new_program(&pruned.graph, &param_names, &c.history));
+    let explanation = context::with(|c| explain::new_program(&pruned.graph, &param_names, &c.cache.history));
 
-    let disk = context::with(|c| c.disk_cache())?;
+    let disk = context::with(|c| c.cache.disk_cache())?;
     let mut exe = None;
     let mut compiled = false;
     if let Some(d) = &disk {
@@ -123,7 +211,7 @@ pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, repli
             e
         }
     };
-    if let Some(dir) = context::with(|c| c.save_graphs_dir()) {
+    if let Some(dir) = context::with(|c| c.cache.save_graphs_dir()) {
         let path = dir.join(format!("step-{}.kiln", &fp.to_string()[..16]));
         std::fs::create_dir_all(&dir).map_err(|source| crate::FrontendError::Io { path: dir.clone(), source })?;
         write_atomically(&path, kiln_compiler::text::print(&pruned.graph).as_bytes())?;
@@ -134,8 +222,8 @@ pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, repli
     }
     let program = Rc::new(Program { exe, graph: pruned.graph.clone(), flops: kiln_compiler::cost::graph_flops(&optimized) });
     context::with(|c| {
-        c.programs.insert(key, program.clone());
-        c.history.push(program.clone());
+        c.cache.programs.insert(key, program.clone());
+        c.cache.history.push(program.clone());
     });
     let entry = CacheEntry { program, kept_params: pruned.kept_params, donated, nodes };
     Ok(Obtained { entry, compiled, explanation })

@@ -10,14 +10,16 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kiln_compiler::ir::{Alias, DType, Graph, Literal};
+use kiln_compiler::ir::{Alias, DType, Graph};
 use kiln_compiler::passes::eliminate_dead_code;
 use kiln_compiler::{lower as lower_graph, pipeline, LowerOptions};
-use kiln_runtime::{ElementType, ExecArg};
+use kiln_runtime::ElementType;
 
-use crate::context::{self, Backend, Binding, CacheEntry, DeviceValue, Inner, State, Storage, Trace};
+use crate::context::{self, Backend, Binding, Inner, State, Storage, Trace};
 use crate::error::{FrontendError, Result};
-use crate::{metrics, program};
+use crate::executor::{self, select, RunInput};
+use crate::program::{self, CacheEntry};
+use crate::metrics;
 use crate::tensor::Tensor;
 
 /// What one `mark_step` did.
@@ -121,12 +123,6 @@ fn prune(graph: &Graph, bindings: Vec<Binding>) -> Result<(Graph, Vec<u32>, Vec<
     Ok((pruned.graph, pruned.kept_params, bindings))
 }
 
-/// The bindings named by `kept`, in that order.
-fn select(bindings: Vec<Binding>, kept: &[u32]) -> Vec<Binding> {
-    let mut slots: Vec<Option<Binding>> = bindings.into_iter().map(Some).collect();
-    kept.iter().map(|&p| slots[p as usize].take().expect("each parameter is kept once")).collect()
-}
-
 /// Donates a parameter's buffer to the output assigned over it, when nothing
 /// but the trace still holds the data.
 fn add_donations(trace: &mut Trace, receivers: &[Vec<Rc<Inner>>]) -> Result<()> {
@@ -180,7 +176,10 @@ pub fn mark_step() -> Result<StepReport> {
 }
 
 fn cut(t0: Instant) -> Result<StepReport> {
-    let (trace, backend) = context::with(|c| (std::mem::replace(&mut c.trace, Trace::new()), c.backend));
+    // Failures of earlier asynchronous steps that are already known come first.
+    executor::poll()?;
+    let (trace, backend) = context::with(|c| (std::mem::replace(&mut c.trace, Trace::new()), c.exec.backend));
+    let hooks = executor::take_hooks();
     let donate = backend == Backend::Pjrt && donation_enabled()?;
     let Some(closed) = close(trace, donate)? else {
         return Ok(StepReport::default());
@@ -189,21 +188,32 @@ fn cut(t0: Instant) -> Result<StepReport> {
         m.steps += 1;
         m.trace_time += t0.elapsed();
     });
+    let step = metrics::steps();
     let Closed { graph, bindings, receivers, key } = closed;
     let mut report = StepReport { outputs: receivers.len(), ..StepReport::default() };
+    // The one place that dispatches on the backend.
     let results = match backend {
-        Backend::Pjrt => run_pjrt(&graph, bindings, key, &mut report)?,
+        Backend::Pjrt => {
+            let entry = compiled(&graph, &bindings, key, &mut report)?;
+            report.nodes = entry.nodes;
+            report.donated = entry.donated.iter().filter(|&&d| d).count();
+            executor::execute(RunInput::Compiled { entry: &entry, bindings }, step, hooks)
+        }
         Backend::Reference => {
             let (program, _, bindings) = prune(&graph, bindings)?;
             report.nodes = program.len();
-            run_reference(&program, bindings)?
+            executor::execute(RunInput::Reference { graph: &program, bindings }, step, hooks)
         }
     };
-    for (storage, receivers) in results.into_iter().zip(&receivers) {
+    // Outputs are handed out even when a failure is reported now: this step
+    // was enqueued and its receivers must not stay pending.
+    let executed = results?;
+    for (storage, receivers) in executed.outputs.into_iter().zip(&receivers) {
         for t in receivers {
             *t.state.borrow_mut() = State::Ready(storage.clone());
         }
     }
+    executed.reported?;
     Ok(report)
 }
 
@@ -211,9 +221,9 @@ fn cut(t0: Instant) -> Result<StepReport> {
 /// or found or built by [`program::obtain`].
 fn compiled(graph: &Graph, bindings: &[Binding], key: u64, report: &mut StepReport) -> Result<Rc<CacheEntry>> {
     let hit = context::with(|c| {
-        let entry = c.cache.get(&key).cloned();
+        let entry = c.cache.traces.get(&key).cloned();
         if entry.is_some() {
-            c.new_programs_in_a_row = 0;
+            c.cache.new_programs_in_a_row = 0;
         }
         entry
     });
@@ -227,8 +237,8 @@ fn compiled(graph: &Graph, bindings: &[Binding], key: u64, report: &mut StepRepo
     report.recompile = got.explanation;
     let new_program = got.compiled || report.recompile.is_some();
     let streak = context::with(|c| {
-        c.new_programs_in_a_row = if new_program { c.new_programs_in_a_row + 1 } else { 0 };
-        c.new_programs_in_a_row
+        c.cache.new_programs_in_a_row = if new_program { c.cache.new_programs_in_a_row + 1 } else { 0 };
+        c.cache.new_programs_in_a_row
     });
     if streak >= RECOMPILE_STREAK && streak.is_power_of_two() {
         metrics::update(|m| m.recompile_warnings += 1);
@@ -239,171 +249,13 @@ fn compiled(graph: &Graph, bindings: &[Binding], key: u64, report: &mut StepRepo
     }
     tracing::debug!(nodes = got.entry.nodes, compiled = got.compiled, "kiln: new step program");
     let entry = Rc::new(got.entry);
-    context::with(|c| c.cache.insert(key, entry.clone()));
+    context::with(|c| c.cache.traces.insert(key, entry.clone()));
     Ok(entry)
 }
 
 /// Steps in a row with a new program before kiln warns that a loop recompiles
 /// every step (then again at every power of two).
 const RECOMPILE_STREAK: u32 = 4;
-
-fn run_pjrt(graph: &Graph, bindings: Vec<Binding>, key: u64, report: &mut StepReport) -> Result<Vec<Storage>> {
-    let entry = compiled(graph, &bindings, key, report)?;
-    report.nodes = entry.nodes;
-    report.donated = entry.donated.iter().filter(|&&d| d).count();
-    let client = context::with(|c| c.client())?;
-    let bindings = select(bindings, &entry.kept_params);
-    let exe = &entry.program.exe;
-    let replicas = exe.num_replicas();
-    // Asked for only when host data must be uploaded (not on a steady step).
-    let mut devices: Option<Vec<kiln_runtime::Device>> = None;
-    // Host data is uploaded once (to every replica's device); the tensor then
-    // keeps the device copy.
-    let t_upload = Instant::now();
-    let mut owned: Vec<Arc<DeviceValue>> = Vec::with_capacity(bindings.len());
-    for (i, b) in bindings.into_iter().enumerate() {
-        let mismatch = |got: usize| FrontendError::InvalidArgument {
-            op: "mark_step",
-            reason: format!(
-                "argument {i} ({}) holds values for {got} replicas but the step runs on {replicas}: \
-                 set the replica count before creating tensors",
-                b.tensor.upgrade().map_or_else(|| "a dropped tensor".to_string(), |t| t.ty.to_string())
-            ),
-        };
-        if let Some(got) = b.storage.replicas().filter(|&n| n != replicas) {
-            return Err(mismatch(got));
-        }
-        let value = match &b.storage {
-            Storage::Device(value) => value.clone(),
-            Storage::Host(lit) => {
-                Arc::new(upload(&client, devices.get_or_insert_with(|| exe.replica_devices()), |_| lit)?)
-            }
-            Storage::HostShards(shards) => {
-                Arc::new(upload(&client, devices.get_or_insert_with(|| exe.replica_devices()), |r| &shards[r])?)
-            }
-        };
-        if !matches!(b.storage, Storage::Device(_)) {
-            if let Some(t) = b.tensor.upgrade() {
-                let mut st = t.state.borrow_mut();
-                let same = match (&*st, &b.storage) {
-                    (State::Ready(Storage::Host(a)), Storage::Host(b)) => Arc::ptr_eq(a, b),
-                    (State::Ready(Storage::HostShards(a)), Storage::HostShards(b)) => Arc::ptr_eq(a, b),
-                    _ => false,
-                };
-                if same {
-                    *st = State::Ready(Storage::Device(value.clone()));
-                }
-            }
-        }
-        owned.push(value);
-    }
-    metrics::span("upload", t_upload);
-    // Donated buffers are moved in: the step's bindings held the last reference
-    // (checked when the alias was added), so `try_unwrap` succeeds.
-    let mut slots: Vec<Option<Arc<DeviceValue>>> = owned.into_iter().map(Some).collect();
-    let mut moved: Vec<Option<std::vec::IntoIter<kiln_runtime::Buffer>>> = (0..slots.len()).map(|_| None).collect();
-    for (i, &d) in entry.donated.iter().enumerate() {
-        if d {
-            let arc = slots[i].take().expect("each argument taken once");
-            let value = Arc::try_unwrap(arc).map_err(|_| FrontendError::InvalidArgument {
-                op: "mark_step",
-                reason: format!("parameter {i} was marked for donation but is still shared"),
-            })?;
-            moved[i] = Some(value.0.into_iter());
-        }
-    }
-    let args: Vec<Vec<ExecArg>> = (0..replicas)
-        .map(|r| {
-            moved
-                .iter_mut()
-                .zip(&slots)
-                .map(|(m, b)| match m {
-                    Some(bufs) => ExecArg::Donated(bufs.next().expect("one donated buffer per replica")),
-                    None => ExecArg::Borrowed(&b.as_deref().expect("borrowed values stay in their slot").0[r]),
-                })
-                .collect()
-        })
-        .collect();
-    let t = Instant::now();
-    let per_replica = exe.execute_replicated(args)?;
-    metrics::update(|m| {
-        m.executions += 1;
-        m.execute_time += t.elapsed();
-        m.flops_executed += entry.program.flops * replicas as f64;
-    });
-    metrics::span("execute", t);
-    // `[replica][output]` -> one value per output, its buffers in replica order.
-    let mut outputs: Vec<Vec<kiln_runtime::Buffer>> = (0..exe.num_outputs()).map(|_| Vec::with_capacity(replicas)).collect();
-    for list in per_replica {
-        for (o, buf) in list.into_iter().enumerate() {
-            outputs[o].push(buf);
-        }
-    }
-    Ok(outputs.into_iter().map(|bufs| Storage::Device(Arc::new(DeviceValue(bufs)))).collect())
-}
-
-/// Uploads `value(r)` to replica `r`'s device, for every replica.
-fn upload<'a>(
-    client: &kiln_runtime::Client,
-    devices: &[kiln_runtime::Device],
-    value: impl Fn(usize) -> &'a Literal,
-) -> Result<DeviceValue> {
-    let bufs = devices
-        .iter()
-        .enumerate()
-        .map(|(r, device)| {
-            let lit = value(r);
-            let buf = client.buffer_from_bytes(lit.bytes(), element_type(lit.ty().dtype), lit.ty().shape.dims(), device)?;
-            metrics::update(|m| m.host_to_device_bytes += lit.bytes().len() as u64);
-            Ok(buf)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(DeviceValue(bufs))
-}
-
-/// Runs the step on the reference interpreter, all replicas in lockstep.
-fn run_reference(graph: &Graph, bindings: Vec<Binding>) -> Result<Vec<Storage>> {
-    let replicas = context::with(|c| c.replicas())?;
-    let types = graph.param_types();
-    let mut inputs: Vec<Vec<Literal>> = vec![Vec::with_capacity(bindings.len()); replicas];
-    for (b, ty) in bindings.iter().zip(types) {
-        if let Some(got) = b.storage.replicas().filter(|&n| n != replicas) {
-            return Err(FrontendError::InvalidArgument {
-                op: "mark_step",
-                reason: format!("an argument ({ty}) holds values for {got} replicas but the step runs on {replicas}"),
-            });
-        }
-        for (r, list) in inputs.iter_mut().enumerate() {
-            list.push(match &b.storage {
-                Storage::Host(lit) => (**lit).clone(),
-                Storage::HostShards(shards) => shards[r].clone(),
-                Storage::Device(value) => Literal::from_bytes(ty.clone(), value.0[r].to_host_bytes()?)?,
-            });
-        }
-    }
-    let t = Instant::now();
-    let per_replica = kiln_compiler::interpret_replicated(graph, &inputs)?;
-    metrics::update(|m| {
-        m.executions += 1;
-        m.execute_time += t.elapsed();
-    });
-    let mut outputs: Vec<Vec<Literal>> = (0..graph.outputs().len()).map(|_| Vec::with_capacity(replicas)).collect();
-    for list in per_replica {
-        for (o, lit) in list.into_iter().enumerate() {
-            outputs[o].push(lit);
-        }
-    }
-    Ok(outputs
-        .into_iter()
-        .map(|mut lits| {
-            if lits.len() == 1 {
-                Storage::Host(Arc::new(lits.pop().expect("one replica")))
-            } else {
-                Storage::HostShards(Arc::new(lits))
-            }
-        })
-        .collect())
-}
 
 /// Runs `f` as one step: records it, then `mark_step`.
 pub fn step<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {

@@ -112,7 +112,7 @@ impl Tensor {
                 reason: format!("replica {r}'s buffer is {}, replica 0's {}", b.arg_type(), first.arg_type()),
             });
         }
-        Ok(Tensor::wrap(Inner::new(ty, State::Ready(Storage::Device(Arc::new(DeviceValue(buffers)))))))
+        Ok(Tensor::wrap(Inner::new(ty, State::Ready(Storage::Device(Arc::new(DeviceValue(buffers, None)))))))
     }
 
     pub fn from_literal(literal: Literal) -> Tensor {
@@ -284,13 +284,7 @@ impl Tensor {
         match storage {
             Storage::Host(lit) => Ok(vec![lit.bytes().to_vec()]),
             Storage::HostShards(shards) => Ok(shards[pick(shards.len())].iter().map(|l| l.bytes().to_vec()).collect()),
-            Storage::Device(value) => {
-                let t = std::time::Instant::now();
-                let out = value.0[pick(value.0.len())].iter().map(|b| b.to_host_bytes()).collect::<kiln_runtime::Result<Vec<_>>>()?;
-                metrics::update(|m| m.device_to_host_bytes += out.iter().map(|b| b.len() as u64).sum::<u64>());
-                metrics::span("download", t);
-                Ok(out)
-            }
+            Storage::Device(value) => crate::executor::download(&value, pick(value.0.len())),
         }
     }
 

@@ -121,6 +121,13 @@ impl Client {
     }
 
     /// The addressable devices, in the plugin's order.
+    /// Which PJRT event functions the plugin implements (its table slot is
+    /// set), by C name: what asynchronous execution can rely on. kiln needs
+    /// `PJRT_Event_Await` and `PJRT_Event_IsReady`.
+    pub fn event_functions(&self) -> Vec<(&'static str, bool)> {
+        self.inner.api.event_functions()
+    }
+
     pub fn devices(&self) -> Vec<Device> {
         (0..self.inner.devices.len())
             .map(|index| Device {

@@ -2,8 +2,10 @@
 //!
 //! Invariants: an executable keeps the `@main` signature it was compiled
 //! from; `execute*` check argument count, element type, dims, client and
-//! device against it before calling the plugin; outputs are returned only
-//! after every device has finished, and every PJRT event is destroyed.
+//! device against it before calling the plugin; `execute` and
+//! `execute_replicated` return outputs only after every device has finished;
+//! `execute_replicated_async` returns them at once with a [`Completion`] that
+//! owns the run's events; every PJRT event is destroyed exactly once.
 //!
 //! Donation: an `ExecArg::Donated` buffer may be reused by the program for
 //! an aliased output (`tf.aliasing_output`); it is consumed either way.
@@ -14,7 +16,7 @@ use std::fmt;
 use crate::buffer::Buffer;
 use crate::client::Client;
 use crate::error::{Result, RuntimeError};
-use crate::pjrt::handles::{RawBuffer, RawExecutable, RawLoadedExecutable};
+use crate::pjrt::handles::{RawBuffer, RawEvent, RawExecutable, RawLoadedExecutable};
 use crate::signature::Signature;
 
 /// One argument of an execution.
@@ -37,6 +39,45 @@ impl ExecArg<'_> {
 
     fn is_donated(&self) -> bool {
         matches!(self, ExecArg::Donated(_))
+    }
+}
+
+/// The completion of one enqueued run: one event per device. `Send + Sync`.
+///
+/// Dropping it does not cancel the run (PJRT runs cannot be cancelled); the
+/// outputs stay valid and later reads or runs wait for them.
+pub struct Completion {
+    events: Vec<RawEvent>,
+}
+
+impl fmt::Debug for Completion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Completion({} events)", self.events.len())
+    }
+}
+
+impl Completion {
+    /// Whether every device has finished (successfully or not), without blocking.
+    pub fn is_ready(&self) -> Result<bool> {
+        for e in &self.events {
+            if !e.is_ready()? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Blocks until every device has finished; the first failure of the run,
+    /// if any. Waiting again returns the same status.
+    pub fn wait(&self) -> Result<()> {
+        let mut status = Ok(());
+        for e in &self.events {
+            let result = e.wait();
+            if status.is_ok() {
+                status = result;
+            }
+        }
+        status
     }
 }
 
@@ -172,15 +213,30 @@ impl Executable {
             });
         }
         let lists = [args.iter().collect::<Vec<_>>()];
-        let mut outputs = self.run(&lists)?;
+        let (mut outputs, done) = self.run(&lists)?;
+        done.wait()?;
         Ok(outputs.pop().unwrap_or_default())
     }
 
     /// Runs every replica: `args[replica][arg]` → `[replica][output]`.
     pub fn execute_replicated(&self, args: Vec<Vec<ExecArg<'_>>>) -> Result<Vec<Vec<Buffer>>> {
+        let (outputs, done) = self.execute_replicated_async(args)?;
+        done.wait()?;
+        Ok(outputs)
+    }
+
+    /// Enqueues every replica: `args[replica][arg]` → `[replica][output]` and
+    /// the run's completion, without waiting for the devices. A failure
+    /// inside the run surfaces from [`Completion::wait`] and from reads of the
+    /// outputs.
+    pub fn execute_replicated_async(
+        &self,
+        args: Vec<Vec<ExecArg<'_>>>,
+    ) -> Result<(Vec<Vec<Buffer>>, Completion)> {
         let lists: Vec<Vec<&ExecArg<'_>>> = args.iter().map(|l| l.iter().collect()).collect();
         self.run(&lists)
-        // `args` drops here: donated buffers are destroyed after execution.
+        // `args` drops here: donated (and borrowed) handles may be destroyed
+        // while the run is in flight; PJRT frees their memory after its uses.
     }
 
     fn check(&self, args: &[Vec<&ExecArg<'_>>]) -> Result<()> {
@@ -226,7 +282,7 @@ impl Executable {
         Ok(())
     }
 
-    fn run(&self, args: &[Vec<&ExecArg<'_>>]) -> Result<Vec<Vec<Buffer>>> {
+    fn run(&self, args: &[Vec<&ExecArg<'_>>]) -> Result<(Vec<Vec<Buffer>>, Completion)> {
         self.check(args)?;
         // An argument index may be donated only if every replica donates it.
         let num_args = self.signature.inputs.len();
@@ -238,17 +294,19 @@ impl Executable {
             .iter()
             .map(|l| l.iter().map(|a| &a.buffer().raw).collect())
             .collect();
-        let outputs = self
+        let (outputs, events) = self
             .raw
             .execute(&raw_args, &non_donatable, self.num_outputs)?;
-        outputs
+        let done = Completion { events };
+        let outputs = outputs
             .into_iter()
             .map(|list| {
                 list.into_iter()
                     .map(|raw| Buffer::from_plugin(&self.client, raw))
                     .collect()
             })
-            .collect()
+            .collect::<Result<Vec<Vec<Buffer>>>>()?;
+        Ok((outputs, done))
     }
 }
 

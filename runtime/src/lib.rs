@@ -33,7 +33,7 @@ pub use client::{Client, ClientOptions, Device};
 pub use compile_options::CompileOptions;
 pub use element_type::{ElementType, NativeType};
 pub use error::{CountProblem, DevicesFound, PjrtErrorCode, Result, RuntimeError};
-pub use executable::{CompiledMemoryStats, ExecArg, Executable};
+pub use executable::{CompiledMemoryStats, Completion, ExecArg, Executable};
 pub use gpu::{probe_gpus, GpuInfo, GpuProbe};
 pub use plugin::PjrtDevice;
 pub use replicas::{replica_plan_from_env, ReplicaEnv, ReplicaPlan, ReplicaSource};

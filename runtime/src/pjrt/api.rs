@@ -149,6 +149,18 @@ impl Api {
         unsafe { &*self.table }
     }
 
+    /// Whether each event-related slot of the table is set.
+    pub(crate) fn event_functions(&self) -> Vec<(&'static str, bool)> {
+        let t = self.table();
+        vec![
+            ("PJRT_Event_IsReady", t.PJRT_Event_IsReady.is_some()),
+            ("PJRT_Event_Error", t.PJRT_Event_Error.is_some()),
+            ("PJRT_Event_Await", t.PJRT_Event_Await.is_some()),
+            ("PJRT_Event_OnReady", t.PJRT_Event_OnReady.is_some()),
+            ("PJRT_Buffer_ReadyEvent", t.PJRT_Buffer_ReadyEvent.is_some()),
+        ]
+    }
+
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }

@@ -165,6 +165,7 @@ pjrt_struct!(PJRT_Plugin_Initialize_Args {
 
 pjrt_struct!(PJRT_Event_Destroy_Args { struct_size: usize, extension_start: Ext, event: *mut PJRT_Event });
 pjrt_struct!(PJRT_Event_Await_Args { struct_size: usize, extension_start: Ext, event: *mut PJRT_Event });
+pjrt_struct!(PJRT_Event_IsReady_Args { struct_size: usize, extension_start: Ext, event: *mut PJRT_Event, is_ready: bool });
 
 pjrt_struct!(PJRT_Client_Create_Args {
     struct_size: usize,
@@ -412,7 +413,7 @@ pjrt_struct!(PJRT_Api {
     PJRT_Plugin_Initialize: ApiFn<PJRT_Plugin_Initialize_Args>,
     PJRT_Plugin_Attributes: Unused,
     PJRT_Event_Destroy: ApiFn<PJRT_Event_Destroy_Args>,
-    PJRT_Event_IsReady: Unused,
+    PJRT_Event_IsReady: ApiFn<PJRT_Event_IsReady_Args>,
     PJRT_Event_Error: Unused,
     PJRT_Event_Await: ApiFn<PJRT_Event_Await_Args>,
     PJRT_Event_OnReady: Unused,
@@ -536,6 +537,7 @@ pub const ALL_LAYOUTS: &[StructLayout] = &[
     PJRT_Plugin_Initialize_Args::LAYOUT,
     PJRT_Event_Destroy_Args::LAYOUT,
     PJRT_Event_Await_Args::LAYOUT,
+    PJRT_Event_IsReady_Args::LAYOUT,
     PJRT_Client_Create_Args::LAYOUT,
     PJRT_Client_Destroy_Args::LAYOUT,
     PJRT_Client_PlatformName_Args::LAYOUT,

@@ -116,7 +116,7 @@ impl RawClient {
             api: self.api,
             ptr: non_null(self.api, "PJRT_Client_BufferFromHostBuffer", args.buffer)?,
         };
-        RawEvent::from_ptr(self.api, args.done_with_host_buffer).map_or(Ok(()), RawEvent::wait)?;
+        RawEvent::from_ptr(self.api, args.done_with_host_buffer).map_or(Ok(()), |e| e.wait())?;
         Ok(buffer)
     }
 
@@ -217,16 +217,31 @@ pub(crate) struct RawEvent {
     ptr: NonNull<ffi::PJRT_Event>,
 }
 
+// SAFETY: PJRT events are thread-safe (PjRtFuture's contract: awaiting and
+// querying from any thread).
+unsafe impl Send for RawEvent {}
+// SAFETY: as above.
+unsafe impl Sync for RawEvent {}
+
 impl RawEvent {
     fn from_ptr(api: &'static Api, ptr: *mut ffi::PJRT_Event) -> Option<RawEvent> {
         NonNull::new(ptr).map(|ptr| RawEvent { api, ptr })
     }
 
-    /// Blocks until the event is ready and returns its status.
-    pub(crate) fn wait(self) -> Result<()> {
+    /// Blocks until the event is ready and returns its status. Awaiting an
+    /// event that is already ready returns the same status again.
+    pub(crate) fn wait(&self) -> Result<()> {
         let mut args = ffi::PJRT_Event_Await_Args::zeroed();
         args.event = self.ptr.as_ptr();
         pjrt_call!(self.api, PJRT_Event_Await, &mut args)
+    }
+
+    /// Whether the event has completed (successfully or not), without blocking.
+    pub(crate) fn is_ready(&self) -> Result<bool> {
+        let mut args = ffi::PJRT_Event_IsReady_Args::zeroed();
+        args.event = self.ptr.as_ptr();
+        pjrt_call!(self.api, PJRT_Event_IsReady, &mut args)?;
+        Ok(args.is_ready)
     }
 }
 
@@ -298,7 +313,7 @@ impl RawBuffer {
         args.dst_size = host.len();
         // `host` is not touched until the event below has completed.
         pjrt_call!(self.api, PJRT_Buffer_ToHostBuffer, &mut args)?;
-        RawEvent::from_ptr(self.api, args.event).map_or(Ok(()), RawEvent::wait)?;
+        RawEvent::from_ptr(self.api, args.event).map_or(Ok(()), |e| e.wait())?;
         Ok(host)
     }
 }
@@ -356,18 +371,23 @@ impl RawLoadedExecutable {
         )
     }
 
-    /// Runs on every device of the executable: `arguments[device][arg]`, and
-    /// returns `[device][output]` once every device has finished.
+    /// Enqueues a run on every device of the executable: `arguments[device][arg]`,
+    /// and returns `[device][output]` with one completion event per device
+    /// (fewer when the plugin returns none, which means it finished inline).
+    /// Output buffers may be read or passed to later executions at once: the
+    /// plugin orders those after the run.
     ///
     /// Arguments whose index is not in `non_donatable` may be donated (the
     /// plugin deletes them if the program aliases them); the caller still
-    /// owns and later destroys every argument handle.
+    /// owns and later destroys every argument handle. Destroying an argument
+    /// handle while the run is in flight is allowed: PJRT defers freeing the
+    /// memory until the run's uses of it have completed.
     pub(crate) fn execute(
         &self,
         arguments: &[Vec<&RawBuffer>],
         non_donatable: &[i64],
         num_outputs: usize,
-    ) -> Result<Vec<Vec<RawBuffer>>> {
+    ) -> Result<(Vec<Vec<RawBuffer>>, Vec<RawEvent>)> {
         let num_devices = arguments.len();
         let num_args = arguments.first().map_or(0, Vec::len);
         let arg_ptrs: Vec<Vec<*mut ffi::PJRT_Buffer>> = arguments
@@ -411,15 +431,7 @@ impl RawLoadedExecutable {
                     .collect()
             })
             .collect();
-        let mut status = Ok(());
-        for event in events {
-            let result = event.wait();
-            if status.is_ok() {
-                status = result;
-            }
-        }
-        status?;
-        outputs
+        let outputs = outputs
             .into_iter()
             .map(|list| {
                 list.into_iter()
@@ -428,7 +440,8 @@ impl RawLoadedExecutable {
                     })
                     .collect()
             })
-            .collect()
+            .collect::<Result<Vec<Vec<RawBuffer>>>>()?;
+        Ok((outputs, events))
     }
 }
 
