@@ -45,7 +45,7 @@ use crate::step::element_type;
 use crate::trace::{Binding, State, Storage};
 
 /// Which machinery runs a finished step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Backend {
     /// Compile to StableHLO and run through the PJRT plugin (the default).
     Pjrt,
@@ -264,7 +264,8 @@ pub(crate) fn execute(input: RunInput<'_>, step: u64, hooks: Vec<Hook>) -> Resul
 /// What a backend runs (`mark_step` picks it by [`Backend`]: the one place
 /// that dispatches on the backend).
 pub(crate) enum RunInput<'a> {
-    /// A compiled program and the raw trace's bindings ([`Backend::Pjrt`]).
+    /// A compiled program and the bindings feeding its parameters, in
+    /// parameter order ([`Backend::Pjrt`]).
     Compiled { entry: &'a CacheEntry, bindings: Vec<Binding> },
     /// The pruned trace and the bindings feeding its parameters
     /// ([`Backend::Reference`]).
@@ -279,7 +280,6 @@ pub(crate) fn select(bindings: Vec<Binding>, kept: &[u32]) -> Vec<Binding> {
 
 fn run_pjrt(entry: &CacheEntry, bindings: Vec<Binding>, step: u64, hooks: Vec<Hook>) -> Result<Vec<Storage>> {
     let client = crate::context::with(|c| c.exec.client())?;
-    let bindings = select(bindings, &entry.kept_params);
     let exe = &entry.program.exe;
     let replicas = exe.num_replicas();
     // Asked for only when host data must be uploaded (not on a steady step).

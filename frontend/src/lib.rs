@@ -7,6 +7,7 @@
 pub mod amp;
 pub mod atomic_write;
 pub mod autodiff;
+mod capture;
 pub mod checkpoint;
 pub mod clip;
 mod context;
@@ -30,6 +31,7 @@ pub mod train_step;
 
 pub use context::{backend, clear_compile_cache, set_backend, set_client, set_disk_cache};
 pub use executor::Backend;
+pub use capture::{compile_step, CompiledStep};
 pub use element::Element;
 pub use executor::{set_max_steps_in_flight, steps_in_flight, sync};
 pub use error::{FrontendError, Result};

@@ -24,6 +24,12 @@ pub struct Metrics {
     pub compile_time: Duration,
     /// Steps served by a program already in memory.
     pub cache_hits: u64,
+    /// Calls of captured steps (`compile_step`) that replayed their program
+    /// without tracing.
+    pub replays: u64,
+    /// Calls of captured steps that had to trace again (each explained in a
+    /// log line and `CompiledStep::last_retrace`).
+    pub retraces: u64,
     /// Programs loaded from the persistent cache instead of compiled.
     pub disk_hits: u64,
     /// Time spent loading programs from the persistent cache.

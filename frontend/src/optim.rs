@@ -102,6 +102,13 @@ impl AdamW {
 
     /// Records one update of `params` with `grads` at learning rate `lr`.
     pub fn step(&mut self, params: &[Tensor], grads: &[Tensor], lr: f64) -> Result<()> {
+        self.step_lr(params, grads, &Tensor::scalar(lr as f32))
+    }
+
+    /// [`AdamW::step`] with the learning rate as an f32 scalar tensor: what a
+    /// captured step (`kiln::compile_step`) passes as an input, so a schedule
+    /// changes it without retracing.
+    pub fn step_lr(&mut self, params: &[Tensor], grads: &[Tensor], lr: &Tensor) -> Result<()> {
         check(params, grads)?;
         if params.len() != self.m.len() {
             return Err(FrontendError::InvalidArgument {
@@ -110,12 +117,18 @@ impl AdamW {
             });
         }
         let c = self.config;
-        let lr = Tensor::scalar(lr as f32);
+        if lr.ty() != &kiln_compiler::ir::TensorType::scalar(DType::F32) {
+            return Err(FrontendError::InvalidArgument {
+                op: "adamw",
+                reason: format!("the learning rate must be an f32 scalar, got {}", lr.ty()),
+            });
+        }
         let t = self.t.add_scalar(1.0)?;
         // Bias corrections 1 - beta^t, computed in-graph from the counter.
         let bc1 = Tensor::full(c.beta1, DType::F32, [])?.pow(&t)?.neg()?.add_scalar(1.0)?;
         let bc2 = Tensor::full(c.beta2, DType::F32, [])?.pow(&t)?.neg()?.add_scalar(1.0)?;
         let step_size = lr.div(&bc1)?;
+        let lr = lr.clone();
         let bc2_sqrt = bc2.sqrt()?;
         for ((p, g), (m, v)) in params.iter().zip(grads).zip(self.m.iter().zip(&self.v)) {
             let m_new = m.mul_scalar(c.beta1)?.add(&g.mul_scalar(1.0 - c.beta1)?)?;

@@ -158,7 +158,7 @@ fn add_donations(trace: &mut Trace, receivers: &[Vec<Rc<Inner>>]) -> Result<()> 
 /// compiled afresh computed correctly; the CUDA plugin gives bit-identical
 /// training with and without donation (docs/donation.md). Without donation old
 /// buffers are still freed when a step replaces them, so live buffers stay flat.
-fn donation_enabled() -> Result<bool> {
+pub(crate) fn donation_enabled() -> Result<bool> {
     match std::env::var("KILN_DONATE").as_deref() {
         Ok("1") => Ok(true),
         Ok("0") => Ok(false),
@@ -168,21 +168,39 @@ fn donation_enabled() -> Result<bool> {
 
 /// Runs the current step: every live pending tensor becomes ready.
 pub fn mark_step() -> Result<StepReport> {
-    let t0 = Instant::now();
-    metrics::cut_started(t0);
-    let report = cut(t0);
-    metrics::cut_finished();
-    report
+    Ok(cut_step()?.map(|c| c.report).unwrap_or_default())
 }
 
-fn cut(t0: Instant) -> Result<StepReport> {
+/// What a step that ran was made of (for captured steps: `crate::capture`).
+pub(crate) struct CutStep {
+    pub report: StepReport,
+    /// The raw trace's key.
+    pub key: u64,
+    /// The program and how it was fed (`None` on the reference backend).
+    pub entry: Option<Rc<CacheEntry>>,
+    /// The tensor behind each program parameter, in parameter order.
+    pub params: Vec<(std::rc::Weak<Inner>, u64)>,
+    /// For each output, the tensors that received it.
+    pub receivers: Vec<Vec<Rc<Inner>>>,
+}
+
+/// `mark_step`, returning what the step was made of (`None`: nothing to run).
+pub(crate) fn cut_step() -> Result<Option<CutStep>> {
+    let t0 = Instant::now();
+    metrics::cut_started(t0);
+    let cut = cut(t0);
+    metrics::cut_finished();
+    cut
+}
+
+fn cut(t0: Instant) -> Result<Option<CutStep>> {
     // Failures of earlier asynchronous steps that are already known come first.
     executor::poll()?;
     let (trace, backend) = context::with(|c| (std::mem::replace(&mut c.trace, Trace::new()), c.exec.backend));
     let hooks = executor::take_hooks();
     let donate = backend == Backend::Pjrt && donation_enabled()?;
     let Some(closed) = close(trace, donate)? else {
-        return Ok(StepReport::default());
+        return Ok(None);
     };
     metrics::update(|m| {
         m.steps += 1;
@@ -191,18 +209,22 @@ fn cut(t0: Instant) -> Result<StepReport> {
     let step = metrics::steps();
     let Closed { graph, bindings, receivers, key } = closed;
     let mut report = StepReport { outputs: receivers.len(), ..StepReport::default() };
+    let param_of = |b: &Binding| (b.tensor.clone(), b.tensor_id);
     // The one place that dispatches on the backend.
-    let results = match backend {
+    let (results, entry, params) = match backend {
         Backend::Pjrt => {
             let entry = compiled(&graph, &bindings, key, &mut report)?;
             report.nodes = entry.nodes;
             report.donated = entry.donated.iter().filter(|&&d| d).count();
-            executor::execute(RunInput::Compiled { entry: &entry, bindings }, step, hooks)
+            let bindings = select(bindings, &entry.kept_params);
+            let params = bindings.iter().map(param_of).collect();
+            (executor::execute(RunInput::Compiled { entry: &entry, bindings }, step, hooks), Some(entry), params)
         }
         Backend::Reference => {
             let (program, _, bindings) = prune(&graph, bindings)?;
             report.nodes = program.len();
-            executor::execute(RunInput::Reference { graph: &program, bindings }, step, hooks)
+            let params = bindings.iter().map(param_of).collect();
+            (executor::execute(RunInput::Reference { graph: &program, bindings }, step, hooks), None, params)
         }
     };
     // Outputs are handed out even when a failure is reported now: this step
@@ -214,7 +236,7 @@ fn cut(t0: Instant) -> Result<StepReport> {
         }
     }
     executed.reported?;
-    Ok(report)
+    Ok(Some(CutStep { report, key, entry, params, receivers }))
 }
 
 /// The compiled program for `graph`: from the raw-trace cache (the hit path),

@@ -31,6 +31,11 @@ use crate::metrics;
 static NEXT_EPOCH: AtomicU64 = AtomicU64::new(1);
 static NEXT_TENSOR: AtomicU64 = AtomicU64::new(1);
 
+/// The id the next tensor will get: tensors with a smaller id existed before.
+pub(crate) fn next_tensor_id() -> u64 {
+    NEXT_TENSOR.load(Ordering::Relaxed)
+}
+
 /// Where a ready tensor's data lives.
 #[derive(Clone)]
 pub(crate) enum Storage {
