@@ -235,17 +235,60 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     'epochs: for epoch in 0..cfg.epochs {
         let seed = Some(cfg.seed ^ epoch as u64);
         let steps = data::replica_batches(data.train.len(), cfg.batch, replicas, seed, LastBatch::Drop);
-        for item in Prefetcher::sharded(data.train.clone(), steps, 2)? {
+        // Without an ordered step (mixed precision), the step is captured
+        // (`compile_step`): traced once per epoch (a checkpoint between epochs
+        // needs the whole trainer), then replayed with each batch and learning
+        // rate. The loss of step n is read after step n+1 is enqueued, so
+        // reading it does not stall the device.
+        if t.ordered.is_some() {
+            for item in Prefetcher::sharded(data.train.clone(), steps, 2)? {
+                if t.step >= total {
+                    break 'epochs;
+                }
+                let (_, x, y) = item?;
+                let t0 = Instant::now();
+                let loss = t.train_step_on(&x, &y, schedule.lr(t.step))?;
+                let ms = t0.elapsed().as_secs_f64() * 1e3;
+                report.losses.push(loss);
+                report.step_ms.push(ms);
+                on_step(&StepInfo { epoch, step: t.step, steps_total: total, loss, step_ms: ms });
+            }
+        } else {
+            let params = t.params.tensors();
+            let (model, opt, amp) = (&t.model, &mut t.opt, t.amp);
+            let mut captured = crate::capture::compile_step(move |i: &[Tensor]| {
+                let loss = amp::autocast_if(amp, || cross_entropy(&model.forward(&i[0])?, &i[1], None))?;
+                let grads = crate::replicas::all_reduce_mean(&crate::grad::grad(&loss, &params)?)?;
+                opt.step_lr(&params, &grads, &i[2])?;
+                Ok(vec![crate::replicas::all_reduce_mean(std::slice::from_ref(&loss))?.remove(0)])
+            });
+            let mut unread: Option<(Tensor, StepInfo)> = None;
+            let mut read = |unread: &mut Option<(Tensor, StepInfo)>, report: &mut TrainReport| -> Result<()> {
+                if let Some((loss, mut info)) = unread.take() {
+                    info.loss = loss.item()?;
+                    report.losses.push(info.loss);
+                    report.step_ms.push(info.step_ms);
+                    on_step(&info);
+                }
+                Ok(())
+            };
+            for item in Prefetcher::sharded(data.train.clone(), steps, 2)? {
+                if t.step >= total {
+                    break;
+                }
+                let (_, x, y) = item?;
+                let t0 = Instant::now();
+                let lr = Tensor::scalar(schedule.lr(t.step) as f32);
+                let loss = captured.call(&[x, y, lr])?.remove(0);
+                t.step += 1;
+                let ms = t0.elapsed().as_secs_f64() * 1e3;
+                read(&mut unread, &mut report)?;
+                unread = Some((loss, StepInfo { epoch, step: t.step, steps_total: total, loss: f64::NAN, step_ms: ms }));
+            }
+            read(&mut unread, &mut report)?;
             if t.step >= total {
                 break 'epochs;
             }
-            let (_, x, y) = item?;
-            let t0 = Instant::now();
-            let loss = t.train_step_on(&x, &y, schedule.lr(t.step))?;
-            let ms = t0.elapsed().as_secs_f64() * 1e3;
-            report.losses.push(loss);
-            report.step_ms.push(ms);
-            on_step(&StepInfo { epoch, step: t.step, steps_total: total, loss, step_ms: ms });
         }
         if let Some(path) = &cfg.checkpoint {
             t.save(path)?;
