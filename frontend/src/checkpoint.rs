@@ -6,6 +6,11 @@
 //! leaves the previous checkpoint intact. A checksum over every tensor's name
 //! and bytes is stored in the metadata and verified on load: a corrupt or
 //! truncated file is an error naming the path, never silently loaded.
+//!
+//! A tensor whose replicas hold different values (the per-replica RNG keys)
+//! is saved once per replica (`<name>@replica<r>` for r ≥ 1) and restored to
+//! every replica, so a resumed run with replicas and dropout continues bit for
+//! bit; restoring it into a run with another replica count is an error.
 
 use std::collections::HashMap;
 use std::fs;
@@ -21,6 +26,8 @@ use crate::step::mark_step;
 use crate::tensor::Tensor;
 
 const FORMAT: &str = "kiln-checkpoint-1";
+/// `<name>@replica<r>`: replica `r`'s value of a tensor whose replicas differ.
+const REPLICA_SEP: &str = "@replica";
 
 fn st_dtype(d: DType) -> Dtype {
     match d {
@@ -84,7 +91,19 @@ pub fn save(path: impl AsRef<Path>, step: u64, tensors: &[(String, Tensor)]) -> 
     if names.windows(2).any(|w| w[0] == w[1]) {
         return Err(err("duplicate tensor names".into()));
     }
-    let literals = tensors.iter().map(|(n, t)| Ok((n.clone(), t.to_literal()?))).collect::<Result<Vec<_>>>()?;
+    // Replica 0's value under the tensor's name; a tensor whose replicas hold
+    // different values (the per-replica RNG keys) also stores replicas 1.. as
+    // `<name>@replica<r>`, so a resumed run gets every replica's value back.
+    let mut literals = Vec::with_capacity(tensors.len());
+    for (n, t) in tensors {
+        let replicas = t.replica_bytes()?;
+        for (r, bytes) in replicas.iter().enumerate() {
+            if r == 0 || replicas.iter().any(|b| b != &replicas[0]) {
+                let name = if r == 0 { n.clone() } else { format!("{n}{REPLICA_SEP}{r}") };
+                literals.push((name, Literal::from_bytes(t.ty().clone(), bytes.clone())?));
+            }
+        }
+    }
     // Sorted by name: the order safetensors gives back on load.
     let mut sorted: Vec<&(String, Literal)> = literals.iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(&b.0));
@@ -159,10 +178,28 @@ pub fn restore(path: impl AsRef<Path>, targets: &[(String, Tensor)]) -> Result<u
                 reason: format!("tensor {name} is {} in the file but {} in the model", lit.ty(), t.ty()),
             });
         }
-        plan.push((t, lit.clone()));
+        // Replicas 1.. saved apart: there must be one per replica of this run.
+        let others: Vec<&Literal> = (1..)
+            .map_while(|r| loaded.tensors.iter().find(|(n, _)| *n == format!("{name}{REPLICA_SEP}{r}")).map(|(_, l)| l))
+            .collect();
+        let value = if others.is_empty() {
+            Tensor::from_literal(lit.clone())
+        } else {
+            let replicas = crate::replicas::num_replicas()?;
+            if others.len() + 1 != replicas {
+                return Err(FrontendError::Checkpoint {
+                    path: path.to_path_buf(),
+                    reason: format!("tensor {name} was saved with {} replicas' values, this run has {replicas} replica(s)", others.len() + 1),
+                });
+            }
+            let mut all = vec![lit.clone()];
+            all.extend(others.into_iter().cloned());
+            crate::replicas::from_literal_shards(all)?
+        };
+        plan.push((t, value));
     }
-    for (t, lit) in plan {
-        t.assign(&Tensor::from_literal(lit))?;
+    for (t, value) in plan {
+        t.assign(&value)?;
     }
     Ok(loaded.step)
 }
