@@ -219,12 +219,24 @@ fn the_atomic_writer_never_replaces_devices_or_directories() {
     let dir = tempfile::tempdir().unwrap();
     let g = graph_file(dir.path(), "g.kiln", "graph(%x: tensor<4xf32>) {\n  %t = tanh %x : tensor<4xf32>\n  return %t\n}\n");
     let g = g.to_str().unwrap();
-    // /dev/null stays a device (kiln runs as root in CI, where this used to
-    // turn it into a regular file).
-    let err = refused(&kiln().args(["compile", g, "--emit", "stablehlo", "--out", "/dev/null"]).output().unwrap());
-    assert!(err.contains("/dev/null") && err.contains("not a regular file"), "{err}");
+    // Device nodes and FIFOs stay what they are. The test makes its own in a
+    // temp dir: the writer this replaces turned `/dev/null` itself into a
+    // regular file when run as root, which a failing test must not repeat.
     use std::os::unix::fs::FileTypeExt as _;
-    assert!(std::fs::metadata("/dev/null").unwrap().file_type().is_char_device());
+    let fifo = dir.path().join("fifo");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let mut specials = vec![fifo];
+    let null = dir.path().join("null");
+    // Root only (CI runs as root): a character device like /dev/null.
+    if std::process::Command::new("mknod").args([null.to_str().unwrap(), "c", "1", "3"]).status().is_ok_and(|s| s.success()) {
+        specials.push(null);
+    }
+    for special in &specials {
+        let err = refused(&kiln().args(["compile", g, "--emit", "stablehlo", "--out", special.to_str().unwrap()]).output().unwrap());
+        assert!(err.contains(special.to_str().unwrap()) && err.contains("not a regular file"), "{err}");
+        let kind = std::fs::symlink_metadata(special).unwrap().file_type();
+        assert!(kind.is_fifo() || kind.is_char_device(), "{} was replaced", special.display());
+    }
     let sub = dir.path().join("sub");
     std::fs::create_dir(&sub).unwrap();
     let err = refused(&kiln().args(["compile", g, "--emit", "stablehlo", "--out", sub.to_str().unwrap()]).output().unwrap());

@@ -149,9 +149,14 @@ mod tests {
         assert!(matches!(&err, FrontendError::NotAFile { path, .. } if path == &sub), "{err}");
         assert!(sub.is_dir());
 
-        let err = write_atomically(Path::new("/dev/null"), b"x").unwrap_err();
+        // A FIFO of its own (never /dev/null: a regression would replace it).
+        let fifo = dir.path().join("fifo");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let err = write_atomically(&fifo, b"x").unwrap_err();
         assert!(matches!(&err, FrontendError::NotAFile { .. }), "{err}");
-        assert!(err.to_string().contains("/dev/null"), "{err}");
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        use std::os::unix::fs::FileTypeExt as _;
+        assert!(fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
 
         let looped = dir.path().join("loop");
         std::os::unix::fs::symlink("loop", &looped).unwrap();
