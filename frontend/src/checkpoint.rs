@@ -134,16 +134,23 @@ pub struct Loaded {
 /// Reads and verifies a checkpoint.
 pub fn load(path: impl AsRef<Path>) -> Result<Loaded> {
     let path = path.as_ref();
-    let err = |reason: String| FrontendError::Checkpoint { path: path.to_path_buf(), reason };
     let bytes = fs::read(path).map_err(|source| FrontendError::Io { path: path.to_path_buf(), source })?;
-    let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| err(format!("not a readable safetensors file: {e}")))?;
+    load_bytes(&bytes, path)
+}
+
+/// [`load`] of a file's bytes already in memory (`path` names it in errors).
+/// Any bytes give a checkpoint or an error, never a panic (fuzzed in
+/// `frontend/tests/fuzz_readers.rs`).
+pub fn load_bytes(bytes: &[u8], path: &Path) -> Result<Loaded> {
+    let err = |reason: String| FrontendError::Checkpoint { path: path.to_path_buf(), reason };
+    let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| err(format!("not a readable safetensors file: {e}")))?;
     let info = meta.metadata().clone().unwrap_or_default();
     if info.get("format").map(String::as_str) != Some(FORMAT) {
         return Err(err(format!("not a kiln checkpoint (format {:?})", info.get("format"))));
     }
     let step = info.get("step").and_then(|s| s.parse().ok()).ok_or_else(|| err("missing step".into()))?;
     let expected = info.get("checksum").cloned().ok_or_else(|| err("missing checksum".into()))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| err(format!("corrupt: {e}")))?;
+    let st = SafeTensors::deserialize(bytes).map_err(|e| err(format!("corrupt: {e}")))?;
     let mut tensors = Vec::new();
     for (name, view) in st.iter() {
         let dtype = kiln_dtype(view.dtype()).ok_or_else(|| err(format!("tensor {name}: unsupported dtype")))?;
