@@ -69,9 +69,21 @@ enum Model {
         /// Directory holding Fashion-MNIST's IDX files.
         #[arg(long, default_value = FASHION_MNIST_DIR)]
         data: PathBuf,
-        /// Save a checkpoint after each epoch.
+        /// Save a checkpoint here after each epoch and at the end of the run.
+        /// An existing file that is not a checkpoint of this model is refused
+        /// (see --overwrite).
         #[arg(long)]
         checkpoint: Option<PathBuf>,
+        /// Also save the checkpoint every N steps.
+        #[arg(long, value_name = "N", requires = "checkpoint")]
+        checkpoint_every: Option<u64>,
+        /// Continue from --checkpoint FILE, bit-identical to a run that was
+        /// never interrupted (same flags otherwise).
+        #[arg(long, requires = "checkpoint")]
+        resume: bool,
+        /// Replace a --checkpoint FILE that is not a checkpoint of this model.
+        #[arg(long, requires = "checkpoint", conflicts_with = "resume")]
+        overwrite: bool,
         /// Also run the first N steps on the reference interpreter and print both
         /// loss curves side by side.
         #[arg(long, value_name = "N")]
@@ -116,6 +128,8 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("KILN_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: a pipe or a log file gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
@@ -132,8 +146,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Devices { json } => devices(json),
         Command::Profile(args) => cmd::profile::run(args),
         Command::Cache { command } => cmd::cache::run(command),
-        Command::Train { model: Model::Mlp { epochs, batch, hidden, lr, seed, max_steps, data, checkpoint, compare_eager, amp, json } } => {
-            let cfg = MlpConfig { epochs, batch, hidden, lr, seed, max_steps, checkpoint, amp: amp.map(Into::into), ..MlpConfig::default() };
+        Command::Train {
+            model: Model::Mlp { epochs, batch, hidden, lr, seed, max_steps, data, checkpoint, checkpoint_every, resume, overwrite, compare_eager, amp, json },
+        } => {
+            let cfg = MlpConfig {
+                epochs,
+                batch,
+                hidden,
+                lr,
+                seed,
+                max_steps,
+                checkpoint,
+                checkpoint_every,
+                resume,
+                overwrite,
+                amp: amp.map(Into::into),
+                ..MlpConfig::default()
+            };
             train_mlp(&cfg, &data, compare_eager, json)
         }
         Command::Train { model: Model::Gpt { text, config, steps, vocab, seed, amp, max_grad_norm, json } } => {
@@ -243,7 +272,15 @@ fn devices(json: bool) -> anyhow::Result<()> {
         errors.push(e.clone());
     }
     if let Err(e) = &client {
-        errors.push(format!("cannot create the PJRT client: {e}"));
+        // The whole chain: a plugin that fails to load names the loader's
+        // reason (missing symbol, wrong ELF class, ...) only in its source.
+        let mut msg = format!("cannot create the PJRT client: {e}");
+        let mut source = std::error::Error::source(e);
+        while let Some(s) = source {
+            msg.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        errors.push(msg);
     }
     let show_gpus = env.device == PjrtDevice::Cuda || probe.driver_found();
 

@@ -76,7 +76,7 @@ fn bad_kiln_cpu_devices_fail_naming_the_variable_and_value() {
         let out = devices_cmd(&[("KILN_CPU_DEVICES", value)]).output().unwrap();
         assert_eq!(out.status.code(), Some(1), "KILN_CPU_DEVICES={value}");
         let err = String::from_utf8_lossy(&out.stderr);
-        let expected = format!("error: KILN_CPU_DEVICES={value:?} {problem}; the XLA CPU plugin makes 1 to 1024 devices");
+        let expected = format!("error: KILN_CPU_DEVICES={value:?} {problem}; the XLA CPU plugin makes 1 to 64 devices");
         assert!(err.contains(&expected), "{err}");
         assert!(!err.contains("panicked"), "{err}");
         // The JSON still shows the plugin's devices, and no replica count.

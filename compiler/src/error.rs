@@ -34,6 +34,9 @@ pub enum CompileError {
     Verify { node: String, reason: String },
     #[error("text form, line {line}: {reason}")]
     Parse { line: usize, reason: String },
+    /// An integer division XLA would crash on (SIGFPE in its constant folder).
+    #[error("{node}: integer {op} on {dtype} would crash XLA: {reason}")]
+    TrappingDivision { op: &'static str, node: String, dtype: DType, reason: String },
     #[error("interpreter: {op}: {reason}")]
     Interpret { op: &'static str, reason: String },
 }

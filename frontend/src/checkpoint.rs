@@ -6,6 +6,11 @@
 //! leaves the previous checkpoint intact. A checksum over every tensor's name
 //! and bytes is stored in the metadata and verified on load: a corrupt or
 //! truncated file is an error naming the path, never silently loaded.
+//!
+//! A tensor whose replicas hold different values (the per-replica RNG keys)
+//! is saved once per replica (`<name>@replica<r>` for r ≥ 1) and restored to
+//! every replica, so a resumed run with replicas and dropout continues bit for
+//! bit; restoring it into a run with another replica count is an error.
 
 use std::collections::HashMap;
 use std::fs;
@@ -21,6 +26,8 @@ use crate::step::mark_step;
 use crate::tensor::Tensor;
 
 const FORMAT: &str = "kiln-checkpoint-1";
+/// `<name>@replica<r>`: replica `r`'s value of a tensor whose replicas differ.
+const REPLICA_SEP: &str = "@replica";
 
 fn st_dtype(d: DType) -> Dtype {
     match d {
@@ -84,7 +91,19 @@ pub fn save(path: impl AsRef<Path>, step: u64, tensors: &[(String, Tensor)]) -> 
     if names.windows(2).any(|w| w[0] == w[1]) {
         return Err(err("duplicate tensor names".into()));
     }
-    let literals = tensors.iter().map(|(n, t)| Ok((n.clone(), t.to_literal()?))).collect::<Result<Vec<_>>>()?;
+    // Replica 0's value under the tensor's name; a tensor whose replicas hold
+    // different values (the per-replica RNG keys) also stores replicas 1.. as
+    // `<name>@replica<r>`, so a resumed run gets every replica's value back.
+    let mut literals = Vec::with_capacity(tensors.len());
+    for (n, t) in tensors {
+        let replicas = t.replica_bytes()?;
+        for (r, bytes) in replicas.iter().enumerate() {
+            if r == 0 || replicas.iter().any(|b| b != &replicas[0]) {
+                let name = if r == 0 { n.clone() } else { format!("{n}{REPLICA_SEP}{r}") };
+                literals.push((name, Literal::from_bytes(t.ty().clone(), bytes.clone())?));
+            }
+        }
+    }
     // Sorted by name: the order safetensors gives back on load.
     let mut sorted: Vec<&(String, Literal)> = literals.iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(&b.0));
@@ -115,16 +134,23 @@ pub struct Loaded {
 /// Reads and verifies a checkpoint.
 pub fn load(path: impl AsRef<Path>) -> Result<Loaded> {
     let path = path.as_ref();
-    let err = |reason: String| FrontendError::Checkpoint { path: path.to_path_buf(), reason };
     let bytes = fs::read(path).map_err(|source| FrontendError::Io { path: path.to_path_buf(), source })?;
-    let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| err(format!("not a readable safetensors file: {e}")))?;
+    load_bytes(&bytes, path)
+}
+
+/// [`load`] of a file's bytes already in memory (`path` names it in errors).
+/// Any bytes give a checkpoint or an error, never a panic (fuzzed in
+/// `frontend/tests/fuzz_readers.rs`).
+pub fn load_bytes(bytes: &[u8], path: &Path) -> Result<Loaded> {
+    let err = |reason: String| FrontendError::Checkpoint { path: path.to_path_buf(), reason };
+    let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| err(format!("not a readable safetensors file: {e}")))?;
     let info = meta.metadata().clone().unwrap_or_default();
     if info.get("format").map(String::as_str) != Some(FORMAT) {
         return Err(err(format!("not a kiln checkpoint (format {:?})", info.get("format"))));
     }
     let step = info.get("step").and_then(|s| s.parse().ok()).ok_or_else(|| err("missing step".into()))?;
     let expected = info.get("checksum").cloned().ok_or_else(|| err("missing checksum".into()))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| err(format!("corrupt: {e}")))?;
+    let st = SafeTensors::deserialize(bytes).map_err(|e| err(format!("corrupt: {e}")))?;
     let mut tensors = Vec::new();
     for (name, view) in st.iter() {
         let dtype = kiln_dtype(view.dtype()).ok_or_else(|| err(format!("tensor {name}: unsupported dtype")))?;
@@ -159,10 +185,28 @@ pub fn restore(path: impl AsRef<Path>, targets: &[(String, Tensor)]) -> Result<u
                 reason: format!("tensor {name} is {} in the file but {} in the model", lit.ty(), t.ty()),
             });
         }
-        plan.push((t, lit.clone()));
+        // Replicas 1.. saved apart: there must be one per replica of this run.
+        let others: Vec<&Literal> = (1..)
+            .map_while(|r| loaded.tensors.iter().find(|(n, _)| *n == format!("{name}{REPLICA_SEP}{r}")).map(|(_, l)| l))
+            .collect();
+        let value = if others.is_empty() {
+            Tensor::from_literal(lit.clone())
+        } else {
+            let replicas = crate::replicas::num_replicas()?;
+            if others.len() + 1 != replicas {
+                return Err(FrontendError::Checkpoint {
+                    path: path.to_path_buf(),
+                    reason: format!("tensor {name} was saved with {} replicas' values, this run has {replicas} replica(s)", others.len() + 1),
+                });
+            }
+            let mut all = vec![lit.clone()];
+            all.extend(others.into_iter().cloned());
+            crate::replicas::from_literal_shards(all)?
+        };
+        plan.push((t, value));
     }
-    for (t, lit) in plan {
-        t.assign(&Tensor::from_literal(lit))?;
+    for (t, value) in plan {
+        t.assign(&value)?;
     }
     Ok(loaded.step)
 }

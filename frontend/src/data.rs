@@ -64,7 +64,7 @@ impl FashionMnist {
         let set = |prefix: &str| -> Result<ImageSet> {
             let (images, rows, cols) = read_idx_images(&dir.join(format!("{prefix}-images-idx3-ubyte.gz")))?;
             let labels = read_idx_labels(&dir.join(format!("{prefix}-labels-idx1-ubyte.gz")))?;
-            if labels.len() * rows * cols != images.len() {
+            if labels.len().checked_mul(rows * cols) != Some(images.len()) {
                 return Err(FrontendError::Data {
                     path: dir.join(prefix),
                     reason: format!("{} labels for {} images", labels.len(), images.len() / (rows * cols)),
@@ -76,56 +76,91 @@ impl FashionMnist {
     }
 }
 
-fn read_gz(path: &Path) -> Result<Vec<u8>> {
+/// Opens a gzip'd file for streaming reads.
+fn open_gz(path: &Path) -> Result<GzDecoder<File>> {
     let file = File::open(path).map_err(|source| FrontendError::Io { path: path.to_path_buf(), source })?;
+    Ok(GzDecoder::new(file))
+}
+
+/// Reads exactly `len` bytes (an IDX header or body): fewer is a truncated
+/// file. Reads through `take`, so nothing past `len` is decompressed.
+fn read_exact_from(r: &mut impl Read, len: usize, path: &Path, what: &str) -> Result<Vec<u8>> {
     let mut out = Vec::new();
-    GzDecoder::new(file)
-        .read_to_end(&mut out)
-        .map_err(|source| FrontendError::Io { path: path.to_path_buf(), source })?;
+    r.take(len as u64).read_to_end(&mut out).map_err(|source| FrontendError::Io { path: path.to_path_buf(), source })?;
+    if out.len() != len {
+        return Err(FrontendError::Data { path: path.into(), reason: format!("truncated {what}: {} of {len} bytes", out.len()) });
+    }
     Ok(out)
 }
 
-fn be_u32(bytes: &[u8], at: usize, path: &Path) -> Result<usize> {
-    bytes
-        .get(at..at + 4)
-        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
-        .ok_or_else(|| FrontendError::Data { path: path.to_path_buf(), reason: "truncated IDX header".into() })
+/// Fails unless `r` is at its end (the header's sizes must match the file).
+fn expect_end(r: &mut impl Read, path: &Path, header: &str) -> Result<()> {
+    let mut extra = [0u8; 1];
+    match r.read(&mut extra) {
+        Ok(0) => Ok(()),
+        Ok(_) => Err(FrontendError::Data { path: path.into(), reason: format!("header says {header}, the file holds more bytes") }),
+        Err(source) => Err(FrontendError::Io { path: path.to_path_buf(), source }),
+    }
+}
+
+fn be_u32(bytes: &[u8], at: usize) -> usize {
+    u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]) as usize
 }
 
 /// Parses an IDX3 `u8` image file: magic `0x00000803`, count, rows, cols.
+///
+/// The header is read first; its sizes are multiplied with checked
+/// arithmetic, must be non-zero and fit in host memory
+/// ([`crate::limits`]) before the body is read, and the body is read
+/// through a bound, so a hostile header or a decompression bomb is an error
+/// naming the file, never an abort.
 pub fn read_idx_images(path: &Path) -> Result<(Vec<u8>, usize, usize)> {
-    let bytes = read_gz(path)?;
-    let magic = be_u32(&bytes, 0, path)?;
+    parse_idx_images(&mut open_gz(path)?, path)
+}
+
+/// [`read_idx_images`] on any reader of the decompressed bytes (the fuzz
+/// target feeds it raw bytes).
+pub fn parse_idx_images(r: &mut impl Read, path: &Path) -> Result<(Vec<u8>, usize, usize)> {
+    let head = read_exact_from(r, 16, path, "IDX3 header")?;
+    let magic = be_u32(&head, 0);
     if magic != 0x0803 {
         return Err(FrontendError::Data { path: path.into(), reason: format!("bad IDX3 magic {magic:#010x}") });
     }
-    let (n, rows, cols) = (be_u32(&bytes, 4, path)?, be_u32(&bytes, 8, path)?, be_u32(&bytes, 12, path)?);
-    let body = &bytes[16..];
-    if body.len() != n * rows * cols {
+    let (n, rows, cols) = (be_u32(&head, 4), be_u32(&head, 8), be_u32(&head, 12));
+    let header = format!("{n}x{rows}x{cols} bytes");
+    if n == 0 || rows == 0 || cols == 0 {
         return Err(FrontendError::Data {
             path: path.into(),
-            reason: format!("header says {n}x{rows}x{cols} bytes, file has {}", body.len()),
+            reason: format!("header says {n} images of {rows}x{cols} pixels: an IDX3 image file needs at least one image of at least 1x1"),
         });
     }
-    Ok((body.to_vec(), rows, cols))
+    let len = n.checked_mul(rows).and_then(|x| x.checked_mul(cols));
+    crate::limits::check_host_bytes(format!("{} ({header})", path.display()), len.and_then(|l| u64::try_from(l).ok()))?;
+    let body = read_exact_from(r, len.unwrap_or(0), path, &format!("IDX3 body (header says {header})"))?;
+    expect_end(r, path, &header)?;
+    Ok((body, rows, cols))
 }
 
 /// Parses an IDX1 `u8` label file: magic `0x00000801`, count.
 pub fn read_idx_labels(path: &Path) -> Result<Vec<u8>> {
-    let bytes = read_gz(path)?;
-    let magic = be_u32(&bytes, 0, path)?;
+    parse_idx_labels(&mut open_gz(path)?, path)
+}
+
+/// [`read_idx_labels`] on any reader of the decompressed bytes.
+pub fn parse_idx_labels(r: &mut impl Read, path: &Path) -> Result<Vec<u8>> {
+    let head = read_exact_from(r, 8, path, "IDX1 header")?;
+    let magic = be_u32(&head, 0);
     if magic != 0x0801 {
         return Err(FrontendError::Data { path: path.into(), reason: format!("bad IDX1 magic {magic:#010x}") });
     }
-    let n = be_u32(&bytes, 4, path)?;
-    let body = &bytes[8..];
-    if body.len() != n {
-        return Err(FrontendError::Data {
-            path: PathBuf::from(path),
-            reason: format!("header says {n} labels, file has {}", body.len()),
-        });
+    let n = be_u32(&head, 4);
+    if n == 0 {
+        return Err(FrontendError::Data { path: PathBuf::from(path), reason: "header says 0 labels".into() });
     }
-    Ok(body.to_vec())
+    crate::limits::check_host_bytes(format!("{} ({n} labels)", path.display()), u64::try_from(n).ok())?;
+    let body = read_exact_from(r, n, path, &format!("IDX1 body (header says {n} labels)"))?;
+    expect_end(r, path, &format!("{n} labels"))?;
+    Ok(body)
 }
 
 /// What to do with the last partial batch.

@@ -47,6 +47,16 @@ pub enum FrontendError {
     /// read or `sync` after the failure was learnt.
     #[error("step {step} failed: {reason}")]
     StepFailed { step: u64, reason: String },
+    /// Data a user sized would not fit in host memory (checked before
+    /// allocating; `bytes` is `None` when the size overflowed).
+    #[error("{what} needs {} bytes, more than the limit of {limit} bytes ({limit_source})", .bytes.map_or_else(|| "more than 2^64".to_string(), |b| b.to_string()))]
+    TooLarge { what: String, bytes: Option<u64>, limit: u64, limit_source: &'static str },
+    /// A training set too small for one step.
+    #[error("the training set has {examples} examples, fewer than one step takes ({batch} per replica x {replicas} replica(s)): lower --batch or use more data")]
+    DatasetTooSmall { examples: usize, batch: usize, replicas: usize },
+    /// A path that a write would destroy or cannot be written through.
+    #[error("{}: {reason}", .path.display())]
+    NotAFile { path: std::path::PathBuf, reason: String },
     /// A setting out of its range (learning-rate, clipping or scaling settings).
     #[error("{op}: {name} = {value} must be {expected}")]
     HyperParameter { op: &'static str, name: &'static str, value: f64, expected: &'static str },

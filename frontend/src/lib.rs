@@ -17,6 +17,7 @@ mod element;
 mod error;
 mod explain;
 mod grad;
+pub mod limits;
 pub mod metrics;
 pub mod models;
 pub mod nn;

@@ -205,7 +205,14 @@ pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, repli
                 // A cache that cannot be written costs later runs a compile,
                 // never this run its result.
                 if let Err(err) = d.store(&key, &e, EntryInfo { compile_time: took }) {
-                    tracing::warn!(%err, "kiln: could not store the compiled program in the disk cache");
+                    // With the OS's reason (the error's source), not just the path.
+                    let mut reason = err.to_string();
+                    let mut source = std::error::Error::source(&err);
+                    while let Some(s) = source {
+                        reason.push_str(&format!(": {s}"));
+                        source = s.source();
+                    }
+                    tracing::warn!(err = %reason, "kiln: could not store the compiled program in the disk cache");
                 }
             }
             e

@@ -87,6 +87,26 @@ pub fn from_shards<T: Element>(shards: Vec<Vec<T>>, shape: impl Into<Shape>) -> 
     Ok(Tensor::wrap(Inner::new(ty, State::Ready(storage))))
 }
 
+/// A tensor holding `literals[r]` on replica `r` (one per replica, one type).
+pub(crate) fn from_literal_shards(literals: Vec<Literal>) -> Result<Tensor> {
+    let n = num_replicas()?;
+    let Some(ty) = literals.first().map(|l| l.ty().clone()) else {
+        return Err(FrontendError::InvalidArgument { op: "from_shards", reason: "no shards".into() });
+    };
+    if literals.len() != n || literals.iter().any(|l| l.ty() != &ty) {
+        return Err(FrontendError::InvalidArgument {
+            op: "from_shards",
+            reason: format!("{} shards for {n} replicas, all of type {ty}", literals.len()),
+        });
+    }
+    let storage = if n == 1 {
+        Storage::Host(std::sync::Arc::new(literals.into_iter().next().expect("one shard")))
+    } else {
+        Storage::HostShards(std::sync::Arc::new(literals))
+    };
+    Ok(Tensor::wrap(Inner::new(ty, State::Ready(storage))))
+}
+
 /// Every replica's value of `t` (runs the step first if `t` is pending).
 pub fn replica_values<T: Element>(t: &Tensor) -> Result<Vec<Vec<T>>> {
     if T::DTYPE != t.dtype() {

@@ -151,7 +151,7 @@ fn add_donations(trace: &mut Trace, receivers: &[Vec<Rc<Inner>>]) -> Result<()> 
 
 /// Whether assigned-over parameters donate their buffers.
 ///
-/// `KILN_DONATE=1` or `0` decides; otherwise donation is on for every platform
+/// `KILN_DONATE` (a boolean, `kiln_runtime::env::parse_bool`) decides; otherwise donation is on for every platform
 /// but the XLA CPU plugin. With `xla-cpu-pjrt` 0.0.1, a program whose large
 /// (about 800 KB) donated parameters came back from its own aliased outputs was
 /// seen computing with wrong values from its second run on, while the same text
@@ -159,10 +159,9 @@ fn add_donations(trace: &mut Trace, receivers: &[Vec<Rc<Inner>>]) -> Result<()> 
 /// training with and without donation (docs/donation.md). Without donation old
 /// buffers are still freed when a step replaces them, so live buffers stay flat.
 pub(crate) fn donation_enabled() -> Result<bool> {
-    match std::env::var("KILN_DONATE").as_deref() {
-        Ok("1") => Ok(true),
-        Ok("0") => Ok(false),
-        _ => Ok(context::with(|c| c.client())?.platform_name() != "cpu"),
+    match kiln_runtime::env::bool_var("KILN_DONATE")? {
+        Some(on) => Ok(on),
+        None => Ok(context::with(|c| c.client())?.platform_name() != "cpu"),
     }
 }
 

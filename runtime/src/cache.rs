@@ -121,16 +121,13 @@ impl DiskCacheConfig {
     /// - `KILN_CACHE_MAX_BYTES`: the size bound (default 4 GiB; suffixes
     ///   `K`, `M`, `G` are powers of 1024).
     /// - `KILN_CACHE_READONLY=1`: read-only mode.
+    ///
+    /// `KILN_CACHE` and `KILN_CACHE_READONLY` are booleans
+    /// ([`crate::env::parse_bool`]: `on`/`off`, `1`/`0`, `true`/`false`, ...).
     pub fn from_env() -> Result<Option<DiskCacheConfig>> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-        if let Some(v) = var("KILN_CACHE") {
-            match v.as_str() {
-                "off" | "0" => return Ok(None),
-                "on" | "1" => {}
-                _ => {
-                    return Err(RuntimeError::BadCacheEnv { var: "KILN_CACHE", value: v, expected: "on or off" })
-                }
-            }
+        if crate::env::bool_var("KILN_CACHE")? == Some(false) {
+            return Ok(None);
         }
         let dir = match var("KILN_CACHE_DIR") {
             Some(d) => PathBuf::from(d),
@@ -150,17 +147,7 @@ impl DiskCacheConfig {
             })?,
             None => DEFAULT_MAX_BYTES,
         };
-        let read_only = match var("KILN_CACHE_READONLY").as_deref() {
-            None | Some("0") => false,
-            Some("1") => true,
-            Some(v) => {
-                return Err(RuntimeError::BadCacheEnv {
-                    var: "KILN_CACHE_READONLY",
-                    value: v.to_string(),
-                    expected: "1 or 0",
-                })
-            }
-        };
+        let read_only = crate::env::bool_var("KILN_CACHE_READONLY")?.unwrap_or(false);
         Ok(Some(DiskCacheConfig { dir, max_bytes, read_only }))
     }
 }
@@ -232,6 +219,12 @@ fn io_err(path: &Path, source: std::io::Error) -> RuntimeError {
 impl DiskCache {
     /// Opens (creating unless read-only) the directory of `config`.
     pub fn open(config: DiskCacheConfig) -> Result<DiskCache> {
+        // `create_dir_all` on a file says only "File exists": name the problem.
+        if let Ok(meta) = fs::metadata(&config.dir) {
+            if !meta.is_dir() {
+                return Err(RuntimeError::CacheNotADirectory { path: config.dir.clone() });
+            }
+        }
         if !config.read_only {
             fs::create_dir_all(&config.dir).map_err(|e| io_err(&config.dir, e))?;
         }
@@ -250,6 +243,18 @@ impl DiskCache {
     /// Looks `key` up and loads its executable into `client`.
     pub fn load(&self, key: &CompileKey, client: &Client) -> Result<Lookup> {
         let path = self.entry_path(key);
+        // Reading a FIFO blocks forever and a directory cannot be read: an
+        // entry that is not a regular file is skipped (and left for
+        // `clear`), never opened.
+        match fs::metadata(&path) {
+            Ok(meta) if !meta.is_file() => {
+                tracing::warn!(path = %path.display(), "kiln: compile-cache entry is not a regular file; skipped (`kiln cache clear` removes it)");
+                return Ok(Lookup::Miss);
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Lookup::Miss),
+            Err(e) => return Err(io_err(&path, e)),
+        }
         let bytes = match fs::read(&path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Lookup::Miss),
@@ -285,9 +290,13 @@ impl DiskCache {
         if self.config.read_only {
             return Ok(());
         }
+        let path = self.entry_path(key);
+        if fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+            tracing::warn!(path = %path.display(), "kiln: compile-cache entry is a directory; not stored (`kiln cache clear` removes it)");
+            return Ok(());
+        }
         let payload = exe.serialize()?;
         let bytes = encode(key, info, &payload);
-        let path = self.entry_path(key);
         let tmp = self.config.dir.join(format!(
             ".tmp-{}-{}-{key}",
             std::process::id(),
@@ -348,8 +357,10 @@ impl DiskCache {
         Ok(())
     }
 
-    /// Entry files and temp files with their metadata.
-    fn scan(&self) -> Result<Vec<(PathBuf, fs::Metadata)>> {
+    /// Entry files and temp files with their metadata (not followed through
+    /// links); `with_odd` also lists entries that are not regular files
+    /// (directories, FIFOs, links), which only `clear` wants.
+    fn scan_entries(&self, with_odd: bool) -> Result<Vec<(PathBuf, fs::Metadata)>> {
         let dir = &self.config.dir;
         let rd = match fs::read_dir(dir) {
             Ok(rd) => rd,
@@ -368,13 +379,18 @@ impl DiskCache {
             }
             // Gone between listing and stat: another process evicted it.
             if let Ok(meta) = e.metadata() {
-                if meta.is_file() {
+                if meta.is_file() || with_odd {
                     out.push((path, meta));
                 }
             }
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
+    }
+
+    /// Regular entry and temp files.
+    fn scan(&self) -> Result<Vec<(PathBuf, fs::Metadata)>> {
+        self.scan_entries(false)
     }
 
     pub fn stats(&self) -> Result<CacheStats> {
@@ -395,8 +411,11 @@ impl DiskCache {
             return Err(RuntimeError::CacheReadOnly { dir: self.config.dir.clone() });
         }
         let mut removed = 0;
-        for (path, _) in self.scan()? {
-            match fs::remove_file(&path) {
+        for (path, meta) in self.scan_entries(true)? {
+            // A directory in an entry's name is removed with what it holds (it
+            // is the entry itself, not followed through a link).
+            let gone = if meta.is_dir() { fs::remove_dir_all(&path) } else { fs::remove_file(&path) };
+            match gone {
                 Ok(()) => removed += usize::from(path.extension().is_some_and(|x| x == EXTENSION)),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(io_err(&path, e)),

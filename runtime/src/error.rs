@@ -305,6 +305,13 @@ pub enum RuntimeError {
     #[error("the plugin returned {got} outputs, the signature declares {expected}")]
     OutputCount { expected: usize, got: usize },
 
+    #[error("environment variable {var}={value:?} is not a boolean; expected {expected}")]
+    BadBoolEnv {
+        var: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+
     #[error("environment variable {var}={value:?} is not valid; expected {expected}")]
     BadCacheEnv {
         var: &'static str,
@@ -319,6 +326,9 @@ pub enum RuntimeError {
         #[source]
         source: std::io::Error,
     },
+
+    #[error("compile cache {} is not a directory (set KILN_CACHE_DIR to a directory, or KILN_CACHE=off)", path.display())]
+    CacheNotADirectory { path: PathBuf },
 
     #[error("compile cache {} is read-only (KILN_CACHE_READONLY=1)", dir.display())]
     CacheReadOnly { dir: PathBuf },

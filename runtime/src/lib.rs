@@ -19,6 +19,7 @@ pub mod cache;
 pub mod client;
 pub mod compile_options;
 pub mod element_type;
+pub mod env;
 pub mod error;
 pub mod executable;
 pub mod gpu;

@@ -36,9 +36,11 @@ pub const ENV_GPU_NUM_DEVICES: &str = "GPU_NUM_DEVICES";
 /// Env var: how many CPU devices (and replicas) the CPU plugin makes.
 pub const ENV_CPU_DEVICES: &str = "KILN_CPU_DEVICES";
 /// The most CPU devices kiln asks the CPU plugin for. Each is a thread pool
-/// slot and a copy of the parameters; far above any core count, it only
-/// stops a typo (`40000`) from exhausting memory.
-pub const MAX_CPU_DEVICES: usize = 1024;
+/// slot (two, with XLA's intra-op pool) and a copy of the parameters and of
+/// every step's buffers; 1000 devices took 7.5 GB and 1,257 threads before the
+/// first step. CPU replicas exist to test data parallelism on one host, which
+/// 64 covers with room to spare.
+pub const MAX_CPU_DEVICES: usize = 64;
 
 /// Where a plan's replica count came from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -262,20 +262,20 @@ fn cpu_count_sets_the_plugin_option() {
 fn cpu_bad_counts_name_the_variable_and_value() {
     assert_eq!(
         cpu_error("zero"),
-        "KILN_CPU_DEVICES=\"zero\" is not a whole number; the XLA CPU plugin makes 1 to 1024 devices"
+        "KILN_CPU_DEVICES=\"zero\" is not a whole number; the XLA CPU plugin makes 1 to 64 devices"
     );
     assert_eq!(
         cpu_error("0"),
-        "KILN_CPU_DEVICES=\"0\" must be at least 1; the XLA CPU plugin makes 1 to 1024 devices"
+        "KILN_CPU_DEVICES=\"0\" must be at least 1; the XLA CPU plugin makes 1 to 64 devices"
     );
     assert_eq!(
         cpu_error("-4"),
-        "KILN_CPU_DEVICES=\"-4\" must be at least 1; the XLA CPU plugin makes 1 to 1024 devices"
+        "KILN_CPU_DEVICES=\"-4\" must be at least 1; the XLA CPU plugin makes 1 to 64 devices"
     );
     assert_eq!(
-        cpu_error("1025"),
-        "KILN_CPU_DEVICES=\"1025\" asks for more devices than the 1024 available; the XLA CPU \
-         plugin makes 1 to 1024 devices"
+        cpu_error("65"),
+        "KILN_CPU_DEVICES=\"65\" asks for more devices than the 64 available; the XLA CPU \
+         plugin makes 1 to 64 devices"
     );
 }
 

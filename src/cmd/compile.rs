@@ -99,6 +99,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     let source = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let graph = text::parse(&source).map_err(|e| located(path, e))?;
     verify(&graph).with_context(|| format!("{}: the graph does not verify", path.display()))?;
+    super::check_graph_memory(&graph, path, false)?;
 
     let started = Instant::now();
     let (optimized, stats) = pipeline::optimize(&graph).with_context(|| format!("optimizing {}", path.display()))?;

@@ -5,6 +5,27 @@ pub mod cache;
 pub mod compile;
 pub mod profile;
 
+/// Host memory a text graph needs before XLA sees it, checked against the
+/// host limit ([`kiln::limits`]): each constant is held about four times
+/// (the parsed literal, the StableHLO text, XLA's literal and the compiled
+/// program); with `with_params`, every parameter once more (`kiln profile`
+/// fills them with random data). Sizes use checked arithmetic.
+pub fn check_graph_memory(graph: &kiln::compiler::ir::Graph, path: &std::path::Path, with_params: bool) -> kiln::Result<()> {
+    use kiln::compiler::ir::Op;
+    let constants = graph.nodes().try_fold(0u64, |acc, (_, n)| match &n.op {
+        Op::Constant { literal } => acc.checked_add(u64::try_from(literal.bytes().len()).ok()?.checked_mul(4)?),
+        _ => Some(acc),
+    });
+    let params = if with_params {
+        graph.param_types().iter().try_fold(0u64, |acc, t| acc.checked_add(u64::try_from(t.checked_size_in_bytes()?).ok()?))
+    } else {
+        Some(0)
+    };
+    let total = constants.zip(params).and_then(|(c, p)| c.checked_add(p));
+    let what = if with_params { "its constants and random parameters" } else { "its constants" };
+    kiln::limits::check_host_bytes(format!("{} ({what})", path.display()), total)
+}
+
 /// `--amp`: the low-precision dtype of mixed precision.
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum AmpDtype {

@@ -271,6 +271,7 @@ fn profile_graph(args: &ProfileArgs, path: &Path) -> anyhow::Result<Profiled> {
     let source = std::fs::read_to_string(path)
         .with_context(|| format!("reading step graph {} (expected mlp, gpt or a graph file)", path.display()))?;
     let graph = text::parse(&source).with_context(|| format!("parsing {}", path.display()))?;
+    super::check_graph_memory(&graph, path, true)?;
     let client = Client::new(&ClientOptions::default())?;
     let origin = Instant::now();
     let mut events = Vec::new();

@@ -118,6 +118,9 @@ pub fn infer(g: &Graph, op: &Op) -> Result<Outputs> {
         }
         Op::Reshape { input, shape } => {
             let t = ty(*input);
+            if shape.checked_num_elements().is_none() {
+                return Err(invalid(name, format!("the target shape {shape} has more elements than this machine can address"), vec![t]));
+            }
             if t.shape.num_elements() != shape.num_elements() {
                 return Err(CompileError::ReshapeSize {
                     op: name,
@@ -194,9 +197,15 @@ pub fn infer(g: &Graph, op: &Op) -> Result<Outputs> {
                 if !agree {
                     return Err(CompileError::ShapeMismatch { op: name, lhs: f.shape, rhs: t.shape });
                 }
-                dims[*axis] += t.shape.0[*axis];
+                dims[*axis] = dims[*axis].checked_add(t.shape.0[*axis]).ok_or_else(|| {
+                    invalid(name, format!("the sizes along axis {axis} overflow"), inputs.iter().map(|&v| ty(v)).collect())
+                })?;
             }
-            one(TensorType::new(f.dtype, Shape(dims)))
+            let out = TensorType::new(f.dtype, Shape(dims));
+            if out.checked_size_in_bytes().is_none() {
+                return Err(invalid(name, format!("the result {} has more bytes than this machine can address", out.shape), vec![f]));
+            }
+            one(out)
         }
         Op::Pad { input, value, low, high, interior } => {
             let (t, v) = (ty(*input), ty(*value));
@@ -209,14 +218,40 @@ pub fn infer(g: &Graph, op: &Op) -> Result<Outputs> {
             }
             let mut dims = Vec::with_capacity(r);
             for i in 0..r {
-                let d = t.shape.0[i] as i64;
-                let size = low[i] + high[i] + d + (d - 1).max(0) * interior[i] as i64;
+                // Checked: low/high/interior come from user text and may be
+                // i64::MIN/MAX; a wrapped size would reach XLA and abort it.
+                // Every partial sum is checked, in both orders XLA may use:
+                // the interior-padded size, then each edge on its own (an
+                // edge may not remove more than that size), then both.
+                let size = i64::try_from(t.shape.0[i]).ok().and_then(|d| {
+                    let interior = i64::try_from(interior[i]).ok()?;
+                    let inner = d.checked_add((d - 1).max(0).checked_mul(interior)?)?;
+                    let (with_low, with_high) = (inner.checked_add(low[i])?, inner.checked_add(high[i])?);
+                    if with_low < 0 || with_high < 0 {
+                        return None;
+                    }
+                    with_low.checked_add(high[i])
+                });
+                let Some(size) = size else {
+                    return Err(invalid(
+                        name,
+                        format!(
+                            "dimension {i}: size {} with low {}, high {}, interior {} overflows or removes more than the dimension holds",
+                            t.shape.0[i], low[i], high[i], interior[i]
+                        ),
+                        vec![t, v],
+                    ));
+                };
                 if size < 0 {
                     return Err(invalid(name, format!("dimension {i} would have negative size {size}"), vec![t, v]));
                 }
                 dims.push(size as usize);
             }
-            one(TensorType::new(t.dtype, dims))
+            let out = TensorType::new(t.dtype, dims);
+            if out.checked_size_in_bytes().is_none() {
+                return Err(invalid(name, format!("the result {} has more bytes than this machine can address", out.shape), vec![t, v]));
+            }
+            one(out)
         }
         Op::Reduce { input, axes, .. } => {
             let t = ty(*input);

@@ -37,6 +37,12 @@ impl Shape {
         self.0.iter().product()
     }
 
+    /// The element count, `None` when it overflows `usize` (shapes from text
+    /// or from shape arithmetic on hostile sizes).
+    pub fn checked_num_elements(&self) -> Option<usize> {
+        self.0.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+    }
+
     /// Row-major strides in elements.
     pub fn strides(&self) -> Vec<usize> {
         let mut strides = vec![1; self.rank()];
@@ -103,6 +109,11 @@ impl TensorType {
 
     pub fn size_in_bytes(&self) -> usize {
         self.shape.num_elements() * self.dtype.size_in_bytes()
+    }
+
+    /// The byte size, `None` when it overflows `usize`.
+    pub fn checked_size_in_bytes(&self) -> Option<usize> {
+        self.shape.checked_num_elements()?.checked_mul(self.dtype.size_in_bytes())
     }
 }
 

@@ -23,6 +23,7 @@
 
 mod dense;
 mod emit;
+mod guard;
 pub(crate) mod live;
 
 use crate::ir::Graph;
@@ -52,5 +53,6 @@ pub fn lower(g: &Graph, opts: &LowerOptions) -> Result<String, CompileError> {
         });
     }
     let live = live::live_nodes(g);
+    guard::refuse_trapping_division(g, &live)?;
     emit::module(g, opts, &live)
 }

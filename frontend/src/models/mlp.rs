@@ -15,7 +15,7 @@ use kiln_compiler::ir::DType;
 use crate::context::{self, Backend};
 use crate::data::{self, Batch, FashionMnist, ImageSet, LastBatch, Prefetcher};
 use crate::amp;
-use crate::error::Result;
+use crate::error::{FrontendError, Result};
 use crate::nn::{cross_entropy, Linear, ParamStore};
 use crate::optim::{AdamW, AdamWConfig, WarmupCosine};
 use crate::step::mark_step;
@@ -66,8 +66,18 @@ pub struct MlpConfig {
     pub max_steps: Option<u64>,
     /// Evaluate on the test set after each epoch.
     pub eval: bool,
-    /// Save a checkpoint here after each epoch.
+    /// Save a checkpoint here after each epoch, every `checkpoint_every`
+    /// steps and at the end of the run (see [`train`] for what may be
+    /// replaced).
     pub checkpoint: Option<std::path::PathBuf>,
+    /// Also save every this many steps (needs `checkpoint`).
+    pub checkpoint_every: Option<u64>,
+    /// Continue from `checkpoint` (which must exist): the same data order,
+    /// schedule and state, so the run ends bit-identical to one that was
+    /// never interrupted.
+    pub resume: bool,
+    /// Replace a file at `checkpoint` that is not a checkpoint of this model.
+    pub overwrite: bool,
     /// Mixed precision: matmuls in this dtype (`f16` or `bf16`), master weights
     /// in f32. `None`: everything in f32.
     pub amp: Option<DType>,
@@ -86,6 +96,9 @@ impl Default for MlpConfig {
             max_steps: None,
             eval: true,
             checkpoint: None,
+            checkpoint_every: None,
+            resume: false,
+            overwrite: false,
             amp: None,
         }
     }
@@ -221,30 +234,94 @@ impl Trainer {
     }
 }
 
+impl MlpConfig {
+    /// Refuses settings that cannot train before anything is allocated or
+    /// compiled: a zero batch or width, a learning rate that is not a finite
+    /// positive number, parameters larger than host memory, a training set
+    /// smaller than one step on `replicas` replicas.
+    pub fn check(&self, data: &FashionMnist, replicas: usize) -> Result<()> {
+        let bad = |name: &'static str, value: f64, expected: &'static str| {
+            Err(FrontendError::HyperParameter { op: "train mlp", name, value, expected })
+        };
+        if self.batch == 0 {
+            return bad("batch", 0.0, "at least 1");
+        }
+        if self.eval_batch == 0 {
+            return bad("eval_batch", 0.0, "at least 1");
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad("lr", self.lr, "a finite number above 0");
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return bad("weight_decay", self.weight_decay, "a finite number of at least 0");
+        }
+        if self.hidden.contains(&0) {
+            return bad("hidden", 0.0, "widths of at least 1");
+        }
+        // Weights, AdamW's two moments and the gradient: four f32 copies.
+        let mut sizes = vec![data.train.pixels()];
+        sizes.extend(&self.hidden);
+        sizes.push(10);
+        let params = sizes.windows(2).try_fold(0usize, |acc, w| acc.checked_add(w[0].checked_mul(w[1])?.checked_add(w[1])?));
+        crate::limits::check_host_bytes(
+            format!("the MLP {sizes:?} (weights, gradients and AdamW state)"),
+            params.and_then(|p| crate::limits::checked_bytes(&[p, 4], 4)),
+        )?;
+        if self.checkpoint_every == Some(0) {
+            return bad("checkpoint_every", 0.0, "at least 1");
+        }
+        if self.checkpoint.is_none() && (self.resume || self.checkpoint_every.is_some()) {
+            return Err(FrontendError::InvalidArgument {
+                op: "train mlp",
+                reason: "--resume and --checkpoint-every need --checkpoint FILE".into(),
+            });
+        }
+        let step = self.batch.checked_mul(replicas);
+        if step.is_none_or(|s| data.train.len() < s) {
+            return Err(FrontendError::DatasetTooSmall { examples: data.train.len(), batch: self.batch, replicas });
+        }
+        Ok(())
+    }
+}
+
 /// Trains on `data` per `cfg`, calling `on_step` after every step.
 pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&StepInfo)) -> Result<TrainReport> {
     let before = metrics::snapshot();
     let replicas = crate::replicas::num_replicas()?;
+    cfg.check(data, replicas)?;
     let mut t = Trainer::new(data.train.pixels(), 10, cfg)?;
+    if let Some(path) = &cfg.checkpoint {
+        prepare_checkpoint(&mut t, path, cfg)?;
+    }
     // `cfg.batch` examples per replica per step.
     let per_epoch = (data.train.len() / (cfg.batch * replicas)) as u64;
-    let total = cfg.max_steps.unwrap_or(per_epoch * cfg.epochs as u64).min(per_epoch * cfg.epochs as u64);
+    let all_steps = per_epoch.saturating_mul(cfg.epochs as u64);
+    let total = cfg.max_steps.unwrap_or(all_steps).min(all_steps);
     let schedule = WarmupCosine { base_lr: cfg.lr, min_lr: cfg.lr * 0.05, warmup_steps: (total / 20).max(1), total_steps: total };
     let mut report = TrainReport::default();
     let start = Instant::now();
-    'epochs: for epoch in 0..cfg.epochs {
+    // A resumed run starts in the epoch (and at the batch) where the saved
+    // step left off; the shuffle of every epoch depends only on the seed.
+    let first_epoch = (t.step / per_epoch) as usize;
+    let mut saved_at = None;
+    'epochs: for epoch in first_epoch..cfg.epochs {
+        if t.step >= total {
+            break;
+        }
         let seed = Some(cfg.seed ^ epoch as u64);
-        let steps = data::replica_batches(data.train.len(), cfg.batch, replicas, seed, LastBatch::Drop);
+        let mut steps = data::replica_batches(data.train.len(), cfg.batch, replicas, seed, LastBatch::Drop);
+        let done_in_epoch = (t.step - epoch as u64 * per_epoch) as usize;
+        steps.drain(..done_in_epoch.min(steps.len()));
+        // Never prefetch past the last step.
+        steps.truncate(usize::try_from(total - t.step).unwrap_or(usize::MAX));
+        let checkpoint_due = |step: u64| matches!((&cfg.checkpoint, cfg.checkpoint_every), (Some(_), Some(every)) if step % every == 0);
         // Without an ordered step (mixed precision), the step is captured
-        // (`compile_step`): traced once per epoch (a checkpoint between epochs
-        // needs the whole trainer), then replayed with each batch and learning
-        // rate. The loss of step n is read after step n+1 is enqueued, so
-        // reading it does not stall the device.
+        // (`compile_step`): traced once per stretch between checkpoints (a
+        // checkpoint needs the whole trainer), then replayed with each batch
+        // and learning rate. The loss of step n is read after step n+1 is
+        // enqueued, so reading it does not stall the device.
         if t.ordered.is_some() {
             for item in Prefetcher::sharded(data.train.clone(), steps, 2)? {
-                if t.step >= total {
-                    break 'epochs;
-                }
                 let (_, x, y) = item?;
                 let t0 = Instant::now();
                 let loss = t.train_step_on(&x, &y, schedule.lr(t.step))?;
@@ -252,16 +329,13 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
                 report.losses.push(loss);
                 report.step_ms.push(ms);
                 on_step(&StepInfo { epoch, step: t.step, steps_total: total, loss, step_ms: ms });
+                if checkpoint_due(t.step) {
+                    t.save(cfg.checkpoint.as_ref().expect("checked by checkpoint_due"))?;
+                    saved_at = Some(t.step);
+                }
             }
         } else {
-            let params = t.params.tensors();
-            let (model, opt, amp) = (&t.model, &mut t.opt, t.amp);
-            let mut captured = crate::capture::compile_step(move |i: &[Tensor]| {
-                let loss = amp::autocast_if(amp, || cross_entropy(&model.forward(&i[0])?, &i[1], None))?;
-                let grads = crate::replicas::all_reduce_mean(&crate::grad::grad(&loss, &params)?)?;
-                opt.step_lr(&params, &grads, &i[2])?;
-                Ok(vec![crate::replicas::all_reduce_mean(std::slice::from_ref(&loss))?.remove(0)])
-            });
+            let mut batches = Prefetcher::sharded(data.train.clone(), steps, 2)?;
             let mut unread: Option<(Tensor, StepInfo)> = None;
             let mut read = |unread: &mut Option<(Tensor, StepInfo)>, report: &mut TrainReport| -> Result<()> {
                 if let Some((loss, mut info)) = unread.take() {
@@ -272,27 +346,50 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
                 }
                 Ok(())
             };
-            for item in Prefetcher::sharded(data.train.clone(), steps, 2)? {
-                if t.step >= total {
+            loop {
+                let params = t.params.tensors();
+                let (model, opt, amp) = (&t.model, &mut t.opt, t.amp);
+                let mut captured = crate::capture::compile_step(move |i: &[Tensor]| {
+                    let loss = amp::autocast_if(amp, || cross_entropy(&model.forward(&i[0])?, &i[1], None))?;
+                    let grads = crate::replicas::all_reduce_mean(&crate::grad::grad(&loss, &params)?)?;
+                    opt.step_lr(&params, &grads, &i[2])?;
+                    Ok(vec![crate::replicas::all_reduce_mean(std::slice::from_ref(&loss))?.remove(0)])
+                });
+                let mut save_now = false;
+                for item in batches.by_ref() {
+                    let (_, x, y) = item?;
+                    let t0 = Instant::now();
+                    let lr = Tensor::scalar(schedule.lr(t.step) as f32);
+                    let loss = captured.call(&[x, y, lr])?.remove(0);
+                    t.step += 1;
+                    let ms = t0.elapsed().as_secs_f64() * 1e3;
+                    read(&mut unread, &mut report)?;
+                    unread = Some((loss, StepInfo { epoch, step: t.step, steps_total: total, loss: f64::NAN, step_ms: ms }));
+                    if checkpoint_due(t.step) {
+                        save_now = true;
+                        break;
+                    }
+                }
+                drop(captured);
+                read(&mut unread, &mut report)?;
+                if !save_now {
                     break;
                 }
-                let (_, x, y) = item?;
-                let t0 = Instant::now();
-                let lr = Tensor::scalar(schedule.lr(t.step) as f32);
-                let loss = captured.call(&[x, y, lr])?.remove(0);
-                t.step += 1;
-                let ms = t0.elapsed().as_secs_f64() * 1e3;
-                read(&mut unread, &mut report)?;
-                unread = Some((loss, StepInfo { epoch, step: t.step, steps_total: total, loss: f64::NAN, step_ms: ms }));
-            }
-            read(&mut unread, &mut report)?;
-            if t.step >= total {
-                break 'epochs;
+                t.save(cfg.checkpoint.as_ref().expect("checked by checkpoint_due"))?;
+                saved_at = Some(t.step);
             }
         }
-        if let Some(path) = &cfg.checkpoint {
+        if t.step >= total {
+            break 'epochs;
+        }
+        if let Some(path) = cfg.checkpoint.as_ref().filter(|_| saved_at != Some(t.step)) {
             t.save(path)?;
+            saved_at = Some(t.step);
         }
+    }
+    // The end of the run, wherever it stopped (mid-epoch with --max-steps).
+    if let Some(path) = cfg.checkpoint.as_ref().filter(|_| saved_at != Some(t.step)) {
+        t.save(path)?;
     }
     report.train_seconds = start.elapsed().as_secs_f64();
     if cfg.eval {
@@ -305,11 +402,46 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     Ok(report)
 }
 
+/// Checks `path` before any training: it must be writable without destroying
+/// anything ([`crate::atomic_write::checked_target`]). With `resume`, the
+/// checkpoint there is restored into `t`. Without it, an existing file is
+/// replaced only if it is a readable checkpoint of this very model (same
+/// tensor names and types) or `overwrite` is set; anything else (a corrupt
+/// file, another model's checkpoint, an unrelated file) is refused.
+fn prepare_checkpoint(t: &mut Trainer, path: &std::path::Path, cfg: &MlpConfig) -> Result<()> {
+    let target = crate::atomic_write::checked_target(path)?;
+    let exists = target.exists();
+    if cfg.resume {
+        if !exists {
+            return Err(FrontendError::Checkpoint { path: path.to_path_buf(), reason: "--resume: no checkpoint to resume from".into() });
+        }
+        return t.restore(path);
+    }
+    if !exists || cfg.overwrite {
+        return Ok(());
+    }
+    let refuse = |why: String| FrontendError::Checkpoint {
+        path: path.to_path_buf(),
+        reason: format!("{why}; pass --overwrite to replace it or --resume to continue from it"),
+    };
+    let loaded = checkpoint::load(path).map_err(|e| refuse(format!("exists and is not a readable kiln checkpoint ({e})")))?;
+    for (name, tensor) in t.state() {
+        match loaded.tensors.iter().find(|(n, _)| *n == name) {
+            Some((_, lit)) if lit.ty() == tensor.ty() => {}
+            Some((_, lit)) => {
+                return Err(refuse(format!("holds a checkpoint of another model (tensor {name} is {}, this model's is {})", lit.ty(), tensor.ty())))
+            }
+            None => return Err(refuse(format!("holds a checkpoint of another model (no tensor {name})"))),
+        }
+    }
+    Ok(())
+}
+
 /// Runs the first `steps` training steps on the compiled backend and again on the
 /// reference interpreter, from the same initial weights and data order; returns
 /// both loss curves `(compiled, reference)`.
 pub fn compare_eager(data: &FashionMnist, cfg: &MlpConfig, steps: u64) -> Result<(Vec<f64>, Vec<f64>)> {
-    let cfg = MlpConfig { max_steps: Some(steps), eval: false, checkpoint: None, ..cfg.clone() };
+    let cfg = MlpConfig { max_steps: Some(steps), eval: false, checkpoint: None, checkpoint_every: None, resume: false, ..cfg.clone() };
     let previous = context::backend();
     let run = |backend| -> Result<Vec<f64>> {
         context::set_backend(backend);

@@ -403,6 +403,11 @@ impl RawLoadedExecutable {
         let mut events: Vec<*mut ffi::PJRT_Event> = vec![ptr::null_mut(); num_devices];
 
         let mut options = ffi::PJRT_ExecuteOptions::zeroed();
+        // XLA keys every collective's rendezvous by the launch id (its run
+        // id): with the same id for every execution, a replica of one run and
+        // a replica of the next could meet in one rendezvous. Each execution
+        // gets its own (positive, wrapping) id.
+        options.launch_id = next_launch_id();
         options.non_donatable_input_indices = non_donatable.as_ptr();
         options.num_non_donatable_input_indices = non_donatable.len();
         let mut args = ffi::PJRT_LoadedExecutable_Execute_Args::zeroed();
@@ -544,4 +549,14 @@ impl Drop for RawExecutable {
             tracing::warn!(%err, "destroying a PJRT executable failed");
         }
     }
+}
+
+/// A fresh launch id for each execution of this process: 1, 2, ... wrapping
+/// back to 1 before `c_int::MAX` (ids only need to differ between runs that
+/// could be in flight together).
+fn next_launch_id() -> std::ffi::c_int {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed) % (std::ffi::c_int::MAX as u32);
+    (n + 1) as std::ffi::c_int
 }

@@ -1,0 +1,429 @@
+//! What a hostile-but-realistic user does to the `kiln` binary: bad numbers,
+//! bad data, bad paths, bad environment. Every case ends in a typed error
+//! (exit 1, a message naming what was wrong), never a panic (101), a signal,
+//! a hang or a destroyed file.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use assert_cmd::Command;
+
+fn kiln() -> Command {
+    let mut cmd = Command::cargo_bin("kiln").expect("the kiln binary is built");
+    cmd.env("KILN_CACHE", "off").env_remove("KILN_CPU_DEVICES").env_remove("PJRT_DEVICE").env_remove("KILN_DONATE");
+    cmd.timeout(Duration::from_secs(300));
+    cmd
+}
+
+/// Stderr of a run that must fail with kiln's own error (exit 1).
+fn refused(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "expected a typed error (exit 1), got {:?}: {err}", out.status);
+    assert!(err.contains("error: "), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("JSON")
+}
+
+// ---- numbers ----
+
+#[test]
+fn batch_zero_is_a_typed_error_in_train_and_profile() {
+    let err = refused(&kiln().args(["train", "mlp", "--batch", "0"]).output().unwrap());
+    assert!(err.contains("batch = 0 must be at least 1"), "{err}");
+    let err = refused(&kiln().args(["profile", "mlp", "--batch", "0", "--steps", "2"]).output().unwrap());
+    assert!(err.contains("batch = 0 must be at least 1"), "{err}");
+}
+
+#[test]
+fn lr_nan_and_hidden_zero_are_refused_up_front() {
+    for lr in ["nan", "inf", "-1", "0"] {
+        let err = refused(&kiln().args(["train", "mlp", &format!("--lr={lr}")]).output().unwrap());
+        assert!(err.contains("lr = ") && err.contains("a finite number above 0"), "{lr}: {err}");
+    }
+    let err = refused(&kiln().args(["train", "mlp", "--hidden", "256,0"]).output().unwrap());
+    assert!(err.contains("hidden = 0 must be widths of at least 1"), "{err}");
+}
+
+#[test]
+fn a_hidden_width_beyond_memory_is_refused_before_allocating() {
+    let t = Instant::now();
+    let err = refused(&kiln().args(["train", "mlp", "--hidden", "99999999999"]).output().unwrap());
+    assert!(err.contains("more than the limit of") && err.contains("99999999999"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(60), "refused before any work");
+    let err = refused(&kiln().args(["profile", "mlp", "--hidden", "99999999999", "--steps", "2"]).output().unwrap());
+    assert!(err.contains("more than the limit of"), "{err}");
+}
+
+#[test]
+fn a_thousand_cpu_devices_is_a_typed_error() {
+    let t = Instant::now();
+    let err = refused(&kiln().env("KILN_CPU_DEVICES", "1000").args(["train", "mlp", "--epochs", "1"]).output().unwrap());
+    assert!(err.contains("KILN_CPU_DEVICES=\"1000\" asks for more devices than the 64 available"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(30), "refused before making 1000 devices: {:?}", t.elapsed());
+}
+
+#[test]
+fn boolean_variables_refuse_values_that_are_not_booleans() {
+    for var in ["KILN_DONATE", "KILN_CACHE"] {
+        let err = refused(&kiln().env(var, "maybe").args(["train", "mlp", "--max-steps", "1"]).output().unwrap());
+        assert!(err.contains(&format!("{var}=\"maybe\" is not a boolean")), "{var}: {err}");
+    }
+    // Every accepted spelling works (and `yes` turns donation on).
+    let out = kiln().env("KILN_DONATE", "yes").args(["train", "mlp", "--max-steps", "2", "--json"]).output().unwrap();
+    assert_eq!(json(&out)["steps"], 2);
+}
+
+// ---- data ----
+
+/// Writes `bytes` gzip'd to `path`.
+fn gz(path: &Path, bytes: &[u8]) {
+    let mut e = flate2::write::GzEncoder::new(std::fs::File::create(path).unwrap(), flate2::Compression::fast());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap();
+}
+
+fn idx3(n: u32, rows: u32, cols: u32, body: usize) -> Vec<u8> {
+    let mut b = Vec::new();
+    for v in [0x0803, n, rows, cols] {
+        b.extend(v.to_be_bytes());
+    }
+    b.extend((0..body).map(|i| (i * 7 % 251) as u8));
+    b
+}
+
+fn idx1(n: u32, label: u8) -> Vec<u8> {
+    let mut b = Vec::new();
+    for v in [0x0801, n] {
+        b.extend(v.to_be_bytes());
+    }
+    b.extend((0..n).map(|i| (i % 10) as u8 % label.max(1)));
+    b
+}
+
+/// A Fashion-MNIST-shaped directory with `train` and `test` images of 28x28.
+fn dataset(train: u32, test: u32) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (prefix, n) in [("train", train), ("t10k", test)] {
+        gz(&dir.path().join(format!("{prefix}-images-idx3-ubyte.gz")), &idx3(n, 28, 28, n as usize * 784));
+        gz(&dir.path().join(format!("{prefix}-labels-idx1-ubyte.gz")), &idx1(n, 10));
+    }
+    dir
+}
+
+fn train_on(dir: &Path, extra: &[&str]) -> Output {
+    let mut args = vec!["train", "mlp", "--epochs", "1", "--data", dir.to_str().unwrap()];
+    args.extend(extra);
+    kiln().args(args).output().unwrap()
+}
+
+#[test]
+fn small_and_empty_training_sets_are_typed_errors() {
+    let d = dataset(100, 10);
+    let err = refused(&train_on(d.path(), &[]));
+    assert!(err.contains("the training set has 100 examples, fewer than one step takes (128 per replica x 1 replica(s))"), "{err}");
+    let d = dataset(1000, 10);
+    let err = refused(&train_on(d.path(), &["--batch", "2000"]));
+    assert!(err.contains("has 1000 examples"), "{err}");
+    let d = dataset(0, 10);
+    let err = refused(&train_on(d.path(), &[]));
+    assert!(err.contains("train-images-idx3-ubyte.gz") && err.contains("0 images"), "{err}");
+    // A set just large enough trains.
+    let d = dataset(256, 10);
+    assert_eq!(json(&train_on(d.path(), &["--json"]))["steps"], 2);
+}
+
+#[test]
+fn bad_idx_headers_name_the_file() {
+    let d = dataset(256, 10);
+    let images = d.path().join("train-images-idx3-ubyte.gz");
+    // rows = 0: named here, not at matmul.
+    gz(&images, &idx3(256, 0, 28, 0));
+    let err = refused(&train_on(d.path(), &[]));
+    assert!(err.contains("train-images-idx3-ubyte.gz") && err.contains("256 images of 0x28 pixels"), "{err}");
+    // Dimensions whose product overflows (or wraps to 0 in 32 bits).
+    for (n, rows, cols) in [(u32::MAX, u32::MAX, u32::MAX), (65536, 65536, 1), (1 << 16, 1 << 16, 1 << 16)] {
+        gz(&images, &idx3(n, rows, cols, 16));
+        let err = refused(&train_on(d.path(), &[]));
+        assert!(err.contains("train-images-idx3-ubyte.gz"), "{n}x{rows}x{cols}: {err}");
+    }
+    // A header smaller than its body, and a truncated body.
+    gz(&images, &idx3(256, 28, 28, 256 * 784 + 5));
+    assert!(refused(&train_on(d.path(), &[])).contains("holds more bytes"));
+    gz(&images, &idx3(256, 28, 28, 100));
+    assert!(refused(&train_on(d.path(), &[])).contains("truncated"));
+}
+
+#[test]
+fn text_from_dev_zero_is_read_with_a_bound() {
+    let t = Instant::now();
+    let err = refused(&kiln().args(["train", "gpt", "--text", "/dev/zero", "--steps", "1"]).output().unwrap());
+    assert!(err.contains("/dev/zero") && err.contains("byte limit"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
+}
+
+// ---- graphs XLA used to crash on ----
+
+fn graph_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn graphs_that_crashed_xla_are_typed_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    for dtype in ["i8", "i32", "ui32"] {
+        let p = graph_file(
+            dir.path(),
+            "div0.kiln",
+            &format!("graph() {{\n  %a = constant dense<7> : tensor<4x{dtype}>\n  %b = constant dense<0> : tensor<4x{dtype}>\n  %c = div %a, %b : tensor<4x{dtype}>\n  return %c\n}}\n"),
+        );
+        for cmd in ["compile", "profile"] {
+            let err = refused(&kiln().args([cmd, p.to_str().unwrap()]).output().unwrap());
+            assert!(err.contains("integer div") && err.contains("would crash XLA"), "{cmd} {dtype}: {err}");
+        }
+    }
+    let p = graph_file(
+        dir.path(),
+        "pad.kiln",
+        "graph(%x: tensor<4xf32>) {\n  %v = constant dense<0.0> : tensor<f32>\n  %p = pad %x, %v, low = [-9223372036854775808], high = [9223372036854775807], interior = [0] : tensor<3xf32>\n  return %p\n}\n",
+    );
+    let err = refused(&kiln().args(["compile", p.to_str().unwrap()]).output().unwrap());
+    assert!(err.contains("pad") && err.contains("overflows"), "{err}");
+}
+
+#[test]
+fn profiling_a_graph_with_a_huge_parameter_is_refused_before_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = graph_file(
+        dir.path(),
+        "big.kiln",
+        "graph(%x: tensor<99999999999x3xf32>) {\n  %t = tanh %x : tensor<99999999999x3xf32>\n  return %t\n}\n",
+    );
+    let err = refused(&kiln().args(["profile", p.to_str().unwrap(), "--steps", "1"]).output().unwrap());
+    assert!(err.contains("big.kiln") && err.contains("more than the limit of"), "{err}");
+}
+
+// ---- files ----
+
+#[test]
+fn the_atomic_writer_never_replaces_devices_or_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = graph_file(dir.path(), "g.kiln", "graph(%x: tensor<4xf32>) {\n  %t = tanh %x : tensor<4xf32>\n  return %t\n}\n");
+    let g = g.to_str().unwrap();
+    // Device nodes and FIFOs stay what they are. The test makes its own in a
+    // temp dir: the writer this replaces turned `/dev/null` itself into a
+    // regular file when run as root, which a failing test must not repeat.
+    use std::os::unix::fs::FileTypeExt as _;
+    let fifo = dir.path().join("fifo");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let mut specials = vec![fifo];
+    let null = dir.path().join("null");
+    // Root only (CI runs as root): a character device like /dev/null.
+    if std::process::Command::new("mknod").args([null.to_str().unwrap(), "c", "1", "3"]).status().is_ok_and(|s| s.success()) {
+        specials.push(null);
+    }
+    for special in &specials {
+        let err = refused(&kiln().args(["compile", g, "--emit", "stablehlo", "--out", special.to_str().unwrap()]).output().unwrap());
+        assert!(err.contains(special.to_str().unwrap()) && err.contains("not a regular file"), "{err}");
+        let kind = std::fs::symlink_metadata(special).unwrap().file_type();
+        assert!(kind.is_fifo() || kind.is_char_device(), "{} was replaced", special.display());
+    }
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let err = refused(&kiln().args(["compile", g, "--emit", "stablehlo", "--out", sub.to_str().unwrap()]).output().unwrap());
+    assert!(err.contains("is a directory"), "{err}");
+    // A symlink is written through: the target gets the text, the link stays.
+    let target = dir.path().join("target.mlir");
+    std::fs::write(&target, "stale").unwrap();
+    let link = dir.path().join("link.mlir");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let out = kiln().args(["compile", g, "--emit", "stablehlo", "--out", link.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert!(std::fs::read_to_string(&target).unwrap().contains("func.func"));
+}
+
+#[test]
+fn checkpoint_paths_are_checked_before_training() {
+    let dir = tempfile::tempdir().unwrap();
+    for (path, says) in [(dir.path().to_path_buf(), "is a directory"), (dir.path().join("missing/ck"), "missing")] {
+        let t = Instant::now();
+        let err = refused(&kiln().args(["train", "mlp", "--checkpoint", path.to_str().unwrap()]).output().unwrap());
+        assert!(err.contains(says), "{err}");
+        // Before training: a full epoch takes far longer on this machine.
+        assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    }
+    // An unrelated file is refused, untouched, unless --overwrite.
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "my notes").unwrap();
+    let err = refused(&kiln().args(["train", "mlp", "--max-steps", "3", "--checkpoint", notes.to_str().unwrap()]).output().unwrap());
+    assert!(err.contains("not a readable kiln checkpoint") && err.contains("--overwrite"), "{err}");
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "my notes");
+    // Another model's checkpoint too.
+    let other = dir.path().join("other.ck");
+    let out = kiln().args(["train", "mlp", "--max-steps", "3", "--hidden", "32", "--checkpoint", other.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = refused(&kiln().args(["train", "mlp", "--max-steps", "3", "--checkpoint", other.to_str().unwrap()]).output().unwrap());
+    assert!(err.contains("another model"), "{err}");
+    let out = kiln()
+        .args(["train", "mlp", "--max-steps", "3", "--checkpoint", notes.to_str().unwrap(), "--overwrite", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(json(&out)["steps"], 3);
+    // --max-steps ending mid-epoch still writes its last step.
+    assert_eq!(kiln::checkpoint::load(&notes).unwrap().step, 3);
+    // --resume needs something to resume from.
+    let err = refused(&kiln().args(["train", "mlp", "--resume", "--checkpoint", dir.path().join("none.ck").to_str().unwrap()]).output().unwrap());
+    assert!(err.contains("no checkpoint to resume from"), "{err}");
+}
+
+/// Every tensor and the step of two checkpoints, bit for bit.
+fn assert_same_checkpoint(a: &Path, b: &Path) {
+    let (a, b) = (kiln::checkpoint::load(a).unwrap(), kiln::checkpoint::load(b).unwrap());
+    assert_eq!(a.step, b.step);
+    assert_eq!(a.tensors.len(), b.tensors.len());
+    for ((na, la), (nb, lb)) in a.tensors.iter().zip(&b.tensors) {
+        assert_eq!(na, nb);
+        assert!(la.bytes() == lb.bytes(), "tensor {na} differs");
+    }
+}
+
+#[test]
+fn a_killed_run_resumes_bit_identical_and_leaves_no_temp_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (whole, resumed) = (dir.path().join("whole.ck"), dir.path().join("resumed.ck"));
+    let args = |ck: &Path| -> Vec<String> {
+        ["train", "mlp", "--epochs", "1", "--max-steps", "300", "--checkpoint-every", "20", "--json", "--checkpoint"]
+            .iter()
+            .map(ToString::to_string)
+            .chain([ck.display().to_string()])
+            .collect()
+    };
+    let out = kiln().args(args(&whole)).output().unwrap();
+    assert_eq!(json(&out)["steps"], 300);
+
+    // The same run, killed once its first periodic checkpoint is on disk.
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("kiln"))
+        .args(args(&resumed))
+        .env("KILN_CACHE", "off")
+        .env_remove("KILN_CPU_DEVICES")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !resumed.exists() && t.elapsed() < Duration::from_secs(240) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let at = kiln::checkpoint::load(&resumed).unwrap().step;
+    assert!(at < 300, "killed at step {at}");
+
+    let mut resume = args(&resumed);
+    resume.push("--resume".into());
+    let out = kiln().args(&resume).output().unwrap();
+    assert_eq!(json(&out)["steps"], 300);
+    assert_same_checkpoint(&whole, &resumed);
+    let temps: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter(|n| n.contains(".tmp."))
+        .collect();
+    assert!(temps.is_empty(), "{temps:?}");
+}
+
+// ---- replicas ----
+
+#[test]
+fn the_mlp_loop_runs_to_the_end_on_two_and_four_cpu_replicas() {
+    for n in ["2", "4"] {
+        let out = kiln()
+            .env("KILN_CPU_DEVICES", n)
+            .args(["train", "mlp", "--epochs", "1", "--max-steps", "40", "--json"])
+            .timeout(Duration::from_secs(200))
+            .output()
+            .unwrap();
+        let v = json(&out);
+        assert_eq!(v["steps"], 40, "{n} replicas: {v}");
+        assert!(v["final_loss"].as_f64().unwrap().is_finite(), "{v}");
+    }
+}
+
+// ---- the compile cache ----
+
+fn cached(cache: &Path) -> Command {
+    let mut c = kiln();
+    c.env_remove("KILN_CACHE").env("KILN_CACHE_DIR", cache);
+    c
+}
+
+#[test]
+fn cache_entries_that_are_not_files_are_skipped_and_cleared() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let train = ["train", "mlp", "--max-steps", "2", "--json"];
+    json(&cached(&cache).args(train).output().unwrap());
+    let entries: Vec<PathBuf> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "kexe"))
+        .collect();
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    // One entry becomes a FIFO (reading it used to hang), the other a directory.
+    std::fs::remove_file(&entries[0]).unwrap();
+    let status = std::process::Command::new("mkfifo").arg(&entries[0]).status().unwrap();
+    assert!(status.success());
+    std::fs::remove_file(&entries[1]).unwrap();
+    std::fs::create_dir(&entries[1]).unwrap();
+    let out = cached(&cache).args(train).timeout(Duration::from_secs(120)).output().unwrap();
+    let v = json(&out);
+    assert_eq!(v["compiles"], 2, "{v}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a regular file") || err.contains("is a directory"), "{err}");
+    let out = cached(&cache).args(["cache", "clear"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for e in &entries {
+        assert!(std::fs::symlink_metadata(e).is_err(), "{} survived cache clear", e.display());
+    }
+}
+
+#[test]
+fn a_cache_dir_that_is_a_file_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("file");
+    std::fs::write(&file, "x").unwrap();
+    let err = refused(&cached(&file).args(["train", "mlp", "--max-steps", "1"]).output().unwrap());
+    assert!(err.contains("is not a directory") && err.contains("KILN_CACHE_DIR"), "{err}");
+}
+
+// ---- messages ----
+
+#[test]
+fn devices_names_the_loaders_reason_for_a_bad_plugin() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = dir.path().join("libfake_pjrt.so");
+    std::fs::write(&fake, "not an ELF file").unwrap();
+    let out = kiln().env("KILN_PJRT_PLUGIN", &fake).args(["devices"]).output().unwrap();
+    let err = refused(&out);
+    assert!(err.contains("cannot load PJRT plugin") && err.contains("libfake_pjrt.so:"), "{err}");
+    // The dynamic loader's own words follow the path.
+    assert!(err.contains("invalid ELF header") || err.contains("file too short"), "{err}");
+}
+
+#[test]
+fn warnings_into_a_pipe_carry_no_colour_codes() {
+    let out = kiln().env("GPU_NUM_DEVICES", "2").args(["devices"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("GPU_NUM_DEVICES is ignored"), "{err}");
+    assert!(!err.contains('\u{1b}'), "ANSI escape in piped stderr: {err:?}");
+}
