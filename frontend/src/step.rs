@@ -180,6 +180,9 @@ pub fn mark_step() -> Result<StepReport> {
 }
 
 fn cut(t0: Instant) -> Result<StepReport> {
+    // Device-side checks (device_checks.rs): sealed into this trace's outputs
+    // before it closes, verified once the outputs are known (below).
+    let checks = crate::device_checks::seal()?;
     let (trace, backend) = context::with(|c| (std::mem::replace(&mut c.trace, Trace::new()), c.backend));
     let donate = backend == Backend::Pjrt && donation_enabled()?;
     let Some(closed) = close(trace, donate)? else {
@@ -204,6 +207,8 @@ fn cut(t0: Instant) -> Result<StepReport> {
             *t.state.borrow_mut() = State::Ready(storage.clone());
         }
     }
+    // Device-side checks: the step's results are known here.
+    crate::device_checks::verify(checks)?;
     Ok(report)
 }
 
