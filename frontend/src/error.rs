@@ -52,7 +52,7 @@ pub enum FrontendError {
     /// that `op` read as `what` (labels, indices) lay outside `0..bound`;
     /// `value` is one of them, `min` and `max` the extremes of all values.
     #[error(
-        "{op}{}: {what} {value} is out of range [0, {bound}): {count} of {total} {what}s are out of range \
+        "{op}{}: {what} {value} is out of range [0, {bound}): {count} of {total} values are out of range \
          (values seen from {min} to {max}; checked on the device, KILN_DEVICE_CHECKS=0 turns the check off)",
         in_layer(.layer)
     )]

@@ -5,7 +5,7 @@
 
 use kiln::models::mlp::Mlp;
 use kiln::nn::{cross_entropy, Embedding, ParamStore};
-use kiln::optim::{AdamW, AdamWConfig, Optimizer as _};
+use kiln::optim::{AdamW, AdamWConfig};
 use kiln::{FrontendError, Tensor};
 
 mod common;
@@ -211,5 +211,19 @@ fn anomaly_mode_finds_a_nan_made_inside_the_step() -> anyhow::Result<()> {
     let err = r.expect_err("sqrt of -4");
     assert!(matches!(&err, FrontendError::NonFinite { op: "sqrt", layer: None, count: 1, .. }), "{err:?}");
     drop(y);
+    Ok(())
+}
+
+#[test]
+fn a_bad_label_on_one_replica_fails_the_step_counting_every_replica() -> anyhow::Result<()> {
+    kiln::set_disk_cache(None)?;
+    kiln::replicas::set_replicas(2)?;
+    let labels = kiln::replicas::from_shards(vec![vec![1i32, 2, 3], vec![4, 10, 0]], [3])?;
+    let loss = cross_entropy(&logits(3, 10, 4)?, &labels, None)?;
+    let err = kiln::mark_step().and_then(|_| loss.item()).expect_err("label 10 on replica 1");
+    assert!(
+        matches!(err, FrontendError::IndexOutOfRange { value: 10, count: 1, total: 6, min: 0, max: 10, .. }),
+        "{err:?}"
+    );
     Ok(())
 }
