@@ -127,6 +127,32 @@ fn steps(c: &mut Criterion) {
             ticks[i] as f64 * 10.0 / rounds as f64
         );
     }
+    // kiln's own time in the checks (sealing the trace, reading the flags),
+    // from the step timeline, beside the read of the loss.
+    for (i, mode) in modes.into_iter().enumerate() {
+        mode.set();
+        kiln::metrics::start_timeline();
+        for _ in 0..300 {
+            trainers[i].train_step_on(&x, &y, 1e-3).expect("step");
+        }
+        let events = kiln::metrics::take_timeline();
+        let per_step = |name: &str| -> f64 {
+            let mut by_step = std::collections::BTreeMap::<u64, f64>::new();
+            for e in events.iter().filter(|e| e.name == name) {
+                *by_step.entry(e.step).or_default() += e.duration.as_secs_f64() * 1e6;
+            }
+            kiln::models::mlp::median(&by_step.into_values().collect::<Vec<_>>())
+        };
+        eprintln!(
+            "timeline, 300 steps: {}: median per step: device_checks (seal) {:.1} µs, device_checks_read {:.1} µs, \
+             execute {:.1} µs, download (the loss) {:.1} µs",
+            mode.name(),
+            per_step("device_checks"),
+            per_step("device_checks_read"),
+            per_step("execute"),
+            per_step("download")
+        );
+    }
     let mut g = c.benchmark_group("device_checks/mlp train step");
     for (mode, t) in modes.into_iter().zip(trainers.iter_mut()) {
         mode.set();

@@ -30,6 +30,10 @@
 //!   dropped when the next step is sealed; it never reaches another trace.
 //! - A step whose only outputs would be checks runs nothing (as without them).
 //!
+//! Sealing runs in the `device_checks` span of the step timeline
+//! (`metrics::start_timeline`, `kiln profile --trace`), reading the flags in
+//! the `device_checks_read` span.
+//!
 //! Settings: `KILN_DEVICE_CHECKS` (on by default; `0`/`off` turns the range
 //! checks off) and [`set_device_checks`]; `KILN_DETECT_ANOMALY` (off by
 //! default) and [`set_detect_anomaly`]. Each thread reads the variables once,
@@ -195,6 +199,13 @@ fn pending_value(t: &Tensor) -> Result<ValueId> {
 /// Called by `mark_step` before the trace is closed; `None` when the step has
 /// nothing to check or nothing else to compute.
 pub(crate) fn seal() -> Result<Option<Sealed>> {
+    let t = std::time::Instant::now();
+    let sealed = seal_trace();
+    crate::metrics::span("device_checks", t);
+    sealed
+}
+
+fn seal_trace() -> Result<Option<Sealed>> {
     let epoch = context::with(|c| c.trace.epoch);
     let registered: Vec<Registered> = REGISTERED.with(|r| std::mem::take(&mut *r.borrow_mut()));
     let registered: Vec<Registered> = registered.into_iter().filter(|r| r.epoch == epoch).collect();
@@ -283,7 +294,10 @@ fn count_non_finite(x: &Tensor) -> Result<Tensor> {
 /// The executor calls this once per step, after the outputs became ready.
 pub(crate) fn verify(sealed: Option<Sealed>) -> Result<()> {
     let Some(sealed) = sealed else { return Ok(()) };
-    let replicas = read_s64(&sealed.flags)?;
+    let t = std::time::Instant::now();
+    let replicas = read_s64(&sealed.flags);
+    crate::metrics::span("device_checks_read", t);
+    let replicas = replicas?;
     let n = replicas.len() as u64;
     let at = |i: usize| replicas.iter().map(move |r| r[i]);
     for (k, site) in sealed.index.iter().enumerate() {

@@ -61,7 +61,8 @@ pub struct Metrics {
 /// One span of the per-step timeline.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Event {
-    /// `trace`, `compile`, `disk_load`, `upload`, `execute`, `download`.
+    /// `trace`, `compile`, `disk_load`, `upload`, `execute`, `download`, `device_checks`,
+    /// `device_checks_read`.
     pub name: &'static str,
     /// The step the span belongs to (1-based; reads after step n belong to n).
     pub step: u64,
