@@ -146,6 +146,8 @@ struct Plan {
     params: Vec<Source>,
     targets: Vec<Vec<Target>>,
     returned: Vec<Returned>,
+    /// The device-side checks and the output that carries their flags.
+    checks: Option<(usize, crate::device_checks::Sealed)>,
 }
 
 fn name_of(t: &Inner) -> String {
@@ -308,7 +310,19 @@ fn plan_of(cut: CutStep, inputs: &[Tensor], returned: &[Tensor], watermark: u64)
             },
         })
         .collect();
-    Ok(Some(Plan { entry, key: cut.key, params, targets, returned }))
+    let checks = match cut.checks {
+        Some(sealed) => {
+            let flags = &sealed.flags().inner;
+            let o = cut
+                .receivers
+                .iter()
+                .position(|rs| rs.iter().any(|t| Rc::ptr_eq(t, flags)))
+                .ok_or_else(|| "the device-side check flags are not an output of the step".to_string())?;
+            Some((o, sealed))
+        }
+        None => None,
+    };
+    Ok(Some(Plan { entry, key: cut.key, params, targets, returned, checks }))
 }
 
 /// The bindings a replay of `plan` feeds, or why it cannot replay.
@@ -385,6 +399,11 @@ fn replay(plan: &Plan, inputs: &[Tensor], bindings: Vec<Binding>) -> Result<Vec<
             }),
         })
         .collect::<Result<Vec<_>>>();
+    if let Some((o, sealed)) = &plan.checks {
+        let flags = Tensor::wrap(Inner::new(sealed.flags().ty().clone(), State::Ready(executed.outputs[*o].clone())));
+        let sealed = sealed.rebind(flags);
+        executor::after_step(step, Box::new(move || crate::device_checks::verify(Some(sealed))))?;
+    }
     executed.reported?;
     out
 }

@@ -60,6 +60,40 @@ pub enum FrontendError {
     /// A setting out of its range (learning-rate, clipping or scaling settings).
     #[error("{op}: {name} = {value} must be {expected}")]
     HyperParameter { op: &'static str, name: &'static str, value: f64, expected: &'static str },
+    /// An environment variable kiln reads holds a value it does not accept.
+    #[error("{var}={value:?}: expected {expected}")]
+    BadEnv { var: &'static str, value: String, expected: &'static str },
+    /// A device-side check (`device_checks`): `count` of the `total` values
+    /// that `op` read as `what` (labels, indices) lay outside `0..bound`;
+    /// `value` is one of them, `min` and `max` the extremes of all values.
+    #[error(
+        "{op}{}: {what} {value} is out of range [0, {bound}): {count} of {total} values are out of range \
+         (values seen from {min} to {max}; checked on the device, KILN_DEVICE_CHECKS=0 turns the check off)",
+        in_layer(.layer)
+    )]
+    IndexOutOfRange {
+        op: &'static str,
+        layer: Option<String>,
+        what: &'static str,
+        value: i64,
+        bound: u64,
+        count: u64,
+        total: u64,
+        min: i64,
+        max: i64,
+    },
+    /// Anomaly mode: the first op of the step whose output held NaN or ±inf.
+    #[error(
+        "anomaly: {op} {value} ({ty}){} produced {count} non-finite values (NaN or ±inf), the first op of the \
+         step to do so; its operands: {operands}",
+        in_layer(.layer)
+    )]
+    NonFinite { op: &'static str, value: String, ty: TensorType, layer: Option<String>, count: u64, operands: String },
+}
+
+/// ` in layer NAME` when the layer is known.
+fn in_layer(layer: &Option<String>) -> String {
+    layer.as_ref().map_or_else(String::new, |l| format!(" in layer {l}"))
 }
 
 pub type Result<T, E = FrontendError> = std::result::Result<T, E>;

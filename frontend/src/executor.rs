@@ -183,6 +183,24 @@ pub fn sync() -> Result<()> {
     settle(0)
 }
 
+/// Runs `hook` once step `step`'s results are known: attached to the step
+/// while it is in flight, run now when it has finished (synchronous backends,
+/// or a queue bound that already waited for it). Unlike [`on_step_complete`],
+/// the hook is given after the step's outputs reached their tensors.
+pub(crate) fn after_step(step: u64, hook: Hook) -> Result<()> {
+    let run = crate::context::with(|c| c.exec.in_flight.iter().find(|r| r.step == step).cloned());
+    match run {
+        Some(run) => {
+            run.hooks.borrow_mut().push(hook);
+            Ok(())
+        }
+        None => hook().map_err(|e| match e {
+            e @ FrontendError::StepFailed { .. } => e,
+            e => FrontendError::StepFailed { step, reason: e.to_string() },
+        }),
+    }
+}
+
 /// Reaps finished steps without blocking; reports the first failure among them.
 pub(crate) fn poll() -> Result<()> {
     loop {

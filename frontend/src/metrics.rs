@@ -73,7 +73,7 @@ pub struct Metrics {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Event {
     /// `trace`, `compile`, `disk_load`, `upload`, `execute`, `device_wait`,
-    /// `download`.
+    /// `download`, `device_checks`, `device_checks_read`.
     pub name: &'static str,
     /// The step the span belongs to (1-based; reads after step n belong to n).
     pub step: u64,

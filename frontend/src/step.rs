@@ -181,6 +181,9 @@ pub(crate) struct CutStep {
     pub params: Vec<(std::rc::Weak<Inner>, u64)>,
     /// For each output, the tensors that received it.
     pub receivers: Vec<Vec<Rc<Inner>>>,
+    /// The step's device-side checks (a replay reads them from its own flag
+    /// output).
+    pub checks: Option<crate::device_checks::Sealed>,
 }
 
 /// `mark_step`, returning what the step was made of (`None`: nothing to run).
@@ -195,6 +198,9 @@ pub(crate) fn cut_step() -> Result<Option<CutStep>> {
 fn cut(t0: Instant) -> Result<Option<CutStep>> {
     // Failures of earlier asynchronous steps that are already known come first.
     executor::poll()?;
+    // Device-side checks (device_checks.rs): sealed into this trace's outputs
+    // before it closes, verified once the step's results are known (below).
+    let checks = crate::device_checks::seal()?;
     let (trace, backend) = context::with(|c| (std::mem::replace(&mut c.trace, Trace::new()), c.exec.backend));
     let hooks = executor::take_hooks();
     let donate = backend == Backend::Pjrt && donation_enabled()?;
@@ -234,8 +240,14 @@ fn cut(t0: Instant) -> Result<Option<CutStep>> {
             *t.state.borrow_mut() = State::Ready(storage.clone());
         }
     }
+    // Device-side checks run when the step's results are known: now on a
+    // synchronous backend, at the next read or mark_step otherwise.
+    if let Some(sealed) = &checks {
+        let sealed = sealed.rebind(sealed.flags().clone());
+        executor::after_step(step, Box::new(move || crate::device_checks::verify(Some(sealed))))?;
+    }
     executed.reported?;
-    Ok(Some(CutStep { report, key, entry, params, receivers }))
+    Ok(Some(CutStep { report, key, entry, params, receivers, checks }))
 }
 
 /// The compiled program for `graph`: from the raw-trace cache (the hit path),

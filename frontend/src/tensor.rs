@@ -565,6 +565,7 @@ impl Tensor {
     /// Rows of `axis` picked by the integer tensor `indices` (embedding lookup).
     pub fn index_select(&self, indices: &Tensor, ax: isize) -> Result<Tensor> {
         let ax = axis("gather", ax, self.rank())?;
+        crate::device_checks::check_index_range("gather", "index", indices, self.dims()[ax])?;
         let [operand, indices] = Tensor::values("gather", [self, indices])?;
         record(Op::Gather { operand, indices, axis: ax })
     }

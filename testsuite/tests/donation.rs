@@ -36,3 +36,27 @@ fn donated_updates_are_correct_and_keep_live_buffers_flat() -> anyhow::Result<()
     }
     Ok(())
 }
+
+#[test]
+fn device_checks_keep_donation_and_the_cache() -> anyhow::Result<()> {
+    std::env::set_var("KILN_DONATE", "1");
+    kiln::set_disk_cache(None)?;
+    assert!(kiln::device_checks()?);
+    let w = Tensor::from_vec(Rng::new(5).normal_vec(6 * 4), [6, 4])?;
+    let x = Tensor::from_vec(Rng::new(6).normal_vec(3 * 6), [3, 6])?;
+    let step = |labels: Vec<i32>| -> kiln::Result<(kiln::StepReport, f64)> {
+        let loss = kiln::nn::cross_entropy(&x.matmul(&w)?, &Tensor::from_vec(labels, [3])?, None)?;
+        let g = kiln::grad(&loss, std::slice::from_ref(&w))?.remove(0);
+        w.assign(&w.sub(&g.mul_scalar(0.1)?)?)?;
+        let r = kiln::mark_step()?;
+        Ok((r, loss.item()?))
+    };
+    for i in 0..4 {
+        let (r, loss) = step(vec![0, 3, 2])?;
+        assert_eq!((r.compiled, r.donated), (i == 0, 1), "step {i}: {r:?}");
+        assert!(loss.is_finite());
+    }
+    let err = step(vec![0, 4, 2]).expect_err("label 4 of 4 classes");
+    assert!(matches!(err, kiln::FrontendError::IndexOutOfRange { value: 4, bound: 4, .. }), "{err:?}");
+    Ok(())
+}

@@ -208,6 +208,9 @@ impl Trainer {
         let mut correct = 0.0;
         for b in data::batches(set.len(), eval_batch, None, LastBatch::Pad) {
             let (x, y) = data::image_batch(set, &b)?;
+            // A test label no class can match would only lower the accuracy.
+            let classes = self.model.layers.last().map_or(0, |l| l.weight.dims()[1]);
+            crate::device_checks::check_index_range("evaluate", "label", &y, classes)?;
             let w = Tensor::from_vec(b.weights.clone(), [b.weights.len()])?;
             let pred = amp::autocast_if(self.amp, || self.model.forward(&x)?.argmax(-1))?;
             let hits = pred.eq(&y)?.to_dtype(DType::F32)?.mul(&w)?.sum_all()?;

@@ -10,7 +10,7 @@ use kiln_compiler::ir::{CompareDir, DType, Shape};
 
 pub use init::HostRng;
 
-use crate::amp;
+use crate::{amp, scope};
 use crate::error::{FrontendError, Result};
 use crate::tensor::Tensor;
 
@@ -105,6 +105,7 @@ impl Linear {
     /// In the weight's dtype, or in the autocast dtype inside a scope (bias
     /// included, as a fused `x W + b` would).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _layer = scope::enter_owner_of(&self.weight, 1);
         let dtype = amp::compute_dtype(self.weight.dtype());
         let y = x.to_dtype(dtype)?.matmul(&self.weight)?;
         match &self.bias {
@@ -126,6 +127,7 @@ impl Embedding {
     }
 
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let _layer = scope::enter_owner_of(&self.table, 1);
         self.table.index_select(ids, 0)
     }
 }
@@ -149,6 +151,7 @@ impl LayerNorm {
 
     /// In f32 under autocast.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _layer = scope::enter_owner_of(&self.gamma, 1);
         let x = amp::full_precision(x)?;
         let mean = x.mean(&[-1], true)?;
         let centered = x.sub(&mean)?;
@@ -172,6 +175,7 @@ impl RmsNorm {
 
     /// In f32 under autocast.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _layer = scope::enter_owner_of(&self.gamma, 1);
         let x = amp::full_precision(x)?;
         let ms = x.square()?.mean(&[-1], true)?;
         x.mul(&ms.add_scalar(self.eps)?.rsqrt()?)?.mul(&self.gamma)
@@ -214,6 +218,7 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor, weights: Option<&Tensor>)
             reason: format!("logits {} and labels {} must be [n, classes] and [n]", logits.ty(), labels.ty()),
         });
     }
+    crate::device_checks::check_index_range("cross_entropy", "label", labels, logits.dims()[1])?;
     let logits = logits.to_dtype(DType::F32)?;
     let logp = logits.log_softmax(-1)?;
     let onehot = one_hot(labels, logits.dims()[1], DType::F32)?;
@@ -257,6 +262,7 @@ impl CausalSelfAttention {
 
     /// `x: [batch, seq, dim]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _layer = scope::enter_owner_of(&self.qkv.weight, 2);
         let (b, t, d) = (x.dims()[0], x.dims()[1], x.dims()[2]);
         let (h, hd) = (self.heads, d / self.heads);
         let qkv = self.qkv.forward(x)?.reshape([b, t, 3, h, hd])?.permute(vec![2, 0, 3, 1, 4])?;
@@ -291,6 +297,7 @@ impl MlpBlock {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let _layer = scope::enter_owner_of(&self.fc.weight, 2);
         self.proj.forward(&gelu_tanh(&self.fc.forward(x)?)?)
     }
 }
