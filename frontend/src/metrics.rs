@@ -196,9 +196,10 @@ pub enum Payback {
 }
 
 impl Metrics {
-    /// Mean time of one execution.
+    /// Mean time of one execution: the execute call plus the time blocked on
+    /// the devices (steps are asynchronous, so the call alone is the enqueue).
     pub fn execute_time_per_step(&self) -> Option<Duration> {
-        (self.executions > 0).then(|| self.execute_time / self.executions as u32)
+        (self.executions > 0).then(|| (self.execute_time + self.device_wait_time) / self.executions as u32)
     }
 
     /// The break-even point of compilation against the eager baseline.

@@ -64,8 +64,10 @@ pub struct ProfileArgs {
     json: bool,
 }
 
-/// The phases of a step, in timeline order (their Perfetto rows).
-const PHASES: [&str; 6] = ["trace", "compile", "disk_load", "upload", "execute", "download"];
+/// The phases of a step, in timeline order (their Perfetto rows). Steps are
+/// asynchronous: `execute` is the enqueue, `device_wait` the host blocked on
+/// the devices (the bound on steps in flight), `download` a read.
+const PHASES: [&str; 7] = ["trace", "compile", "disk_load", "upload", "execute", "device_wait", "download"];
 
 pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
     if args.steps == 0 {

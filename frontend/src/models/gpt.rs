@@ -195,23 +195,7 @@ impl GptTrainer {
     /// Random windows: inputs `[batch, seq]`, targets (shifted by one)
     /// `[batch·seq]`; with several replicas, each replica draws its own.
     pub fn next_batch(&mut self) -> Result<(Tensor, Tensor)> {
-        let (b, t) = (self.cfg.batch, self.cfg.seq);
-        let replicas = crate::replicas::num_replicas()?;
-        let (mut xs, mut ys) = (Vec::with_capacity(replicas), Vec::with_capacity(replicas));
-        for _ in 0..replicas {
-            let (mut x, mut y) = (Vec::with_capacity(b * t), Vec::with_capacity(b * t));
-            for _ in 0..b {
-                let start = (self.sampler.next_u64() % (self.data.len() - t) as u64) as usize;
-                x.extend_from_slice(&self.data[start..start + t]);
-                y.extend_from_slice(&self.data[start + 1..start + t + 1]);
-            }
-            xs.push(x);
-            ys.push(y);
-        }
-        Ok((
-            crate::replicas::from_shards(xs, [b, t])?.with_name("tokens"),
-            crate::replicas::from_shards(ys, [b * t])?.with_name("targets"),
-        ))
+        sample_batch(&self.data, &mut self.sampler, &self.cfg)
     }
 
     /// Records and runs one training step; returns the loss.
@@ -234,6 +218,27 @@ impl GptTrainer {
     pub fn save(&self, path: &Path) -> Result<()> {
         checkpoint::save(path, self.step, &self.state())
     }
+}
+
+/// Random windows of `data` (see [`GptTrainer::next_batch`]).
+fn sample_batch(data: &[i32], sampler: &mut HostRng, cfg: &GptConfig) -> Result<(Tensor, Tensor)> {
+    let (b, t) = (cfg.batch, cfg.seq);
+    let replicas = crate::replicas::num_replicas()?;
+    let (mut xs, mut ys) = (Vec::with_capacity(replicas), Vec::with_capacity(replicas));
+    for _ in 0..replicas {
+        let (mut x, mut y) = (Vec::with_capacity(b * t), Vec::with_capacity(b * t));
+        for _ in 0..b {
+            let start = (sampler.next_u64() % (data.len() - t) as u64) as usize;
+            x.extend_from_slice(&data[start..start + t]);
+            y.extend_from_slice(&data[start + 1..start + t + 1]);
+        }
+        xs.push(x);
+        ys.push(y);
+    }
+    Ok((
+        crate::replicas::from_shards(xs, [b, t])?.with_name("tokens"),
+        crate::replicas::from_shards(ys, [b * t])?.with_name("targets"),
+    ))
 }
 
 /// Reads a text file for training, with errors naming the path.
@@ -273,13 +278,48 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
         WarmupCosine { base_lr: cfg.lr, min_lr: cfg.lr * 0.1, warmup_steps: (cfg.steps / 10).max(1), total_steps: cfg.steps };
     let mut report = TrainReport::default();
     let start = Instant::now();
-    while t.step < cfg.steps {
-        let t0 = Instant::now();
-        let loss = t.train_step(schedule.lr(t.step))?;
-        let ms = t0.elapsed().as_secs_f64() * 1e3;
-        report.losses.push(loss);
-        report.step_ms.push(ms);
-        on_step(&StepInfo { epoch: 0, step: t.step, steps_total: cfg.steps, loss, step_ms: ms });
+    if t.ordered.is_some() {
+        while t.step < cfg.steps {
+            let t0 = Instant::now();
+            let loss = t.train_step(schedule.lr(t.step))?;
+            let ms = t0.elapsed().as_secs_f64() * 1e3;
+            report.losses.push(loss);
+            report.step_ms.push(ms);
+            on_step(&StepInfo { epoch: 0, step: t.step, steps_total: cfg.steps, loss, step_ms: ms });
+        }
+    } else {
+        // Without an ordered step the step is captured (`compile_step`): traced
+        // once, replayed with each batch and learning rate; the loss of step n
+        // is read after step n+1 is enqueued.
+        let params = t.params.tensors();
+        let (model, opt, amp) = (&t.model, &mut t.opt, cfg.amp);
+        let mut captured = crate::capture::compile_step(move |i: &[Tensor]| {
+            let loss = amp::autocast_if(amp, || model.loss(&i[0], &i[1], true))?;
+            let grads = crate::replicas::all_reduce_mean(&crate::grad::grad(&loss, &params)?)?;
+            opt.step_lr(&params, &grads, &i[2])?;
+            Ok(vec![crate::replicas::all_reduce_mean(std::slice::from_ref(&loss))?.remove(0)])
+        });
+        let mut unread: Option<(Tensor, StepInfo)> = None;
+        let mut read = |unread: &mut Option<(Tensor, StepInfo)>, report: &mut TrainReport| -> Result<()> {
+            if let Some((loss, mut info)) = unread.take() {
+                info.loss = loss.item()?;
+                report.losses.push(info.loss);
+                report.step_ms.push(info.step_ms);
+                on_step(&info);
+            }
+            Ok(())
+        };
+        while t.step < cfg.steps {
+            let t0 = Instant::now();
+            let (x, y) = sample_batch(&t.data, &mut t.sampler, &t.cfg)?;
+            let lr = Tensor::scalar(schedule.lr(t.step) as f32);
+            let loss = captured.call(&[x, y, lr])?.remove(0);
+            t.step += 1;
+            let ms = t0.elapsed().as_secs_f64() * 1e3;
+            read(&mut unread, &mut report)?;
+            unread = Some((loss, StepInfo { epoch: 0, step: t.step, steps_total: cfg.steps, loss: f64::NAN, step_ms: ms }));
+        }
+        read(&mut unread, &mut report)?;
     }
     report.train_seconds = start.elapsed().as_secs_f64();
     report.steps = t.step;
