@@ -169,6 +169,14 @@ fn text_from_dev_zero_is_read_with_a_bound() {
     assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
 }
 
+#[test]
+fn a_graph_file_from_dev_zero_is_read_with_a_bound() {
+    let t = Instant::now();
+    let err = refused(&kiln().args(["compile", "/dev/zero"]).output().unwrap());
+    assert!(err.contains("/dev/zero") && err.contains("byte limit"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
+}
+
 // ---- graphs XLA used to crash on ----
 
 fn graph_file(dir: &Path, name: &str, text: &str) -> PathBuf {
