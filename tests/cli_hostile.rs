@@ -169,6 +169,14 @@ fn text_from_dev_zero_is_read_with_a_bound() {
     assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
 }
 
+#[test]
+fn a_graph_file_from_dev_zero_is_read_with_a_bound() {
+    let t = Instant::now();
+    let err = refused(&kiln().args(["compile", "/dev/zero"]).output().unwrap());
+    assert!(err.contains("/dev/zero") && err.contains("byte limit"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
+}
+
 // ---- graphs XLA used to crash on ----
 
 fn graph_file(dir: &Path, name: &str, text: &str) -> PathBuf {
@@ -407,6 +415,27 @@ fn a_cache_dir_that_is_a_file_says_so() {
 }
 
 // ---- messages ----
+
+#[test]
+fn an_unwritable_cache_dir_warns_with_the_os_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    // Root ignores permission bits; the immutable flag stops root too.
+    let immutable = std::process::Command::new("chattr").arg("+i").arg(&cache).status().is_ok_and(|s| s.success());
+    if !immutable {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o555)).unwrap();
+    }
+    let out = cached(&cache).args(["train", "mlp", "--max-steps", "1", "--json"]).output().unwrap();
+    if immutable {
+        std::process::Command::new("chattr").arg("-i").arg(&cache).status().unwrap();
+    }
+    assert_eq!(json(&out)["steps"], 1, "an unwritable cache never fails the run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("could not store the compiled program"), "{err}");
+    assert!(err.contains("os error"), "the OS's reason is part of the warning: {err}");
+}
 
 #[test]
 fn devices_names_the_loaders_reason_for_a_bad_plugin() {

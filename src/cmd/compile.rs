@@ -96,7 +96,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     }
     let replicas = args.replicas as usize;
     let path = &args.file;
-    let source = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let source = super::read_graph_text(path)?;
     let graph = text::parse(&source).map_err(|e| located(path, e))?;
     verify(&graph).with_context(|| format!("{}: the graph does not verify", path.display()))?;
     super::check_graph_memory(&graph, path, false)?;

@@ -5,6 +5,24 @@ pub mod cache;
 pub mod compile;
 pub mod profile;
 
+/// The largest graph text `kiln compile`/`kiln profile` read (1 GiB: a
+/// saved step of GPT-2 small is a few MB); `/dev/zero` or a wrong file is an
+/// error, not an endless read.
+pub const MAX_GRAPH_TEXT_BYTES: u64 = 1 << 30;
+
+/// Reads a graph's text with the bound above.
+pub fn read_graph_text(path: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    use std::io::Read as _;
+    let file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_GRAPH_TEXT_BYTES + 1).read_to_end(&mut bytes).with_context(|| format!("reading {}", path.display()))?;
+    if bytes.len() as u64 > MAX_GRAPH_TEXT_BYTES {
+        anyhow::bail!("{}: longer than the {MAX_GRAPH_TEXT_BYTES}-byte limit of a graph file", path.display());
+    }
+    String::from_utf8(bytes).with_context(|| format!("{}: not UTF-8 text", path.display()))
+}
+
 /// Host memory a text graph needs before XLA sees it, checked against the
 /// host limit ([`kiln::limits`]): each constant is held about four times
 /// (the parsed literal, the StableHLO text, XLA's literal and the compiled

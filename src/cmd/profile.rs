@@ -270,7 +270,7 @@ fn profile_model(args: &ProfileArgs) -> anyhow::Result<Profiled> {
 
 /// Compiles the graph in `path` and runs it `steps` times on random inputs.
 fn profile_graph(args: &ProfileArgs, path: &Path) -> anyhow::Result<Profiled> {
-    let source = std::fs::read_to_string(path)
+    let source = super::read_graph_text(path)
         .with_context(|| format!("reading step graph {} (expected mlp, gpt or a graph file)", path.display()))?;
     let graph = text::parse(&source).with_context(|| format!("parsing {}", path.display()))?;
     super::check_graph_memory(&graph, path, true)?;

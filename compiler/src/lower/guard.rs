@@ -50,9 +50,10 @@ pub(crate) fn refuse_trapping_division(g: &Graph, live: &[bool]) -> Result<(), C
 }
 
 fn constant(g: &Graph, v: ValueId) -> Option<&Literal> {
-    match &g.node(v.node).op {
-        Op::Constant { literal } => Some(literal),
-        _ => None,
+    if let Op::Constant { literal } = &g.node(v.node).op {
+        Some(literal)
+    } else {
+        None
     }
 }
 
