@@ -34,6 +34,12 @@ pub enum CompileError {
     Verify { node: String, reason: String },
     #[error("text form, line {line}: {reason}")]
     Parse { line: usize, reason: String },
+    #[error("unknown pass {name:?} (known passes: {known})")]
+    UnknownPass { name: String, known: String },
+    #[error("after pass {pass}: {source}")]
+    AfterPass { pass: &'static str, source: Box<CompileError> },
+    #[error("rewrite rule {rule}: {reason}")]
+    Rewrite { rule: &'static str, reason: String },
     #[error("interpreter: {op}: {reason}")]
     Interpret { op: &'static str, reason: String },
 }

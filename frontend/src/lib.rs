@@ -10,6 +10,7 @@ pub mod autodiff;
 pub mod checkpoint;
 pub mod clip;
 mod context;
+pub mod dump;
 pub mod data;
 mod element;
 mod error;
