@@ -114,8 +114,14 @@ pub struct Rewritten {
 /// Rewrites `g` with the selected rule sets and extracts the cheapest
 /// equivalent graph.
 pub fn rewrite(g: &Graph, opts: &RewriteOptions) -> Result<Rewritten, CompileError> {
-    let started = Instant::now();
     let rules = rules::select(opts.rule_sets.as_deref())?;
+    rewrite_with(g, opts, &rules)
+}
+
+/// Rewrites `g` with the given rules (`opts.rule_sets` is ignored): the
+/// runner itself, for tests and for callers with rules of their own.
+pub fn rewrite_with(g: &Graph, opts: &RewriteOptions, rules: &[Rule]) -> Result<Rewritten, CompileError> {
+    let started = Instant::now();
     let (mut eg, roots) = extract::to_egraph(g)?;
     let mut fired: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut banned_until = vec![0usize; rules.len()];
@@ -197,4 +203,96 @@ pub fn rewrite(g: &Graph, opts: &RewriteOptions) -> Result<Rewritten, CompileErr
         time: started.elapsed(),
     };
     Ok(Rewritten { graph, report })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{DType, Literal, Op, Shape, TensorType, UnaryOp};
+
+    /// `tanh(transpose(transpose(x)))` over a [2, 3] parameter, with a `* 1`.
+    fn sample() -> Graph {
+        let mut g = Graph::new();
+        let x = g.parameter(TensorType::new(DType::F32, [2, 3]));
+        let t1 = g.value(Op::Transpose { input: x, perm: vec![1, 0] }).unwrap();
+        let t2 = g.value(Op::Transpose { input: t1, perm: vec![1, 0] }).unwrap();
+        let one = g.value(Op::Constant { literal: Literal::from_f64s(DType::F32, [2, 3], &[1.0; 6]).unwrap() }).unwrap();
+        let m = g.value(Op::Binary { op: crate::ir::BinaryOp::Mul, lhs: t2, rhs: one }).unwrap();
+        let y = g.value(Op::Unary { op: UnaryOp::Tanh, input: m }).unwrap();
+        g.set_outputs(vec![y]).unwrap();
+        g
+    }
+
+    fn reshape_to_wrong_type(eg: &EGraph, op: &Op, kids: &[egg::Id]) -> Vec<Rhs> {
+        // A broken rule: claims tanh(x) equals reshape(x) to another shape.
+        match op {
+            Op::Unary { op: UnaryOp::Tanh, .. } => match eg[kids[0]].data.ty() {
+                Some(t) => vec![Rhs::node(
+                    Op::Reshape { input: rules::hole(), shape: Shape::new([t.shape.num_elements()]) },
+                    vec![Rhs::Class(kids[0])],
+                )],
+                None => vec![],
+            },
+            _ => vec![],
+        }
+    }
+
+    #[test]
+    fn a_rule_that_breaks_types_is_an_error_naming_it() {
+        let bad = Rule { name: "bad-reshape", algebra: "tanh(x) = reshape(x)", find: reshape_to_wrong_type };
+        match rewrite_with(&sample(), &RewriteOptions::default(), &[bad]) {
+            Err(CompileError::Rewrite { rule, reason }) => {
+                assert_eq!(rule, "bad-reshape");
+                assert!(reason.contains("tensor<6xf32>") && reason.contains("tensor<2x3xf32>"), "{reason}");
+            }
+            other => panic!("expected a rewrite error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn saturates_and_reports_rules_fired() {
+        let out = rewrite(&sample(), &RewriteOptions::default()).unwrap();
+        assert_eq!(out.report.stop_reason, StopReason::Saturated);
+        // Fires on t2 = T(T(x)), and again on t1 = T(x) once x's class holds T(t1).
+        assert!(out.report.rules_fired.get("transpose-transpose").is_some_and(|&n| n >= 1));
+        assert_eq!(out.report.rules_fired.get("mul-one"), Some(&1));
+        // x, tanh: the transposes and the multiply are gone.
+        assert_eq!(out.graph.len(), 2, "{}", crate::text::print(&out.graph));
+        crate::verify(&out.graph).unwrap();
+    }
+
+    #[test]
+    fn limits_stop_the_runner_with_the_best_graph_so_far() {
+        let g = sample();
+        let inputs = [Literal::from_f64s(DType::F32, [2, 3], &[0.5, -1.0, 2.0, 0.25, -0.75, 3.0]).unwrap()];
+        let want = crate::interpret(&g, &inputs).unwrap();
+        let cases = [
+            (RewriteOptions { iteration_limit: 1, ..RewriteOptions::default() }, "iteration limit (1)"),
+            (RewriteOptions { node_limit: 1, ..RewriteOptions::default() }, "node limit"),
+            (RewriteOptions { time_limit_ms: 0, ..RewriteOptions::default() }, "time limit (0 ms)"),
+        ];
+        for (opts, reason) in cases {
+            let out = rewrite(&g, &opts).unwrap();
+            assert!(out.report.stop_reason.to_string().starts_with(reason), "{}", out.report.stop_reason);
+            crate::verify(&out.graph).unwrap();
+            assert_eq!(crate::interpret(&out.graph, &inputs).unwrap(), want);
+            assert!(out.graph.len() <= g.len());
+        }
+    }
+
+    #[test]
+    fn backoff_bans_a_rule_with_too_many_matches_and_does_not_call_that_saturation() {
+        let opts = RewriteOptions { match_limit: 0, iteration_limit: 3, ..RewriteOptions::default() };
+        let out = rewrite(&sample(), &opts).unwrap();
+        // Every rule with a match is banned, so nothing fires and the runner
+        // cannot claim saturation.
+        assert!(out.report.rules_fired.is_empty(), "{:?}", out.report.rules_fired);
+        assert_eq!(out.report.stop_reason, StopReason::IterationLimit { iterations: 3 });
+    }
+
+    #[test]
+    fn unknown_rule_sets_are_a_typed_error() {
+        let opts = RewriteOptions { rule_sets: Some(vec!["nope".into()]), ..RewriteOptions::default() };
+        assert!(matches!(rewrite(&sample(), &opts), Err(CompileError::UnknownPass { .. })));
+    }
 }

@@ -56,8 +56,9 @@ fn roundtrip(eg: &EGraph, op: &Op, kids: &[Id]) -> Vec<Rhs> {
     let Op::Convert { to: a, .. } = op else { return vec![] };
     let Some(b) = ty(eg, kids[0]) else { return vec![] };
     ops(eg, kids[0])
-        .filter_map(|(inner, k)| match (inner, ty(eg, k[0])) {
-            (Op::Convert { .. }, Some(x)) if x.dtype == *a && lossless(*a, b.dtype) => Some(Rhs::Class(k[0])),
+        .filter(|(inner, _)| matches!(inner, Op::Convert { .. }))
+        .filter_map(|(_, k)| match ty(eg, k[0]) {
+            Some(x) if x.dtype == *a && lossless(*a, b.dtype) => Some(Rhs::Class(k[0])),
             _ => None,
         })
         .collect()
@@ -67,8 +68,9 @@ fn chain(eg: &EGraph, op: &Op, kids: &[Id]) -> Vec<Rhs> {
     let Op::Convert { to: c, .. } = op else { return vec![] };
     let Some(b) = ty(eg, kids[0]) else { return vec![] };
     ops(eg, kids[0])
-        .filter_map(|(inner, k)| match (inner, ty(eg, k[0])) {
-            (Op::Convert { .. }, Some(x)) if lossless(x.dtype, b.dtype) && x.dtype != *c => {
+        .filter(|(inner, _)| matches!(inner, Op::Convert { .. }))
+        .filter_map(|(_, k)| match ty(eg, k[0]) {
+            Some(x) if lossless(x.dtype, b.dtype) && x.dtype != *c => {
                 Some(Rhs::node(Op::Convert { input: hole(), to: *c }, vec![Rhs::Class(k[0])]))
             }
             _ => None,
