@@ -390,16 +390,23 @@ fn golden_fold() {
   %4 = mul %1, %3 : tensor<3xf32>
   %5 = exp %4 : tensor<3xf32>
   %6 = add %0, %5 : tensor<3xf32>
-  return %6
+  %7 = constant dense<3.0> : tensor<f32>
+  %8 = broadcast_in_dim %7, dims = [] : tensor<3x4xf32>
+  %9 = constant dense<0.5> : tensor<3x4xf32>
+  %10 = sub %8, %9 : tensor<3x4xf32>
+  return %6, %10
 }",
     );
-    // The multiply folds; exp is transcendental and stays.
+    // The multiply folds; exp is transcendental and stays; splats fold to a
+    // broadcast scalar.
     insta::assert_snapshot!(out, @r"
     graph(%0: tensor<3xf32>) {
       %1 = constant dense<[3.0, 4.0, -6.0]> : tensor<3xf32>
       %2 = exp %1 : tensor<3xf32>
       %3 = add %0, %2 : tensor<3xf32>
-      return %3
+      %4 = constant dense<2.5> : tensor<f32>
+      %5 = broadcast_in_dim %4, dims = [] : tensor<3x4xf32>
+      return %3, %5
     }
     ");
 }
