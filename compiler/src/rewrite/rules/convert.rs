@@ -20,6 +20,12 @@ pub fn rules() -> Vec<Rule> {
         Rule { name: "convert-roundtrip", algebra: "convert(convert(x: A -> B) -> A) = x, A ⊂ B", find: roundtrip },
         // convert(convert(x: A, B), C) = convert(x, C) when A -> B is lossless.
         Rule { name: "convert-chain", algebra: "convert(convert(x: A -> B) -> C) = convert(x: A -> C), A ⊂ B", find: chain },
+        // convert(m(x)) = m(convert(x)) for data movement m (transpose, reshape,
+        // broadcast, slice): conversion is per element, movement moves elements.
+        // Both directions are added; extraction keeps the cheaper (narrow types
+        // move fewer bytes), and a transpose below a convert can then fold
+        // into a dot_general.
+        Rule { name: "convert-movement", algebra: "convert(m(x)) = m(convert(x))", find: through_movement },
     ]
 }
 
@@ -76,4 +82,31 @@ fn chain(eg: &EGraph, op: &Op, kids: &[Id]) -> Vec<Rhs> {
             _ => None,
         })
         .collect()
+}
+
+fn is_movement(op: &Op) -> bool {
+    matches!(op, Op::Transpose { .. } | Op::Reshape { .. } | Op::BroadcastInDim { .. } | Op::Slice { .. })
+}
+
+fn through_movement(eg: &EGraph, op: &Op, kids: &[Id]) -> Vec<Rhs> {
+    match op {
+        // convert(m(x)) -> m(convert(x))
+        Op::Convert { to, .. } => ops(eg, kids[0])
+            .filter(|(inner, _)| is_movement(inner))
+            .map(|(inner, k)| {
+                Rhs::node(inner.clone(), vec![Rhs::node(Op::Convert { input: hole(), to: *to }, vec![Rhs::Class(k[0])])])
+            })
+            .collect(),
+        // m(convert(x)) -> convert(m(x))
+        m if is_movement(m) => ops(eg, kids[0])
+            .filter_map(|(inner, k)| match inner {
+                Op::Convert { to, .. } => Some(Rhs::node(
+                    Op::Convert { input: hole(), to: *to },
+                    vec![Rhs::node(m.clone(), vec![Rhs::Class(k[0])])],
+                )),
+                _ => None,
+            })
+            .collect(),
+        _ => vec![],
+    }
 }
