@@ -24,7 +24,8 @@ fn load(name: &str) -> Graph {
 }
 
 fn bench(c: &mut Criterion) {
-    let opts = PipelineOptions { prune_params: true, verify: false, ..PipelineOptions::default() };
+    // What a cache miss runs: pruning, the default passes, the verifier after each.
+    let opts = PipelineOptions::default();
     let mut group = c.benchmark_group("pipeline");
     group.sample_size(10);
     for (name, file) in [
