@@ -60,7 +60,13 @@ fn json_reports_passes_cost_compile_time_and_memory() {
     let cost = graph_cost(&optimized);
     assert_eq!(v["nodes_before"], 14);
     assert_eq!(v["nodes_after"], 13);
-    assert_eq!(v["passes"]["cse_merged"], 1);
+    let cse = v["passes"].as_array().unwrap().iter().find(|p| p["name"] == "cse").unwrap();
+    assert_eq!(cse["changed"], 1, "{v}");
+    let names: Vec<&str> = v["passes"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["cse", "rewrite", "dce", "fusion"]);
+    let rewrite = &v["passes"][1];
+    assert_eq!(rewrite["stop_reason"], "saturated", "{v}");
+    assert!(v["fusion"]["groups"].as_u64().unwrap() > 0, "{v}");
     assert_eq!(v["nodes_after"], stats.nodes_out);
     // Dots 2*8*16*4 + 2*8*3*16, add and max over 128, tanh over 128, the sum over
     // 128; the second x @ w1 was merged away.
@@ -90,7 +96,12 @@ fn the_text_report_names_the_file_and_draws_no_spinner_into_a_pipe() {
     let out = kiln().arg("compile").arg(&path).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
-    assert!(stdout.contains("step.kiln: 14 nodes, 13 after optimization (cse merged 1"), "{stdout}");
+    assert!(stdout.contains("step.kiln: 14 nodes, 13 after optimization"), "{stdout}");
+    assert!(stdout.contains("pass cse"), "{stdout}");
+    assert!(stdout.contains("1 changed"), "{stdout}");
+    assert!(stdout.contains("stopped: saturated"), "{stdout}");
+    assert!(stdout.contains("fusion: "), "{stdout}");
+    assert!(stdout.contains("  group "), "{stdout}");
     assert!(stdout.contains("cost: 2304 FLOPs (128 transcendental)"), "{stdout}");
     assert!(stdout.contains("memory: arguments 640 B"), "{stdout}");
     assert!(!String::from_utf8_lossy(&out.stderr).contains('\u{1b}'), "terminal control codes on a pipe");
@@ -222,4 +233,40 @@ fn bad_arguments_are_refused() {
     let out = kiln().arg("compile").output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("<FILE>"));
+}
+
+#[test]
+fn passes_and_no_rewrite_choose_the_pass_list_and_unknown_names_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = save(dir.path(), "step.kiln", &mlp());
+    let v = json_of(&kiln().arg("compile").arg(&path).args(["--json", "--passes", "dce,cse"]).output().unwrap());
+    let names: Vec<&str> = v["passes"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["dce", "cse"]);
+    assert_eq!(v["nodes_after"], 13);
+
+    let v = json_of(&kiln().arg("compile").arg(&path).args(["--json", "--no-rewrite"]).output().unwrap());
+    let names: Vec<&str> = v["passes"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["cse", "dce", "fusion"]);
+
+    let out = kiln().arg("compile").arg(&path).args(["--passes", "cse,nope"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown pass \"nope\""), "{err}");
+    assert!(err.contains("rewrite"), "{err}");
+}
+
+#[test]
+fn dump_dir_gets_the_graph_after_each_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = save(dir.path(), "step.kiln", &mlp());
+    let dump = dir.path().join("dump");
+    let out = kiln().arg("compile").arg(&path).env("KILN_DUMP_DIR", &dump).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let run = std::fs::read_dir(&dump).unwrap().next().unwrap().unwrap().path();
+    let mut files: Vec<String> =
+        std::fs::read_dir(&run).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    files.sort();
+    assert_eq!(files, ["00-prune.kiln", "01-cse.kiln", "02-rewrite.kiln", "03-dce.kiln", "04-fusion.kiln"]);
+    let after_cse = text::parse(&std::fs::read_to_string(run.join("01-cse.kiln")).unwrap()).unwrap();
+    assert_eq!(after_cse.len(), 13);
 }

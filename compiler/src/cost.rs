@@ -141,9 +141,22 @@ pub struct GraphCost {
 /// [`Graph::node`] does).
 pub fn node_cost(g: &Graph, id: NodeId) -> NodeCost {
     let node = g.node(id);
-    let written = node.outputs.iter().fold(0u64, |acc, t| acc.saturating_add(bytes(t)));
-    let read_all = || node.op.inputs().iter().fold(0u64, |acc, &v| acc.saturating_add(bytes(g.ty(v))));
-    let first_out = node.outputs.first();
+    let operands: Vec<TensorType> = node.op.inputs().iter().map(|&v| g.ty(v).clone()).collect();
+    op_cost(&node.op, &operands, &node.outputs)
+}
+
+/// The cost of `op` given its operands' types ([`Op::inputs`] order) and its
+/// output types: no graph needed (extraction from the e-graph uses this).
+pub fn op_cost(op: &Op, operands: &[TensorType], outputs: &[TensorType]) -> NodeCost {
+    let inputs = op.inputs();
+    // Every value asked for is one of `inputs`; equal values have equal types.
+    let ty = |v: crate::ir::ValueId| -> &TensorType {
+        &operands[inputs.iter().position(|&x| x == v).unwrap_or(0).min(operands.len().saturating_sub(1))]
+    };
+    let sum_bytes = |values: &[crate::ir::ValueId]| values.iter().fold(0u64, |acc, &v| acc.saturating_add(bytes(ty(v))));
+    let written = outputs.iter().fold(0u64, |acc, t| acc.saturating_add(bytes(t)));
+    let read_all = || operands.iter().fold(0u64, |acc, t| acc.saturating_add(bytes(t)));
+    let first_out = outputs.first();
     let out_elems = first_out.map_or(0, elements);
     let out_bytes = first_out.map_or(0, bytes);
     let elementwise = |transcendental: bool| NodeCost {
@@ -153,7 +166,7 @@ pub fn node_cost(g: &Graph, id: NodeId) -> NodeCost {
         bytes_written: written,
         ..NodeCost::free()
     };
-    match &node.op {
+    match op {
         Op::Parameter { .. } | Op::Constant { .. } => NodeCost::free(),
         Op::Iota { .. } => NodeCost::moves(0, written),
         Op::Unary { op, input: _ } => elementwise(is_transcendental_unary(*op)),
@@ -166,29 +179,29 @@ pub fn node_cost(g: &Graph, id: NodeId) -> NodeCost {
         // Reads the selected elements only: as many as it writes.
         Op::Slice { .. } => NodeCost::moves(out_bytes, written),
         Op::DynamicSlice { input: _, starts, sizes: _ } => {
-            NodeCost::moves(out_bytes.saturating_add(sum_bytes(g, starts)), written)
+            NodeCost::moves(out_bytes.saturating_add(sum_bytes(starts)), written)
         }
         Op::DynamicUpdateSlice { input: _, update, starts } => {
-            let update = bytes(g.ty(*update));
-            NodeCost::moves(update.saturating_add(sum_bytes(g, starts)), update)
+            let update = bytes(ty(*update));
+            NodeCost::moves(update.saturating_add(sum_bytes(starts)), update)
         }
         Op::Gather { operand: _, indices, axis: _ } => {
-            NodeCost::moves(out_bytes.saturating_add(bytes(g.ty(*indices))), written)
+            NodeCost::moves(out_bytes.saturating_add(bytes(ty(*indices))), written)
         }
         Op::ScatterAdd { operand: _, indices, updates, axis: _ } => {
-            let u = g.ty(*updates);
+            let u = ty(*updates);
             // Reads each update and the operand row it lands on, writes that row.
-            let read = bytes(u).saturating_mul(2).saturating_add(bytes(g.ty(*indices)));
+            let read = bytes(u).saturating_mul(2).saturating_add(bytes(ty(*indices)));
             NodeCost { flops: elements(u), bytes_read: read, bytes_written: bytes(u), ..NodeCost::free() }
         }
         Op::Reduce { op: _, input, axes: _ } => NodeCost {
-            flops: elements(g.ty(*input)),
+            flops: elements(ty(*input)),
             bytes_read: read_all(),
             bytes_written: written,
             ..NodeCost::free()
         },
         Op::DotGeneral { lhs, rhs, dims } => {
-            let (l, r) = (g.ty(*lhs), g.ty(*rhs));
+            let (l, r) = (ty(*lhs), ty(*rhs));
             NodeCost {
                 flops: dot_flops(l, r, dims),
                 bytes_read: read_all(),
@@ -212,7 +225,7 @@ pub fn node_cost(g: &Graph, id: NodeId) -> NodeCost {
             NodeCost { flops: elements(ty), bytes_read: read_all(), bytes_written: written, ..NodeCost::free() }
         }
         Op::AllReduce { op: _, input } => {
-            NodeCost { collective_bytes: bytes(g.ty(*input)), ..NodeCost::moves(read_all(), written) }
+            NodeCost { collective_bytes: bytes(ty(*input)), ..NodeCost::moves(read_all(), written) }
         }
     }
 }
@@ -377,10 +390,6 @@ fn elements(t: &TensorType) -> u64 {
 
 fn bytes(t: &TensorType) -> u64 {
     elements(t).saturating_mul(t.dtype.size_in_bytes() as u64)
-}
-
-fn sum_bytes(g: &Graph, values: &[crate::ir::ValueId]) -> u64 {
-    values.iter().fold(0u64, |acc, &v| acc.saturating_add(bytes(g.ty(v))))
 }
 
 /// `2 × batch × M × N × K`: every output element (batch × M × N of them) is a

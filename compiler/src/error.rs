@@ -37,6 +37,12 @@ pub enum CompileError {
     /// An integer division XLA would crash on (SIGFPE in its constant folder).
     #[error("{node}: integer {op} on {dtype} would crash XLA: {reason}")]
     TrappingDivision { op: &'static str, node: String, dtype: DType, reason: String },
+    #[error("unknown pass {name:?} (known passes: {known})")]
+    UnknownPass { name: String, known: String },
+    #[error("after pass {pass}: {source}")]
+    AfterPass { pass: &'static str, source: Box<CompileError> },
+    #[error("rewrite rule {rule}: {reason}")]
+    Rewrite { rule: &'static str, reason: String },
     #[error("interpreter: {op}: {reason}")]
     Interpret { op: &'static str, reason: String },
 }

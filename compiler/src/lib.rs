@@ -7,11 +7,13 @@
 pub mod cost;
 mod error;
 pub mod fingerprint;
+pub mod fusion;
 pub mod interp;
 pub mod ir;
 pub mod lower;
 pub mod passes;
 pub mod pipeline;
+pub mod rewrite;
 pub mod text;
 mod verify;
 

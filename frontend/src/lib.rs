@@ -12,6 +12,7 @@ pub mod checkpoint;
 pub mod clip;
 mod context;
 mod executor;
+pub mod dump;
 pub mod data;
 mod device_checks;
 mod element;

@@ -67,6 +67,11 @@ pub struct Metrics {
     /// when measured (`kiln profile` does): the baseline that compilation must
     /// pay for itself against.
     pub eager_step_time: Option<Duration>,
+    /// Optimizer pipeline runs (one per program built on a miss) and their time.
+    pub pipeline_runs: u64,
+    pub pipeline_time: Duration,
+    /// What the newest pipeline run did, pass by pass.
+    pub last_pipeline: Option<kiln_compiler::pipeline::PipelineStats>,
 }
 
 /// One span of the per-step timeline.
@@ -196,6 +201,13 @@ pub enum Payback {
 }
 
 impl Metrics {
+    /// Counts one optimizer pipeline run.
+    pub fn record_pipeline(&mut self, stats: &kiln_compiler::pipeline::PipelineStats, took: Duration) {
+        self.pipeline_runs += 1;
+        self.pipeline_time += took;
+        self.last_pipeline = Some(stats.clone());
+    }
+
     /// Mean time of one execution: the execute call plus the time blocked on
     /// the devices (steps are asynchronous, so the call alone is the enqueue).
     pub fn execute_time_per_step(&self) -> Option<Duration> {
@@ -239,6 +251,24 @@ impl fmt::Display for Metrics {
         )?;
         if self.corrupt_cache_entries > 0 {
             writeln!(f, "corrupt entries  {} (recompiled and replaced)", self.corrupt_cache_entries)?;
+        }
+        if let Some(p) = &self.last_pipeline {
+            let fired: usize = p.rules_fired().values().sum();
+            let groups = p.passes.iter().filter_map(|s| s.fusion_groups).last();
+            writeln!(
+                f,
+                "optimizer        {} run(s), {:.1} ms; last: {} -> {} nodes, {} rewrites, {} fusion groups",
+                self.pipeline_runs,
+                ms(self.pipeline_time),
+                p.nodes_pruned,
+                p.nodes_out,
+                fired,
+                groups.map_or("no".to_string(), |g| g.to_string())
+            )?;
+            for s in &p.passes {
+                let stop = s.stop_reason.as_deref().map(|r| format!(", {r}")).unwrap_or_default();
+                writeln!(f, "  {:<14} {:>7} -> {:>7} nodes {:>8.2} ms{stop}", s.name, s.nodes_in, s.nodes_out, ms(s.time))?;
+            }
         }
         writeln!(f, "recompiles       {}", self.recompiles)?;
         for e in &self.recompile_explanations {

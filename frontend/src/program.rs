@@ -16,7 +16,6 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use kiln_compiler::ir::{Graph, TensorType};
-use kiln_compiler::passes::eliminate_dead_code;
 use kiln_compiler::{fingerprint, lower as lower_graph, pipeline, LowerOptions, BUILD_FINGERPRINT};
 use kiln_runtime::{Client, CompileKey, CompileOptions, DiskCache, DiskCacheConfig, EntryInfo, Executable, Lookup};
 
@@ -139,11 +138,15 @@ pub(crate) struct Obtained {
 /// The program of `graph` (a closed raw trace fed by `bindings`), compiled
 /// with `replicas` replicas.
 pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, replicas: usize) -> Result<Obtained> {
-    let pruned = eliminate_dead_code(graph)?;
+    let mut dump = crate::dump::Dump::from_env();
+    let t = Instant::now();
+    let out = pipeline::run(graph, &pipeline::PipelineOptions::default(), &mut |p, g| dump.observe(p, g))?;
+    metrics::update(|m| m.record_pipeline(&out.stats, t.elapsed()));
+    dump.finish()?;
+    let pipeline::Optimized { graph: optimized, pruned, .. } = out;
     let donated = (0..pruned.kept_params.len())
         .map(|i| pruned.graph.aliases().iter().any(|a| a.param as usize == i))
         .collect();
-    let (optimized, _stats) = pipeline::optimize(&pruned.graph)?;
     let lower_opts = LowerOptions { num_replicas: replicas };
     let compile_opts = CompileOptions { num_replicas: replicas, ..CompileOptions::default() };
     let fp = fingerprint(&optimized);

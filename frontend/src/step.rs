@@ -333,7 +333,8 @@ pub fn lower_with(opts: LowerOpts, f: impl FnOnce() -> Result<Vec<Tensor>>) -> R
         }
     }
     graph.set_outputs(values)?;
-    let pruned = eliminate_dead_code(&graph)?.graph;
-    let g = if opts.optimize { pipeline::optimize(&pruned)?.0 } else { pruned };
+    let popts = pipeline::PipelineOptions::default();
+    let popts = if opts.optimize { popts } else { pipeline::PipelineOptions { passes: vec![], ..popts } };
+    let g = pipeline::run(&graph, &popts, &mut |_, _| {})?.graph;
     Ok(lower_graph(&g, &LowerOptions::default())?)
 }

@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::compiler::cost::{self, GraphCost, Target};
-use kiln::compiler::pipeline::{self, PipelineStats};
+use kiln::compiler::fusion::FusionPlan;
+use kiln::compiler::pipeline::{self, PipelineOptions, PipelineStats};
 use kiln::compiler::{lower, text, verify, CompileError, LowerOptions};
 use kiln::runtime::{Client, ClientOptions, CompileOptions, CompiledMemoryStats};
 use serde_json::{json, Value};
@@ -52,6 +53,14 @@ pub struct CompileArgs {
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
+    /// Run these optimizer passes, in this order (comma-separated; see
+    /// `compiler::pipeline::ALL_PASSES`), instead of the default list: bisect
+    /// a pass by dropping it. An empty value runs none.
+    #[arg(long, value_name = "A,B,C", value_delimiter = ',', num_args = 0..)]
+    passes: Option<Vec<String>>,
+    /// The default passes without the equality-saturation rewrite.
+    #[arg(long, conflicts_with = "passes")]
+    no_rewrite: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -78,6 +87,10 @@ struct Report {
     platform: String,
     plugin: PathBuf,
     stats: PipelineStats,
+    /// Fusion groups of the optimized graph.
+    fusion: FusionPlan,
+    /// Op names of each node of the optimized graph (for listing groups).
+    op_names: Vec<&'static str>,
     cost: GraphCost,
     /// `(target name, seconds)` for each built-in target.
     roofline: Vec<(&'static str, f64)>,
@@ -101,9 +114,21 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     verify(&graph).with_context(|| format!("{}: the graph does not verify", path.display()))?;
     super::check_graph_memory(&graph, path, false)?;
 
+    let mut popts = PipelineOptions { prune_params: false, verify: true, ..PipelineOptions::default() };
+    if let Some(passes) = &args.passes {
+        popts.passes = passes.iter().filter(|p| !p.is_empty()).cloned().collect();
+    }
+    if args.no_rewrite {
+        popts = popts.without_rewrite();
+    }
+    let mut dump = kiln::dump::Dump::from_env();
     let started = Instant::now();
-    let (optimized, stats) = pipeline::optimize(&graph).with_context(|| format!("optimizing {}", path.display()))?;
+    let out = pipeline::run(&graph, &popts, &mut |p, g| dump.observe(p, g))
+        .with_context(|| format!("optimizing {}", path.display()))?;
     let optimize = started.elapsed();
+    dump.finish()?;
+    let fusion = kiln::compiler::fusion::plan_fusion(&out.graph);
+    let (optimized, stats) = (out.graph, out.stats);
     let cost = cost::graph_cost(&optimized);
     let roofline = Target::ALL.iter().map(|t| (t.name, cost::estimate_seconds(&optimized, t))).collect();
 
@@ -136,6 +161,8 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         platform: client.platform_name().to_string(),
         plugin: client.plugin_path().to_path_buf(),
         stats,
+        op_names: optimized.nodes().map(|(_, n)| n.op.name()).collect(),
+        fusion,
         cost,
         roofline,
         optimize,
@@ -252,7 +279,25 @@ impl Report {
             "replicas": self.replicas,
             "nodes_before": self.stats.nodes_in,
             "nodes_after": self.stats.nodes_out,
-            "passes": {"cse_merged": self.stats.cse_merged, "dead_removed": self.stats.dead_removed},
+            "passes": self.stats.passes.iter().map(|p| json!({
+                "name": p.name,
+                "nodes_in": p.nodes_in,
+                "nodes_out": p.nodes_out,
+                "ms": ms(p.time),
+                "changed": p.changed,
+                "rules_fired": p.rules_fired,
+                "stop_reason": p.stop_reason,
+                "fusion_groups": p.fusion_groups,
+            })).collect::<Vec<_>>(),
+            "fusion": {
+                "groups": self.fusion.num_groups(),
+                "bytes_to_memory": self.fusion.bytes_to_memory(),
+                "bytes_kept_on_chip": self.fusion.bytes_kept_on_chip(),
+                "fused": self.fusion.fused_groups().map(|(id, nodes)| json!({
+                    "group": id.0,
+                    "nodes": nodes.iter().map(|n| n.index()).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
+            },
             "flops": t.flops,
             "transcendentals": t.transcendentals,
             "bytes_read": t.bytes_read,
@@ -284,14 +329,7 @@ impl Report {
         let roofline: Vec<String> =
             self.roofline.iter().map(|(name, secs)| format!("{name} {}", seconds(*secs))).collect();
         let mut lines = vec![
-            format!(
-                "{}: {} nodes, {} after optimization (cse merged {}, dead code removed {})",
-                self.file.display(),
-                st.nodes_in,
-                st.nodes_out,
-                st.cse_merged,
-                st.dead_removed
-            ),
+            format!("{}: {} nodes, {} after optimization", self.file.display(), st.nodes_in, st.nodes_out),
             format!(
                 "cost: {} FLOPs ({} transcendental), {} bytes read, {} written, {} across replicas",
                 t.flops, t.transcendentals, t.bytes_read, t.bytes_written, t.collective_bytes
@@ -320,6 +358,39 @@ impl Report {
                 Err(e) => format!("memory: the plugin gave no compiled memory stats: {e}"),
             },
         ];
+        for p in &st.passes {
+            let mut line = format!("  pass {:<10} {:>7} -> {:>7} nodes {:>9.2} ms", p.name, p.nodes_in, p.nodes_out, ms(p.time));
+            if p.changed > 0 {
+                line += &format!(", {} changed", p.changed);
+            }
+            if let Some(stop) = &p.stop_reason {
+                line += &format!(", stopped: {stop}");
+            }
+            if !p.rules_fired.is_empty() {
+                let fired: Vec<String> = p.rules_fired.iter().map(|(r, n)| format!("{r} {n}")).collect();
+                line += &format!(", rules fired: {}", fired.join(", "));
+            }
+            if let Some(g) = p.fusion_groups {
+                line += &format!(", {g} fusion groups");
+            }
+            lines.push(line);
+        }
+        lines.push(format!(
+            "fusion: {} groups, {} bytes reach memory, {} stay in fused kernels",
+            self.fusion.num_groups(),
+            self.fusion.bytes_to_memory(),
+            self.fusion.bytes_kept_on_chip()
+        ));
+        let shown = 40;
+        for (id, nodes) in self.fusion.fused_groups().take(shown) {
+            let members: Vec<String> =
+                nodes.iter().map(|n| format!("%{} {}", n.index(), self.op_names[n.index()])).collect();
+            lines.push(format!("  group {}: {}", id.0, members.join(", ")));
+        }
+        let fused = self.fusion.fused_groups().count();
+        if fused > shown {
+            lines.push(format!("  ... and {} more fused groups (all in --json)", fused - shown));
+        }
         if let Some((emit, path)) = &self.written {
             lines.push(format!("wrote the {} to {}", emit.name(), path.display()));
         }

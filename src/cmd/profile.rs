@@ -280,7 +280,8 @@ fn profile_graph(args: &ProfileArgs, path: &Path) -> anyhow::Result<Profiled> {
     let mut span = |name: &'static str, step: u64, start: Instant| {
         events.push(Event { name, step, start: start - origin, duration: start.elapsed() });
     };
-    let (optimized, _) = pipeline::optimize(&graph)?;
+    let popts = pipeline::PipelineOptions { prune_params: false, ..pipeline::PipelineOptions::default() };
+    let optimized = pipeline::run(&graph, &popts, &mut |_, _| {})?.graph;
     let t = Instant::now();
     let exe = client.compile(&lower(&optimized, &LowerOptions::default())?, &CompileOptions::default())?;
     span("compile", 1, t);

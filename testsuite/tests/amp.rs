@@ -282,12 +282,12 @@ fn autocast_lowers_bf16_matmuls_and_an_f32_loss() -> anyhow::Result<()> {
     insta::assert_snapshot!(layer, @r"
     module @kiln attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
       func.func public @main(%arg0: tensor<2x8xf32>, %arg1: tensor<8x4xf32>, %arg2: tensor<4xf32>) -> (tensor<2x4xbf16>) {
-        %v1 = stablehlo.convert %arg0 : (tensor<2x8xf32>) -> tensor<2x8xbf16>
-        %v3 = stablehlo.convert %arg1 : (tensor<8x4xf32>) -> tensor<8x4xbf16>
-        %v4 = stablehlo.dot_general %v1, %v3, contracting_dims = [1] x [0] : (tensor<2x8xbf16>, tensor<8x4xbf16>) -> tensor<2x4xbf16>
+        %v3 = stablehlo.convert %arg0 : (tensor<2x8xf32>) -> tensor<2x8xbf16>
+        %v4 = stablehlo.convert %arg1 : (tensor<8x4xf32>) -> tensor<8x4xbf16>
+        %v5 = stablehlo.dot_general %v3, %v4, contracting_dims = [1] x [0] : (tensor<2x8xbf16>, tensor<8x4xbf16>) -> tensor<2x4xbf16>
         %v6 = stablehlo.convert %arg2 : (tensor<4xf32>) -> tensor<4xbf16>
         %v7 = stablehlo.broadcast_in_dim %v6, dims = [1] : (tensor<4xbf16>) -> tensor<2x4xbf16>
-        %v8 = stablehlo.add %v4, %v7 : tensor<2x4xbf16>
+        %v8 = stablehlo.add %v5, %v7 : tensor<2x4xbf16>
         return %v8 : tensor<2x4xbf16>
       }
     }

@@ -87,3 +87,13 @@ pub fn interpret_replicated(g: &Graph, inputs: &[Vec<Literal>]) -> Result<Vec<Ve
         .map(|v| g.outputs().iter().map(|o| v[o.node.index()][o.output as usize].clone()).collect())
         .collect())
 }
+
+/// Evaluates one op on literal operands (for constant folding): `operand(v)`
+/// gives the literal of each operand value. Not for parameters or collectives.
+pub(crate) fn eval_op<'a>(
+    op: &Op,
+    outputs: &[crate::ir::TensorType],
+    operand: &dyn Fn(ValueId) -> &'a Literal,
+) -> Result<Vec<Literal>, CompileError> {
+    ops::eval(op, outputs, operand)
+}

@@ -15,8 +15,22 @@ fn invalid(op: &'static str, reason: impl Into<String>, operands: Vec<TensorType
 
 /// Output types of `op` in `g`. Operands have been checked to exist.
 pub fn infer(g: &Graph, op: &Op) -> Result<Outputs> {
+    let operands: Vec<TensorType> = op.inputs().iter().map(|&v| g.ty(v).clone()).collect();
+    infer_types(op, &operands)
+}
+
+/// Output types of `op` given its operands' types in [`Op::inputs`] order: no
+/// graph needed (the e-graph's type analysis uses this). The op's `ValueId`s
+/// only say which operand is which.
+pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
     let name = op.name();
-    let ty = |v: ValueId| g.ty(v).clone();
+    let inputs = op.inputs();
+    if inputs.len() != operands.len() {
+        return Err(invalid(name, format!("{} operand types for {} operands", operands.len(), inputs.len()), operands.to_vec()));
+    }
+    // Every value asked for is one of `inputs`, so the lookup always succeeds;
+    // equal values have equal types, so the first match is the right one.
+    let ty = |v: ValueId| operands[inputs.iter().position(|&x| x == v).unwrap_or(0)].clone();
     let one = |t: TensorType| Ok(smallvec::smallvec![t]);
     match op {
         Op::Parameter { ty, .. } => one(ty.clone()),
@@ -162,7 +176,7 @@ pub fn infer(g: &Graph, op: &Op) -> Result<Outputs> {
         }
         Op::DynamicSlice { input, starts, sizes } => {
             let t = ty(*input);
-            check_starts(g, name, &t, starts)?;
+            check_starts(&ty, name, &t, starts)?;
             if sizes.len() != t.shape.rank() || sizes.iter().zip(&t.shape.0).any(|(s, d)| s > d) {
                 return Err(invalid(name, format!("slice sizes {sizes:?} do not fit {}", t.shape), vec![t]));
             }
@@ -170,7 +184,7 @@ pub fn infer(g: &Graph, op: &Op) -> Result<Outputs> {
         }
         Op::DynamicUpdateSlice { input, update, starts } => {
             let (t, u) = (ty(*input), ty(*update));
-            check_starts(g, name, &t, starts)?;
+            check_starts(&ty, name, &t, starts)?;
             if u.dtype != t.dtype {
                 return Err(CompileError::DTypeMismatch { op: name, lhs: t.dtype, rhs: u.dtype });
             }
@@ -386,14 +400,14 @@ fn check_index_dtype(op: &'static str, t: &TensorType) -> Result<()> {
     }
 }
 
-fn check_starts(g: &Graph, op: &'static str, t: &TensorType, starts: &[ValueId]) -> Result<()> {
+fn check_starts(ty: &dyn Fn(ValueId) -> TensorType, op: &'static str, t: &TensorType, starts: &[ValueId]) -> Result<()> {
     if starts.len() != t.shape.rank() {
         return Err(invalid(op, format!("{} start indices for rank {}", starts.len(), t.shape.rank()), vec![t.clone()]));
     }
     for &s in starts {
-        let st = g.ty(s);
+        let st = ty(s);
         if st.shape.rank() != 0 || !st.dtype.is_integer() {
-            return Err(invalid(op, "start indices must be integer scalars", vec![t.clone(), st.clone()]));
+            return Err(invalid(op, "start indices must be integer scalars", vec![t.clone(), st]));
         }
     }
     Ok(())

@@ -20,7 +20,22 @@ pub struct Pruned {
 
 /// Rebuilds `g` without the nodes its outputs do not reach.
 pub fn eliminate_dead_code(g: &Graph) -> Result<Pruned, CompileError> {
+    prune(g, false)
+}
+
+/// Rebuilds `g` without the nodes its outputs do not reach, keeping every
+/// parameter (and its index): the form passes inside the pipeline use.
+pub fn eliminate_dead_code_keep_params(g: &Graph) -> Result<Graph, CompileError> {
+    Ok(prune(g, true)?.graph)
+}
+
+fn prune(g: &Graph, keep_params: bool) -> Result<Pruned, CompileError> {
     let mut live = vec![false; g.len()];
+    if keep_params {
+        for p in g.params() {
+            live[p.index()] = true;
+        }
+    }
     for v in g.outputs() {
         live[v.node.index()] = true;
     }

@@ -6,4 +6,4 @@ mod cse;
 mod dce;
 
 pub use cse::eliminate_common_subexpressions;
-pub use dce::{eliminate_dead_code, Pruned};
+pub use dce::{eliminate_dead_code, eliminate_dead_code_keep_params, Pruned};

@@ -1,6 +1,7 @@
 //! kiln's text form of a [`Graph`]: readable, MLIR-flavoured, one node per line.
 //!
-//! Snapshot tests compare it, `KILN_DUMP_DIR` writes it after each pass, and the
+//! Snapshot tests compare it, `KILN_DUMP_DIR` writes it after each pass (the
+//! pipeline's observer, implemented in the frontend's `dump` module), and the
 //! CLI reads it, so it is deterministic and round-trips exactly:
 //! `parse(&print(&g))` is structurally equal to `g` and prints identically
 //! (constants included, bit for bit).
