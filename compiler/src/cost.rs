@@ -214,6 +214,24 @@ pub fn node_cost(g: &Graph, id: NodeId) -> NodeCost {
         Op::AllReduce { op: _, input } => {
             NodeCost { collective_bytes: bytes(g.ty(*input)), ..NodeCost::moves(read_all(), written) }
         }
+        // Fused attention reads its operands and writes its results once: the
+        // [b, h, t, s] scores stay on chip. The forward runs two matmuls of
+        // 2·b·h·t·s·d flops each, the backward five (scores recomputed, dv, dp,
+        // dq, dk); a causal mask skips half of them.
+        Op::Attention { q, k, v: _, attrs } | Op::AttentionGrad { q, k, v: _, out: _, stats: _, dout: _, attrs } => {
+            let (qt, kt) = (g.ty(*q), g.ty(*k));
+            let (qd, kd) = (qt.shape.dims(), kt.shape.dims());
+            let pairs = (qd[0] * qd[1] * qd[2] * kd[2]) as u64 / if attrs.causal { 2 } else { 1 };
+            let matmuls = if matches!(node.op, Op::Attention { .. }) { 2 } else { 5 };
+            NodeCost {
+                flops: (matmuls * 2 * qd[3] as u64).saturating_mul(pairs),
+                transcendentals: pairs,
+                bytes_read: read_all(),
+                bytes_written: written,
+                peak: if matches!(qt.dtype, DType::BF16 | DType::F16) { PeakClass::Bf16Matmul } else { PeakClass::Tf32Matmul },
+                ..NodeCost::free()
+            }
+        }
     }
 }
 

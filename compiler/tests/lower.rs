@@ -20,7 +20,7 @@ fn t(dtype: DType, dims: &[usize]) -> TensorType {
 }
 
 fn lowered(name: &str, g: &Graph, num_replicas: usize) -> String {
-    let text = lower(g, &LowerOptions { num_replicas }).expect("lowering succeeds");
+    let text = lower(g, &LowerOptions { num_replicas, ..LowerOptions::default() }).expect("lowering succeeds");
     if let Ok(dir) = std::env::var("KILN_LOWER_DUMP_DIR") {
         std::fs::create_dir_all(&dir).expect("dump dir");
         std::fs::write(format!("{dir}/{name}.mlir"), &text).expect("dump file");
@@ -330,7 +330,7 @@ fn donated_parameters_carry_their_output_index() -> Result<()> {
 #[test]
 fn zero_replicas_is_an_error() -> Result<()> {
     let g = softmax_graph()?;
-    assert!(lower(&g, &LowerOptions { num_replicas: 0 }).is_err());
+    assert!(lower(&g, &LowerOptions { num_replicas: 0, ..LowerOptions::default() }).is_err());
     Ok(())
 }
 

@@ -17,6 +17,7 @@
 //!
 //! Only nodes the outputs need are evaluated.
 
+mod attention;
 mod ops;
 mod rng;
 

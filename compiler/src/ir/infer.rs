@@ -308,7 +308,49 @@ pub fn infer(g: &Graph, op: &Op) -> Result<Outputs> {
             }
             one(t)
         }
+        Op::Attention { q, k, v, attrs } => {
+            let (q, k, v) = (ty(*q), ty(*k), ty(*v));
+            let stats = check_attention(name, &q, &k, &v, attrs.causal)?;
+            Ok(smallvec::smallvec![q, stats])
+        }
+        Op::AttentionGrad { q, k, v, out, stats, dout, attrs } => {
+            let (q, k, v) = (ty(*q), ty(*k), ty(*v));
+            let want_stats = check_attention(name, &q, &k, &v, attrs.causal)?;
+            for t in [ty(*out), ty(*dout)] {
+                if t != q {
+                    return Err(invalid(name, "out and dout must have q's type", vec![q, t]));
+                }
+            }
+            let s = ty(*stats);
+            if s != want_stats {
+                return Err(invalid(name, format!("stats must be {want_stats}"), vec![q, s]));
+            }
+            Ok(smallvec::smallvec![q, k, v])
+        }
     }
+}
+
+/// Checks attention operands `q: [b, h, t, d]`, `k, v: [b, h, s, d]` of one
+/// float dtype (`t == s` when causal) and returns the statistics' type `[b, h, t]` f32.
+fn check_attention(op: &'static str, q: &TensorType, k: &TensorType, v: &TensorType, causal: bool) -> Result<TensorType> {
+    let all = || vec![q.clone(), k.clone(), v.clone()];
+    if !q.dtype.is_float() {
+        return Err(CompileError::UnsupportedDType { op, dtype: q.dtype, expected: "a floating-point type" });
+    }
+    if k.dtype != q.dtype || v.dtype != q.dtype {
+        return Err(invalid(op, "q, k and v must have one dtype", all()));
+    }
+    if q.shape.rank() != 4 || k.shape.rank() != 4 || v.shape.rank() != 4 {
+        return Err(invalid(op, "q, k and v must be [batch, heads, seq, head_dim]", all()));
+    }
+    let (qd, kd, vd) = (q.shape.dims(), k.shape.dims(), v.shape.dims());
+    if kd != vd || qd[0] != kd[0] || qd[1] != kd[1] || qd[3] != kd[3] {
+        return Err(invalid(op, "k and v must be [batch, heads, kv_seq, head_dim] matching q", all()));
+    }
+    if causal && qd[2] != kd[2] {
+        return Err(invalid(op, "a causal mask needs as many queries as keys", all()));
+    }
+    Ok(TensorType::new(DType::F32, vec![qd[0], qd[1], qd[2]]))
 }
 
 fn check_axis(op: &'static str, axis: usize, rank: usize) -> Result<()> {

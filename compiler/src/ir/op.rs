@@ -325,6 +325,26 @@ impl DotDims {
     }
 }
 
+/// Attributes of the attention composite: `softmax(mask(scale · q kᵀ)) v`.
+/// The scale is kept as its f64 bits so the attributes stay hashable and
+/// ordered (two composites with the same scale merge under CSE).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AttentionAttrs {
+    pub scale_bits: u64,
+    /// Query `i` sees keys `0..=i` only.
+    pub causal: bool,
+}
+
+impl AttentionAttrs {
+    pub fn new(scale: f64, causal: bool) -> AttentionAttrs {
+        AttentionAttrs { scale_bits: scale.to_bits(), causal }
+    }
+
+    pub fn scale(self) -> f64 {
+        f64::from_bits(self.scale_bits)
+    }
+}
+
 /// One operation. Operands are values defined earlier in the same graph.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Op {
@@ -370,6 +390,24 @@ pub enum Op {
     OptimizationBarrier { inputs: Vec<ValueId> },
     /// Reduction of `input` across all replicas of the program.
     AllReduce { op: ReduceOp, input: ValueId },
+    /// Composite scaled-dot-product attention (`docs/composites.md`). `q: [b, h, t, d]`,
+    /// `k, v: [b, h, s, d]`, one float dtype. Scores and softmax are computed in f32.
+    /// Outputs: `#0` the attention `[b, h, t, d]` in the operands' dtype, `#1` the
+    /// softmax statistics: the log-sum-exp of each row of masked scores, `[b, h, t]` f32.
+    Attention { q: ValueId, k: ValueId, v: ValueId, attrs: AttentionAttrs },
+    /// The backward of [`Op::Attention`]: from the forward's operands, its output
+    /// `out`, its statistics `stats` and the output's cotangent `dout` (all as the
+    /// forward had them), outputs `#0` dq, `#1` dk, `#2` dv. Reuses `stats` instead
+    /// of the `[b, h, t, s]` probabilities, which never exist whole on a fused target.
+    AttentionGrad {
+        q: ValueId,
+        k: ValueId,
+        v: ValueId,
+        out: ValueId,
+        stats: ValueId,
+        dout: ValueId,
+        attrs: AttentionAttrs,
+    },
 }
 
 impl Op {
@@ -400,6 +438,8 @@ impl Op {
             Op::RngBitGenerator { .. } => "rng_bit_generator",
             Op::OptimizationBarrier { .. } => "optimization_barrier",
             Op::AllReduce { .. } => "all_reduce",
+            Op::Attention { .. } => "attention",
+            Op::AttentionGrad { .. } => "attention_grad",
         }
     }
 
@@ -429,6 +469,8 @@ impl Op {
             Op::Gather { operand, indices, .. } => vec![*operand, *indices],
             Op::ScatterAdd { operand, indices, updates, .. } => vec![*operand, *indices, *updates],
             Op::RngBitGenerator { state, .. } => vec![*state],
+            Op::Attention { q, k, v, .. } => vec![*q, *k, *v],
+            Op::AttentionGrad { q, k, v, out, stats, dout, .. } => vec![*q, *k, *v, *out, *stats, *dout],
         }
     }
 
@@ -484,6 +526,16 @@ impl Op {
                 *updates = f(*updates);
             }
             Op::RngBitGenerator { state, .. } => *state = f(*state),
+            Op::Attention { q, k, v, .. } => {
+                *q = f(*q);
+                *k = f(*k);
+                *v = f(*v);
+            }
+            Op::AttentionGrad { q, k, v, out, stats, dout, .. } => {
+                for x in [q, k, v, out, stats, dout] {
+                    *x = f(*x);
+                }
+            }
         }
     }
 

@@ -113,6 +113,15 @@ fn write_node(out: &mut impl Write, id: NodeId, node: &Node) -> fmt::Result {
             }
         }
         Op::AllReduce { op, input } => write!(out, " {} {input}", op.name())?,
+        Op::Attention { q, k, v, attrs } => {
+            write!(out, " {q}, {k}, {v}, scale = {}, causal = {}", attrs.scale(), attrs.causal)?
+        }
+        Op::AttentionGrad { q, k, v, out: o, stats, dout, attrs } => write!(
+            out,
+            " {q}, {k}, {v}, {o}, {stats}, {dout}, scale = {}, causal = {}",
+            attrs.scale(),
+            attrs.causal
+        )?,
     }
     out.write_str(" : ")?;
     write_types(out, &node.outputs)

@@ -45,6 +45,9 @@ pub fn grad_with_info(g: &mut Graph, loss: ValueId, wrt: &[ValueId]) -> Result<G
     if lt.shape.rank() != 0 || !lt.dtype.is_float() {
         return Err(FrontendError::LossNotScalar { ty: lt });
     }
+    // Attention written with plain ops becomes the composite before the walk,
+    // so its backward is the composite's (`docs/composites.md`).
+    kiln_compiler::composite::fuse(g)?;
     let n = loss.node.index() + 1;
     // Nodes that depend on some wrt value (forward sweep) ...
     let mut depends = vec![false; n];

@@ -23,6 +23,9 @@ pub(crate) fn differentiable(op: &Op, pos: usize) -> bool {
         Op::Gather { .. } => pos == 0,
         Op::ScatterAdd { .. } => pos != 1,
         Op::AllReduce { op, .. } => *op == ReduceOp::Sum,
+        Op::Attention { .. } => true,
+        // Second derivatives of attention are not built.
+        Op::AttentionGrad { .. } => false,
         Op::Unary { .. }
         | Op::Binary { .. }
         | Op::Convert { .. }
@@ -280,6 +283,22 @@ pub(crate) fn backward(b: &mut Builder, id: NodeId, op: &Op, outs: &[Option<Valu
             let Some(ct) = ct else { return Ok(out) };
             out.push((0, b.op(Op::AllReduce { op: *r, input: ct })?));
         }
+        Op::Attention { q, k, v, attrs } => {
+            // The backward composite reads the forward's operands, output and
+            // softmax statistics (#1), never the probabilities. A cotangent only
+            // for the statistics (nothing in kiln reads them) contributes none.
+            let Some(dout) = ct else { return Ok(out) };
+            let (q, k, v) = (b.fwd(*q), b.fwd(*k), b.fwd(*v));
+            let o = b.fwd(y);
+            let stats = b.fwd(ValueId::new(id, 1));
+            let grad = b.g.add(Op::AttentionGrad { q, k, v, out: o, stats, dout, attrs: *attrs })?;
+            for (pos, &w) in wants.iter().enumerate() {
+                if w {
+                    out.push((pos, ValueId::new(grad, pos as u32)));
+                }
+            }
+        }
+        Op::AttentionGrad { .. } => {}
     }
     Ok(out)
 }

@@ -262,17 +262,30 @@ impl CausalSelfAttention {
         let qkv = self.qkv.forward(x)?.reshape([b, t, 3, h, hd])?.permute(vec![2, 0, 3, 1, 4])?;
         let pick = |i: usize| qkv.narrow(0, i, 1)?.reshape([b, h, t, hd]);
         let (q, k, v) = (pick(0)?, pick(1)?, pick(2)?);
-        let att = q.matmul(&k.transpose(-2, -1)?)?.mul_scalar(1.0 / (hd as f64).sqrt())?;
-        // Masked scores in f32 under autocast: the mask value is f32's lowest.
-        let att = amp::full_precision(&att)?;
-        let rows = Tensor::iota(DType::S32, [t, t], 0)?;
-        let cols = Tensor::iota(DType::S32, [t, t], 1)?;
-        let causal = cols.le(&rows)?;
-        let neg = Tensor::full(f64::from(f32::MIN), att.dtype(), Shape::scalar())?;
-        let att = Tensor::where_cond(&causal, &att, &neg)?.softmax(-1)?;
-        let y = att.matmul(&v)?.permute(vec![0, 2, 1, 3])?.reshape([b, t, d])?;
+        let y = scaled_dot_product_attention(&q, &k, &v, true)?.permute(vec![0, 2, 1, 3])?.reshape([b, t, d])?;
         self.proj.forward(&y)
     }
+}
+
+/// `softmax(mask(q kᵀ / sqrt(head_dim))) v` for `q: [batch, heads, seq, head_dim]`
+/// and `k, v: [batch, heads, kv_seq, head_dim]`, recorded as one attention
+/// composite (`docs/composites.md`): scores and softmax in f32, operands and
+/// result in the autocast dtype inside a scope (else q's dtype). With `causal`,
+/// query `i` sees keys `0..=i`. On CUDA with bf16/f16 it runs as cuDNN flash
+/// attention, elsewhere as plain ops; the backward reuses the softmax statistics.
+pub fn scaled_dot_product_attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor> {
+    if q.rank() != 4 {
+        return Err(FrontendError::InvalidArgument {
+            op: "scaled_dot_product_attention",
+            reason: format!("q {} must be [batch, heads, seq, head_dim]", q.ty()),
+        });
+    }
+    let dtype = amp::compute_dtype(q.dtype());
+    let (q, k, v) = (q.to_dtype(dtype)?, k.to_dtype(dtype)?, v.to_dtype(dtype)?);
+    let scale = 1.0 / (q.dims()[3] as f64).sqrt();
+    let attrs = kiln_compiler::ir::AttentionAttrs::new(scale, causal);
+    let (q, k, v) = (q.value("attention")?, k.value("attention")?, v.value("attention")?);
+    crate::context::with(|c| c.push(kiln_compiler::ir::Op::Attention { q, k, v, attrs })).map(Tensor::wrap)
 }
 
 /// Two-layer perceptron block with GELU: `dim -> hidden -> dim`.
