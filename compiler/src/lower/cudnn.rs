@@ -7,7 +7,8 @@
 //! default layout and return `[batch, heads, seq, head_dim]` (BNTH) results whose
 //! physical layout is BTNH (`minor_to_major [3, 1, 2, 0]`). kiln's composite
 //! works in BNTH, so the lowering transposes the operands and uses the results as
-//! they are. Each call also returns a zero-sized u8 workspace, unused.
+//! they are. The backward takes q, k, v, the statistics, dout, out (in that
+//! order). Each call also returns a zero-sized u8 workspace, unused.
 
 use crate::ir::{AttentionAttrs, DType, TensorType};
 

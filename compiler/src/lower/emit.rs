@@ -423,7 +423,7 @@ impl Emitter<'_> {
                 let bt = |e: &Self, x: ValueId| cudnn::btnh(e.ty(x));
                 let ins = vec![bt(self, *q), bt(self, *k), bt(self, *v), self.ty(*stats).clone(), bt(self, *dout), bt(self, *out)];
                 self.line(format!(
-                    "{call}:4 = stablehlo.custom_call @{}({}, {}, {st}, {}) {{api_version = 2 : i32, backend_config = \"{}\", \
+                    "{call}:4 = stablehlo.custom_call @{}({}, {st}, {}, {}) {{api_version = 2 : i32, backend_config = \"{}\", \
                      operand_layouts = [{r4}, {r4}, {r4}, {}, {r4}, {r4}], result_layouts = [{b}, {b}, {b}, {}]}} : ({}) -> ({}, {}, {}, {})",
                     cudnn::BACKWARD,
                     xs.join(", "),
