@@ -11,7 +11,8 @@ use kiln_compiler::ir::{
     BinaryOp, CompareDir, DType, DotDims, Graph, Literal, Op, ReduceOp, RngAlgorithm, Shape,
     TensorType, UnaryOp, ValueId,
 };
-use kiln_compiler::{lower, LowerOptions};
+use kiln_compiler::ir::AttentionAttrs;
+use kiln_compiler::{lower, LowerOptions, LowerTarget};
 
 type Result<T> = std::result::Result<T, kiln_compiler::CompileError>;
 
@@ -364,9 +365,11 @@ fn variant(op: &Op) -> usize {
         Op::RngBitGenerator { .. } => 21,
         Op::OptimizationBarrier { .. } => 22,
         Op::AllReduce { .. } => 23,
+        Op::Attention { .. } => 24,
+        Op::AttentionGrad { .. } => 25,
     }
 }
-const VARIANTS: usize = 24;
+const VARIANTS: usize = 26;
 
 type Build = Box<dyn Fn(&mut Graph) -> Result<Vec<ValueId>>>;
 
@@ -766,7 +769,46 @@ fn op_cases() -> Vec<(String, usize, Build)> {
             ])
         }),
     );
+    for causal in [true, false] {
+        add(format!("attention_causal_{causal}"), 1, Box::new(move |g| attention_case(g, causal)));
+    }
     cases
+}
+
+/// Attention forward and backward on `[2, 3, 16, 8]` bf16 operands.
+fn attention_case(g: &mut Graph, causal: bool) -> Result<Vec<ValueId>> {
+    let ty = t(DType::BF16, &[2, 3, 16, 8]);
+    let [q, k, v, dout] = [0; 4].map(|_| g.parameter(ty.clone()));
+    let attrs = AttentionAttrs::new(1.0 / 8f64.sqrt(), causal);
+    let a = g.add(Op::Attention { q, k, v, attrs })?;
+    let (out, stats) = (ValueId::new(a, 0), ValueId::new(a, 1));
+    let gr = g.add(Op::AttentionGrad { q, k, v, out, stats, dout, attrs })?;
+    Ok(vec![out, ValueId::new(gr, 0), ValueId::new(gr, 1), ValueId::new(gr, 2)])
+}
+
+/// The attention composite on both targets: the plain expansion on CPU, the
+/// cuDNN custom calls on CUDA (pure text, so snapshot-tested here).
+#[test]
+fn attention_lowers_per_target() -> Result<()> {
+    for (target, name) in [(LowerTarget::Cpu, "cpu"), (LowerTarget::Cuda, "cuda")] {
+        let mut g = Graph::new();
+        let outs = attention_case(&mut g, true)?;
+        g.set_outputs(outs)?;
+        let text = lower(&g, &LowerOptions { target, ..LowerOptions::default() })?;
+        assert_eq!(text.contains("custom_call"), target == LowerTarget::Cuda, "{name}");
+        insta::assert_snapshot!(format!("attention_causal_{name}"), text);
+    }
+    // f32 stays plain on CUDA, and the decision says why.
+    let mut g = Graph::new();
+    let ty = t(DType::F32, &[1, 2, 4, 8]);
+    let [q, k, v] = [0; 3].map(|_| g.parameter(ty.clone()));
+    let a = g.add(Op::Attention { q, k, v, attrs: AttentionAttrs::new(0.5, false) })?;
+    g.set_outputs(vec![ValueId::new(a, 0)])?;
+    let text = lower(&g, &LowerOptions { target: LowerTarget::Cuda, ..LowerOptions::default() })?;
+    assert!(!text.contains("custom_call"));
+    let why = kiln_compiler::composite::decisions(&g, LowerTarget::Cuda);
+    assert!(matches!(&why[0].fused, Err(r) if r.contains("bf16 or f16")), "{why:?}");
+    Ok(())
 }
 
 #[test]
@@ -821,7 +863,8 @@ fn snapshot_every_op_kind() -> Result<()> {
             lower(
                 &g,
                 &LowerOptions {
-                    num_replicas: replicas
+                    num_replicas: replicas,
+                    ..LowerOptions::default()
                 }
             )?
         );
