@@ -27,6 +27,8 @@ pub struct Found {
     pub kind: &'static str,
     /// The node that now holds the composite.
     pub node: NodeId,
+    /// The composite op it holds (its operands and attributes).
+    pub op: Op,
     /// The plain nodes it stands for (now unused), in increasing order.
     pub replaced: Vec<NodeId>,
 }
@@ -36,8 +38,9 @@ pub fn fuse(g: &mut Graph) -> Result<Vec<Found>, CompileError> {
     let matches = attention::find(g);
     let mut found = Vec::with_capacity(matches.len());
     for m in matches {
-        g.replace_op(m.root, Op::Attention { q: m.q, k: m.k, v: m.v, attrs: m.attrs })?;
-        found.push(Found { kind: "attention", node: m.root, replaced: m.replaced });
+        let op = Op::Attention { q: m.q, k: m.k, v: m.v, attrs: m.attrs };
+        g.replace_op(m.root, op.clone())?;
+        found.push(Found { kind: "attention", node: m.root, op, replaced: m.replaced });
     }
     Ok(found)
 }
@@ -79,7 +82,8 @@ pub fn decisions(g: &Graph, target: LowerTarget) -> Vec<Decision> {
         .collect()
 }
 
-fn is_composite(op: &Op) -> bool {
+/// Whether `op` is a composite.
+pub fn is_composite(op: &Op) -> bool {
     matches!(op, Op::Attention { .. } | Op::AttentionGrad { .. })
 }
 

@@ -116,6 +116,24 @@ pub fn grad_with_info(g: &mut Graph, loss: ValueId, wrt: &[ValueId]) -> Result<G
     Ok(GradInfo { grads, saved: b.saved })
 }
 
+/// Applies the composite rewrite `grad` applies ([`kiln_compiler::composite::fuse`])
+/// to the current trace now and returns what it found; for tests and tools that
+/// want to see which attentions were recognised without differentiating.
+pub fn fuse_trace() -> Result<Vec<kiln_compiler::composite::Found>> {
+    crate::context::with(|c| {
+        let found = kiln_compiler::composite::fuse(&mut c.trace.graph)?;
+        c.trace.note_rewrite(&found);
+        Ok(found)
+    })
+}
+
+/// The composite ops in the current trace, in node order.
+pub fn trace_composites() -> Vec<Op> {
+    crate::context::with(|c| {
+        c.trace.graph.nodes().filter(|(_, n)| kiln_compiler::composite::is_composite(&n.op)).map(|(_, n)| n.op.clone()).collect()
+    })
+}
+
 /// Whether `op` has a derivative rule for operand `pos` (used by tests and
 /// error messages).
 pub fn is_differentiable(op: &Op, pos: usize) -> bool {
