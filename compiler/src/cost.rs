@@ -232,6 +232,13 @@ pub fn node_cost(g: &Graph, id: NodeId) -> NodeCost {
                 ..NodeCost::free()
             }
         }
+        // About 8 flops per element each way (moments, normalise, affine; the
+        // backward's two row means), one rsqrt per row; operands read once.
+        Op::LayerNorm { x, .. } | Op::LayerNormGrad { x, .. } => {
+            let t = g.ty(*x);
+            let rows = t.shape.dims()[..t.shape.rank().saturating_sub(1)].iter().product::<usize>() as u64;
+            NodeCost { flops: 8 * elements(t), transcendentals: rows, bytes_read: read_all(), bytes_written: written, ..NodeCost::free() }
+        }
     }
 }
 

@@ -367,9 +367,11 @@ fn variant(op: &Op) -> usize {
         Op::AllReduce { .. } => 23,
         Op::Attention { .. } => 24,
         Op::AttentionGrad { .. } => 25,
+        Op::LayerNorm { .. } => 26,
+        Op::LayerNormGrad { .. } => 27,
     }
 }
-const VARIANTS: usize = 26;
+const VARIANTS: usize = 28;
 
 type Build = Box<dyn Fn(&mut Graph) -> Result<Vec<ValueId>>>;
 
@@ -772,6 +774,18 @@ fn op_cases() -> Vec<(String, usize, Build)> {
     for causal in [true, false] {
         add(format!("attention_causal_{causal}"), 1, Box::new(move |g| attention_case(g, causal)));
     }
+    add(
+        "layer_norm".to_string(),
+        1,
+        Box::new(|g| {
+            let x = g.parameter(t(DType::BF16, &[2, 3, 8]));
+            let gb = g.parameter(t(DType::BF16, &[8]));
+            let ln = g.add(Op::LayerNorm { x, gamma: gb, beta: gb, eps_bits: 1e-5f64.to_bits() })?;
+            let (mean, rstd) = (ValueId::new(ln, 1), ValueId::new(ln, 2));
+            let lg = g.add(Op::LayerNormGrad { x, gamma: gb, mean, rstd, dy: ValueId::new(ln, 0) })?;
+            Ok(vec![ValueId::new(ln, 0), ValueId::new(lg, 0), ValueId::new(lg, 1), ValueId::new(lg, 2)])
+        }),
+    );
     cases
 }
 

@@ -124,9 +124,11 @@ fn variant(op: &Op) -> usize {
         Op::AllReduce { .. } => 23,
         Op::Attention { .. } => 24,
         Op::AttentionGrad { .. } => 25,
+        Op::LayerNorm { .. } => 26,
+        Op::LayerNormGrad { .. } => 27,
     }
 }
-const VARIANTS: usize = 26;
+const VARIANTS: usize = 28;
 
 /// A graph with every `Op` variant and every unary, binary, compare and reduce op.
 fn every_op() -> Graph {
@@ -206,6 +208,12 @@ fn composites() -> Graph {
         let gr = g.add(Op::AttentionGrad { q, k, v, out, stats, dout, attrs }).unwrap();
         outs.extend([out, stats, ValueId::new(gr, 2)]);
     }
+    let x = g.parameter(t(DType::F32, &[4, 6]));
+    let gb = g.parameter(t(DType::F32, &[6]));
+    let ln = g.add(Op::LayerNorm { x, gamma: gb, beta: gb, eps_bits: 1e-5f64.to_bits() }).unwrap();
+    let (mean, rstd) = (ValueId::new(ln, 1), ValueId::new(ln, 2));
+    let lg = g.add(Op::LayerNormGrad { x, gamma: gb, mean, rstd, dy: ValueId::new(ln, 0) }).unwrap();
+    outs.extend([ValueId::new(lg, 0), ValueId::new(lg, 1)]);
     g.set_outputs(outs).unwrap();
     g
 }

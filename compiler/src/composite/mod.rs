@@ -15,6 +15,7 @@
 //! parameters, outputs and aliases.
 
 pub mod attention;
+mod layer_norm;
 
 use crate::ir::{DType, Graph, NodeId, Op, ValueId};
 use crate::lower::LowerTarget;
@@ -58,6 +59,9 @@ pub struct Decision {
 pub fn fusable(g: &Graph, id: NodeId, target: LowerTarget) -> Result<(), String> {
     let q = match &g.node(id).op {
         Op::Attention { q, .. } | Op::AttentionGrad { q, .. } => *q,
+        Op::LayerNorm { .. } | Op::LayerNormGrad { .. } => {
+            return Err("no fused layer-norm kernel: XLA fuses the expansion".into())
+        }
         other => return Err(format!("`{}` is not a composite", other.name())),
     };
     if target != LowerTarget::Cuda {
@@ -84,7 +88,7 @@ pub fn decisions(g: &Graph, target: LowerTarget) -> Vec<Decision> {
 
 /// Whether `op` is a composite.
 pub fn is_composite(op: &Op) -> bool {
-    matches!(op, Op::Attention { .. } | Op::AttentionGrad { .. })
+    matches!(op, Op::Attention { .. } | Op::AttentionGrad { .. } | Op::LayerNorm { .. } | Op::LayerNormGrad { .. })
 }
 
 /// `g` with every composite that `target` cannot run fused replaced by its
@@ -104,6 +108,12 @@ pub fn expand(g: &Graph, target: LowerTarget) -> Result<Graph, CompileError> {
             (true, Op::Attention { q, k, v, attrs }) => attention::expand_forward(&mut out, q, k, v, attrs)?.to_vec(),
             (true, Op::AttentionGrad { q, k, v, out: o, stats, dout, attrs }) => {
                 attention::expand_backward(&mut out, q, k, v, o, stats, dout, attrs)?.to_vec()
+            }
+            (true, Op::LayerNorm { x, gamma, beta, eps_bits }) => {
+                layer_norm::expand_forward(&mut out, x, gamma, beta, f64::from_bits(eps_bits))?.to_vec()
+            }
+            (true, Op::LayerNormGrad { x, gamma, mean, rstd, dy }) => {
+                layer_norm::expand_backward(&mut out, x, gamma, mean, rstd, dy)?.to_vec()
             }
             (_, o) => {
                 let n = out.add(o)?;

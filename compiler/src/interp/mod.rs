@@ -18,6 +18,7 @@
 //! Only nodes the outputs need are evaluated.
 
 mod attention;
+mod layer_norm;
 mod ops;
 mod rng;
 

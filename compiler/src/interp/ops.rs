@@ -220,6 +220,12 @@ pub(crate) fn eval<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'
             *attrs,
             outs,
         ),
+        Op::LayerNorm { x, gamma, beta, eps_bits } => {
+            super::layer_norm::forward(get(*x), get(*gamma), get(*beta), f64::from_bits(*eps_bits), outs)
+        }
+        Op::LayerNormGrad { x, gamma, mean, rstd, dy } => {
+            super::layer_norm::backward(get(*x), get(*gamma), get(*mean), get(*rstd), get(*dy), outs)
+        }
     }
 }
 

@@ -327,7 +327,41 @@ pub fn infer(g: &Graph, op: &Op) -> Result<Outputs> {
             }
             Ok(smallvec::smallvec![q, k, v])
         }
+        Op::LayerNorm { x, gamma, beta, .. } => {
+            let (x, g, b) = (ty(*x), ty(*gamma), ty(*beta));
+            let stats = check_layer_norm(name, &x, &g)?;
+            if b != g {
+                return Err(invalid(name, "beta must have gamma's type", vec![x, g, b]));
+            }
+            Ok(smallvec::smallvec![x, stats.clone(), stats])
+        }
+        Op::LayerNormGrad { x, gamma, mean, rstd, dy } => {
+            let (x, g) = (ty(*x), ty(*gamma));
+            let stats = check_layer_norm(name, &x, &g)?;
+            for s in [ty(*mean), ty(*rstd)] {
+                if s != stats {
+                    return Err(invalid(name, format!("mean and rstd must be {stats}"), vec![x, s]));
+                }
+            }
+            if ty(*dy) != x {
+                return Err(invalid(name, "dy must have x's type", vec![x, ty(*dy)]));
+            }
+            Ok(smallvec::smallvec![x, g.clone(), g])
+        }
     }
+}
+
+/// Checks `x: [..., d]` float and `gamma: [d]` of x's dtype; returns the
+/// statistics' type `[...]` f32.
+fn check_layer_norm(op: &'static str, x: &TensorType, gamma: &TensorType) -> Result<TensorType> {
+    if !x.dtype.is_float() {
+        return Err(CompileError::UnsupportedDType { op, dtype: x.dtype, expected: "a floating-point type" });
+    }
+    let r = x.shape.rank();
+    if r == 0 || gamma.dtype != x.dtype || gamma.shape.dims() != [x.shape.dims()[r - 1]] {
+        return Err(invalid(op, "x must be [..., d] and gamma, beta [d] of x's dtype", vec![x.clone(), gamma.clone()]));
+    }
+    Ok(TensorType::new(DType::F32, x.shape.dims()[..r - 1].to_vec()))
 }
 
 /// Checks attention operands `q: [b, h, t, d]`, `k, v: [b, h, s, d]` of one

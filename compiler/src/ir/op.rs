@@ -408,6 +408,15 @@ pub enum Op {
         dout: ValueId,
         attrs: AttentionAttrs,
     },
+    /// Composite layer normalisation over the last axis (`docs/composites.md`):
+    /// `y = (x - mean) · rstd · gamma + beta` with `rstd = 1/sqrt(var + eps)`.
+    /// `x: [..., d]` float, `gamma, beta: [d]` of x's dtype. Outputs: `#0` y
+    /// (x's type), `#1` mean and `#2` rstd, `[...]` f32: what the backward reuses.
+    /// `eps_bits` is eps's f64 bits (hashable, ordered).
+    LayerNorm { x: ValueId, gamma: ValueId, beta: ValueId, eps_bits: u64 },
+    /// The backward of [`Op::LayerNorm`] from its saved mean and rstd: outputs
+    /// `#0` dx, `#1` dgamma, `#2` dbeta.
+    LayerNormGrad { x: ValueId, gamma: ValueId, mean: ValueId, rstd: ValueId, dy: ValueId },
 }
 
 impl Op {
@@ -440,6 +449,8 @@ impl Op {
             Op::AllReduce { .. } => "all_reduce",
             Op::Attention { .. } => "attention",
             Op::AttentionGrad { .. } => "attention_grad",
+            Op::LayerNorm { .. } => "layer_norm",
+            Op::LayerNormGrad { .. } => "layer_norm_grad",
         }
     }
 
@@ -471,6 +482,8 @@ impl Op {
             Op::RngBitGenerator { state, .. } => vec![*state],
             Op::Attention { q, k, v, .. } => vec![*q, *k, *v],
             Op::AttentionGrad { q, k, v, out, stats, dout, .. } => vec![*q, *k, *v, *out, *stats, *dout],
+            Op::LayerNorm { x, gamma, beta, .. } => vec![*x, *gamma, *beta],
+            Op::LayerNormGrad { x, gamma, mean, rstd, dy } => vec![*x, *gamma, *mean, *rstd, *dy],
         }
     }
 
@@ -534,6 +547,16 @@ impl Op {
             Op::AttentionGrad { q, k, v, out, stats, dout, .. } => {
                 for x in [q, k, v, out, stats, dout] {
                     *x = f(*x);
+                }
+            }
+            Op::LayerNorm { x, gamma, beta, .. } => {
+                for v in [x, gamma, beta] {
+                    *v = f(*v);
+                }
+            }
+            Op::LayerNormGrad { x, gamma, mean, rstd, dy } => {
+                for v in [x, gamma, mean, rstd, dy] {
+                    *v = f(*v);
                 }
             }
         }

@@ -441,6 +441,12 @@ impl Emitter<'_> {
                     b = cudnn::BNTH_AS_BTNH,
                 ));
             }
+            Op::LayerNorm { .. } | Op::LayerNormGrad { .. } => {
+                return Err(CompileError::Verify {
+                    node: id.to_string(),
+                    reason: format!("`{}` reached emission: composite::expand replaces it on every target", node.op.name()),
+                })
+            }
         }
         Ok(())
     }

@@ -278,6 +278,18 @@ impl Parser {
                 let attrs = attention_attrs(c)?;
                 Op::AttentionGrad { q: *q, k: *k, v: *v, out: *out, stats: *stats, dout: *dout, attrs }
             }
+            "layer_norm" => {
+                let [x, gamma, beta] = self.three(c)?;
+                let eps = c.comma_attr("eps", float)?;
+                Op::LayerNorm { x, gamma, beta, eps_bits: eps.to_bits() }
+            }
+            "layer_norm_grad" => {
+                let vs = self.values(c)?;
+                let [x, gamma, mean, rstd, dy] = vs.as_slice() else {
+                    return Err(c.err("`layer_norm_grad` takes x, gamma, mean, rstd, dy"));
+                };
+                Op::LayerNormGrad { x: *x, gamma: *gamma, mean: *mean, rstd: *rstd, dy: *dy }
+            }
             other => {
                 if let Some(&op) = UnaryOp::ALL.iter().find(|u| u.name() == other) {
                     let input = self.value(c)?;
@@ -345,16 +357,19 @@ impl Parser {
 }
 
 /// The single written type of a one-result op.
+/// An f64 attribute written as Rust prints it (`0.125`, `1e-5`, `inf`).
+fn float(c: &mut Cursor) -> Result<f64> {
+    c.skip_ws();
+    let rest = c.rest();
+    let len = rest.find(|ch: char| !(ch.is_ascii_alphanumeric() || "+-.".contains(ch))).unwrap_or(rest.len());
+    let value: f64 = rest[..len].parse().map_err(|_| c.err(format!("expected a number, found {}", c.found())))?;
+    c.pos += len;
+    Ok(value)
+}
+
 /// `, scale = <f64>, causal = <bool>` of the attention composites.
 fn attention_attrs(c: &mut Cursor) -> Result<AttentionAttrs> {
-    let scale = c.comma_attr("scale", |c| {
-        c.skip_ws();
-        let rest = c.rest();
-        let len = rest.find(|ch: char| !(ch.is_ascii_alphanumeric() || "+-.".contains(ch))).unwrap_or(rest.len());
-        let scale: f64 = rest[..len].parse().map_err(|_| c.err(format!("expected a scale, found {}", c.found())))?;
-        c.pos += len;
-        Ok(scale)
-    })?;
+    let scale = c.comma_attr("scale", float)?;
     let causal = c.comma_attr("causal", |c| c.keyword(&[true, false], |b| if b { "true" } else { "false" }, "true or false"))?;
     Ok(AttentionAttrs::new(scale, causal))
 }

@@ -122,6 +122,10 @@ fn write_node(out: &mut impl Write, id: NodeId, node: &Node) -> fmt::Result {
             attrs.scale(),
             attrs.causal
         )?,
+        Op::LayerNorm { x, gamma, beta, eps_bits } => {
+            write!(out, " {x}, {gamma}, {beta}, eps = {}", f64::from_bits(*eps_bits))?
+        }
+        Op::LayerNormGrad { x, gamma, mean, rstd, dy } => write!(out, " {x}, {gamma}, {mean}, {rstd}, {dy}")?,
     }
     out.write_str(" : ")?;
     write_types(out, &node.outputs)

@@ -24,8 +24,9 @@ pub(crate) fn differentiable(op: &Op, pos: usize) -> bool {
         Op::ScatterAdd { .. } => pos != 1,
         Op::AllReduce { op, .. } => *op == ReduceOp::Sum,
         Op::Attention { .. } => true,
-        // Second derivatives of attention are not built.
-        Op::AttentionGrad { .. } => false,
+        Op::LayerNorm { .. } => true,
+        // Second derivatives of composites are not built.
+        Op::AttentionGrad { .. } | Op::LayerNormGrad { .. } => false,
         Op::Unary { .. }
         | Op::Binary { .. }
         | Op::Convert { .. }
@@ -298,7 +299,19 @@ pub(crate) fn backward(b: &mut Builder, id: NodeId, op: &Op, outs: &[Option<Valu
                 }
             }
         }
-        Op::AttentionGrad { .. } => {}
+        Op::LayerNorm { x, gamma, .. } => {
+            // Reads x, gamma and the saved statistics (#1 mean, #2 rstd).
+            let Some(dy) = ct else { return Ok(out) };
+            let (x, gamma) = (b.fwd(*x), b.fwd(*gamma));
+            let (mean, rstd) = (b.fwd(ValueId::new(id, 1)), b.fwd(ValueId::new(id, 2)));
+            let grad = b.g.add(Op::LayerNormGrad { x, gamma, mean, rstd, dy })?;
+            for (pos, &w) in wants.iter().enumerate() {
+                if w {
+                    out.push((pos, ValueId::new(grad, pos as u32)));
+                }
+            }
+        }
+        Op::AttentionGrad { .. } | Op::LayerNormGrad { .. } => {}
     }
     Ok(out)
 }

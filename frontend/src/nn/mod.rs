@@ -147,14 +147,14 @@ impl LayerNorm {
         })
     }
 
-    /// In f32 under autocast.
+    /// In f32 under autocast. Recorded as one layer-norm composite whose
+    /// backward reuses the saved mean and rstd (`docs/composites.md`).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let x = amp::full_precision(x)?;
-        let mean = x.mean(&[-1], true)?;
-        let centered = x.sub(&mean)?;
-        let var = centered.square()?.mean(&[-1], true)?;
-        let norm = centered.mul(&var.add_scalar(self.eps)?.rsqrt()?)?;
-        norm.mul(&self.gamma)?.add(&self.beta)
+        let (gamma, beta) = (self.gamma.to_dtype(x.dtype())?, self.beta.to_dtype(x.dtype())?);
+        let (xv, g, b) = (x.value("layer_norm")?, gamma.value("layer_norm")?, beta.value("layer_norm")?);
+        let op = kiln_compiler::ir::Op::LayerNorm { x: xv, gamma: g, beta: b, eps_bits: self.eps.to_bits() };
+        crate::context::with(|c| c.push(op)).map(Tensor::wrap)
     }
 }
 
