@@ -127,21 +127,20 @@ fn classify_mask(keep: &[bool], t: usize, s: usize) -> Option<bool> {
 /// (`dims [0, 1, 2]`) or through a keep-dims reshape (`[b, h, t, 1]`, dims `[0, 1, 2, 3]`).
 fn is_row_reduction_of(g: &Graph, v: ValueId, want: ReduceOp, x: ValueId) -> bool {
     let Op::BroadcastInDim { input, dims, .. } = op(g, v) else { return false };
-    let (r, dims) = match op(g, *input) {
+    let r = match op(g, *input) {
         Op::Reshape { input: r, shape } if shape.dims().len() == 4 && shape.dims()[3] == 1 => {
             if dims != &[0, 1, 2, 3] {
                 return false;
             }
-            (*r, dims)
+            *r
         }
         _ => {
             if dims != &[0, 1, 2] {
                 return false;
             }
-            (*input, dims)
+            *input
         }
     };
-    let _ = dims;
     matches!(op(g, r), Op::Reduce { op, input, axes } if *op == want && *input == x && axes == &[3])
 }
 
@@ -199,7 +198,7 @@ pub fn match_at(g: &Graph, root: NodeId) -> Result<AttentionMatch, String> {
     if !is_row_reduction_of(g, *denom, ReduceOp::Sum, *e) {
         return Err("the softmax is not normalised over the key axis".into());
     }
-    inner.extend([denom.node]);
+    inner.push(denom.node);
     push_reduction_chain(g, *denom, &mut inner);
     let Op::Unary { op: UnaryOp::Exp, input: shifted } = op(g, *e) else {
         return Err("the softmax numerator is not an exponential".into());
