@@ -234,6 +234,22 @@ pub fn node_cost(g: &Graph, id: NodeId) -> NodeCost {
         }
         // About 8 flops per element each way (moments, normalise, affine; the
         // backward's two row means), one rsqrt per row; operands read once.
+        // Forward: one [n, d] x [d, vocab] matmul (2·n·d·vocab) and a few flops
+        // and one exp per logit; backward: the logits again plus two matmuls.
+        // Only operands and results touch memory: the logits stay in blocks.
+        Op::LmHeadCrossEntropy { h, w, .. } | Op::LmHeadCrossEntropyGrad { h, w, .. } => {
+            let (ht, wt) = (g.ty(*h), g.ty(*w));
+            let logits = (ht.shape.dims()[0] * wt.shape.dims()[0]) as u64;
+            let matmuls = if matches!(node.op, Op::LmHeadCrossEntropy { .. }) { 1 } else { 3 };
+            NodeCost {
+                flops: (matmuls * 2 * ht.shape.dims()[1] as u64 + 4).saturating_mul(logits),
+                transcendentals: logits,
+                bytes_read: read_all(),
+                bytes_written: written,
+                peak: if matches!(ht.dtype, DType::BF16 | DType::F16) { PeakClass::Bf16Matmul } else { PeakClass::Tf32Matmul },
+                ..NodeCost::free()
+            }
+        }
         Op::LayerNorm { x, .. } | Op::LayerNormGrad { x, .. } => {
             let t = g.ty(*x);
             let rows = t.shape.dims()[..t.shape.rank().saturating_sub(1)].iter().product::<usize>() as u64;

@@ -369,9 +369,11 @@ fn variant(op: &Op) -> usize {
         Op::AttentionGrad { .. } => 25,
         Op::LayerNorm { .. } => 26,
         Op::LayerNormGrad { .. } => 27,
+        Op::LmHeadCrossEntropy { .. } => 28,
+        Op::LmHeadCrossEntropyGrad { .. } => 29,
     }
 }
-const VARIANTS: usize = 28;
+const VARIANTS: usize = 30;
 
 type Build = Box<dyn Fn(&mut Graph) -> Result<Vec<ValueId>>>;
 
@@ -784,6 +786,19 @@ fn op_cases() -> Vec<(String, usize, Build)> {
             let (mean, rstd) = (ValueId::new(ln, 1), ValueId::new(ln, 2));
             let lg = g.add(Op::LayerNormGrad { x, gamma: gb, mean, rstd, dy: ValueId::new(ln, 0) })?;
             Ok(vec![ValueId::new(ln, 0), ValueId::new(lg, 0), ValueId::new(lg, 1), ValueId::new(lg, 2)])
+        }),
+    );
+    add(
+        "lm_head_cross_entropy".to_string(),
+        1,
+        Box::new(|g| {
+            let h = g.parameter(t(DType::BF16, &[5, 4]));
+            let w = g.parameter(t(DType::BF16, &[7, 4]));
+            let labels = g.parameter(t(DType::S32, &[5]));
+            let ce = g.add(Op::LmHeadCrossEntropy { h, w, labels, chunk: 2 })?;
+            let (nll, lse) = (ValueId::new(ce, 0), ValueId::new(ce, 1));
+            let cg = g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll: nll, chunk: 2 })?;
+            Ok(vec![nll, ValueId::new(cg, 0), ValueId::new(cg, 1)])
         }),
     );
     cases

@@ -126,9 +126,11 @@ fn variant(op: &Op) -> usize {
         Op::AttentionGrad { .. } => 25,
         Op::LayerNorm { .. } => 26,
         Op::LayerNormGrad { .. } => 27,
+        Op::LmHeadCrossEntropy { .. } => 28,
+        Op::LmHeadCrossEntropyGrad { .. } => 29,
     }
 }
-const VARIANTS: usize = 28;
+const VARIANTS: usize = 30;
 
 /// A graph with every `Op` variant and every unary, binary, compare and reduce op.
 fn every_op() -> Graph {
@@ -214,6 +216,13 @@ fn composites() -> Graph {
     let (mean, rstd) = (ValueId::new(ln, 1), ValueId::new(ln, 2));
     let lg = g.add(Op::LayerNormGrad { x, gamma: gb, mean, rstd, dy: ValueId::new(ln, 0) }).unwrap();
     outs.extend([ValueId::new(lg, 0), ValueId::new(lg, 1)]);
+    let h = g.parameter(t(DType::BF16, &[6, 4]));
+    let w = g.parameter(t(DType::BF16, &[10, 4]));
+    let labels = g.parameter(t(DType::S32, &[6]));
+    let ce = g.add(Op::LmHeadCrossEntropy { h, w, labels, chunk: 4 }).unwrap();
+    let (nll, lse) = (ValueId::new(ce, 0), ValueId::new(ce, 1));
+    let cg = g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll: nll, chunk: 4 }).unwrap();
+    outs.extend([nll, ValueId::new(cg, 0), ValueId::new(cg, 1)]);
     g.set_outputs(outs).unwrap();
     g
 }

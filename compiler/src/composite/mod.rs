@@ -16,6 +16,7 @@
 
 pub mod attention;
 mod layer_norm;
+mod lm_head;
 
 use crate::ir::{DType, Graph, NodeId, Op, ValueId};
 use crate::lower::LowerTarget;
@@ -62,6 +63,9 @@ pub fn fusable(g: &Graph, id: NodeId, target: LowerTarget) -> Result<(), String>
         Op::LayerNorm { .. } | Op::LayerNormGrad { .. } => {
             return Err("no fused layer-norm kernel: XLA fuses the expansion".into())
         }
+        Op::LmHeadCrossEntropy { chunk, .. } | Op::LmHeadCrossEntropyGrad { chunk, .. } => {
+            return Err(format!("lowered as plain ops in blocks of {chunk} tokens on every target"))
+        }
         other => return Err(format!("`{}` is not a composite", other.name())),
     };
     if target != LowerTarget::Cuda {
@@ -88,7 +92,15 @@ pub fn decisions(g: &Graph, target: LowerTarget) -> Vec<Decision> {
 
 /// Whether `op` is a composite.
 pub fn is_composite(op: &Op) -> bool {
-    matches!(op, Op::Attention { .. } | Op::AttentionGrad { .. } | Op::LayerNorm { .. } | Op::LayerNormGrad { .. })
+    matches!(
+        op,
+        Op::Attention { .. }
+            | Op::AttentionGrad { .. }
+            | Op::LayerNorm { .. }
+            | Op::LayerNormGrad { .. }
+            | Op::LmHeadCrossEntropy { .. }
+            | Op::LmHeadCrossEntropyGrad { .. }
+    )
 }
 
 /// `g` with every composite that `target` cannot run fused replaced by its
@@ -114,6 +126,12 @@ pub fn expand(g: &Graph, target: LowerTarget) -> Result<Graph, CompileError> {
             }
             (true, Op::LayerNormGrad { x, gamma, mean, rstd, dy }) => {
                 layer_norm::expand_backward(&mut out, x, gamma, mean, rstd, dy)?.to_vec()
+            }
+            (true, Op::LmHeadCrossEntropy { h, w, labels, chunk }) => {
+                lm_head::expand_forward(&mut out, h, w, labels, chunk)?.to_vec()
+            }
+            (true, Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk }) => {
+                lm_head::expand_backward(&mut out, h, w, labels, lse, dnll, chunk)?.to_vec()
             }
             (_, o) => {
                 let n = out.add(o)?;

@@ -19,6 +19,7 @@
 
 mod attention;
 mod layer_norm;
+mod lm_head;
 mod ops;
 mod rng;
 

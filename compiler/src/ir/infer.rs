@@ -348,7 +348,37 @@ pub fn infer(g: &Graph, op: &Op) -> Result<Outputs> {
             }
             Ok(smallvec::smallvec![x, g.clone(), g])
         }
+        Op::LmHeadCrossEntropy { h, w, labels, chunk } => {
+            let (h, w) = (ty(*h), ty(*w));
+            let rows = check_lm_head(name, &h, &w, &ty(*labels), *chunk)?;
+            Ok(smallvec::smallvec![rows.clone(), rows])
+        }
+        Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk } => {
+            let (h, w) = (ty(*h), ty(*w));
+            let rows = check_lm_head(name, &h, &w, &ty(*labels), *chunk)?;
+            for t in [ty(*lse), ty(*dnll)] {
+                if t != rows {
+                    return Err(invalid(name, format!("lse and dnll must be {rows}"), vec![h, t]));
+                }
+            }
+            Ok(smallvec::smallvec![h, w])
+        }
     }
+}
+
+/// Checks `h: [n, d]`, `w: [vocab, d]` of one float dtype, integer `labels: [n]`,
+/// `n, chunk >= 1`; returns the per-token type `[n]` f32.
+fn check_lm_head(op: &'static str, h: &TensorType, w: &TensorType, labels: &TensorType, chunk: usize) -> Result<TensorType> {
+    let all = || vec![h.clone(), w.clone(), labels.clone()];
+    if !h.dtype.is_float() || w.dtype != h.dtype {
+        return Err(invalid(op, "h and w must have one floating-point dtype", all()));
+    }
+    check_index_dtype(op, labels)?;
+    let (hd, wd) = (h.shape.dims(), w.shape.dims());
+    if hd.len() != 2 || wd.len() != 2 || hd[1] != wd[1] || labels.shape.dims() != [hd[0]] || hd[0] == 0 || chunk == 0 {
+        return Err(invalid(op, "h must be [n, d] (n >= 1), w [vocab, d], labels [n], chunk >= 1", all()));
+    }
+    Ok(TensorType::new(DType::F32, vec![hd[0]]))
 }
 
 /// Checks `x: [..., d]` float and `gamma: [d]` of x's dtype; returns the

@@ -417,6 +417,15 @@ pub enum Op {
     /// The backward of [`Op::LayerNorm`] from its saved mean and rstd: outputs
     /// `#0` dx, `#1` dgamma, `#2` dbeta.
     LayerNormGrad { x: ValueId, gamma: ValueId, mean: ValueId, rstd: ValueId, dy: ValueId },
+    /// Composite LM head + softmax cross-entropy (`docs/composites.md`):
+    /// `logits = h wᵀ` for `h: [n, d]`, `w: [vocab, d]` (one float dtype), integer
+    /// `labels: [n]`. Outputs `#0` the per-token negative log-likelihood and `#1`
+    /// the per-token log-sum-exp, `[n]` f32. Lowered in row blocks of `chunk`
+    /// tokens, so the `[n, vocab]` logits never exist whole.
+    LmHeadCrossEntropy { h: ValueId, w: ValueId, labels: ValueId, chunk: usize },
+    /// The backward of [`Op::LmHeadCrossEntropy`] from its saved log-sum-exp and
+    /// the cotangent `dnll` of the nll: outputs `#0` dh, `#1` dw.
+    LmHeadCrossEntropyGrad { h: ValueId, w: ValueId, labels: ValueId, lse: ValueId, dnll: ValueId, chunk: usize },
 }
 
 impl Op {
@@ -451,6 +460,8 @@ impl Op {
             Op::AttentionGrad { .. } => "attention_grad",
             Op::LayerNorm { .. } => "layer_norm",
             Op::LayerNormGrad { .. } => "layer_norm_grad",
+            Op::LmHeadCrossEntropy { .. } => "lm_head_cross_entropy",
+            Op::LmHeadCrossEntropyGrad { .. } => "lm_head_cross_entropy_grad",
         }
     }
 
@@ -484,6 +495,8 @@ impl Op {
             Op::AttentionGrad { q, k, v, out, stats, dout, .. } => vec![*q, *k, *v, *out, *stats, *dout],
             Op::LayerNorm { x, gamma, beta, .. } => vec![*x, *gamma, *beta],
             Op::LayerNormGrad { x, gamma, mean, rstd, dy } => vec![*x, *gamma, *mean, *rstd, *dy],
+            Op::LmHeadCrossEntropy { h, w, labels, .. } => vec![*h, *w, *labels],
+            Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, .. } => vec![*h, *w, *labels, *lse, *dnll],
         }
     }
 
@@ -556,6 +569,16 @@ impl Op {
             }
             Op::LayerNormGrad { x, gamma, mean, rstd, dy } => {
                 for v in [x, gamma, mean, rstd, dy] {
+                    *v = f(*v);
+                }
+            }
+            Op::LmHeadCrossEntropy { h, w, labels, .. } => {
+                for v in [h, w, labels] {
+                    *v = f(*v);
+                }
+            }
+            Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, .. } => {
+                for v in [h, w, labels, lse, dnll] {
                     *v = f(*v);
                 }
             }

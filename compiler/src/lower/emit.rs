@@ -441,7 +441,10 @@ impl Emitter<'_> {
                     b = cudnn::BNTH_AS_BTNH,
                 ));
             }
-            Op::LayerNorm { .. } | Op::LayerNormGrad { .. } => {
+            Op::LayerNorm { .. }
+            | Op::LayerNormGrad { .. }
+            | Op::LmHeadCrossEntropy { .. }
+            | Op::LmHeadCrossEntropyGrad { .. } => {
                 return Err(CompileError::Verify {
                     node: id.to_string(),
                     reason: format!("`{}` reached emission: composite::expand replaces it on every target", node.op.name()),

@@ -290,6 +290,19 @@ impl Parser {
                 };
                 Op::LayerNormGrad { x: *x, gamma: *gamma, mean: *mean, rstd: *rstd, dy: *dy }
             }
+            "lm_head_cross_entropy" => {
+                let [h, w, labels] = self.three(c)?;
+                let chunk = c.comma_attr("chunk", Cursor::usize)?;
+                Op::LmHeadCrossEntropy { h, w, labels, chunk }
+            }
+            "lm_head_cross_entropy_grad" => {
+                let vs = self.values(c)?;
+                let [h, w, labels, lse, dnll] = vs.as_slice() else {
+                    return Err(c.err("`lm_head_cross_entropy_grad` takes h, w, labels, lse, dnll"));
+                };
+                let chunk = c.comma_attr("chunk", Cursor::usize)?;
+                Op::LmHeadCrossEntropyGrad { h: *h, w: *w, labels: *labels, lse: *lse, dnll: *dnll, chunk }
+            }
             other => {
                 if let Some(&op) = UnaryOp::ALL.iter().find(|u| u.name() == other) {
                     let input = self.value(c)?;

@@ -126,6 +126,10 @@ fn write_node(out: &mut impl Write, id: NodeId, node: &Node) -> fmt::Result {
             write!(out, " {x}, {gamma}, {beta}, eps = {}", f64::from_bits(*eps_bits))?
         }
         Op::LayerNormGrad { x, gamma, mean, rstd, dy } => write!(out, " {x}, {gamma}, {mean}, {rstd}, {dy}")?,
+        Op::LmHeadCrossEntropy { h, w, labels, chunk } => write!(out, " {h}, {w}, {labels}, chunk = {chunk}")?,
+        Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk } => {
+            write!(out, " {h}, {w}, {labels}, {lse}, {dnll}, chunk = {chunk}")?
+        }
     }
     out.write_str(" : ")?;
     write_types(out, &node.outputs)

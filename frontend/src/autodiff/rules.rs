@@ -25,8 +25,9 @@ pub(crate) fn differentiable(op: &Op, pos: usize) -> bool {
         Op::AllReduce { op, .. } => *op == ReduceOp::Sum,
         Op::Attention { .. } => true,
         Op::LayerNorm { .. } => true,
+        Op::LmHeadCrossEntropy { .. } => pos < 2,
         // Second derivatives of composites are not built.
-        Op::AttentionGrad { .. } | Op::LayerNormGrad { .. } => false,
+        Op::AttentionGrad { .. } | Op::LayerNormGrad { .. } | Op::LmHeadCrossEntropyGrad { .. } => false,
         Op::Unary { .. }
         | Op::Binary { .. }
         | Op::Convert { .. }
@@ -311,7 +312,20 @@ pub(crate) fn backward(b: &mut Builder, id: NodeId, op: &Op, outs: &[Option<Valu
                 }
             }
         }
-        Op::AttentionGrad { .. } | Op::LayerNormGrad { .. } => {}
+        Op::LmHeadCrossEntropy { h, w, labels, chunk } => {
+            // Reads h, w, labels and the saved log-sum-exp (#1); the logits are
+            // recomputed block by block in the lowering.
+            let Some(dnll) = ct else { return Ok(out) };
+            let (h, w, labels) = (b.fwd(*h), b.fwd(*w), b.fwd(*labels));
+            let lse = b.fwd(ValueId::new(id, 1));
+            let grad = b.g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk: *chunk })?;
+            for (pos, &want) in wants.iter().enumerate().take(2) {
+                if want {
+                    out.push((pos, ValueId::new(grad, pos as u32)));
+                }
+            }
+        }
+        Op::AttentionGrad { .. } | Op::LayerNormGrad { .. } | Op::LmHeadCrossEntropyGrad { .. } => {}
     }
     Ok(out)
 }

@@ -224,6 +224,29 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor, weights: Option<&Tensor>)
     }
 }
 
+/// Mean cross-entropy of the logits `h · tableᵀ` (an LM head tied to a
+/// `[vocab, d]` embedding table) against integer `labels: [n]`, for `h: [n, d]`,
+/// recorded as one composite (`docs/composites.md`): the `[n, vocab]` logits are
+/// computed in blocks of tokens inside the program, forward and backward, and
+/// never exist whole. Matmuls in the autocast dtype inside a scope, the softmax
+/// in f32.
+pub fn lm_head_cross_entropy(h: &Tensor, table: &Tensor, labels: &Tensor) -> Result<Tensor> {
+    if h.rank() != 2 || table.rank() != 2 || labels.rank() != 1 {
+        return Err(FrontendError::InvalidArgument {
+            op: "lm_head_cross_entropy",
+            reason: format!("h {}, table {} and labels {} must be [n, d], [vocab, d] and [n]", h.ty(), table.ty(), labels.ty()),
+        });
+    }
+    let dtype = amp::compute_dtype(h.dtype());
+    let (h, table) = (h.to_dtype(dtype)?, table.to_dtype(dtype)?);
+    // Blocks of at most 256 MiB of f32 logits.
+    let chunk = ((256usize << 20) / (4 * table.dims()[0].max(1))).max(1);
+    let (hv, wv, lv) = (h.value("lm_head_cross_entropy")?, table.value("lm_head_cross_entropy")?, labels.value("lm_head_cross_entropy")?);
+    let op = kiln_compiler::ir::Op::LmHeadCrossEntropy { h: hv, w: wv, labels: lv, chunk };
+    let nll = crate::context::with(|c| c.push(op)).map(Tensor::wrap)?;
+    nll.mean_all()
+}
+
 /// `[n] -> [n, classes]` one-hot rows of `dtype`.
 pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> {
     let n = labels.dims()[0];
