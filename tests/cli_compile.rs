@@ -270,3 +270,53 @@ fn dump_dir_gets_the_graph_after_each_pass() {
     let after_cse = text::parse(&std::fs::read_to_string(run.join("01-cse.kiln")).unwrap()).unwrap();
     assert_eq!(after_cse.len(), 13);
 }
+
+/// Causal attention written with plain ops: `softmax(select(causal, s · 0.5, -inf)) v`.
+fn plain_attention() -> Graph {
+    let f32 = |dims: &[usize]| TensorType::new(DType::F32, dims);
+    let mut g = Graph::new();
+    let [q, k, v] = [0; 3].map(|_| g.parameter(f32(&[1, 2, 4, 8])));
+    let bh = |lc, rc| DotDims { lhs_batch: vec![0, 1], rhs_batch: vec![0, 1], lhs_contract: vec![lc], rhs_contract: vec![rc] };
+    let full = [1, 2, 4, 4];
+    let s = g.value(Op::DotGeneral { lhs: q, rhs: k, dims: bh(3, 3) }).unwrap();
+    let half = g.value(Op::Constant { literal: Literal::scalar(DType::F32, 0.5) }).unwrap();
+    let half = g.value(Op::BroadcastInDim { input: half, shape: Shape::new(full), dims: vec![] }).unwrap();
+    let s = g.value(Op::Binary { op: BinaryOp::Mul, lhs: s, rhs: half }).unwrap();
+    let it = TensorType::new(DType::S32, [4, 4]);
+    let rows = g.value(Op::Iota { ty: it.clone(), axis: 0 }).unwrap();
+    let cols = g.value(Op::Iota { ty: it, axis: 1 }).unwrap();
+    let keep = g.value(Op::Compare { dir: kiln::compiler::ir::CompareDir::Le, lhs: cols, rhs: rows }).unwrap();
+    let keep = g.value(Op::BroadcastInDim { input: keep, shape: Shape::new(full), dims: vec![2, 3] }).unwrap();
+    let neg = g.value(Op::Constant { literal: Literal::scalar(DType::F32, f64::NEG_INFINITY) }).unwrap();
+    let neg = g.value(Op::BroadcastInDim { input: neg, shape: Shape::new(full), dims: vec![] }).unwrap();
+    let x = g.value(Op::Select { pred: keep, on_true: s, on_false: neg }).unwrap();
+    let m = g.value(Op::Reduce { op: ReduceOp::Max, input: x, axes: vec![3] }).unwrap();
+    let m = g.value(Op::BroadcastInDim { input: m, shape: Shape::new(full), dims: vec![0, 1, 2] }).unwrap();
+    let d = g.value(Op::Binary { op: BinaryOp::Sub, lhs: x, rhs: m }).unwrap();
+    let e = g.value(Op::Unary { op: UnaryOp::Exp, input: d }).unwrap();
+    let z = g.value(Op::Reduce { op: ReduceOp::Sum, input: e, axes: vec![3] }).unwrap();
+    let z = g.value(Op::BroadcastInDim { input: z, shape: Shape::new(full), dims: vec![0, 1, 2] }).unwrap();
+    let p = g.value(Op::Binary { op: BinaryOp::Div, lhs: e, rhs: z }).unwrap();
+    let out = g.value(Op::DotGeneral { lhs: p, rhs: v, dims: bh(3, 2) }).unwrap();
+    g.set_outputs(vec![out]).unwrap();
+    g
+}
+
+#[test]
+fn lists_the_composites_found_and_why_they_are_not_fused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = save(dir.path(), "attention.kiln", &plain_attention());
+    let v = json_of(&kiln().arg("compile").arg(&path).arg("--json").output().unwrap());
+    let found = v["composites"].as_array().unwrap();
+    assert_eq!(found.len(), 1, "{v}");
+    assert_eq!(found[0]["kind"], "attention");
+    // scores, scale, select, max, its broadcast, sub, exp, sum, its broadcast, div.
+    assert_eq!(found[0]["replaced"].as_array().unwrap().len(), 10, "{v}");
+    let lowering = v["composite_lowering"].as_array().unwrap();
+    assert_eq!(lowering[0]["fused"], false);
+    assert!(lowering[0]["reason"].as_str().unwrap().contains("Cpu target"), "{v}");
+    let out = kiln().arg("compile").arg(&path).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("composite attention at %") && text.contains("replaces 10 nodes"), "{text}");
+    assert!(text.contains("plain expansion (the Cpu target has no fused attention kernel"), "{text}");
+}

@@ -227,6 +227,47 @@ pub fn op_cost(op: &Op, operands: &[TensorType], outputs: &[TensorType]) -> Node
         Op::AllReduce { op: _, input } => {
             NodeCost { collective_bytes: bytes(ty(*input)), ..NodeCost::moves(read_all(), written) }
         }
+        // Fused attention reads its operands and writes its results once: the
+        // [b, h, t, s] scores stay on chip. The forward runs two matmuls of
+        // 2·b·h·t·s·d flops each, the backward five (scores recomputed, dv, dp,
+        // dq, dk); a causal mask skips half of them.
+        Op::Attention { q, k, v: _, attrs } | Op::AttentionGrad { q, k, v: _, out: _, stats: _, dout: _, attrs } => {
+            let (qt, kt) = (g.ty(*q), g.ty(*k));
+            let (qd, kd) = (qt.shape.dims(), kt.shape.dims());
+            let pairs = (qd[0] * qd[1] * qd[2] * kd[2]) as u64 / if attrs.causal { 2 } else { 1 };
+            let matmuls = if matches!(node.op, Op::Attention { .. }) { 2 } else { 5 };
+            NodeCost {
+                flops: (matmuls * 2 * qd[3] as u64).saturating_mul(pairs),
+                transcendentals: pairs,
+                bytes_read: read_all(),
+                bytes_written: written,
+                peak: if matches!(qt.dtype, DType::BF16 | DType::F16) { PeakClass::Bf16Matmul } else { PeakClass::Tf32Matmul },
+                ..NodeCost::free()
+            }
+        }
+        // About 8 flops per element each way (moments, normalise, affine; the
+        // backward's two row means), one rsqrt per row; operands read once.
+        // Forward: one [n, d] x [d, vocab] matmul (2·n·d·vocab) and a few flops
+        // and one exp per logit; backward: the logits again plus two matmuls.
+        // Only operands and results touch memory: the logits stay in blocks.
+        Op::LmHeadCrossEntropy { h, w, .. } | Op::LmHeadCrossEntropyGrad { h, w, .. } => {
+            let (ht, wt) = (g.ty(*h), g.ty(*w));
+            let logits = (ht.shape.dims()[0] * wt.shape.dims()[0]) as u64;
+            let matmuls = if matches!(node.op, Op::LmHeadCrossEntropy { .. }) { 1 } else { 3 };
+            NodeCost {
+                flops: (matmuls * 2 * ht.shape.dims()[1] as u64 + 4).saturating_mul(logits),
+                transcendentals: logits,
+                bytes_read: read_all(),
+                bytes_written: written,
+                peak: if matches!(ht.dtype, DType::BF16 | DType::F16) { PeakClass::Bf16Matmul } else { PeakClass::Tf32Matmul },
+                ..NodeCost::free()
+            }
+        }
+        Op::LayerNorm { x, .. } | Op::LayerNormGrad { x, .. } => {
+            let t = g.ty(*x);
+            let rows = t.shape.dims()[..t.shape.rank().saturating_sub(1)].iter().product::<usize>() as u64;
+            NodeCost { flops: 8 * elements(t), transcendentals: rows, bytes_read: read_all(), bytes_written: written, ..NodeCost::free() }
+        }
     }
 }
 

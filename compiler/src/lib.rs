@@ -4,6 +4,7 @@
 //! The compiler is pure: no I/O, no devices, no globals. A graph goes in, a module
 //! (text) comes out, so everything here is testable on a CPU-only machine.
 
+pub mod composite;
 pub mod cost;
 mod error;
 pub mod fingerprint;
@@ -20,6 +21,6 @@ mod verify;
 pub use error::CompileError;
 pub use fingerprint::{fingerprint, Fingerprint, BUILD_FINGERPRINT};
 pub use interp::{interpret, interpret_replicated};
-pub use lower::{lower, LowerOptions};
+pub use lower::{lower, LowerOptions, LowerTarget};
 pub use verify::verify;
 

@@ -11,7 +11,8 @@ use kiln_compiler::ir::{
     BinaryOp, CompareDir, DType, DotDims, Graph, Literal, Op, ReduceOp, RngAlgorithm, Shape,
     TensorType, UnaryOp, ValueId,
 };
-use kiln_compiler::{lower, LowerOptions};
+use kiln_compiler::ir::AttentionAttrs;
+use kiln_compiler::{lower, LowerOptions, LowerTarget};
 
 type Result<T> = std::result::Result<T, kiln_compiler::CompileError>;
 
@@ -20,7 +21,7 @@ fn t(dtype: DType, dims: &[usize]) -> TensorType {
 }
 
 fn lowered(name: &str, g: &Graph, num_replicas: usize) -> String {
-    let text = lower(g, &LowerOptions { num_replicas }).expect("lowering succeeds");
+    let text = lower(g, &LowerOptions { num_replicas, ..LowerOptions::default() }).expect("lowering succeeds");
     if let Ok(dir) = std::env::var("KILN_LOWER_DUMP_DIR") {
         std::fs::create_dir_all(&dir).expect("dump dir");
         std::fs::write(format!("{dir}/{name}.mlir"), &text).expect("dump file");
@@ -330,7 +331,7 @@ fn donated_parameters_carry_their_output_index() -> Result<()> {
 #[test]
 fn zero_replicas_is_an_error() -> Result<()> {
     let g = softmax_graph()?;
-    assert!(lower(&g, &LowerOptions { num_replicas: 0 }).is_err());
+    assert!(lower(&g, &LowerOptions { num_replicas: 0, ..LowerOptions::default() }).is_err());
     Ok(())
 }
 
@@ -364,9 +365,15 @@ fn variant(op: &Op) -> usize {
         Op::RngBitGenerator { .. } => 21,
         Op::OptimizationBarrier { .. } => 22,
         Op::AllReduce { .. } => 23,
+        Op::Attention { .. } => 24,
+        Op::AttentionGrad { .. } => 25,
+        Op::LayerNorm { .. } => 26,
+        Op::LayerNormGrad { .. } => 27,
+        Op::LmHeadCrossEntropy { .. } => 28,
+        Op::LmHeadCrossEntropyGrad { .. } => 29,
     }
 }
-const VARIANTS: usize = 24;
+const VARIANTS: usize = 30;
 
 type Build = Box<dyn Fn(&mut Graph) -> Result<Vec<ValueId>>>;
 
@@ -766,7 +773,71 @@ fn op_cases() -> Vec<(String, usize, Build)> {
             ])
         }),
     );
+    for causal in [true, false] {
+        add(format!("attention_causal_{causal}"), 1, Box::new(move |g| attention_case(g, causal)));
+    }
+    add(
+        "layer_norm".to_string(),
+        1,
+        Box::new(|g| {
+            let x = g.parameter(t(DType::BF16, &[2, 3, 8]));
+            let gb = g.parameter(t(DType::BF16, &[8]));
+            let ln = g.add(Op::LayerNorm { x, gamma: gb, beta: gb, eps_bits: 1e-5f64.to_bits() })?;
+            let (mean, rstd) = (ValueId::new(ln, 1), ValueId::new(ln, 2));
+            let lg = g.add(Op::LayerNormGrad { x, gamma: gb, mean, rstd, dy: ValueId::new(ln, 0) })?;
+            Ok(vec![ValueId::new(ln, 0), ValueId::new(lg, 0), ValueId::new(lg, 1), ValueId::new(lg, 2)])
+        }),
+    );
+    add(
+        "lm_head_cross_entropy".to_string(),
+        1,
+        Box::new(|g| {
+            let h = g.parameter(t(DType::BF16, &[5, 4]));
+            let w = g.parameter(t(DType::BF16, &[7, 4]));
+            let labels = g.parameter(t(DType::S32, &[5]));
+            let ce = g.add(Op::LmHeadCrossEntropy { h, w, labels, chunk: 2 })?;
+            let (nll, lse) = (ValueId::new(ce, 0), ValueId::new(ce, 1));
+            let cg = g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll: nll, chunk: 2 })?;
+            Ok(vec![nll, ValueId::new(cg, 0), ValueId::new(cg, 1)])
+        }),
+    );
     cases
+}
+
+/// Attention forward and backward on `[2, 3, 16, 8]` bf16 operands.
+fn attention_case(g: &mut Graph, causal: bool) -> Result<Vec<ValueId>> {
+    let ty = t(DType::BF16, &[2, 3, 16, 8]);
+    let [q, k, v, dout] = [0; 4].map(|_| g.parameter(ty.clone()));
+    let attrs = AttentionAttrs::new(1.0 / 8f64.sqrt(), causal);
+    let a = g.add(Op::Attention { q, k, v, attrs })?;
+    let (out, stats) = (ValueId::new(a, 0), ValueId::new(a, 1));
+    let gr = g.add(Op::AttentionGrad { q, k, v, out, stats, dout, attrs })?;
+    Ok(vec![out, ValueId::new(gr, 0), ValueId::new(gr, 1), ValueId::new(gr, 2)])
+}
+
+/// The attention composite on both targets: the plain expansion on CPU, the
+/// cuDNN custom calls on CUDA (pure text, so snapshot-tested here).
+#[test]
+fn attention_lowers_per_target() -> Result<()> {
+    for (target, name) in [(LowerTarget::Cpu, "cpu"), (LowerTarget::Cuda, "cuda")] {
+        let mut g = Graph::new();
+        let outs = attention_case(&mut g, true)?;
+        g.set_outputs(outs)?;
+        let text = lower(&g, &LowerOptions { target, ..LowerOptions::default() })?;
+        assert_eq!(text.contains("custom_call"), target == LowerTarget::Cuda, "{name}");
+        insta::assert_snapshot!(format!("attention_causal_{name}"), text);
+    }
+    // f32 stays plain on CUDA, and the decision says why.
+    let mut g = Graph::new();
+    let ty = t(DType::F32, &[1, 2, 4, 8]);
+    let [q, k, v] = [0; 3].map(|_| g.parameter(ty.clone()));
+    let a = g.add(Op::Attention { q, k, v, attrs: AttentionAttrs::new(0.5, false) })?;
+    g.set_outputs(vec![ValueId::new(a, 0)])?;
+    let text = lower(&g, &LowerOptions { target: LowerTarget::Cuda, ..LowerOptions::default() })?;
+    assert!(!text.contains("custom_call"));
+    let why = kiln_compiler::composite::decisions(&g, LowerTarget::Cuda);
+    assert!(matches!(&why[0].fused, Err(r) if r.contains("bf16 or f16")), "{why:?}");
+    Ok(())
 }
 
 #[test]
@@ -821,7 +892,8 @@ fn snapshot_every_op_kind() -> Result<()> {
             lower(
                 &g,
                 &LowerOptions {
-                    num_replicas: replicas
+                    num_replicas: replicas,
+                    ..LowerOptions::default()
                 }
             )?
         );

@@ -3,7 +3,7 @@
 
 use half::{bf16, f16};
 use kiln_compiler::ir::{
-    Alias, BinaryOp, CompareDir, DType, DotDims, Graph, Literal, Op, ReduceOp, RngAlgorithm, Shape, TensorType,
+    Alias, AttentionAttrs, BinaryOp, CompareDir, DType, DotDims, Graph, Literal, Op, ReduceOp, RngAlgorithm, Shape, TensorType,
     UnaryOp, ValueId,
 };
 use kiln_compiler::text::{parse, print};
@@ -122,9 +122,15 @@ fn variant(op: &Op) -> usize {
         Op::RngBitGenerator { .. } => 21,
         Op::OptimizationBarrier { .. } => 22,
         Op::AllReduce { .. } => 23,
+        Op::Attention { .. } => 24,
+        Op::AttentionGrad { .. } => 25,
+        Op::LayerNorm { .. } => 26,
+        Op::LayerNormGrad { .. } => 27,
+        Op::LmHeadCrossEntropy { .. } => 28,
+        Op::LmHeadCrossEntropyGrad { .. } => 29,
     }
 }
-const VARIANTS: usize = 24;
+const VARIANTS: usize = 30;
 
 /// A graph with every `Op` variant and every unary, binary, compare and reduce op.
 fn every_op() -> Graph {
@@ -191,12 +197,50 @@ fn every_op() -> Graph {
     g
 }
 
+/// The composites (kept out of `every_op`, whose printed form is pinned above
+/// them): attention and its backward, causal and not, scales that need every digit.
+fn composites() -> Graph {
+    let mut g = Graph::new();
+    let ty = t(DType::BF16, &[2, 3, 5, 8]);
+    let [q, k, v, dout] = [0; 4].map(|_| g.parameter(ty.clone()));
+    let mut outs = Vec::new();
+    for attrs in [AttentionAttrs::new(1.0 / 3f64.sqrt(), true), AttentionAttrs::new(0.125, false)] {
+        let a = g.add(Op::Attention { q, k, v, attrs }).unwrap();
+        let (out, stats) = (ValueId::new(a, 0), ValueId::new(a, 1));
+        let gr = g.add(Op::AttentionGrad { q, k, v, out, stats, dout, attrs }).unwrap();
+        outs.extend([out, stats, ValueId::new(gr, 2)]);
+    }
+    let x = g.parameter(t(DType::F32, &[4, 6]));
+    let gb = g.parameter(t(DType::F32, &[6]));
+    let ln = g.add(Op::LayerNorm { x, gamma: gb, beta: gb, eps_bits: 1e-5f64.to_bits() }).unwrap();
+    let (mean, rstd) = (ValueId::new(ln, 1), ValueId::new(ln, 2));
+    let lg = g.add(Op::LayerNormGrad { x, gamma: gb, mean, rstd, dy: ValueId::new(ln, 0) }).unwrap();
+    outs.extend([ValueId::new(lg, 0), ValueId::new(lg, 1)]);
+    let h = g.parameter(t(DType::BF16, &[6, 4]));
+    let w = g.parameter(t(DType::BF16, &[10, 4]));
+    let labels = g.parameter(t(DType::S32, &[6]));
+    let ce = g.add(Op::LmHeadCrossEntropy { h, w, labels, chunk: 4 }).unwrap();
+    let (nll, lse) = (ValueId::new(ce, 0), ValueId::new(ce, 1));
+    let cg = g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll: nll, chunk: 4 }).unwrap();
+    outs.extend([nll, ValueId::new(cg, 0), ValueId::new(cg, 1)]);
+    g.set_outputs(outs).unwrap();
+    g
+}
+
+#[test]
+fn composites_round_trip_and_print() {
+    let g = composites();
+    verify(&g).unwrap();
+    assert_round_trips(&g);
+    insta::assert_snapshot!(print(&g));
+}
+
 #[test]
 fn every_op_round_trips() {
     let g = every_op();
     verify(&g).unwrap();
     let mut seen = [false; VARIANTS];
-    for (_, node) in g.nodes() {
+    for (_, node) in g.nodes().chain(composites().nodes()) {
         seen[variant(&node.op)] = true;
     }
     assert!(seen.iter().all(|&s| s), "variants missing from every_op: {seen:?}");

@@ -12,6 +12,10 @@ pub fn grad(loss: &Tensor, wrt: &[Tensor]) -> Result<Vec<Tensor>> {
     let l = loss.value("grad")?;
     let ws = wrt.iter().map(|t| t.value("grad")).collect::<Result<Vec<_>>>()?;
     context::with(|c| {
+        // The composite rewrite `autodiff::grad` would do, done here so that the
+        // trace's running hash hears of it.
+        let found = kiln_compiler::composite::fuse(&mut c.trace.graph)?;
+        c.trace.note_rewrite(&found);
         let gs = crate::autodiff::grad(&mut c.trace.graph, l, &ws)?;
         Ok(gs.into_iter().map(|v| Tensor::wrap(c.pending(v))).collect())
     })

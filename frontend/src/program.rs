@@ -16,7 +16,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use kiln_compiler::ir::{Graph, TensorType};
-use kiln_compiler::{fingerprint, lower as lower_graph, pipeline, LowerOptions, BUILD_FINGERPRINT};
+use kiln_compiler::{fingerprint, lower as lower_graph, pipeline, LowerOptions, LowerTarget, BUILD_FINGERPRINT};
 use kiln_runtime::{Client, CompileKey, CompileOptions, DiskCache, DiskCacheConfig, EntryInfo, Executable, Lookup};
 
 use crate::atomic_write::write_atomically;
@@ -147,7 +147,7 @@ pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, repli
     let donated = (0..pruned.kept_params.len())
         .map(|i| pruned.graph.aliases().iter().any(|a| a.param as usize == i))
         .collect();
-    let lower_opts = LowerOptions { num_replicas: replicas };
+    let lower_opts = LowerOptions { num_replicas: replicas, target: LowerTarget::from_platform(client.platform_name()) };
     let compile_opts = CompileOptions { num_replicas: replicas, ..CompileOptions::default() };
     let fp = fingerprint(&optimized);
     let mut program_id = Vec::with_capacity(64);

@@ -141,6 +141,16 @@ impl Trace {
 
     /// Structural key of the trace as recorded: every node, the outputs and
     /// the aliases. Two traces with the same key prune and lower to the same
+    /// Folds an in-place composite rewrite of already-hashed nodes into the
+    /// running hash, so a rewritten trace never shares a key with the plain one.
+    pub fn note_rewrite(&mut self, found: &[kiln_compiler::composite::Found]) {
+        self.catch_up_hash();
+        for f in found {
+            f.node.hash(&mut self.hasher);
+            f.op.hash(&mut self.hasher);
+        }
+    }
+
     /// program.
     pub fn raw_key(&mut self) -> u64 {
         self.catch_up_hash();

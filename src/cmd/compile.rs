@@ -26,9 +26,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::compiler::cost::{self, GraphCost, Target};
+use kiln::compiler::composite::{self, Decision, Found};
 use kiln::compiler::fusion::FusionPlan;
 use kiln::compiler::pipeline::{self, PipelineOptions, PipelineStats};
-use kiln::compiler::{lower, text, verify, CompileError, LowerOptions};
+use kiln::compiler::{lower, text, verify, CompileError, LowerOptions, LowerTarget};
 use kiln::runtime::{Client, ClientOptions, CompileOptions, CompiledMemoryStats};
 use serde_json::{json, Value};
 
@@ -91,6 +92,10 @@ struct Report {
     fusion: FusionPlan,
     /// Op names of each node of the optimized graph (for listing groups).
     op_names: Vec<&'static str>,
+    /// Composites found in the saved graph and the plain nodes each replaced.
+    composites: Vec<Found>,
+    /// Per composite of the optimized graph: fused on the target, or why not.
+    decisions: Vec<Decision>,
     cost: GraphCost,
     /// `(target name, seconds)` for each built-in target.
     roofline: Vec<(&'static str, f64)>,
@@ -113,6 +118,14 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     let graph = text::parse(&source).map_err(|e| located(path, e))?;
     verify(&graph).with_context(|| format!("{}: the graph does not verify", path.display()))?;
     super::check_graph_memory(&graph, path, false)?;
+    let mut graph = graph;
+    let composites = composite::fuse(&mut graph).with_context(|| format!("finding composites in {}", path.display()))?;
+    // The module is lowered for the plugin it will be compiled by.
+    let cuda = match &args.plugin {
+        Some(p) => p.to_string_lossy().contains("cuda"),
+        None => kiln::runtime::PjrtDevice::from_env()? != kiln::runtime::PjrtDevice::Cpu,
+    };
+    let target = if cuda { LowerTarget::Cuda } else { LowerTarget::Cpu };
 
     let mut popts = PipelineOptions { prune_params: false, verify: true, ..PipelineOptions::default() };
     if let Some(passes) = &args.passes {
@@ -133,7 +146,8 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     let roofline = Target::ALL.iter().map(|t| (t.name, cost::estimate_seconds(&optimized, t))).collect();
 
     let started = Instant::now();
-    let module = lower(&optimized, &LowerOptions { num_replicas: replicas })
+    let decisions = composite::decisions(&optimized, target);
+    let module = lower(&optimized, &LowerOptions { num_replicas: replicas, target })
         .with_context(|| format!("lowering {}", path.display()))?;
     let lower_time = started.elapsed();
 
@@ -163,6 +177,8 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         stats,
         op_names: optimized.nodes().map(|(_, n)| n.op.name()).collect(),
         fusion,
+        composites,
+        decisions,
         cost,
         roofline,
         optimize,
@@ -317,6 +333,16 @@ impl Report {
         if let Err(e) = &self.memory {
             v["memory_error"] = json!(e);
         }
+        v["composites"] = self
+            .composites
+            .iter()
+            .map(|f| json!({"kind": f.kind, "node": f.node.to_string(), "replaced": f.replaced.iter().map(ToString::to_string).collect::<Vec<_>>()}))
+            .collect();
+        v["composite_lowering"] = self
+            .decisions
+            .iter()
+            .map(|d| json!({"kind": d.kind, "node": d.node.to_string(), "fused": d.fused.is_ok(), "reason": d.fused.as_ref().err()}))
+            .collect();
         if let Some((emit, path)) = &self.written {
             v["emitted"] = json!({"kind": emit.name(), "path": path.display().to_string()});
         }
@@ -390,6 +416,16 @@ impl Report {
         let fused = self.fusion.fused_groups().count();
         if fused > shown {
             lines.push(format!("  ... and {} more fused groups (all in --json)", fused - shown));
+        }
+        for f in &self.composites {
+            let replaced: Vec<String> = f.replaced.iter().map(ToString::to_string).collect();
+            lines.push(format!("composite {} at {} replaces {} nodes: {}", f.kind, f.node, replaced.len(), replaced.join(" ")));
+        }
+        for d in &self.decisions {
+            lines.push(match &d.fused {
+                Ok(()) => format!("{} {}: fused kernel", d.kind, d.node),
+                Err(why) => format!("{} {}: plain expansion ({why})", d.kind, d.node),
+            });
         }
         if let Some((emit, path)) = &self.written {
             lines.push(format!("wrote the {} to {}", emit.name(), path.display()));

@@ -317,7 +317,7 @@ fn all_reduce_over_four_replicas() {
         let mut rng = Rng::new(op as u64 + 1);
         let inputs: Vec<Vec<Literal>> = (0..4).map(|_| vec![lit(DType::F32, &[5], &mut rng, 0.5, 1.5)]).collect();
         let reference = interpret_replicated(&g, &inputs).unwrap();
-        let text = lower(&g, &LowerOptions { num_replicas: 4 }).unwrap();
+        let text = lower(&g, &LowerOptions { num_replicas: 4, ..LowerOptions::default() }).unwrap();
         let exe = c.compile(&text, &CompileOptions { num_replicas: 4, ..CompileOptions::default() }).unwrap();
         let devs = c.devices();
         let bufs: Vec<_> = inputs

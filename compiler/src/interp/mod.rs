@@ -17,6 +17,9 @@
 //!
 //! Only nodes the outputs need are evaluated.
 
+mod attention;
+mod layer_norm;
+mod lm_head;
 mod ops;
 mod rng;
 

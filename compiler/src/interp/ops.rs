@@ -209,6 +209,27 @@ pub(crate) fn eval<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'
         }
         Op::RngBitGenerator { algorithm, state, ty } => super::rng::rng_bit_generator(*algorithm, get(*state), ty),
         Op::OptimizationBarrier { inputs } => Ok(inputs.iter().map(|&v| get(v).clone()).collect()),
+        Op::Attention { q, k, v, attrs } => super::attention::forward(get(*q), get(*k), get(*v), *attrs, outs),
+        Op::AttentionGrad { q, k, v, out, stats, dout, attrs } => super::attention::backward(
+            get(*q),
+            get(*k),
+            get(*v),
+            get(*out),
+            get(*stats),
+            get(*dout),
+            *attrs,
+            outs,
+        ),
+        Op::LayerNorm { x, gamma, beta, eps_bits } => {
+            super::layer_norm::forward(get(*x), get(*gamma), get(*beta), f64::from_bits(*eps_bits), outs)
+        }
+        Op::LayerNormGrad { x, gamma, mean, rstd, dy } => {
+            super::layer_norm::backward(get(*x), get(*gamma), get(*mean), get(*rstd), get(*dy), outs)
+        }
+        Op::LmHeadCrossEntropy { h, w, labels, chunk: _ } => super::lm_head::forward(get(*h), get(*w), get(*labels), outs),
+        Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk: _ } => {
+            super::lm_head::backward(get(*h), get(*w), get(*labels), get(*lse), get(*dnll), outs)
+        }
     }
 }
 

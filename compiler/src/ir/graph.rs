@@ -175,6 +175,34 @@ impl Graph {
         edges
     }
 
+    /// Replaces node `id`'s op by `op` in place, for composite rewrites that must
+    /// keep every existing `ValueId` valid. `op` reads only nodes before `id`
+    /// (so insertion order stays topological), and its outputs start with the
+    /// old outputs' types (so every existing use still type-checks); extra
+    /// outputs are new values nobody reads yet.
+    pub(crate) fn replace_op(&mut self, id: NodeId, op: Op) -> Result<(), CompileError> {
+        for v in op.inputs() {
+            self.check_value(op.name(), v)?;
+            if v.node >= id {
+                return Err(CompileError::Verify { node: id.to_string(), reason: format!("replacement reads {v}, defined later") });
+            }
+        }
+        let outputs = infer::infer(self, &op)?;
+        let old = &self.node(id).outputs;
+        if outputs.len() < old.len() || outputs[..old.len()] != old[..] {
+            return Err(CompileError::Verify { node: id.to_string(), reason: "replacement changes the node's result types".into() });
+        }
+        let ix = NodeIndex::new(id.index());
+        while let Some(e) = self.g.first_edge(ix, Direction::Incoming) {
+            self.g.remove_edge(e);
+        }
+        for (pos, v) in op.inputs().into_iter().enumerate() {
+            self.g.add_edge(NodeIndex::new(v.node.index()), ix, pos as u32);
+        }
+        self.g[ix] = Node { op, outputs };
+        Ok(())
+    }
+
     /// Mutable access that bypasses every check `add` makes, so the verifier's
     /// tests can build graphs that break one invariant at a time.
     #[cfg(test)]

@@ -357,7 +357,113 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
             }
             one(t)
         }
+        Op::Attention { q, k, v, attrs } => {
+            let (q, k, v) = (ty(*q), ty(*k), ty(*v));
+            let stats = check_attention(name, &q, &k, &v, attrs.causal)?;
+            Ok(smallvec::smallvec![q, stats])
+        }
+        Op::AttentionGrad { q, k, v, out, stats, dout, attrs } => {
+            let (q, k, v) = (ty(*q), ty(*k), ty(*v));
+            let want_stats = check_attention(name, &q, &k, &v, attrs.causal)?;
+            for t in [ty(*out), ty(*dout)] {
+                if t != q {
+                    return Err(invalid(name, "out and dout must have q's type", vec![q, t]));
+                }
+            }
+            let s = ty(*stats);
+            if s != want_stats {
+                return Err(invalid(name, format!("stats must be {want_stats}"), vec![q, s]));
+            }
+            Ok(smallvec::smallvec![q, k, v])
+        }
+        Op::LayerNorm { x, gamma, beta, .. } => {
+            let (x, g, b) = (ty(*x), ty(*gamma), ty(*beta));
+            let stats = check_layer_norm(name, &x, &g)?;
+            if b != g {
+                return Err(invalid(name, "beta must have gamma's type", vec![x, g, b]));
+            }
+            Ok(smallvec::smallvec![x, stats.clone(), stats])
+        }
+        Op::LayerNormGrad { x, gamma, mean, rstd, dy } => {
+            let (x, g) = (ty(*x), ty(*gamma));
+            let stats = check_layer_norm(name, &x, &g)?;
+            for s in [ty(*mean), ty(*rstd)] {
+                if s != stats {
+                    return Err(invalid(name, format!("mean and rstd must be {stats}"), vec![x, s]));
+                }
+            }
+            if ty(*dy) != x {
+                return Err(invalid(name, "dy must have x's type", vec![x, ty(*dy)]));
+            }
+            Ok(smallvec::smallvec![x, g.clone(), g])
+        }
+        Op::LmHeadCrossEntropy { h, w, labels, chunk } => {
+            let (h, w) = (ty(*h), ty(*w));
+            let rows = check_lm_head(name, &h, &w, &ty(*labels), *chunk)?;
+            Ok(smallvec::smallvec![rows.clone(), rows])
+        }
+        Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk } => {
+            let (h, w) = (ty(*h), ty(*w));
+            let rows = check_lm_head(name, &h, &w, &ty(*labels), *chunk)?;
+            for t in [ty(*lse), ty(*dnll)] {
+                if t != rows {
+                    return Err(invalid(name, format!("lse and dnll must be {rows}"), vec![h, t]));
+                }
+            }
+            Ok(smallvec::smallvec![h, w])
+        }
     }
+}
+
+/// Checks `h: [n, d]`, `w: [vocab, d]` of one float dtype, integer `labels: [n]`,
+/// `n, chunk >= 1`; returns the per-token type `[n]` f32.
+fn check_lm_head(op: &'static str, h: &TensorType, w: &TensorType, labels: &TensorType, chunk: usize) -> Result<TensorType> {
+    let all = || vec![h.clone(), w.clone(), labels.clone()];
+    if !h.dtype.is_float() || w.dtype != h.dtype {
+        return Err(invalid(op, "h and w must have one floating-point dtype", all()));
+    }
+    check_index_dtype(op, labels)?;
+    let (hd, wd) = (h.shape.dims(), w.shape.dims());
+    if hd.len() != 2 || wd.len() != 2 || hd[1] != wd[1] || labels.shape.dims() != [hd[0]] || hd[0] == 0 || chunk == 0 {
+        return Err(invalid(op, "h must be [n, d] (n >= 1), w [vocab, d], labels [n], chunk >= 1", all()));
+    }
+    Ok(TensorType::new(DType::F32, vec![hd[0]]))
+}
+
+/// Checks `x: [..., d]` float and `gamma: [d]` of x's dtype; returns the
+/// statistics' type `[...]` f32.
+fn check_layer_norm(op: &'static str, x: &TensorType, gamma: &TensorType) -> Result<TensorType> {
+    if !x.dtype.is_float() {
+        return Err(CompileError::UnsupportedDType { op, dtype: x.dtype, expected: "a floating-point type" });
+    }
+    let r = x.shape.rank();
+    if r == 0 || gamma.dtype != x.dtype || gamma.shape.dims() != [x.shape.dims()[r - 1]] {
+        return Err(invalid(op, "x must be [..., d] and gamma, beta [d] of x's dtype", vec![x.clone(), gamma.clone()]));
+    }
+    Ok(TensorType::new(DType::F32, x.shape.dims()[..r - 1].to_vec()))
+}
+
+/// Checks attention operands `q: [b, h, t, d]`, `k, v: [b, h, s, d]` of one
+/// float dtype (`t == s` when causal) and returns the statistics' type `[b, h, t]` f32.
+fn check_attention(op: &'static str, q: &TensorType, k: &TensorType, v: &TensorType, causal: bool) -> Result<TensorType> {
+    let all = || vec![q.clone(), k.clone(), v.clone()];
+    if !q.dtype.is_float() {
+        return Err(CompileError::UnsupportedDType { op, dtype: q.dtype, expected: "a floating-point type" });
+    }
+    if k.dtype != q.dtype || v.dtype != q.dtype {
+        return Err(invalid(op, "q, k and v must have one dtype", all()));
+    }
+    if q.shape.rank() != 4 || k.shape.rank() != 4 || v.shape.rank() != 4 {
+        return Err(invalid(op, "q, k and v must be [batch, heads, seq, head_dim]", all()));
+    }
+    let (qd, kd, vd) = (q.shape.dims(), k.shape.dims(), v.shape.dims());
+    if kd != vd || qd[0] != kd[0] || qd[1] != kd[1] || qd[3] != kd[3] {
+        return Err(invalid(op, "k and v must be [batch, heads, kv_seq, head_dim] matching q", all()));
+    }
+    if causal && qd[2] != kd[2] {
+        return Err(invalid(op, "a causal mask needs as many queries as keys", all()));
+    }
+    Ok(TensorType::new(DType::F32, vec![qd[0], qd[1], qd[2]]))
 }
 
 fn check_axis(op: &'static str, axis: usize, rank: usize) -> Result<()> {

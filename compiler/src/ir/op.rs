@@ -325,6 +325,26 @@ impl DotDims {
     }
 }
 
+/// Attributes of the attention composite: `softmax(mask(scale · q kᵀ)) v`.
+/// The scale is kept as its f64 bits so the attributes stay hashable and
+/// ordered (two composites with the same scale merge under CSE).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AttentionAttrs {
+    pub scale_bits: u64,
+    /// Query `i` sees keys `0..=i` only.
+    pub causal: bool,
+}
+
+impl AttentionAttrs {
+    pub fn new(scale: f64, causal: bool) -> AttentionAttrs {
+        AttentionAttrs { scale_bits: scale.to_bits(), causal }
+    }
+
+    pub fn scale(self) -> f64 {
+        f64::from_bits(self.scale_bits)
+    }
+}
+
 /// One operation. Operands are values defined earlier in the same graph.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Op {
@@ -370,6 +390,42 @@ pub enum Op {
     OptimizationBarrier { inputs: Vec<ValueId> },
     /// Reduction of `input` across all replicas of the program.
     AllReduce { op: ReduceOp, input: ValueId },
+    /// Composite scaled-dot-product attention (`docs/composites.md`). `q: [b, h, t, d]`,
+    /// `k, v: [b, h, s, d]`, one float dtype. Scores and softmax are computed in f32.
+    /// Outputs: `#0` the attention `[b, h, t, d]` in the operands' dtype, `#1` the
+    /// softmax statistics: the log-sum-exp of each row of masked scores, `[b, h, t]` f32.
+    Attention { q: ValueId, k: ValueId, v: ValueId, attrs: AttentionAttrs },
+    /// The backward of [`Op::Attention`]: from the forward's operands, its output
+    /// `out`, its statistics `stats` and the output's cotangent `dout` (all as the
+    /// forward had them), outputs `#0` dq, `#1` dk, `#2` dv. Reuses `stats` instead
+    /// of the `[b, h, t, s]` probabilities, which never exist whole on a fused target.
+    AttentionGrad {
+        q: ValueId,
+        k: ValueId,
+        v: ValueId,
+        out: ValueId,
+        stats: ValueId,
+        dout: ValueId,
+        attrs: AttentionAttrs,
+    },
+    /// Composite layer normalisation over the last axis (`docs/composites.md`):
+    /// `y = (x - mean) · rstd · gamma + beta` with `rstd = 1/sqrt(var + eps)`.
+    /// `x: [..., d]` float, `gamma, beta: [d]` of x's dtype. Outputs: `#0` y
+    /// (x's type), `#1` mean and `#2` rstd, `[...]` f32: what the backward reuses.
+    /// `eps_bits` is eps's f64 bits (hashable, ordered).
+    LayerNorm { x: ValueId, gamma: ValueId, beta: ValueId, eps_bits: u64 },
+    /// The backward of [`Op::LayerNorm`] from its saved mean and rstd: outputs
+    /// `#0` dx, `#1` dgamma, `#2` dbeta.
+    LayerNormGrad { x: ValueId, gamma: ValueId, mean: ValueId, rstd: ValueId, dy: ValueId },
+    /// Composite LM head + softmax cross-entropy (`docs/composites.md`):
+    /// `logits = h wᵀ` for `h: [n, d]`, `w: [vocab, d]` (one float dtype), integer
+    /// `labels: [n]`. Outputs `#0` the per-token negative log-likelihood and `#1`
+    /// the per-token log-sum-exp, `[n]` f32. Lowered in row blocks of `chunk`
+    /// tokens, so the `[n, vocab]` logits never exist whole.
+    LmHeadCrossEntropy { h: ValueId, w: ValueId, labels: ValueId, chunk: usize },
+    /// The backward of [`Op::LmHeadCrossEntropy`] from its saved log-sum-exp and
+    /// the cotangent `dnll` of the nll: outputs `#0` dh, `#1` dw.
+    LmHeadCrossEntropyGrad { h: ValueId, w: ValueId, labels: ValueId, lse: ValueId, dnll: ValueId, chunk: usize },
 }
 
 impl Op {
@@ -400,6 +456,12 @@ impl Op {
             Op::RngBitGenerator { .. } => "rng_bit_generator",
             Op::OptimizationBarrier { .. } => "optimization_barrier",
             Op::AllReduce { .. } => "all_reduce",
+            Op::Attention { .. } => "attention",
+            Op::AttentionGrad { .. } => "attention_grad",
+            Op::LayerNorm { .. } => "layer_norm",
+            Op::LayerNormGrad { .. } => "layer_norm_grad",
+            Op::LmHeadCrossEntropy { .. } => "lm_head_cross_entropy",
+            Op::LmHeadCrossEntropyGrad { .. } => "lm_head_cross_entropy_grad",
         }
     }
 
@@ -429,6 +491,12 @@ impl Op {
             Op::Gather { operand, indices, .. } => vec![*operand, *indices],
             Op::ScatterAdd { operand, indices, updates, .. } => vec![*operand, *indices, *updates],
             Op::RngBitGenerator { state, .. } => vec![*state],
+            Op::Attention { q, k, v, .. } => vec![*q, *k, *v],
+            Op::AttentionGrad { q, k, v, out, stats, dout, .. } => vec![*q, *k, *v, *out, *stats, *dout],
+            Op::LayerNorm { x, gamma, beta, .. } => vec![*x, *gamma, *beta],
+            Op::LayerNormGrad { x, gamma, mean, rstd, dy } => vec![*x, *gamma, *mean, *rstd, *dy],
+            Op::LmHeadCrossEntropy { h, w, labels, .. } => vec![*h, *w, *labels],
+            Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, .. } => vec![*h, *w, *labels, *lse, *dnll],
         }
     }
 
@@ -484,6 +552,36 @@ impl Op {
                 *updates = f(*updates);
             }
             Op::RngBitGenerator { state, .. } => *state = f(*state),
+            Op::Attention { q, k, v, .. } => {
+                *q = f(*q);
+                *k = f(*k);
+                *v = f(*v);
+            }
+            Op::AttentionGrad { q, k, v, out, stats, dout, .. } => {
+                for x in [q, k, v, out, stats, dout] {
+                    *x = f(*x);
+                }
+            }
+            Op::LayerNorm { x, gamma, beta, .. } => {
+                for v in [x, gamma, beta] {
+                    *v = f(*v);
+                }
+            }
+            Op::LayerNormGrad { x, gamma, mean, rstd, dy } => {
+                for v in [x, gamma, mean, rstd, dy] {
+                    *v = f(*v);
+                }
+            }
+            Op::LmHeadCrossEntropy { h, w, labels, .. } => {
+                for v in [h, w, labels] {
+                    *v = f(*v);
+                }
+            }
+            Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, .. } => {
+                for v in [h, w, labels, lse, dnll] {
+                    *v = f(*v);
+                }
+            }
         }
     }
 

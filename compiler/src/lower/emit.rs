@@ -9,6 +9,7 @@
 
 use std::fmt::{Display, Write};
 
+use super::cudnn;
 use super::dense::{dense, identity};
 use super::LowerOptions;
 use crate::ir::{
@@ -388,8 +389,84 @@ impl Emitter<'_> {
                 self.combiner_region(id, *op, t.dtype);
                 self.line(format!("}}) : ({t}) -> {}", res()));
             }
+            // Only composites the target runs fused reach here
+            // (`composite::expand` replaced the others by plain ops).
+            Op::Attention { q, k, v, attrs } => {
+                let (tq, s) = (self.ty(*q).clone(), self.ty(*k).shape.dims()[2]);
+                let xs = self.to_btnh(id, &[("q", *q), ("k", *k), ("v", *v)]);
+                let call = Self::helper(id, "fmha");
+                self.names[id.index()] = vec![format!("{call}#0"), format!("{call}#1")];
+                let ins: Vec<TensorType> = [*q, *k, *v].iter().map(|&x| cudnn::btnh(self.ty(x))).collect();
+                self.line(format!(
+                    "{call}:3 = stablehlo.custom_call @{}({}) {{api_version = 2 : i32, backend_config = \"{}\", \
+                     operand_layouts = [{r4}, {r4}, {r4}], result_layouts = [{}, {}, {}]}} : ({}) -> ({}, {}, {})",
+                    cudnn::FORWARD,
+                    xs.join(", "),
+                    cudnn::backend_config(&tq, s, *attrs, false),
+                    cudnn::BNTH_AS_BTNH,
+                    cudnn::ROW_MAJOR_3,
+                    cudnn::SCALAR_1,
+                    join(ins),
+                    node.outputs[0],
+                    node.outputs[1],
+                    cudnn::WORKSPACE,
+                    r4 = cudnn::ROW_MAJOR_4,
+                ));
+            }
+            Op::AttentionGrad { q, k, v, out, stats, dout, attrs } => {
+                let (tq, s) = (self.ty(*q).clone(), self.ty(*k).shape.dims()[2]);
+                let xs = self.to_btnh(id, &[("q", *q), ("k", *k), ("v", *v)]);
+                let go = self.to_btnh(id, &[("dout", *dout), ("out", *out)]);
+                let st = self.name(*stats);
+                let call = Self::helper(id, "fmha");
+                self.names[id.index()] = (0..3).map(|i| format!("{call}#{i}")).collect();
+                let bt = |e: &Self, x: ValueId| cudnn::btnh(e.ty(x));
+                let ins = vec![bt(self, *q), bt(self, *k), bt(self, *v), self.ty(*stats).clone(), bt(self, *dout), bt(self, *out)];
+                self.line(format!(
+                    "{call}:4 = stablehlo.custom_call @{}({}, {st}, {}, {}) {{api_version = 2 : i32, backend_config = \"{}\", \
+                     operand_layouts = [{r4}, {r4}, {r4}, {}, {r4}, {r4}], result_layouts = [{b}, {b}, {b}, {}]}} : ({}) -> ({}, {}, {}, {})",
+                    cudnn::BACKWARD,
+                    xs.join(", "),
+                    go[0],
+                    go[1],
+                    cudnn::backend_config(&tq, s, *attrs, true),
+                    cudnn::ROW_MAJOR_3,
+                    cudnn::SCALAR_1,
+                    join(ins),
+                    node.outputs[0],
+                    node.outputs[1],
+                    node.outputs[2],
+                    cudnn::WORKSPACE,
+                    r4 = cudnn::ROW_MAJOR_4,
+                    b = cudnn::BNTH_AS_BTNH,
+                ));
+            }
+            Op::LayerNorm { .. }
+            | Op::LayerNormGrad { .. }
+            | Op::LmHeadCrossEntropy { .. }
+            | Op::LmHeadCrossEntropyGrad { .. } => {
+                return Err(CompileError::Verify {
+                    node: id.to_string(),
+                    reason: format!("`{}` reached emission: composite::expand replaces it on every target", node.op.name()),
+                })
+            }
         }
         Ok(())
+    }
+
+    /// Transposes BNTH operands to BTNH for the cuDNN calls; returns their names.
+    fn to_btnh(&mut self, id: NodeId, xs: &[(&str, ValueId)]) -> Vec<String> {
+        xs.iter()
+            .map(|&(role, x)| {
+                let (name, t) = (self.name(x), self.ty(x).clone());
+                let h = Self::helper(id, role);
+                self.line(format!(
+                    "{h} = stablehlo.transpose {name}, dims = [0, 2, 1, 3] : ({t}) -> {}",
+                    cudnn::btnh(&t)
+                ));
+                h
+            })
+            .collect()
     }
 
     /// `def = mnemonic %a, %b : (ta, tb) -> result`, the functional-type form.

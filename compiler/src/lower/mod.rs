@@ -21,6 +21,7 @@
 //!   ops with regions or structured attributes (`gather`, `scatter`,
 //!   `all_reduce`) use the generic form with a `<{...}>` property dictionary.
 
+mod cudnn;
 mod dense;
 mod emit;
 mod guard;
@@ -36,11 +37,32 @@ pub struct LowerOptions {
     /// `mhlo.num_replicas` and used as the single replica group of every
     /// `all_reduce`. At least 1; the runtime must compile with the same count.
     pub num_replicas: usize,
+    /// The backend the module is for: composites lower to fused kernels only
+    /// where the target has them ([`crate::composite::expand`]).
+    pub target: LowerTarget,
+}
+
+/// The XLA backend a module is lowered for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LowerTarget {
+    #[default]
+    Cpu,
+    Cuda,
+}
+
+impl LowerTarget {
+    /// From a PJRT client's platform name (`cpu`, `cuda`, `gpu`).
+    pub fn from_platform(name: &str) -> LowerTarget {
+        match name.to_ascii_lowercase().as_str() {
+            "cuda" | "gpu" => LowerTarget::Cuda,
+            _ => LowerTarget::Cpu,
+        }
+    }
 }
 
 impl Default for LowerOptions {
     fn default() -> Self {
-        LowerOptions { num_replicas: 1 }
+        LowerOptions { num_replicas: 1, target: LowerTarget::Cpu }
     }
 }
 
@@ -52,7 +74,9 @@ pub fn lower(g: &Graph, opts: &LowerOptions) -> Result<String, CompileError> {
             reason: "num_replicas must be at least 1".to_string(),
         });
     }
-    let live = live::live_nodes(g);
-    guard::refuse_trapping_division(g, &live)?;
-    emit::module(g, opts, &live)
+    // Composites the target cannot run fused become plain ops first.
+    let expanded = crate::composite::expand(g, opts.target)?;
+    let live = live::live_nodes(&expanded);
+    guard::refuse_trapping_division(&expanded, &live)?;
+    emit::module(&expanded, opts, &live)
 }

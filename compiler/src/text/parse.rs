@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use half::{bf16, f16};
 
 use crate::ir::{
-    Alias, BinaryOp, CompareDir, DType, DotDims, Graph, Literal, NodeId, Op, ReduceOp, RngAlgorithm, Shape, TensorType,
+    Alias, AttentionAttrs, BinaryOp, CompareDir, DType, DotDims, Graph, Literal, NodeId, Op, ReduceOp, RngAlgorithm, Shape, TensorType,
     UnaryOp, ValueId,
 };
 use crate::CompileError;
@@ -265,6 +265,44 @@ impl Parser {
                 let input = self.value(c)?;
                 Op::AllReduce { op, input }
             }
+            "attention" => {
+                let [q, k, v] = self.three(c)?;
+                let attrs = attention_attrs(c)?;
+                Op::Attention { q, k, v, attrs }
+            }
+            "attention_grad" => {
+                let vs = self.values(c)?;
+                let [q, k, v, out, stats, dout] = vs.as_slice() else {
+                    return Err(c.err("`attention_grad` takes q, k, v, out, stats, dout"));
+                };
+                let attrs = attention_attrs(c)?;
+                Op::AttentionGrad { q: *q, k: *k, v: *v, out: *out, stats: *stats, dout: *dout, attrs }
+            }
+            "layer_norm" => {
+                let [x, gamma, beta] = self.three(c)?;
+                let eps = c.comma_attr("eps", float)?;
+                Op::LayerNorm { x, gamma, beta, eps_bits: eps.to_bits() }
+            }
+            "layer_norm_grad" => {
+                let vs = self.values(c)?;
+                let [x, gamma, mean, rstd, dy] = vs.as_slice() else {
+                    return Err(c.err("`layer_norm_grad` takes x, gamma, mean, rstd, dy"));
+                };
+                Op::LayerNormGrad { x: *x, gamma: *gamma, mean: *mean, rstd: *rstd, dy: *dy }
+            }
+            "lm_head_cross_entropy" => {
+                let [h, w, labels] = self.three(c)?;
+                let chunk = c.comma_attr("chunk", Cursor::usize)?;
+                Op::LmHeadCrossEntropy { h, w, labels, chunk }
+            }
+            "lm_head_cross_entropy_grad" => {
+                let vs = self.values(c)?;
+                let [h, w, labels, lse, dnll] = vs.as_slice() else {
+                    return Err(c.err("`lm_head_cross_entropy_grad` takes h, w, labels, lse, dnll"));
+                };
+                let chunk = c.comma_attr("chunk", Cursor::usize)?;
+                Op::LmHeadCrossEntropyGrad { h: *h, w: *w, labels: *labels, lse: *lse, dnll: *dnll, chunk }
+            }
             other => {
                 if let Some(&op) = UnaryOp::ALL.iter().find(|u| u.name() == other) {
                     let input = self.value(c)?;
@@ -332,6 +370,23 @@ impl Parser {
 }
 
 /// The single written type of a one-result op.
+/// An f64 attribute written as Rust prints it (`0.125`, `1e-5`, `inf`).
+fn float(c: &mut Cursor) -> Result<f64> {
+    c.skip_ws();
+    let rest = c.rest();
+    let len = rest.find(|ch: char| !(ch.is_ascii_alphanumeric() || "+-.".contains(ch))).unwrap_or(rest.len());
+    let value: f64 = rest[..len].parse().map_err(|_| c.err(format!("expected a number, found {}", c.found())))?;
+    c.pos += len;
+    Ok(value)
+}
+
+/// `, scale = <f64>, causal = <bool>` of the attention composites.
+fn attention_attrs(c: &mut Cursor) -> Result<AttentionAttrs> {
+    let scale = c.comma_attr("scale", float)?;
+    let causal = c.comma_attr("causal", |c| c.keyword(&[true, false], |b| if b { "true" } else { "false" }, "true or false"))?;
+    Ok(AttentionAttrs::new(scale, causal))
+}
+
 fn one<'t>(c: &Cursor, ts: &'t [TensorType]) -> Result<&'t TensorType> {
     match ts {
         [t] => Ok(t),

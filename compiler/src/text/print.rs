@@ -113,6 +113,23 @@ fn write_node(out: &mut impl Write, id: NodeId, node: &Node) -> fmt::Result {
             }
         }
         Op::AllReduce { op, input } => write!(out, " {} {input}", op.name())?,
+        Op::Attention { q, k, v, attrs } => {
+            write!(out, " {q}, {k}, {v}, scale = {}, causal = {}", attrs.scale(), attrs.causal)?
+        }
+        Op::AttentionGrad { q, k, v, out: o, stats, dout, attrs } => write!(
+            out,
+            " {q}, {k}, {v}, {o}, {stats}, {dout}, scale = {}, causal = {}",
+            attrs.scale(),
+            attrs.causal
+        )?,
+        Op::LayerNorm { x, gamma, beta, eps_bits } => {
+            write!(out, " {x}, {gamma}, {beta}, eps = {}", f64::from_bits(*eps_bits))?
+        }
+        Op::LayerNormGrad { x, gamma, mean, rstd, dy } => write!(out, " {x}, {gamma}, {mean}, {rstd}, {dy}")?,
+        Op::LmHeadCrossEntropy { h, w, labels, chunk } => write!(out, " {h}, {w}, {labels}, chunk = {chunk}")?,
+        Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk } => {
+            write!(out, " {h}, {w}, {labels}, {lse}, {dnll}, chunk = {chunk}")?
+        }
     }
     out.write_str(" : ")?;
     write_types(out, &node.outputs)

@@ -45,6 +45,9 @@ pub fn grad_with_info(g: &mut Graph, loss: ValueId, wrt: &[ValueId]) -> Result<G
     if lt.shape.rank() != 0 || !lt.dtype.is_float() {
         return Err(FrontendError::LossNotScalar { ty: lt });
     }
+    // Attention written with plain ops becomes the composite before the walk,
+    // so its backward is the composite's (`docs/composites.md`).
+    kiln_compiler::composite::fuse(g)?;
     let n = loss.node.index() + 1;
     // Nodes that depend on some wrt value (forward sweep) ...
     let mut depends = vec![false; n];
@@ -111,6 +114,24 @@ pub fn grad_with_info(g: &mut Graph, loss: ValueId, wrt: &[ValueId]) -> Result<G
         });
     }
     Ok(GradInfo { grads, saved: b.saved })
+}
+
+/// Applies the composite rewrite `grad` applies ([`kiln_compiler::composite::fuse`])
+/// to the current trace now and returns what it found; for tests and tools that
+/// want to see which attentions were recognised without differentiating.
+pub fn fuse_trace() -> Result<Vec<kiln_compiler::composite::Found>> {
+    crate::context::with(|c| {
+        let found = kiln_compiler::composite::fuse(&mut c.trace.graph)?;
+        c.trace.note_rewrite(&found);
+        Ok(found)
+    })
+}
+
+/// The composite ops in the current trace, in node order.
+pub fn trace_composites() -> Vec<Op> {
+    crate::context::with(|c| {
+        c.trace.graph.nodes().filter(|(_, n)| kiln_compiler::composite::is_composite(&n.op)).map(|(_, n)| n.op.clone()).collect()
+    })
 }
 
 /// Whether `op` has a derivative rule for operand `pos` (used by tests and

@@ -23,6 +23,11 @@ pub(crate) fn differentiable(op: &Op, pos: usize) -> bool {
         Op::Gather { .. } => pos == 0,
         Op::ScatterAdd { .. } => pos != 1,
         Op::AllReduce { op, .. } => *op == ReduceOp::Sum,
+        Op::Attention { .. } => true,
+        Op::LayerNorm { .. } => true,
+        Op::LmHeadCrossEntropy { .. } => pos < 2,
+        // Second derivatives of composites are not built.
+        Op::AttentionGrad { .. } | Op::LayerNormGrad { .. } | Op::LmHeadCrossEntropyGrad { .. } => false,
         Op::Unary { .. }
         | Op::Binary { .. }
         | Op::Convert { .. }
@@ -280,6 +285,47 @@ pub(crate) fn backward(b: &mut Builder, id: NodeId, op: &Op, outs: &[Option<Valu
             let Some(ct) = ct else { return Ok(out) };
             out.push((0, b.op(Op::AllReduce { op: *r, input: ct })?));
         }
+        Op::Attention { q, k, v, attrs } => {
+            // The backward composite reads the forward's operands, output and
+            // softmax statistics (#1), never the probabilities. A cotangent only
+            // for the statistics (nothing in kiln reads them) contributes none.
+            let Some(dout) = ct else { return Ok(out) };
+            let (q, k, v) = (b.fwd(*q), b.fwd(*k), b.fwd(*v));
+            let o = b.fwd(y);
+            let stats = b.fwd(ValueId::new(id, 1));
+            let grad = b.g.add(Op::AttentionGrad { q, k, v, out: o, stats, dout, attrs: *attrs })?;
+            for (pos, &w) in wants.iter().enumerate() {
+                if w {
+                    out.push((pos, ValueId::new(grad, pos as u32)));
+                }
+            }
+        }
+        Op::LayerNorm { x, gamma, .. } => {
+            // Reads x, gamma and the saved statistics (#1 mean, #2 rstd).
+            let Some(dy) = ct else { return Ok(out) };
+            let (x, gamma) = (b.fwd(*x), b.fwd(*gamma));
+            let (mean, rstd) = (b.fwd(ValueId::new(id, 1)), b.fwd(ValueId::new(id, 2)));
+            let grad = b.g.add(Op::LayerNormGrad { x, gamma, mean, rstd, dy })?;
+            for (pos, &w) in wants.iter().enumerate() {
+                if w {
+                    out.push((pos, ValueId::new(grad, pos as u32)));
+                }
+            }
+        }
+        Op::LmHeadCrossEntropy { h, w, labels, chunk } => {
+            // Reads h, w, labels and the saved log-sum-exp (#1); the logits are
+            // recomputed block by block in the lowering.
+            let Some(dnll) = ct else { return Ok(out) };
+            let (h, w, labels) = (b.fwd(*h), b.fwd(*w), b.fwd(*labels));
+            let lse = b.fwd(ValueId::new(id, 1));
+            let grad = b.g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk: *chunk })?;
+            for (pos, &want) in wants.iter().enumerate().take(2) {
+                if want {
+                    out.push((pos, ValueId::new(grad, pos as u32)));
+                }
+            }
+        }
+        Op::AttentionGrad { .. } | Op::LayerNormGrad { .. } | Op::LmHeadCrossEntropyGrad { .. } => {}
     }
     Ok(out)
 }

@@ -149,15 +149,15 @@ impl LayerNorm {
         })
     }
 
-    /// In f32 under autocast.
+    /// In f32 under autocast. Recorded as one layer-norm composite whose
+    /// backward reuses the saved mean and rstd (`docs/composites.md`).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _layer = scope::enter_owner_of(&self.gamma, 1);
         let x = amp::full_precision(x)?;
-        let mean = x.mean(&[-1], true)?;
-        let centered = x.sub(&mean)?;
-        let var = centered.square()?.mean(&[-1], true)?;
-        let norm = centered.mul(&var.add_scalar(self.eps)?.rsqrt()?)?;
-        norm.mul(&self.gamma)?.add(&self.beta)
+        let (gamma, beta) = (self.gamma.to_dtype(x.dtype())?, self.beta.to_dtype(x.dtype())?);
+        let (xv, g, b) = (x.value("layer_norm")?, gamma.value("layer_norm")?, beta.value("layer_norm")?);
+        let op = kiln_compiler::ir::Op::LayerNorm { x: xv, gamma: g, beta: b, eps_bits: self.eps.to_bits() };
+        crate::context::with(|c| c.push(op)).map(Tensor::wrap)
     }
 }
 
@@ -229,6 +229,29 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor, weights: Option<&Tensor>)
     }
 }
 
+/// Mean cross-entropy of the logits `h · tableᵀ` (an LM head tied to a
+/// `[vocab, d]` embedding table) against integer `labels: [n]`, for `h: [n, d]`,
+/// recorded as one composite (`docs/composites.md`): the `[n, vocab]` logits are
+/// computed in blocks of tokens inside the program, forward and backward, and
+/// never exist whole. Matmuls in the autocast dtype inside a scope, the softmax
+/// in f32.
+pub fn lm_head_cross_entropy(h: &Tensor, table: &Tensor, labels: &Tensor) -> Result<Tensor> {
+    if h.rank() != 2 || table.rank() != 2 || labels.rank() != 1 {
+        return Err(FrontendError::InvalidArgument {
+            op: "lm_head_cross_entropy",
+            reason: format!("h {}, table {} and labels {} must be [n, d], [vocab, d] and [n]", h.ty(), table.ty(), labels.ty()),
+        });
+    }
+    let dtype = amp::compute_dtype(h.dtype());
+    let (h, table) = (h.to_dtype(dtype)?, table.to_dtype(dtype)?);
+    // Blocks of at most 256 MiB of f32 logits.
+    let chunk = ((256usize << 20) / (4 * table.dims()[0].max(1))).max(1);
+    let (hv, wv, lv) = (h.value("lm_head_cross_entropy")?, table.value("lm_head_cross_entropy")?, labels.value("lm_head_cross_entropy")?);
+    let op = kiln_compiler::ir::Op::LmHeadCrossEntropy { h: hv, w: wv, labels: lv, chunk };
+    let nll = crate::context::with(|c| c.push(op)).map(Tensor::wrap)?;
+    nll.mean_all()
+}
+
 /// `[n] -> [n, classes]` one-hot rows of `dtype`.
 pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> {
     let n = labels.dims()[0];
@@ -268,17 +291,30 @@ impl CausalSelfAttention {
         let qkv = self.qkv.forward(x)?.reshape([b, t, 3, h, hd])?.permute(vec![2, 0, 3, 1, 4])?;
         let pick = |i: usize| qkv.narrow(0, i, 1)?.reshape([b, h, t, hd]);
         let (q, k, v) = (pick(0)?, pick(1)?, pick(2)?);
-        let att = q.matmul(&k.transpose(-2, -1)?)?.mul_scalar(1.0 / (hd as f64).sqrt())?;
-        // Masked scores in f32 under autocast: the mask value is f32's lowest.
-        let att = amp::full_precision(&att)?;
-        let rows = Tensor::iota(DType::S32, [t, t], 0)?;
-        let cols = Tensor::iota(DType::S32, [t, t], 1)?;
-        let causal = cols.le(&rows)?;
-        let neg = Tensor::full(f64::from(f32::MIN), att.dtype(), Shape::scalar())?;
-        let att = Tensor::where_cond(&causal, &att, &neg)?.softmax(-1)?;
-        let y = att.matmul(&v)?.permute(vec![0, 2, 1, 3])?.reshape([b, t, d])?;
+        let y = scaled_dot_product_attention(&q, &k, &v, true)?.permute(vec![0, 2, 1, 3])?.reshape([b, t, d])?;
         self.proj.forward(&y)
     }
+}
+
+/// `softmax(mask(q kᵀ / sqrt(head_dim))) v` for `q: [batch, heads, seq, head_dim]`
+/// and `k, v: [batch, heads, kv_seq, head_dim]`, recorded as one attention
+/// composite (`docs/composites.md`): scores and softmax in f32, operands and
+/// result in the autocast dtype inside a scope (else q's dtype). With `causal`,
+/// query `i` sees keys `0..=i`. On CUDA with bf16/f16 it runs as cuDNN flash
+/// attention, elsewhere as plain ops; the backward reuses the softmax statistics.
+pub fn scaled_dot_product_attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor> {
+    if q.rank() != 4 {
+        return Err(FrontendError::InvalidArgument {
+            op: "scaled_dot_product_attention",
+            reason: format!("q {} must be [batch, heads, seq, head_dim]", q.ty()),
+        });
+    }
+    let dtype = amp::compute_dtype(q.dtype());
+    let (q, k, v) = (q.to_dtype(dtype)?, k.to_dtype(dtype)?, v.to_dtype(dtype)?);
+    let scale = 1.0 / (q.dims()[3] as f64).sqrt();
+    let attrs = kiln_compiler::ir::AttentionAttrs::new(scale, causal);
+    let (q, k, v) = (q.value("attention")?, k.value("attention")?, v.value("attention")?);
+    crate::context::with(|c| c.push(kiln_compiler::ir::Op::Attention { q, k, v, attrs })).map(Tensor::wrap)
 }
 
 /// Two-layer perceptron block with GELU: `dim -> hidden -> dim`.

@@ -1,0 +1,167 @@
+//! The plain, chunked expansion of the LM-head cross-entropy composite: the
+//! tokens are split into row blocks of `chunk`, and each block computes its
+//! logits `[chunk, vocab]`, their log-sum-exp and the picked logit (forward), or
+//! recomputes them for `softmax - onehot` (backward), so no `[tokens, vocab]`
+//! logits tensor exists in the program. Blocks are static slices chained by
+//! optimization barriers, so XLA runs them one after another
+//! (`docs/composites.md`).
+
+use crate::ir::{BinaryOp, CompareDir, DType, DotDims, Graph, Literal, Op, ReduceOp, Shape, TensorType, UnaryOp, ValueId};
+use crate::CompileError;
+
+type Result<T> = std::result::Result<T, CompileError>;
+
+fn v(g: &mut Graph, op: Op) -> Result<ValueId> {
+    g.value(op)
+}
+
+fn acc(dtype: DType) -> DType {
+    if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+fn convert(g: &mut Graph, x: ValueId, to: DType) -> Result<ValueId> {
+    if g.ty(x).dtype == to {
+        return Ok(x);
+    }
+    v(g, Op::Convert { input: x, to })
+}
+
+fn rows(g: &mut Graph, x: ValueId, start: usize, end: usize) -> Result<ValueId> {
+    let t = g.ty(x).clone();
+    let mut lo = vec![0; t.shape.rank()];
+    let mut hi = t.shape.dims().to_vec();
+    lo[0] = start;
+    hi[0] = end;
+    let stride = vec![1; t.shape.rank()];
+    v(g, Op::Slice { input: x, start: lo, limit: hi, stride })
+}
+
+/// One block's logits in the accumulation dtype, its log-sum-exp input
+/// pieces and the one-hot mask of its labels.
+struct Block {
+    logits: ValueId,
+    onehot: ValueId,
+    shape: Shape,
+}
+
+/// Block `start..end`; with `after`, its rows of h pass through an
+/// optimization barrier together with `after` (the previous block's result), so
+/// XLA neither merges the blocks' matmuls back into one nor runs them side by
+/// side: one block's logits are dead before the next block's exist.
+fn block(g: &mut Graph, h: ValueId, w: ValueId, labels: ValueId, start: usize, end: usize, after: Option<ValueId>) -> Result<Block> {
+    let dtype = g.ty(h).dtype;
+    let hc = rows(g, h, start, end)?;
+    let hc = match after {
+        Some(prev) => ValueId::new(g.add(Op::OptimizationBarrier { inputs: vec![hc, prev] })?, 0),
+        None => hc,
+    };
+    let lc = rows(g, labels, start, end)?;
+    let dims = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![1] };
+    let logits = v(g, Op::DotGeneral { lhs: hc, rhs: w, dims })?;
+    let logits = convert(g, logits, acc(dtype))?;
+    let shape = g.ty(logits).shape.clone();
+    let lt = g.ty(lc).dtype;
+    let iota = v(g, Op::Iota { ty: TensorType::new(lt, shape.clone()), axis: 1 })?;
+    let lb = v(g, Op::BroadcastInDim { input: lc, shape: shape.clone(), dims: vec![0] })?;
+    let hit = v(g, Op::Compare { dir: CompareDir::Eq, lhs: iota, rhs: lb })?;
+    let onehot = v(g, Op::Convert { input: hit, to: acc(dtype) })?;
+    Ok(Block { logits, onehot, shape })
+}
+
+fn row_sum(g: &mut Graph, x: ValueId) -> Result<ValueId> {
+    v(g, Op::Reduce { op: ReduceOp::Sum, input: x, axes: vec![1] })
+}
+
+fn per_row(g: &mut Graph, x: ValueId, shape: &Shape) -> Result<ValueId> {
+    v(g, Op::BroadcastInDim { input: x, shape: shape.clone(), dims: vec![0] })
+}
+
+fn blocks(n: usize, chunk: usize) -> Vec<(usize, usize)> {
+    let c = chunk.max(1);
+    (0..n.div_ceil(c)).map(|i| (i * c, ((i + 1) * c).min(n))).collect()
+}
+
+fn concat(g: &mut Graph, parts: Vec<ValueId>) -> Result<ValueId> {
+    if parts.len() == 1 {
+        return Ok(parts[0]);
+    }
+    v(g, Op::Concatenate { inputs: parts, axis: 0 })
+}
+
+/// `[nll, lse]` of `lm_head_cross_entropy`, appended to `g`.
+pub(crate) fn expand_forward(g: &mut Graph, h: ValueId, w: ValueId, labels: ValueId, chunk: usize) -> Result<[ValueId; 2]> {
+    let n = g.ty(h).shape.dims()[0];
+    let (mut nll, mut lse) = (Vec::new(), Vec::new());
+    let mut after = None;
+    for (s, e) in blocks(n, chunk) {
+        let b = block(g, h, w, labels, s, e, after)?;
+        let m = v(g, Op::Reduce { op: ReduceOp::Max, input: b.logits, axes: vec![1] })?;
+        let mb = per_row(g, m, &b.shape)?;
+        let d = v(g, Op::Binary { op: BinaryOp::Sub, lhs: b.logits, rhs: mb })?;
+        let ex = v(g, Op::Unary { op: UnaryOp::Exp, input: d })?;
+        let z = row_sum(g, ex)?;
+        let lz = v(g, Op::Unary { op: UnaryOp::Log, input: z })?;
+        let l = v(g, Op::Binary { op: BinaryOp::Add, lhs: m, rhs: lz })?;
+        let picked = v(g, Op::Binary { op: BinaryOp::Mul, lhs: b.logits, rhs: b.onehot })?;
+        let picked = row_sum(g, picked)?;
+        let x = v(g, Op::Binary { op: BinaryOp::Sub, lhs: l, rhs: picked })?;
+        after = Some(x);
+        nll.push(convert(g, x, DType::F32)?);
+        lse.push(convert(g, l, DType::F32)?);
+    }
+    Ok([concat(g, nll)?, concat(g, lse)?])
+}
+
+/// `[dh, dw]` of `lm_head_cross_entropy_grad`, appended to `g`:
+/// `dlogits = dnll · (softmax - onehot)` per block, recomputed from `lse`.
+pub(crate) fn expand_backward(
+    g: &mut Graph,
+    h: ValueId,
+    w: ValueId,
+    labels: ValueId,
+    lse: ValueId,
+    dnll: ValueId,
+    chunk: usize,
+) -> Result<[ValueId; 2]> {
+    let dtype = g.ty(h).dtype;
+    let n = g.ty(h).shape.dims()[0];
+    let (mut dh, mut dw) = (Vec::new(), None);
+    let a = acc(dtype);
+    let (lse, dnll) = (convert(g, lse, a)?, convert(g, dnll, a)?);
+    for (s, e) in blocks(n, chunk) {
+        let b = block(g, h, w, labels, s, e, dw)?;
+        let lc = rows(g, lse, s, e)?;
+        let lb = per_row(g, lc, &b.shape)?;
+        let d = v(g, Op::Binary { op: BinaryOp::Sub, lhs: b.logits, rhs: lb })?;
+        let p = v(g, Op::Unary { op: UnaryOp::Exp, input: d })?;
+        let diff = v(g, Op::Binary { op: BinaryOp::Sub, lhs: p, rhs: b.onehot })?;
+        let gc = rows(g, dnll, s, e)?;
+        let gb = per_row(g, gc, &b.shape)?;
+        let dl = v(g, Op::Binary { op: BinaryOp::Mul, lhs: diff, rhs: gb })?;
+        let dl = convert(g, dl, dtype)?;
+        // dh_block = dlogits · w ([c, v] x [v, d]); dw += dlogitsᵀ · h_block.
+        let mm = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![0] };
+        dh.push(v(g, Op::DotGeneral { lhs: dl, rhs: w, dims: mm })?);
+        let hc = rows(g, h, s, e)?;
+        let tm = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![0], rhs_contract: vec![0] };
+        let part = v(g, Op::DotGeneral { lhs: dl, rhs: hc, dims: tm })?;
+        let part = convert(g, part, a)?;
+        dw = Some(match dw {
+            None => part,
+            Some(prev) => v(g, Op::Binary { op: BinaryOp::Add, lhs: prev, rhs: part })?,
+        });
+    }
+    let dw = match dw {
+        Some(x) => convert(g, x, dtype)?,
+        None => {
+            let t = g.ty(w).clone();
+            let z = v(g, Op::Constant { literal: Literal::scalar(t.dtype, 0.0) })?;
+            v(g, Op::BroadcastInDim { input: z, shape: t.shape, dims: vec![] })?
+        }
+    };
+    Ok([concat(g, dh)?, dw])
+}

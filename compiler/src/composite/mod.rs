@@ -1,0 +1,148 @@
+//! Composites: multi-op patterns that a backend runs as one fused kernel.
+//!
+//! Two halves (design in `docs/composites.md`):
+//! - [`fuse`] finds patterns written with plain ops and turns each into one
+//!   composite op in place (the pattern's last node becomes the composite; the
+//!   rest is left for dead-code elimination). It runs on the recorded forward
+//!   before autodiff, so the backward is built from the composite's own rule and
+//!   never materialises what the fused kernel keeps on chip.
+//! - [`expand`] is the inverse, run by lowering: every composite the target
+//!   cannot run fused becomes its plain expansion again, and each decision is
+//!   reported with its reason.
+//!
+//! Invariants: both are pure functions of the graph (and target); `fuse` keeps
+//! every existing `ValueId` valid and typed as before; `expand` preserves
+//! parameters, outputs and aliases.
+
+pub mod attention;
+mod layer_norm;
+mod lm_head;
+
+use crate::ir::{DType, Graph, NodeId, Op, ValueId};
+use crate::lower::LowerTarget;
+use crate::CompileError;
+
+/// One composite made by [`fuse`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Found {
+    /// The composite op's name (`attention`).
+    pub kind: &'static str,
+    /// The node that now holds the composite.
+    pub node: NodeId,
+    /// The composite op it holds (its operands and attributes).
+    pub op: Op,
+    /// The plain nodes it stands for (now unused), in increasing order.
+    pub replaced: Vec<NodeId>,
+}
+
+/// Rewrites every recognised pattern of `g` into its composite, in place.
+pub fn fuse(g: &mut Graph) -> Result<Vec<Found>, CompileError> {
+    let matches = attention::find(g);
+    let mut found = Vec::with_capacity(matches.len());
+    for m in matches {
+        let op = Op::Attention { q: m.q, k: m.k, v: m.v, attrs: m.attrs };
+        g.replace_op(m.root, op.clone())?;
+        found.push(Found { kind: "attention", node: m.root, op, replaced: m.replaced });
+    }
+    Ok(found)
+}
+
+/// Whether a composite runs fused on the target, and if not, why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub node: NodeId,
+    pub kind: &'static str,
+    /// `Ok` when lowered to the fused kernel; `Err(reason)` when expanded.
+    pub fused: Result<(), String>,
+}
+
+/// Whether node `id` (a composite) can lower to the target's fused kernel.
+pub fn fusable(g: &Graph, id: NodeId, target: LowerTarget) -> Result<(), String> {
+    let q = match &g.node(id).op {
+        Op::Attention { q, .. } | Op::AttentionGrad { q, .. } => *q,
+        Op::LayerNorm { .. } | Op::LayerNormGrad { .. } => {
+            return Err("no fused layer-norm kernel: XLA fuses the expansion".into())
+        }
+        Op::LmHeadCrossEntropy { chunk, .. } | Op::LmHeadCrossEntropyGrad { chunk, .. } => {
+            return Err(format!("lowered as plain ops in blocks of {chunk} tokens on every target"))
+        }
+        other => return Err(format!("`{}` is not a composite", other.name())),
+    };
+    if target != LowerTarget::Cuda {
+        return Err(format!("the {target:?} target has no fused attention kernel (cuDNN is CUDA only)"));
+    }
+    let t = g.ty(q);
+    if !matches!(t.dtype, DType::BF16 | DType::F16) {
+        return Err(format!("cuDNN flash attention takes bf16 or f16, not {}", t.dtype));
+    }
+    let d = t.shape.dims()[3];
+    if !d.is_multiple_of(8) || d > 128 {
+        return Err(format!("cuDNN flash attention needs a head size that is a multiple of 8 up to 128, not {d}"));
+    }
+    Ok(())
+}
+
+/// Every composite of `g` with its decision for `target`, in node order.
+pub fn decisions(g: &Graph, target: LowerTarget) -> Vec<Decision> {
+    g.nodes()
+        .filter(|(_, n)| is_composite(&n.op))
+        .map(|(id, n)| Decision { node: id, kind: n.op.name(), fused: fusable(g, id, target) })
+        .collect()
+}
+
+/// Whether `op` is a composite.
+pub fn is_composite(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Attention { .. }
+            | Op::AttentionGrad { .. }
+            | Op::LayerNorm { .. }
+            | Op::LayerNormGrad { .. }
+            | Op::LmHeadCrossEntropy { .. }
+            | Op::LmHeadCrossEntropyGrad { .. }
+    )
+}
+
+/// `g` with every composite that `target` cannot run fused replaced by its
+/// plain expansion. Returns `g` unchanged (cloned) when there is none.
+pub fn expand(g: &Graph, target: LowerTarget) -> Result<Graph, CompileError> {
+    let todo: Vec<bool> =
+        g.nodes().map(|(id, n)| is_composite(&n.op) && fusable(g, id, target).is_err()).collect();
+    if !todo.iter().any(|&t| t) {
+        return Ok(g.clone());
+    }
+    let mut out = Graph::new();
+    let mut map: Vec<Vec<ValueId>> = Vec::with_capacity(g.len());
+    for (id, node) in g.nodes() {
+        let mut o = node.op.clone();
+        o.map_inputs(|v| map[v.node.index()][v.output as usize]);
+        let values: Vec<ValueId> = match (todo[id.index()], o) {
+            (true, Op::Attention { q, k, v, attrs }) => attention::expand_forward(&mut out, q, k, v, attrs)?.to_vec(),
+            (true, Op::AttentionGrad { q, k, v, out: o, stats, dout, attrs }) => {
+                attention::expand_backward(&mut out, q, k, v, o, stats, dout, attrs)?.to_vec()
+            }
+            (true, Op::LayerNorm { x, gamma, beta, eps_bits }) => {
+                layer_norm::expand_forward(&mut out, x, gamma, beta, f64::from_bits(eps_bits))?.to_vec()
+            }
+            (true, Op::LayerNormGrad { x, gamma, mean, rstd, dy }) => {
+                layer_norm::expand_backward(&mut out, x, gamma, mean, rstd, dy)?.to_vec()
+            }
+            (true, Op::LmHeadCrossEntropy { h, w, labels, chunk }) => {
+                lm_head::expand_forward(&mut out, h, w, labels, chunk)?.to_vec()
+            }
+            (true, Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk }) => {
+                lm_head::expand_backward(&mut out, h, w, labels, lse, dnll, chunk)?.to_vec()
+            }
+            (_, o) => {
+                let n = out.add(o)?;
+                (0..node.outputs.len() as u32).map(|k| ValueId::new(n, k)).collect()
+            }
+        };
+        map.push(values);
+    }
+    out.set_outputs(g.outputs().iter().map(|v| map[v.node.index()][v.output as usize]).collect())?;
+    for &a in g.aliases() {
+        out.add_alias(a)?;
+    }
+    Ok(out)
+}
