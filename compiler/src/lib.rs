@@ -10,6 +10,7 @@ pub mod fingerprint;
 pub mod interp;
 pub mod ir;
 pub mod lower;
+pub mod memory;
 pub mod passes;
 pub mod pipeline;
 pub mod text;

@@ -1,0 +1,606 @@
+//! Rematerialization: recompute long-lived activations where they are read
+//! again instead of keeping them, until the step's predicted peak fits a budget.
+//!
+//! Where it runs: last in [`crate::pipeline::optimize`] (after CSE and DCE),
+//! when a budget is set. Its graph goes straight to lowering.
+//!
+//! The model. In the execution order ([`super::liveness`]), a value `v` whose
+//! direct users fall into an early group and a late group separated by a long
+//! idle stretch (in a training step: its forward users and the backward users
+//! that autodiff made read it) is a candidate. Rematerializing it clones `v`'s
+//! producer, and those of its operands that are no longer in memory at that
+//! point (a chain, up to `max_chain_nodes`), just before the first late user;
+//! late users read the clone, so `v`'s buffer dies after its early users.
+//! Operands still in memory there (and parameters) are the chain's leaves.
+//!
+//! The fence. The leaves reach the clones only through one
+//! `optimization_barrier`, which also takes one operand of the first late
+//! user that is computed after the gap (usually a cotangent). XLA's CSE cannot
+//! merge a clone with its original (their operands differ), and no scheduler
+//! can hoist the recomputation above the point where the backward needs it.
+//! Without the fence XLA merges the clones back and the memory returns (what
+//! torch_xla's checkpointing lost).
+//!
+//! Invariants:
+//! - The rewrite computes the same values: clones are the same ops on the
+//!   same (fenced) inputs, and a barrier passes values through unchanged, so
+//!   the reference interpreter gives bit-identical outputs.
+//! - Parameters, outputs and aliases keep their order and indices.
+//! - Random-bit generators and multi-output nodes are never cloned (a second
+//!   draw would differ); they are leaves.
+//! - Every change is checked against the peak model: a candidate that does
+//!   not lower the predicted peak (or the number of positions at it) is
+//!   discarded, so the plan never predicts more memory than no plan.
+
+use crate::cost::{self, Target};
+use crate::ir::{Graph, NodeId, Op, ValueId};
+use crate::CompileError;
+
+use super::liveness::{liveness, users_of, BufferKind, Liveness};
+use super::peak::{peak_of, PeakMemory};
+use super::Materialization;
+
+/// Most candidates [`Exhaustive`] enumerates (2^12 plans).
+pub const EXHAUSTIVE_MAX_CANDIDATES: usize = 12;
+
+/// How much memory the planned step may use.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RematBudget {
+    /// Predicted peak (arguments, constants, outputs and temporaries) in bytes.
+    /// 0 asks for the lowest peak the strategy can reach.
+    Bytes(u64),
+    /// A fraction of the predicted peak without a plan, in (0, 1].
+    FractionOfPeak(f64),
+}
+
+/// Options of the remat pass.
+pub struct RematOptions<'a> {
+    pub budget: RematBudget,
+    /// Whose roofline prices a recomputation.
+    pub target: Target,
+    /// Which values reach memory (the fusion plan).
+    pub fusion: &'a dyn Materialization,
+    /// Longest chain of nodes cloned for one candidate.
+    pub max_chain_nodes: usize,
+    /// Only these forward values may be recomputed (autodiff's map of what
+    /// the backward reads); `None`: any value with a long idle stretch.
+    pub only: Option<&'a [ValueId]>,
+}
+
+impl<'a> RematOptions<'a> {
+    pub fn new(budget: RematBudget, fusion: &'a dyn Materialization) -> RematOptions<'a> {
+        RematOptions { budget, target: Target::H100_SXM_MEASURED, fusion, max_chain_nodes: 64, only: None }
+    }
+}
+
+/// One recomputed value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RematChoice {
+    /// The value, in the graph the choice was made on.
+    pub value: ValueId,
+    /// Its producer's op name.
+    pub op: &'static str,
+    /// Bytes of its buffer.
+    pub bytes: u64,
+    /// Nodes cloned to recompute it.
+    pub recomputed_nodes: usize,
+    /// FLOPs of the clones.
+    pub flops: u64,
+}
+
+/// What a strategy chose and the graph it rewrote.
+#[derive(Clone, Debug)]
+pub struct RematPlan {
+    pub strategy: &'static str,
+    pub graph: Graph,
+    pub choices: Vec<RematChoice>,
+    pub before: PeakMemory,
+    pub after: PeakMemory,
+    /// The budget in bytes.
+    pub budget_bytes: u64,
+    /// Whether `after.peak_bytes <= budget_bytes`.
+    pub met: bool,
+    pub extra_flops: u64,
+    /// Roofline seconds added on the options' target.
+    pub extra_seconds: f64,
+}
+
+/// A way of choosing what to recompute.
+pub trait RematStrategy {
+    fn name(&self) -> &'static str;
+    /// The graph rewritten with this strategy's choices (the input unchanged
+    /// when nothing is chosen).
+    fn plan(&self, g: &Graph, opts: &RematOptions) -> Result<RematPlan, CompileError>;
+}
+
+/// Plans with `strategy`: the pass's entry point.
+pub fn rematerialize(g: &Graph, strategy: &dyn RematStrategy, opts: &RematOptions) -> Result<RematPlan, CompileError> {
+    let _span = tracing::debug_span!("rematerialize", strategy = strategy.name(), nodes = g.len()).entered();
+    strategy.plan(g, opts)
+}
+
+/// No recomputation: the baseline every plan is compared with.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Off;
+
+impl RematStrategy for Off {
+    fn name(&self) -> &'static str {
+        "off"
+    }
+
+    fn plan(&self, g: &Graph, opts: &RematOptions) -> Result<RematPlan, CompileError> {
+        let before = peak_of(&liveness(g, opts.fusion));
+        Ok(finish(self.name(), g, g.clone(), Vec::new(), before, opts))
+    }
+}
+
+/// Greedy by the cost model: while the peak is over budget, recompute the
+/// candidate live across the peak that frees the most bytes per second of
+/// recomputation (roofline on the target); a candidate that does not help is
+/// skipped. Chosen values may themselves be recomputed later in the loop.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Greedy;
+
+/// Candidates tried per round before the greedy strategy gives up.
+const GREEDY_TRIES: usize = 6;
+
+impl RematStrategy for Greedy {
+    fn name(&self) -> &'static str {
+        "greedy"
+    }
+
+    fn plan(&self, g: &Graph, opts: &RematOptions) -> Result<RematPlan, CompileError> {
+        let base = liveness(g, opts.fusion);
+        let before = peak_of(&base);
+        let budget = budget_bytes(opts.budget, &before);
+        let mut cur = g.clone();
+        let mut cur_l = base;
+        let mut choices = Vec::new();
+        let mut rejected: Vec<ValueId> = Vec::new();
+        loop {
+            let peak = peak_of(&cur_l);
+            if peak.peak_bytes <= budget {
+                break;
+            }
+            let score = pressure(&cur_l, peak.peak_bytes);
+            let at = peak.peak_position;
+            let mut cands: Vec<Candidate> = candidates(&cur, &cur_l, opts)
+                .into_iter()
+                .filter(|c| c.early_end < at && at < c.late_pos && !rejected.contains(&c.value))
+                .collect();
+            cands.sort_by(|a, b| {
+                let ka = a.bytes as f64 / (a.seconds + 1e-12);
+                let kb = b.bytes as f64 / (b.seconds + 1e-12);
+                kb.total_cmp(&ka).then(a.value.cmp(&b.value))
+            });
+            let mut accepted = false;
+            for c in cands.iter().take(GREEDY_TRIES) {
+                let (next, _) = rewrite(&cur, c)?;
+                let next_l = liveness(&next, opts.fusion);
+                if pressure(&next_l, peak.peak_bytes) < score {
+                    choices.push(c.choice(&cur));
+                    cur = next;
+                    cur_l = next_l;
+                    accepted = true;
+                    break;
+                }
+                rejected.push(c.value);
+            }
+            if !accepted {
+                break;
+            }
+            // Ids shift after a rewrite; what was rejected is re-judged.
+            rejected.clear();
+        }
+        Ok(finish(self.name(), g, cur, choices, before, opts))
+    }
+}
+
+/// Exact over the candidates of the unplanned graph (at most
+/// [`EXHAUSTIVE_MAX_CANDIDATES`], the ones holding the most bytes): every
+/// subset is applied and measured; the plan that meets the budget with the
+/// fewest extra FLOPs wins (the lowest peak if none meets it). For small
+/// graphs, and to measure the greedy strategy against.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Exhaustive;
+
+impl RematStrategy for Exhaustive {
+    fn name(&self) -> &'static str {
+        "exhaustive"
+    }
+
+    fn plan(&self, g: &Graph, opts: &RematOptions) -> Result<RematPlan, CompileError> {
+        let base = liveness(g, opts.fusion);
+        let before = peak_of(&base);
+        let budget = budget_bytes(opts.budget, &before);
+        let mut cands = candidates(g, &base, opts);
+        if cands.len() > EXHAUSTIVE_MAX_CANDIDATES {
+            return Err(CompileError::RematTooManyCandidates {
+                candidates: cands.len(),
+                limit: EXHAUSTIVE_MAX_CANDIDATES,
+            });
+        }
+        cands.sort_by_key(|c| c.value);
+        let base_flops = cost::graph_cost(g).total.flops;
+        // (meets budget, extra flops, peak) of the best subset so far.
+        let mut best: Option<((bool, u64, u64), Graph, Vec<RematChoice>)> = None;
+        for mask in 0u32..(1u32 << cands.len()) {
+            let mut cur = g.clone();
+            let mut choices = Vec::new();
+            let mut map: Vec<NodeId> = (0..g.len()).map(NodeId::from_index).collect();
+            for (i, c0) in cands.iter().enumerate() {
+                if mask & (1 << i) == 0 {
+                    continue;
+                }
+                let v = ValueId::new(map[c0.value.node.index()], c0.value.output);
+                let l = liveness(&cur, opts.fusion);
+                let Some(c) = candidates(&cur, &l, opts).into_iter().find(|c| c.value == v) else { continue };
+                let (next, m) = rewrite(&cur, &c)?;
+                choices.push(c.choice(&cur));
+                for slot in &mut map {
+                    *slot = m[slot.index()];
+                }
+                cur = next;
+            }
+            let peak = peak_of(&liveness(&cur, opts.fusion)).peak_bytes;
+            let flops = cost::graph_cost(&cur).total.flops.saturating_sub(base_flops);
+            let key = (peak <= budget, flops, peak);
+            let better = match &best {
+                None => true,
+                Some((k, _, _)) => match (key.0, k.0) {
+                    (true, false) => true,
+                    (false, true) => false,
+                    (true, true) => (key.1, key.2) < (k.1, k.2),
+                    (false, false) => (key.2, key.1) < (k.2, k.1),
+                },
+            };
+            if better {
+                best = Some((key, cur, choices));
+            }
+        }
+        let (_, graph, choices) = best.expect("the empty subset is always measured");
+        Ok(finish(self.name(), g, graph, choices, before, opts))
+    }
+}
+
+fn budget_bytes(budget: RematBudget, before: &PeakMemory) -> u64 {
+    match budget {
+        RematBudget::Bytes(b) => b,
+        RematBudget::FractionOfPeak(f) => (before.peak_bytes as f64 * f.clamp(0.0, 1.0)) as u64,
+    }
+}
+
+/// The peak and how many positions reach it: a change helps when it lowers
+/// the pair (a plateau at the peak is cut one candidate at a time).
+fn pressure(l: &Liveness, at_least: u64) -> (u64, usize) {
+    let curve = l.live_curve();
+    let peak = curve.iter().copied().max().unwrap_or(0);
+    (peak, curve.iter().filter(|&&b| b >= at_least.min(peak)).count())
+}
+
+fn finish(
+    strategy: &'static str,
+    original: &Graph,
+    graph: Graph,
+    choices: Vec<RematChoice>,
+    before: PeakMemory,
+    opts: &RematOptions,
+) -> RematPlan {
+    let after = peak_of(&liveness(&graph, opts.fusion));
+    let budget = budget_bytes(opts.budget, &before);
+    let extra_flops = cost::graph_cost(&graph).total.flops.saturating_sub(cost::graph_cost(original).total.flops);
+    let extra_seconds =
+        (cost::estimate_seconds(&graph, &opts.target) - cost::estimate_seconds(original, &opts.target)).max(0.0);
+    RematPlan {
+        strategy,
+        graph,
+        choices,
+        before,
+        after,
+        budget_bytes: budget,
+        met: after.peak_bytes <= budget,
+        extra_flops,
+        extra_seconds,
+    }
+}
+
+/// A value that can be recomputed for its late users.
+#[derive(Clone, Debug)]
+struct Candidate {
+    value: ValueId,
+    bytes: u64,
+    /// Position after which no early user reads it.
+    early_end: usize,
+    /// The first late user (the clones go just before it) and its position.
+    late_node: NodeId,
+    late_pos: usize,
+    /// Nodes to clone, in insertion order; the last one produces `value`.
+    chain: Vec<NodeId>,
+    /// Values the chain reads from memory, fenced by the barrier.
+    leaves: Vec<ValueId>,
+    /// A value of the late region that the barrier waits for.
+    anchor: Option<ValueId>,
+    flops: u64,
+    seconds: f64,
+}
+
+impl Candidate {
+    fn choice(&self, g: &Graph) -> RematChoice {
+        RematChoice {
+            value: self.value,
+            op: g.node(self.value.node).op.name(),
+            bytes: self.bytes,
+            recomputed_nodes: self.chain.len(),
+            flops: self.flops,
+        }
+    }
+}
+
+/// Whether a node may be cloned: same inputs give the same outputs.
+fn clonable(op: &Op, outputs: usize) -> bool {
+    outputs == 1
+        && match op {
+            Op::Parameter { .. } | Op::RngBitGenerator { .. } | Op::OptimizationBarrier { .. } | Op::AllReduce { .. } => {
+                false
+            }
+            Op::Constant { .. }
+            | Op::Iota { .. }
+            | Op::Unary { .. }
+            | Op::Binary { .. }
+            | Op::Compare { .. }
+            | Op::Select { .. }
+            | Op::Clamp { .. }
+            | Op::Convert { .. }
+            | Op::BroadcastInDim { .. }
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Slice { .. }
+            | Op::DynamicSlice { .. }
+            | Op::DynamicUpdateSlice { .. }
+            | Op::Concatenate { .. }
+            | Op::Pad { .. }
+            | Op::Reduce { .. }
+            | Op::DotGeneral { .. }
+            | Op::Gather { .. }
+            | Op::ScatterAdd { .. } => true,
+        }
+}
+
+fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Candidate> {
+    let users = users_of(g);
+    let mut pos = vec![None; g.len()];
+    for (p, id) in l.order.iter().enumerate() {
+        pos[id.index()] = Some(p);
+    }
+    let mut out = Vec::new();
+    for b in &l.buffers {
+        if b.kind != BufferKind::Temp {
+            continue;
+        }
+        let v = b.value;
+        if let Some(only) = opts.only {
+            if !only.contains(&v) {
+                continue;
+            }
+        }
+        let node = g.node(v.node);
+        if !clonable(&node.op, node.outputs.len()) || matches!(node.op, Op::Constant { .. } | Op::Iota { .. }) {
+            continue;
+        }
+        // Direct users in insertion order; the read happens where each executes.
+        let us: Vec<(usize, usize, NodeId)> = users[v.node.index()]
+            .iter()
+            .filter_map(|&u| Some((pos[u.index()]?, l.exec_pos[u.index()]?, u)))
+            .collect();
+        if us.len() < 2 {
+            continue;
+        }
+        let mut best: Option<(usize, usize, usize)> = None; // (gap, split, early_end)
+        let mut early_end = b.def;
+        for k in 1..us.len() {
+            early_end = early_end.max(us[k - 1].1);
+            let late = us[k].0;
+            if late > early_end + 1 {
+                let gap = late - early_end;
+                if best.is_none_or(|(g0, _, _)| gap > g0) {
+                    best = Some((gap, k, early_end));
+                }
+            }
+        }
+        let Some((_, split, early_end)) = best else { continue };
+        let (late_pos, _, late_node) = us[split];
+        let Some((chain, leaves)) = chain_for(g, l, v, late_pos, opts.max_chain_nodes) else { continue };
+        let anchor = g
+            .node(late_node)
+            .op
+            .inputs()
+            .into_iter()
+            .filter(|a| *a != v && l.exec_pos[a.node.index()].is_some_and(|p| p > early_end))
+            .max_by_key(|a| l.exec_pos[a.node.index()]);
+        let (flops, seconds) = chain.iter().fold((0u64, 0.0f64), |(f, s), &n| {
+            let c = cost::node_cost(g, n);
+            let t = (c.flops as f64 / opts.target.peak_flops_per_s(c.peak))
+                .max(c.bytes() as f64 / opts.target.mem_bytes_per_s);
+            (f.saturating_add(c.flops), s + t)
+        });
+        out.push(Candidate {
+            value: v,
+            bytes: b.bytes,
+            early_end,
+            late_node,
+            late_pos,
+            chain,
+            leaves,
+            anchor,
+            flops,
+            seconds,
+        });
+    }
+    out
+}
+
+/// The nodes to clone to recompute `v` at position `at`, and the values they
+/// read from memory; `None` when the chain would exceed `max_nodes`.
+fn chain_for(g: &Graph, l: &Liveness, v: ValueId, at: usize, max_nodes: usize) -> Option<(Vec<NodeId>, Vec<ValueId>)> {
+    let in_memory_at = |u: ValueId| -> bool {
+        match l.buffer_of[u.node.index()][u.output as usize] {
+            Some(b) => {
+                let b = &l.buffers[b];
+                b.value != v && b.def < at && b.last_use >= at
+            }
+            None => false,
+        }
+    };
+    let mut chain = vec![v.node];
+    let mut leaves = Vec::new();
+    let mut stack = vec![v.node];
+    while let Some(n) = stack.pop() {
+        for u in g.node(n).op.inputs() {
+            if chain.contains(&u.node) || leaves.contains(&u) {
+                continue;
+            }
+            let un = g.node(u.node);
+            let is_leaf = !clonable(&un.op, un.outputs.len())
+                || (in_memory_at(u) && !matches!(un.op, Op::Constant { .. } | Op::Iota { .. }));
+            if is_leaf {
+                leaves.push(u);
+            } else {
+                if chain.len() >= max_nodes {
+                    return None;
+                }
+                chain.push(u.node);
+                stack.push(u.node);
+            }
+        }
+    }
+    chain.sort();
+    leaves.sort();
+    Some((chain, leaves))
+}
+
+/// `g` with `c`'s chain cloned before its first late user and every user at
+/// or after that point reading the clone; also the node map old -> new.
+fn rewrite(g: &Graph, c: &Candidate) -> Result<(Graph, Vec<NodeId>), CompileError> {
+    let mut out = Graph::new();
+    let mut map: Vec<NodeId> = Vec::with_capacity(g.len());
+    let mut clone_of_v: Option<ValueId> = None;
+    let remap = |map: &[NodeId], v: ValueId| ValueId::new(map[v.node.index()], v.output);
+    for (id, node) in g.nodes() {
+        if id == c.late_node {
+            let mut fenced: Vec<ValueId> = c.leaves.iter().map(|&u| remap(&map, u)).collect();
+            let n_leaves = fenced.len();
+            if let Some(a) = c.anchor {
+                if !c.leaves.contains(&a) {
+                    fenced.push(remap(&map, a));
+                }
+            }
+            let barrier = if n_leaves > 0 { Some(out.add(Op::OptimizationBarrier { inputs: fenced })?) } else { None };
+            let mut clones: Vec<(NodeId, NodeId)> = Vec::new();
+            for &n in &c.chain {
+                let mut op = g.node(n).op.clone();
+                op.map_inputs(|u| {
+                    if let Some(k) = c.leaves.iter().position(|&x| x == u) {
+                        ValueId::new(barrier.expect("a chain with leaves has a barrier"), k as u32)
+                    } else {
+                        let cn = clones.iter().find(|(o, _)| *o == u.node).expect("chain operands precede").1;
+                        ValueId::new(cn, u.output)
+                    }
+                });
+                clones.push((n, out.add(op)?));
+            }
+            let cn = clones.iter().find(|(o, _)| *o == c.value.node).expect("the chain ends in the value").1;
+            clone_of_v = Some(ValueId::new(cn, c.value.output));
+        }
+        let mut op = node.op.clone();
+        op.map_inputs(|u| match clone_of_v {
+            Some(cv) if u == c.value => cv,
+            _ => remap(&map, u),
+        });
+        map.push(out.add(op)?);
+    }
+    out.set_outputs(g.outputs().iter().map(|&v| remap(&map, v)).collect())?;
+    for &a in g.aliases() {
+        out.add_alias(a)?;
+    }
+    Ok((out, map))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{DType, Literal, TensorType, UnaryOp};
+    use crate::memory::{peak_memory, EveryNodeAKernel};
+
+    /// A "forward" chain a0..a3 of tanh, then a "backward" chain that reads
+    /// each a_i in reverse order: the classic shape remat cuts.
+    fn ladder(n: usize) -> Graph {
+        let mut g = Graph::new();
+        let t = TensorType::new(DType::F32, [256]);
+        let p = g.parameter(t.clone());
+        let mut acts = vec![p];
+        for _ in 0..n {
+            let last = *acts.last().unwrap();
+            acts.push(g.value(Op::Unary { op: UnaryOp::Tanh, input: last }).unwrap());
+        }
+        let mut ct = g.value(Op::Unary { op: UnaryOp::Exp, input: acts[n] }).unwrap();
+        for i in (1..n).rev() {
+            ct = g.value(Op::Binary { op: crate::ir::BinaryOp::Mul, lhs: ct, rhs: acts[i] }).unwrap();
+        }
+        g.set_outputs(vec![ct]).unwrap();
+        g
+    }
+
+    #[test]
+    fn greedy_cuts_the_ladder_peak_and_keeps_the_values() {
+        let g = ladder(8);
+        let opts = RematOptions::new(RematBudget::Bytes(0), &EveryNodeAKernel);
+        let plan = rematerialize(&g, &Greedy, &opts).unwrap();
+        crate::verify(&plan.graph).unwrap();
+        assert!(plan.after.peak_bytes < plan.before.peak_bytes, "{:?} -> {:?}", plan.before, plan.after);
+        assert!(!plan.choices.is_empty());
+        assert!(plan.extra_flops > 0);
+        assert_eq!(peak_memory(&plan.graph, &EveryNodeAKernel), plan.after);
+        let x = Literal::from_f64s(DType::F32, [256], &(0..256).map(|i| (i as f64 * 0.37).sin()).collect::<Vec<_>>())
+            .unwrap();
+        let want = crate::interpret(&g, std::slice::from_ref(&x)).unwrap();
+        let got = crate::interpret(&plan.graph, &[x]).unwrap();
+        assert_eq!(want, got, "recomputation is bit-identical on the interpreter");
+    }
+
+    #[test]
+    fn clones_read_their_inputs_through_a_barrier() {
+        let g = ladder(6);
+        let opts = RematOptions::new(RematBudget::Bytes(0), &EveryNodeAKernel);
+        let plan = rematerialize(&g, &Greedy, &opts).unwrap();
+        let barriers = plan.graph.nodes().filter(|(_, n)| matches!(n.op, Op::OptimizationBarrier { .. })).count();
+        assert_eq!(barriers, plan.choices.len());
+    }
+
+    #[test]
+    fn off_changes_nothing() {
+        let g = ladder(4);
+        let opts = RematOptions::new(RematBudget::Bytes(0), &EveryNodeAKernel);
+        let plan = rematerialize(&g, &Off, &opts).unwrap();
+        assert_eq!(crate::text::print(&plan.graph), crate::text::print(&g));
+        assert_eq!(plan.extra_flops, 0);
+        assert!(!plan.met);
+    }
+
+    #[test]
+    fn exhaustive_meets_a_budget_with_no_more_flops_than_greedy() {
+        let g = ladder(6);
+        let before = peak_memory(&g, &EveryNodeAKernel).peak_bytes;
+        let opts = RematOptions::new(RematBudget::Bytes(before * 3 / 4), &EveryNodeAKernel);
+        let greedy = rematerialize(&g, &Greedy, &opts).unwrap();
+        let exact = rematerialize(&g, &Exhaustive, &opts).unwrap();
+        assert!(exact.met && greedy.met, "greedy {} exact {} budget {}", greedy.after.peak_bytes, exact.after.peak_bytes, opts_budget(&opts, before));
+        assert!(exact.extra_flops <= greedy.extra_flops);
+    }
+
+    fn opts_budget(o: &RematOptions, before: u64) -> u64 {
+        match o.budget {
+            RematBudget::Bytes(b) => b,
+            RematBudget::FractionOfPeak(f) => (before as f64 * f) as u64,
+        }
+    }
+}
