@@ -14,11 +14,47 @@ pub struct PipelineStats {
     pub nodes_out: usize,
     pub dead_removed: usize,
     pub cse_merged: usize,
+    /// Values the remat pass recomputes, and the FLOPs it adds.
+    pub remat_recomputed: usize,
+    pub remat_extra_flops: u64,
+}
+
+/// Options of [`optimize_with`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct OptimizeOptions {
+    /// Rematerialize until the predicted step peak fits this many bytes
+    /// (greedy strategy, [`crate::memory`]); `None`: no remat pass.
+    pub memory_limit_bytes: Option<u64>,
 }
 
 /// Runs the optimization passes. Parameters keep their indices: the caller has
 /// already pruned unused ones with [`eliminate_dead_code`].
 pub fn optimize(g: &Graph) -> Result<(Graph, PipelineStats), CompileError> {
+    optimize_with(g, &OptimizeOptions::default())
+}
+
+/// [`optimize`] with options.
+pub fn optimize_with(g: &Graph, opts: &OptimizeOptions) -> Result<(Graph, PipelineStats), CompileError> {
+    let (g, mut stats) = optimize_core(g)?;
+    // Remat (kept apart from the passes above so the pass list can absorb it
+    // as one entry): last, on the graph about to be lowered.
+    let g = match opts.memory_limit_bytes {
+        Some(limit) => {
+            let fusion = crate::memory::XlaCpuFusion;
+            let ro = crate::memory::RematOptions::new(crate::memory::RematBudget::Bytes(limit), &fusion);
+            let plan = crate::memory::rematerialize(&g, &crate::memory::Greedy, &ro)?;
+            stats.remat_recomputed = plan.choices.len();
+            stats.remat_extra_flops = plan.extra_flops;
+            debug_verify(&plan.graph)?;
+            plan.graph
+        }
+        None => g,
+    };
+    stats.nodes_out = g.len();
+    Ok((g, stats))
+}
+
+fn optimize_core(g: &Graph) -> Result<(Graph, PipelineStats), CompileError> {
     let _span = tracing::debug_span!("optimize", nodes = g.len()).entered();
     let mut stats = PipelineStats { nodes_in: g.len(), ..Default::default() };
     let (g, merged) = eliminate_common_subexpressions(g)?;

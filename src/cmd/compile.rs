@@ -52,6 +52,8 @@ pub struct CompileArgs {
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    memory: super::memory::MemoryArgs,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -86,6 +88,8 @@ struct Report {
     compile: Duration,
     stablehlo_bytes: usize,
     memory: Result<CompiledMemoryStats, String>,
+    /// The remat plan (`--memory-limit`).
+    plan: Option<super::memory::PlanReport>,
     /// Where `--out` wrote the artifact.
     written: Option<(Emit, PathBuf)>,
 }
@@ -116,6 +120,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     spinner.finish_and_clear();
     let (client, exe, compile_time) = compiled?;
     let memory = exe.compiled_memory_stats().map_err(|e| e.to_string());
+    let plan = super::memory::plan_and_compile(&args.memory, &optimized, &client, replicas, memory.clone().ok())?;
 
     let artifact = args.emit.map(|emit| match emit {
         Emit::Stablehlo => module.clone(),
@@ -142,6 +147,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         compile: compile_time,
         stablehlo_bytes: module.len(),
         memory,
+        plan,
         written,
     };
     match (args.out.is_none(), artifact) {
@@ -271,6 +277,9 @@ impl Report {
         if let Err(e) = &self.memory {
             v["memory_error"] = json!(e);
         }
+        if let Some(plan) = &self.plan {
+            v["memory_plan"] = plan.json();
+        }
         if let Some((emit, path)) = &self.written {
             v["emitted"] = json!({"kind": emit.name(), "path": path.display().to_string()});
         }
@@ -319,6 +328,9 @@ impl Report {
                 Err(e) => format!("memory: the plugin gave no compiled memory stats: {e}"),
             },
         ];
+        if let Some(plan) = &self.plan {
+            lines.push(plan.text().trim_end().to_string());
+        }
         if let Some((emit, path)) = &self.written {
             lines.push(format!("wrote the {} to {}", emit.name(), path.display()));
         }

@@ -44,6 +44,9 @@ pub struct Liveness {
     /// Position at which each node's work runs (`None` for dead nodes). A
     /// fused node runs inside its last consumer's kernel.
     pub exec_pos: Vec<Option<usize>>,
+    /// Whether each node's work is a kernel of its own (false: fused into its
+    /// users, or dead).
+    pub materialized: Vec<bool>,
     /// `buffer_of[node][output]`: the buffer holding that value, if any.
     pub buffer_of: Vec<Vec<Option<usize>>>,
     pub buffers: Vec<Buffer>,
@@ -210,7 +213,7 @@ pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
             b.last_use = end;
         }
     }
-    Liveness { order, exec_pos, buffer_of, buffers }
+    Liveness { order, exec_pos, materialized, buffer_of, buffers }
 }
 
 #[cfg(test)]

@@ -21,6 +21,17 @@
 //! Without the fence XLA merges the clones back and the memory returns (what
 //! torch_xla's checkpointing lost).
 //!
+//! The barrier alone is not enough on XLA's CPU backend: its pipeline removes
+//! barriers (`OptimizationBarrierExpander`) before a later CSE, which then
+//! merged the clones back (seen 2026-11-23: gpt tiny's XLA temp unchanged at
+//! 7.27 MiB with 15 fenced recomputations). So each fenced leaf is also read
+//! through `select(always, leaf, 0)`, where `always` is `x == x || x != x` on
+//! the anchor's first element: true at run time for every value, NaN included,
+//! so the select is the identity bit for bit, but no simplifier can prove it,
+//! so the clone's operands differ from the original's after the barrier is
+//! gone, and the clone still waits for the anchor. The select is elementwise
+//! and fuses into the clone's first kernel.
+//!
 //! Invariants:
 //! - The rewrite computes the same values: clones are the same ops on the
 //!   same (fenced) inputs, and a barrier passes values through unchanged, so
@@ -33,7 +44,7 @@
 //!   discarded, so the plan never predicts more memory than no plan.
 
 use crate::cost::{self, Target};
-use crate::ir::{Graph, NodeId, Op, ValueId};
+use crate::ir::{Graph, Literal, NodeId, Op, ValueId};
 use crate::CompileError;
 
 use super::liveness::{liveness, users_of, BufferKind, Liveness};
@@ -387,19 +398,17 @@ fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Candidate> {
         if !clonable(&node.op, node.outputs.len()) || matches!(node.op, Op::Constant { .. } | Op::Iota { .. }) {
             continue;
         }
-        // Direct users in insertion order; the read happens where each executes.
-        let us: Vec<(usize, usize, NodeId)> = users[v.node.index()]
-            .iter()
-            .filter_map(|&u| Some((pos[u.index()]?, l.exec_pos[u.index()]?, u)))
-            .collect();
-        if us.len() < 2 {
+        // Kernels that read the buffer, directly or through fused nodes and
+        // reshapes (views): `views` are those intermediaries.
+        let (mut kernels, views) = readers(g, l, &users, v.node);
+        kernels.sort_by_key(|&(p, _)| p);
+        if kernels.len() < 2 {
             continue;
         }
         let mut best: Option<(usize, usize, usize)> = None; // (gap, split, early_end)
-        let mut early_end = b.def;
-        for k in 1..us.len() {
-            early_end = early_end.max(us[k - 1].1);
-            let late = us[k].0;
+        for k in 1..kernels.len() {
+            let early_end = kernels[k - 1].0.max(b.def);
+            let late = kernels[k].0;
             if late > early_end + 1 {
                 let gap = late - early_end;
                 if best.is_none_or(|(g0, _, _)| gap > g0) {
@@ -408,14 +417,35 @@ fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Candidate> {
             }
         }
         let Some((_, split, early_end)) = best else { continue };
-        let (late_pos, _, late_node) = us[split];
-        let Some((chain, leaves)) = chain_for(g, l, v, late_pos, opts.max_chain_nodes) else { continue };
+        let (late_pos, late_node) = kernels[split];
+        let Some((mut chain, leaves)) = chain_for(g, l, v, late_pos, opts.max_chain_nodes) else { continue };
+        // Views placed before the late point that a late node reads (directly
+        // or through other such views) are cloned too, for the late kernels.
+        let mut early_views: Vec<NodeId> =
+            views.into_iter().filter(|n| pos[n.index()].is_some_and(|p| p < late_pos)).collect();
+        early_views.sort_by(|a, b| b.cmp(a));
+        let mut view_clones: Vec<NodeId> = Vec::new();
+        for &w in &early_views {
+            let needed = users[w.index()]
+                .iter()
+                .any(|u| pos[u.index()].is_some_and(|p| p >= late_pos) || view_clones.contains(u));
+            if needed {
+                view_clones.push(w);
+            }
+        }
+        // The anchor must be a buffer of its own outside the chain: fencing a
+        // fused value would make it a kernel that reads the chain's originals.
         let anchor = g
             .node(late_node)
             .op
             .inputs()
             .into_iter()
-            .filter(|a| *a != v && l.exec_pos[a.node.index()].is_some_and(|p| p > early_end))
+            .filter(|a| {
+                !chain.contains(&a.node)
+                    && !view_clones.contains(&a.node)
+                    && l.materialized[a.node.index()]
+                    && l.exec_pos[a.node.index()].is_some_and(|p| p > early_end)
+            })
             .max_by_key(|a| l.exec_pos[a.node.index()]);
         let (flops, seconds) = chain.iter().fold((0u64, 0.0f64), |(f, s), &n| {
             let c = cost::node_cost(g, n);
@@ -423,6 +453,9 @@ fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Candidate> {
                 .max(c.bytes() as f64 / opts.target.mem_bytes_per_s);
             (f.saturating_add(c.flops), s + t)
         });
+        chain.extend(view_clones);
+        chain.sort();
+        chain.dedup();
         out.push(Candidate {
             value: v,
             bytes: b.bytes,
@@ -437,6 +470,29 @@ fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Candidate> {
         });
     }
     out
+}
+
+/// The kernels reading node `n`'s buffer as `(position, node)`, following
+/// fused users and reshapes, and those fused users and reshapes.
+fn readers(g: &Graph, l: &Liveness, users: &[Vec<NodeId>], n: NodeId) -> (Vec<(usize, NodeId)>, Vec<NodeId>) {
+    let mut kernels = Vec::new();
+    let mut views = Vec::new();
+    let mut stack = vec![n];
+    while let Some(x) = stack.pop() {
+        for &u in &users[x.index()] {
+            let Some(p) = l.exec_pos[u.index()] else { continue };
+            let view = !l.materialized[u.index()] || matches!(g.node(u).op, Op::Reshape { .. });
+            if view {
+                if !views.contains(&u) {
+                    views.push(u);
+                    stack.push(u);
+                }
+            } else if !kernels.iter().any(|&(_, k)| k == u) {
+                kernels.push((p, u));
+            }
+        }
+    }
+    (kernels, views)
 }
 
 /// The nodes to clone to recompute `v` at position `at`, and the values they
@@ -483,38 +539,61 @@ fn chain_for(g: &Graph, l: &Liveness, v: ValueId, at: usize, max_nodes: usize) -
 fn rewrite(g: &Graph, c: &Candidate) -> Result<(Graph, Vec<NodeId>), CompileError> {
     let mut out = Graph::new();
     let mut map: Vec<NodeId> = Vec::with_capacity(g.len());
-    let mut clone_of_v: Option<ValueId> = None;
+    // Original chain node -> its clone, once the late point is reached.
+    let mut clones: Vec<(NodeId, NodeId)> = Vec::new();
     let remap = |map: &[NodeId], v: ValueId| ValueId::new(map[v.node.index()], v.output);
     for (id, node) in g.nodes() {
         if id == c.late_node {
             let mut fenced: Vec<ValueId> = c.leaves.iter().map(|&u| remap(&map, u)).collect();
             let n_leaves = fenced.len();
             if let Some(a) = c.anchor {
-                if !c.leaves.contains(&a) {
-                    fenced.push(remap(&map, a));
-                }
+                fenced.push(remap(&map, a));
             }
             let barrier = if n_leaves > 0 { Some(out.add(Op::OptimizationBarrier { inputs: fenced })?) } else { None };
-            let mut clones: Vec<(NodeId, NodeId)> = Vec::new();
+            // The runtime guard (see the module docs): every fenced leaf is read
+            // through `select(always, leaf, 0)`, `always` computed from the anchor.
+            let guard = match (barrier, c.anchor) {
+                (Some(b), Some(_)) => Some(always_true(&mut out, ValueId::new(b, n_leaves as u32))?),
+                _ => None,
+            };
+            let mut guarded: Vec<ValueId> = Vec::with_capacity(n_leaves);
+            if let Some(b) = barrier {
+                for k in 0..n_leaves {
+                    let leaf = ValueId::new(b, k as u32);
+                    guarded.push(match guard {
+                        Some(p) => {
+                            let ty = out.ty(leaf).clone();
+                            let zero = out.value(Op::Constant { literal: Literal::scalar(ty.dtype, 0.0) })?;
+                            let zeros = if ty.shape.rank() == 0 {
+                                zero
+                            } else {
+                                out.value(Op::BroadcastInDim { input: zero, shape: ty.shape.clone(), dims: vec![] })?
+                            };
+                            out.value(Op::Select { pred: p, on_true: leaf, on_false: zeros })?
+                        }
+                        None => leaf,
+                    });
+                }
+            }
             for &n in &c.chain {
                 let mut op = g.node(n).op.clone();
                 op.map_inputs(|u| {
                     if let Some(k) = c.leaves.iter().position(|&x| x == u) {
-                        ValueId::new(barrier.expect("a chain with leaves has a barrier"), k as u32)
-                    } else {
-                        let cn = clones.iter().find(|(o, _)| *o == u.node).expect("chain operands precede").1;
+                        guarded[k]
+                    } else if let Some(&(_, cn)) = clones.iter().find(|(o, _)| *o == u.node) {
                         ValueId::new(cn, u.output)
+                    } else {
+                        // A view's other operands are read where they are.
+                        remap(&map, u)
                     }
                 });
                 clones.push((n, out.add(op)?));
             }
-            let cn = clones.iter().find(|(o, _)| *o == c.value.node).expect("the chain ends in the value").1;
-            clone_of_v = Some(ValueId::new(cn, c.value.output));
         }
         let mut op = node.op.clone();
-        op.map_inputs(|u| match clone_of_v {
-            Some(cv) if u == c.value => cv,
-            _ => remap(&map, u),
+        op.map_inputs(|u| match clones.iter().find(|(o, _)| *o == u.node) {
+            Some(&(_, cn)) => ValueId::new(cn, u.output),
+            None => remap(&map, u),
         });
         map.push(out.add(op)?);
     }
@@ -525,10 +604,29 @@ fn rewrite(g: &Graph, c: &Candidate) -> Result<(Graph, Vec<NodeId>), CompileErro
     Ok((out, map))
 }
 
+/// A `pred` scalar that is true at run time whatever `anchor` holds, but that
+/// no compiler can fold: `x == x || x != x` for the anchor's first element
+/// `x` (as a float, where `x == x` is not a tautology because of NaN).
+fn always_true(out: &mut Graph, anchor: ValueId) -> Result<ValueId, CompileError> {
+    let ty = out.ty(anchor).clone();
+    let rank = ty.shape.rank();
+    let mut x = anchor;
+    if rank > 0 {
+        let one = out.value(Op::Slice { input: x, start: vec![0; rank], limit: vec![1; rank], stride: vec![1; rank] })?;
+        x = out.value(Op::Reshape { input: one, shape: crate::ir::Shape::scalar() })?;
+    }
+    if !ty.dtype.is_float() {
+        x = out.value(Op::Convert { input: x, to: crate::ir::DType::F32 })?;
+    }
+    let eq = out.value(Op::Compare { dir: crate::ir::CompareDir::Eq, lhs: x, rhs: x })?;
+    let ne = out.value(Op::Compare { dir: crate::ir::CompareDir::Ne, lhs: x, rhs: x })?;
+    out.value(Op::Binary { op: crate::ir::BinaryOp::Or, lhs: eq, rhs: ne })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{DType, Literal, TensorType, UnaryOp};
+    use crate::ir::{DType, TensorType, UnaryOp};
     use crate::memory::{peak_memory, EveryNodeAKernel};
 
     /// A "forward" chain a0..a3 of tanh, then a "backward" chain that reads
