@@ -109,6 +109,9 @@ pub(crate) struct Trace {
     /// Scalar constants broadcast to a shape, by (value bits, dtype, shape):
     /// recorded once per trace however often `x * 2.0` appears. Only looked up.
     pub constants: HashMap<(u64, DType, Shape), ValueId>,
+    /// Every read of a forward value by a backward node made by `grad` in this
+    /// step (autodiff's map, for memory planning).
+    pub backward_reads: Vec<crate::autodiff::BackwardRead>,
     /// `live` is compacted (dead handles dropped) when it reaches this length,
     /// so dead tensors are released while recording, amortised O(1) per op.
     compact_at: usize,
@@ -125,6 +128,7 @@ impl Trace {
             hashed: 0,
             compact_at: 64,
             constants: HashMap::new(),
+            backward_reads: Vec::new(),
         }
     }
 

@@ -12,7 +12,8 @@ pub fn grad(loss: &Tensor, wrt: &[Tensor]) -> Result<Vec<Tensor>> {
     let l = loss.value("grad")?;
     let ws = wrt.iter().map(|t| t.value("grad")).collect::<Result<Vec<_>>>()?;
     context::with(|c| {
-        let gs = crate::autodiff::grad(&mut c.trace.graph, l, &ws)?;
-        Ok(gs.into_iter().map(|v| Tensor::wrap(c.pending(v))).collect())
+        let info = crate::autodiff::grad_with_info(&mut c.trace.graph, l, &ws)?;
+        c.trace.backward_reads.extend(info.reads);
+        Ok(info.grads.into_iter().map(|v| Tensor::wrap(c.pending(v))).collect())
     })
 }
