@@ -79,6 +79,9 @@ enum Model {
         /// Mixed precision: matmuls in this dtype, f32 master weights.
         #[arg(long)]
         amp: Option<AmpDtype>,
+        /// Rematerialize so each step's predicted peak fits SIZE (`2GiB`, `512MiB`, bytes).
+        #[arg(long, value_name = "SIZE")]
+        memory_limit: Option<String>,
         /// End with one JSON object (for scripts).
         #[arg(long)]
         json: bool,
@@ -105,6 +108,9 @@ enum Model {
         /// Clip the global gradient norm to this value.
         #[arg(long)]
         max_grad_norm: Option<f64>,
+        /// Rematerialize so each step's predicted peak fits SIZE (`2GiB`, `512MiB`, bytes).
+        #[arg(long, value_name = "SIZE")]
+        memory_limit: Option<String>,
         /// End with one JSON object (for scripts).
         #[arg(long)]
         json: bool,
@@ -132,11 +138,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Devices { json } => devices(json),
         Command::Profile(args) => cmd::profile::run(args),
         Command::Cache { command } => cmd::cache::run(command),
-        Command::Train { model: Model::Mlp { epochs, batch, hidden, lr, seed, max_steps, data, checkpoint, compare_eager, amp, json } } => {
+        Command::Train { model: Model::Mlp { epochs, batch, hidden, lr, seed, max_steps, data, checkpoint, compare_eager, amp, memory_limit, json } } => {
+            set_memory_limit(memory_limit.as_deref())?;
             let cfg = MlpConfig { epochs, batch, hidden, lr, seed, max_steps, checkpoint, amp: amp.map(Into::into), ..MlpConfig::default() };
             train_mlp(&cfg, &data, compare_eager, json)
         }
-        Command::Train { model: Model::Gpt { text, config, steps, vocab, seed, amp, max_grad_norm, json } } => {
+        Command::Train { model: Model::Gpt { text, config, steps, vocab, seed, amp, max_grad_norm, memory_limit, json } } => {
+            set_memory_limit(memory_limit.as_deref())?;
             let base = config.config();
             let cfg = gpt::GptConfig {
                 steps: steps.unwrap_or(base.steps),
@@ -160,6 +168,13 @@ fn progress(json: bool) -> ProgressBar {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     bar
+}
+
+/// `--memory-limit` for the training loops.
+fn set_memory_limit(limit: Option<&str>) -> anyhow::Result<()> {
+    let bytes = limit.map(cmd::memory::parse_bytes).transpose()?;
+    kiln::set_memory_limit(bytes);
+    Ok(())
 }
 
 fn train_gpt(path: &std::path::Path, cfg: &gpt::GptConfig, json: bool) -> anyhow::Result<()> {

@@ -7,6 +7,7 @@
 pub mod amp;
 pub mod atomic_write;
 pub mod autodiff;
+mod memory_limit;
 pub mod checkpoint;
 pub mod clip;
 mod context;
@@ -31,5 +32,6 @@ pub use element::Element;
 pub use error::{FrontendError, Result};
 pub use grad::grad;
 pub use random::manual_seed;
+pub use memory_limit::{memory_limit, set_memory_limit};
 pub use step::{element_type, lower, lower_with, mark_step, step, LowerOpts, StepReport};
 pub use tensor::Tensor;

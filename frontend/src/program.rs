@@ -55,7 +55,8 @@ pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, repli
     let donated = (0..pruned.kept_params.len())
         .map(|i| pruned.graph.aliases().iter().any(|a| a.param as usize == i))
         .collect();
-    let (optimized, _stats) = pipeline::optimize(&pruned.graph)?;
+    let opts = pipeline::OptimizeOptions { memory_limit_bytes: crate::memory_limit() };
+    let (optimized, _stats) = pipeline::optimize_with(&pruned.graph, &opts)?;
     let lower_opts = LowerOptions { num_replicas: replicas };
     let compile_opts = CompileOptions { num_replicas: replicas, ..CompileOptions::default() };
     let fp = fingerprint(&optimized);

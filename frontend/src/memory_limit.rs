@@ -1,0 +1,26 @@
+//! The step memory budget: `set_memory_limit(Some(bytes))` makes every later
+//! step's program go through the compiler's rematerialization pass
+//! (`compiler::memory`), which recomputes activations until the predicted peak
+//! of the step fits.
+//!
+//! Invariant: a program in the compile caches was built under the limit that
+//! is set now (changing the limit clears this thread's caches; the disk cache
+//! keys on the optimized program, which the limit changes).
+
+use std::cell::Cell;
+
+thread_local! {
+    static LIMIT: Cell<Option<u64>> = const { Cell::new(None) };
+}
+
+/// Sets this thread's step memory budget in bytes (`None`: no remat pass).
+pub fn set_memory_limit(bytes: Option<u64>) {
+    if LIMIT.with(|l| l.replace(bytes)) != bytes {
+        crate::context::clear_compile_cache();
+    }
+}
+
+/// This thread's step memory budget.
+pub fn memory_limit() -> Option<u64> {
+    LIMIT.with(Cell::get)
+}
