@@ -32,6 +32,6 @@ pub use element::Element;
 pub use error::{FrontendError, Result};
 pub use grad::grad;
 pub use random::manual_seed;
-pub use memory_limit::{memory_limit, set_memory_limit};
+pub use memory_limit::{capture_graph, memory_limit, set_memory_limit};
 pub use step::{element_type, lower, lower_with, mark_step, step, LowerOpts, StepReport};
 pub use tensor::Tensor;

@@ -253,3 +253,120 @@ mod tests {
         assert!(parse_budget("0%").is_err());
     }
 }
+
+/// What `kiln profile <model> --max-batch` sizes.
+pub enum AdvisedModel {
+    Mlp { hidden: Vec<usize> },
+    Gpt { cfg: kiln::models::gpt::GptConfig },
+}
+
+/// The step graph of `model` at batch `batch`: forward, loss and gradients.
+/// The optimizer's update is not recorded; its state (AdamW: two moments per
+/// parameter, read and written) is added to the peak as `4 × parameter bytes`.
+fn step_graph(model: &AdvisedModel, batch: usize) -> anyhow::Result<(Graph, u64)> {
+    use kiln::models::{gpt, mlp};
+    use kiln::nn::{cross_entropy, ParamStore};
+    let mut ps = ParamStore::new(0);
+    let (graph, params) = match model {
+        AdvisedModel::Mlp { hidden } => {
+            let mut sizes = vec![784];
+            sizes.extend(hidden);
+            sizes.push(10);
+            let m = mlp::Mlp::new(&mut ps, &sizes)?;
+            let params = ps.tensors();
+            let x = kiln::Tensor::from_vec((0..batch * 784).map(|i| (i % 251) as f32 / 251.0).collect::<Vec<_>>(), [batch, 784])?;
+            let y = kiln::Tensor::from_vec((0..batch).map(|i| (i % 10) as i32).collect::<Vec<_>>(), [batch])?;
+            let g = kiln::capture_graph(|| {
+                let loss = cross_entropy(&m.forward(&x)?, &y, None)?;
+                let mut out = vec![loss.clone()];
+                out.extend(kiln::grad(&loss, &params)?);
+                Ok(out)
+            })?;
+            (g, params)
+        }
+        AdvisedModel::Gpt { cfg } => {
+            let cfg = gpt::GptConfig { batch, ..cfg.clone() };
+            let m = gpt::Gpt::new(&mut ps, &cfg)?;
+            let params = ps.tensors();
+            let n = batch * cfg.seq;
+            let ids = kiln::Tensor::from_vec((0..n).map(|i| (i % cfg.vocab) as i32).collect::<Vec<_>>(), [batch, cfg.seq])?;
+            let tgt = kiln::Tensor::from_vec((0..n).map(|i| ((i + 1) % cfg.vocab) as i32).collect::<Vec<_>>(), [n])?;
+            let g = kiln::capture_graph(|| {
+                let loss = m.loss(&ids, &tgt, true)?;
+                let mut out = vec![loss.clone()];
+                out.extend(kiln::grad(&loss, &params)?);
+                Ok(out)
+            })?;
+            (g, params)
+        }
+    };
+    let param_bytes: u64 = params.iter().map(|p| p.ty().size_in_bytes() as u64).sum();
+    Ok((graph, 4 * param_bytes))
+}
+
+/// The largest batch (powers of two) whose step fits `device_bytes`, without
+/// and with remat, by kiln's peak model; the two answers are then compiled
+/// through `client` (not run) and XLA's stats reported beside the model's.
+pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json: bool) -> anyhow::Result<()> {
+    let fusion = XlaCpuFusion;
+    let predicted = |b: usize, remat: bool| -> anyhow::Result<(u64, Graph)> {
+        let (g, extra) = step_graph(model, b)?;
+        let (g, _) = kiln::compiler::pipeline::optimize(&g)?;
+        if !remat {
+            return Ok((kiln::compiler::memory::peak_memory(&g, &fusion).peak_bytes + extra, g));
+        }
+        let budget = RematBudget::Bytes(device_bytes.saturating_sub(extra));
+        let plan = rematerialize(&g, &Greedy, &RematOptions::new(budget, &fusion))?;
+        Ok((plan.after.peak_bytes + extra, plan.graph))
+    };
+    let mut rows = Vec::new();
+    let mut best: [Option<(usize, u64, Graph)>; 2] = [None, None];
+    for (k, remat) in [false, true].into_iter().enumerate() {
+        let mut b = 1usize;
+        while b <= 1 << 20 {
+            let (peak, g) = predicted(b, remat)?;
+            rows.push(json!({"batch": b, "remat": remat, "predicted_peak_bytes": peak, "fits": peak <= device_bytes}));
+            if peak > device_bytes {
+                break;
+            }
+            best[k] = Some((b, peak, g));
+            b *= 2;
+        }
+    }
+    let mut summary = Vec::new();
+    for (k, remat) in [false, true].into_iter().enumerate() {
+        let Some((b, peak, g)) = &best[k] else {
+            summary.push(json!({"remat": remat, "max_batch": Value::Null}));
+            continue;
+        };
+        let module = lower(g, &LowerOptions::default())?;
+        let xla = client
+            .compile(&module, &CompileOptions::default())
+            .context("compiling the advised step")?
+            .compiled_memory_stats()
+            .ok()
+            .map(|m| xla_peak(&m));
+        summary.push(json!({"remat": remat, "max_batch": b, "predicted_peak_bytes": peak, "xla_peak_bytes_without_optimizer_state": xla}));
+    }
+    let out = json!({"device_memory_bytes": device_bytes, "search": rows, "max_batch": summary});
+    if json {
+        println!("{out}");
+    } else {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        println!("largest batch (powers of two) whose step fits {:.2} GiB, by kiln's peak model:", gib(device_bytes));
+        for s in &summary {
+            match s["max_batch"].as_u64() {
+                Some(b) => println!(
+                    "  {:<13} batch {b:>6}: predicted peak {:.2} GiB; XLA (compiled, not run; AdamW state not in the graph) {}",
+                    if s["remat"].as_bool() == Some(true) { "with remat" } else { "without remat" },
+                    gib(s["predicted_peak_bytes"].as_u64().unwrap_or(0)),
+                    s["xla_peak_bytes_without_optimizer_state"]
+                        .as_i64()
+                        .map_or("no stats".to_string(), |x| format!("{:.2} GiB", x as f64 / (1u64 << 30) as f64)),
+                ),
+                None => println!("  {}: not even batch 1 fits", if s["remat"].as_bool() == Some(true) { "with remat" } else { "without remat" }),
+            }
+        }
+    }
+    Ok(())
+}
