@@ -36,8 +36,6 @@ pub enum CompileError {
     Parse { line: usize, reason: String },
     #[error("interpreter: {op}: {reason}")]
     Interpret { op: &'static str, reason: String },
-    #[error("remat: the exhaustive strategy takes at most {limit} candidates, this graph has {candidates} (use the greedy one)")]
-    RematTooManyCandidates { candidates: usize, limit: usize },
 }
 
 fn fmt_types(types: &[TensorType]) -> String {

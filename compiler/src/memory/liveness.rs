@@ -207,6 +207,7 @@ pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
             }
         }
     }
+    share_dying_operands(g, &mut buffers);
     for b in &mut buffers {
         if b.kind == BufferKind::Argument {
             b.def = 0;
@@ -214,6 +215,63 @@ pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
         }
     }
     Liveness { order, exec_pos, materialized, buffer_of, buffers }
+}
+
+/// XLA writes an elementwise kernel's result into an operand buffer of the
+/// same size that dies in that kernel (and updates in place into the operand
+/// of `dynamic_update_slice` and `scatter_add`): the two share one
+/// allocation, so the dying buffer's interval ends just before the kernel.
+fn share_dying_operands(g: &Graph, buffers: &mut [Buffer]) {
+    let mut dying: Vec<Vec<usize>> = Vec::new();
+    for (k, b) in buffers.iter().enumerate() {
+        if b.kind == BufferKind::Temp && b.last_use > b.def {
+            if dying.len() <= b.last_use {
+                dying.resize(b.last_use + 1, Vec::new());
+            }
+            dying[b.last_use].push(k);
+        }
+    }
+    for k in 0..buffers.len() {
+        let (def, bytes, kind) = (buffers[k].def, buffers[k].bytes, buffers[k].kind);
+        if !matches!(kind, BufferKind::Temp | BufferKind::Output) || !writes_in_place(&g.node(buffers[k].value.node).op) {
+            continue;
+        }
+        let Some(candidates) = dying.get_mut(def) else { continue };
+        if let Some(i) = candidates.iter().position(|&o| o != k && buffers[o].bytes == bytes && buffers[o].def < def) {
+            let o = candidates.swap_remove(i);
+            buffers[o].last_use = def - 1;
+        }
+    }
+}
+
+/// Kernels whose result may take the place of a dying operand.
+fn writes_in_place(op: &Op) -> bool {
+    match op {
+        Op::Unary { .. }
+        | Op::Binary { .. }
+        | Op::Compare { .. }
+        | Op::Select { .. }
+        | Op::Clamp { .. }
+        | Op::Convert { .. }
+        | Op::BroadcastInDim { .. }
+        | Op::Transpose { .. }
+        | Op::Slice { .. }
+        | Op::Concatenate { .. }
+        | Op::Pad { .. }
+        | Op::DynamicUpdateSlice { .. }
+        | Op::ScatterAdd { .. } => true,
+        Op::Parameter { .. }
+        | Op::Constant { .. }
+        | Op::Iota { .. }
+        | Op::Reshape { .. }
+        | Op::DynamicSlice { .. }
+        | Op::Reduce { .. }
+        | Op::DotGeneral { .. }
+        | Op::Gather { .. }
+        | Op::RngBitGenerator { .. }
+        | Op::OptimizationBarrier { .. }
+        | Op::AllReduce { .. } => false,
+    }
 }
 
 #[cfg(test)]
@@ -234,12 +292,27 @@ mod tests {
     }
 
     #[test]
-    fn unfused_chain_holds_two_temps_at_once() {
+    fn unfused_elementwise_chain_writes_into_its_dying_operands() {
         let l = liveness(&chain(), &EveryNodeAKernel);
-        // positions: p 0, exp 1, tanh 2, neg 3.
-        assert_eq!(l.temp_curve(), vec![0, 16, 32, 16]);
+        // positions: p 0, exp 1, tanh 2, neg 3; tanh takes exp's buffer,
+        // neg (the output) takes tanh's.
+        assert_eq!(l.temp_curve(), vec![0, 16, 16, 0]);
         assert_eq!(l.output_curve(), vec![0, 0, 0, 16]);
-        assert_eq!(l.live_curve(), vec![16, 32, 48, 48]);
+        assert_eq!(l.live_curve(), vec![16, 32, 32, 32]);
+    }
+
+    #[test]
+    fn an_operand_that_lives_on_is_not_shared() {
+        // exp is read again after tanh: both are live at tanh.
+        let mut g = Graph::new();
+        let p = g.parameter(TensorType::new(DType::F32, [4]));
+        let a = g.value(Op::Unary { op: UnaryOp::Exp, input: p }).unwrap();
+        let b = g.value(Op::Unary { op: UnaryOp::Tanh, input: a }).unwrap();
+        let c = g.value(Op::Binary { op: crate::ir::BinaryOp::Add, lhs: a, rhs: b }).unwrap();
+        g.set_outputs(vec![c]).unwrap();
+        let l = liveness(&g, &EveryNodeAKernel);
+        // The output add takes one of the two buffers that die in it.
+        assert_eq!(l.temp_curve(), vec![0, 16, 32, 16]);
     }
 
     #[test]
@@ -259,6 +332,7 @@ mod tests {
         g.set_outputs(vec![t]).unwrap();
         let l = liveness(&g, &EveryNodeAKernel);
         assert_eq!(l.buffers.len(), 3);
-        assert_eq!(l.temp_curve(), vec![0, 16, 16, 16]);
+        // exp's buffer lives through the reshape; tanh (the output) takes it.
+        assert_eq!(l.temp_curve(), vec![0, 16, 16, 0]);
     }
 }

@@ -82,7 +82,7 @@ impl Materialization for XlaCpuFusion {
 }
 
 /// Ops XLA emits as one loop over the output elements.
-fn loop_fusible(op: &Op) -> bool {
+pub(crate) fn loop_fusible(op: &Op) -> bool {
     match op {
         Op::Unary { .. }
         | Op::Binary { .. }

@@ -51,8 +51,8 @@ use super::liveness::{liveness, users_of, BufferKind, Liveness};
 use super::peak::{peak_of, PeakMemory};
 use super::Materialization;
 
-/// Most candidates [`Exhaustive`] enumerates (2^12 plans).
-pub const EXHAUSTIVE_MAX_CANDIDATES: usize = 12;
+/// Most candidates [`Exhaustive`] enumerates (2^10 plans).
+pub const EXHAUSTIVE_MAX_CANDIDATES: usize = 10;
 
 /// How much memory the planned step may use.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -145,15 +145,17 @@ impl RematStrategy for Off {
     }
 }
 
-/// Greedy by the cost model: while the peak is over budget, recompute the
-/// candidate live across the peak that frees the most bytes per second of
-/// recomputation (roofline on the target); a candidate that does not help is
-/// skipped. Chosen values may themselves be recomputed later in the loop.
+/// Greedy by the cost model: while the peak is over budget, recompute a
+/// candidate live across the peak: the cheapest (FLOPs, then roofline seconds
+/// on the target) of those whose bytes alone cover the excess over the budget, else
+/// the one that frees the most bytes per second of recomputation; a
+/// candidate that does not lower the peak is skipped. Chosen values may
+/// themselves be recomputed later in the loop.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Greedy;
 
 /// Candidates tried per round before the greedy strategy gives up.
-const GREEDY_TRIES: usize = 6;
+const GREEDY_TRIES: usize = 24;
 
 impl RematStrategy for Greedy {
     fn name(&self) -> &'static str {
@@ -179,10 +181,23 @@ impl RematStrategy for Greedy {
                 .into_iter()
                 .filter(|c| c.early_end < at && at < c.late_pos && !rejected.contains(&c.value))
                 .collect();
+            // Candidates that alone cover the excess, cheapest first (so a
+            // small excess is not paid for with a large recomputation); then
+            // the others by bytes freed per second of recomputation.
+            let excess = peak.peak_bytes.saturating_sub(budget);
             cands.sort_by(|a, b| {
+                let (ca, cb) = (a.bytes >= excess, b.bytes >= excess);
                 let ka = a.bytes as f64 / (a.seconds + 1e-12);
                 let kb = b.bytes as f64 / (b.seconds + 1e-12);
-                kb.total_cmp(&ka).then(a.value.cmp(&b.value))
+                cb.cmp(&ca)
+                    .then_with(|| {
+                        if ca && cb {
+                            a.flops.cmp(&b.flops).then(a.seconds.total_cmp(&b.seconds))
+                        } else {
+                            kb.total_cmp(&ka)
+                        }
+                    })
+                    .then(a.value.cmp(&b.value))
             });
             let mut accepted = false;
             for c in cands.iter().take(GREEDY_TRIES) {
@@ -207,11 +222,12 @@ impl RematStrategy for Greedy {
     }
 }
 
-/// Exact over the candidates of the unplanned graph (at most
-/// [`EXHAUSTIVE_MAX_CANDIDATES`], the ones holding the most bytes): every
-/// subset is applied and measured; the plan that meets the budget with the
-/// fewest extra FLOPs wins (the lowest peak if none meets it). For small
-/// graphs, and to measure the greedy strategy against.
+/// Exact over the candidates of the unplanned graph: every subset is applied
+/// and measured; the plan that meets the budget with the fewest extra FLOPs
+/// wins (the lowest peak if none meets it). On a graph with more than
+/// [`EXHAUSTIVE_MAX_CANDIDATES`] candidates it enumerates the ones holding
+/// the most bytes only (exact over that set, no longer over the graph). For
+/// small graphs, and to measure the greedy strategy against.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Exhaustive;
 
@@ -225,12 +241,8 @@ impl RematStrategy for Exhaustive {
         let before = peak_of(&base);
         let budget = budget_bytes(opts.budget, &before);
         let mut cands = candidates(g, &base, opts);
-        if cands.len() > EXHAUSTIVE_MAX_CANDIDATES {
-            return Err(CompileError::RematTooManyCandidates {
-                candidates: cands.len(),
-                limit: EXHAUSTIVE_MAX_CANDIDATES,
-            });
-        }
+        cands.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.value.cmp(&b.value)));
+        cands.truncate(EXHAUSTIVE_MAX_CANDIDATES);
         cands.sort_by_key(|c| c.value);
         let base_flops = cost::graph_cost(g).total.flops;
         // (meets budget, extra flops, peak) of the best subset so far.
@@ -447,10 +459,22 @@ fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Candidate> {
                     && l.exec_pos[a.node.index()].is_some_and(|p| p > early_end)
             })
             .max_by_key(|a| l.exec_pos[a.node.index()]);
+        // Without a fenced leaf and an anchor nothing stops XLA's CSE from
+        // merging the clones back (constant-only chains such as masks).
+        if leaves.is_empty() || anchor.is_none() {
+            continue;
+        }
+        // Recompute time: loop-fusible ops fuse into the kernel that reads
+        // them and add only their arithmetic; the others (dots, reductions,
+        // gathers) pay the roofline's slower of arithmetic and memory.
         let (flops, seconds) = chain.iter().fold((0u64, 0.0f64), |(f, s), &n| {
             let c = cost::node_cost(g, n);
-            let t = (c.flops as f64 / opts.target.peak_flops_per_s(c.peak))
-                .max(c.bytes() as f64 / opts.target.mem_bytes_per_s);
+            let compute = c.flops as f64 / opts.target.peak_flops_per_s(c.peak);
+            let t = if super::loop_fusible(&g.node(n).op) {
+                compute
+            } else {
+                compute.max(c.bytes() as f64 / opts.target.mem_bytes_per_s)
+            };
             (f.saturating_add(c.flops), s + t)
         });
         chain.extend(view_clones);
