@@ -44,7 +44,9 @@ pub enum Strategy {
 /// (powers of 1000) or `KiB`, `MiB`, `GiB` (powers of 1024).
 pub fn parse_bytes(s: &str) -> anyhow::Result<u64> {
     let t = s.trim();
-    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    // A plain number (`1.5e9`) has no unit; otherwise the unit starts at the
+    // first letter.
+    let split = if t.parse::<f64>().is_ok() { t.len() } else { t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len()) };
     let (num, unit) = t.split_at(split);
     let n: f64 = num.trim().parse().with_context(|| format!("`{s}` is not a size (like 2GiB, 512MiB, 1e9)"))?;
     let scale = match unit.trim() {
