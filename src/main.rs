@@ -91,6 +91,9 @@ enum Model {
         /// Mixed precision: matmuls in this dtype, f32 master weights.
         #[arg(long)]
         amp: Option<AmpDtype>,
+        /// Rematerialize so each step's predicted peak fits SIZE (`2GiB`, `512MiB`, bytes).
+        #[arg(long, value_name = "SIZE")]
+        memory_limit: Option<String>,
         /// End with one JSON object (for scripts).
         #[arg(long)]
         json: bool,
@@ -117,6 +120,9 @@ enum Model {
         /// Clip the global gradient norm to this value.
         #[arg(long)]
         max_grad_norm: Option<f64>,
+        /// Rematerialize so each step's predicted peak fits SIZE (`2GiB`, `512MiB`, bytes).
+        #[arg(long, value_name = "SIZE")]
+        memory_limit: Option<String>,
         /// End with one JSON object (for scripts).
         #[arg(long)]
         json: bool,
@@ -147,8 +153,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Profile(args) => cmd::profile::run(args),
         Command::Cache { command } => cmd::cache::run(command),
         Command::Train {
-            model: Model::Mlp { epochs, batch, hidden, lr, seed, max_steps, data, checkpoint, checkpoint_every, resume, overwrite, compare_eager, amp, json },
+            model: Model::Mlp { epochs, batch, hidden, lr, seed, max_steps, data, checkpoint, checkpoint_every, resume, overwrite, compare_eager, amp, memory_limit, json },
         } => {
+            set_memory_limit(memory_limit.as_deref())?;
             let cfg = MlpConfig {
                 epochs,
                 batch,
@@ -165,7 +172,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             train_mlp(&cfg, &data, compare_eager, json)
         }
-        Command::Train { model: Model::Gpt { text, config, steps, vocab, seed, amp, max_grad_norm, json } } => {
+        Command::Train { model: Model::Gpt { text, config, steps, vocab, seed, amp, max_grad_norm, memory_limit, json } } => {
+            set_memory_limit(memory_limit.as_deref())?;
             let base = config.config();
             let cfg = gpt::GptConfig {
                 steps: steps.unwrap_or(base.steps),
@@ -189,6 +197,13 @@ fn progress(json: bool) -> ProgressBar {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     bar
+}
+
+/// `--memory-limit` for the training loops.
+fn set_memory_limit(limit: Option<&str>) -> anyhow::Result<()> {
+    let bytes = limit.map(cmd::memory::parse_bytes).transpose()?;
+    kiln::set_memory_limit(bytes);
+    Ok(())
 }
 
 fn train_gpt(path: &std::path::Path, cfg: &gpt::GptConfig, json: bool) -> anyhow::Result<()> {

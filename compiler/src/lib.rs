@@ -12,6 +12,7 @@ pub mod fusion;
 pub mod interp;
 pub mod ir;
 pub mod lower;
+pub mod memory;
 pub mod passes;
 pub mod pipeline;
 pub mod rewrite;

@@ -37,8 +37,10 @@ pub struct PassStats {
     pub stop_reason: Option<String>,
     /// Fusion groups the backend is expected to form (fusion planning).
     pub fusion_groups: Option<usize>,
-    /// Nodes a pass merged or removed (CSE, DCE).
+    /// Nodes a pass merged or removed (CSE, DCE), values it recomputes (remat).
     pub changed: usize,
+    /// FLOPs a pass added (remat's recomputation).
+    pub extra_flops: u64,
 }
 
 /// What the pipeline did, for metrics and the CLI.
@@ -51,6 +53,9 @@ pub struct PipelineStats {
     pub nodes_out: usize,
     pub passes: Vec<PassStats>,
     pub total_time: Duration,
+    /// Values the remat pass recomputes, and the FLOPs it adds.
+    pub remat_recomputed: usize,
+    pub remat_extra_flops: u64,
 }
 
 impl PipelineStats {
@@ -75,6 +80,10 @@ impl PipelineStats {
 #[derive(Clone, Debug, PartialEq)]
 pub struct PassOptions {
     pub rewrite: RewriteOptions,
+    /// The `remat` pass rematerializes until the predicted step peak fits
+    /// this many bytes (greedy strategy, [`crate::memory`]); `None`: it
+    /// changes nothing.
+    pub memory_limit_bytes: Option<u64>,
 }
 
 /// One pass: a name (what `--passes` spells) and a function from graph to graph
@@ -92,11 +101,12 @@ impl std::fmt::Debug for Pass {
 }
 
 /// Every pass, by name. `PASSES` is the default order.
-pub const ALL_PASSES: [Pass; 4] = [
+pub const ALL_PASSES: [Pass; 5] = [
     Pass { name: "cse", run: run_cse },
     Pass { name: "rewrite", run: run_rewrite },
     Pass { name: "dce", run: run_dce },
     Pass { name: "fusion", run: run_fusion },
+    Pass { name: "remat", run: run_remat },
 ];
 
 /// The default pipeline: merge duplicates so the e-graph starts small, rewrite
@@ -134,7 +144,7 @@ impl Default for PipelineOptions {
             // per pass on the gpt2-small train step, next to seconds of XLA
             // compile on the same miss.
             verify: true,
-            pass_options: PassOptions { rewrite: RewriteOptions::default() },
+            pass_options: PassOptions { rewrite: RewriteOptions::default(), memory_limit_bytes: None },
         }
     }
 }
@@ -143,6 +153,18 @@ impl PipelineOptions {
     /// The default list without the `rewrite` pass (`kiln compile --no-rewrite`).
     pub fn without_rewrite(mut self) -> PipelineOptions {
         self.passes.retain(|p| p != "rewrite");
+        self
+    }
+
+    /// Adds the `remat` pass at the end, under `limit` bytes (`None`: no
+    /// change).
+    pub fn with_memory_limit(mut self, limit: Option<u64>) -> PipelineOptions {
+        if let Some(limit) = limit {
+            self.pass_options.memory_limit_bytes = Some(limit);
+            if !self.passes.iter().any(|p| p == "remat") {
+                self.passes.push("remat".to_string());
+            }
+        }
         self
     }
 }
@@ -195,6 +217,10 @@ pub fn run(
             crate::verify(&graph).map_err(|e| after(p.name, e))?;
         }
         observe(p.name, &graph);
+        if p.name == "remat" {
+            stats.remat_recomputed += ps.changed;
+            stats.remat_extra_flops += ps.extra_flops;
+        }
         stats.passes.push(ps);
     }
     stats.nodes_out = graph.len();
@@ -206,6 +232,21 @@ pub fn run(
 /// the graph and stats. Kept for callers that only want the optimized graph.
 pub fn optimize(g: &Graph) -> Result<(Graph, PipelineStats), CompileError> {
     let opts = PipelineOptions { prune_params: false, ..PipelineOptions::default() };
+    let out = run(g, &opts, &mut |_, _| {})?;
+    Ok((out.graph, out.stats))
+}
+
+/// Options of [`optimize_with`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct OptimizeOptions {
+    /// Rematerialize until the predicted step peak fits this many bytes
+    /// (greedy strategy, [`crate::memory`]); `None`: no remat pass.
+    pub memory_limit_bytes: Option<u64>,
+}
+
+/// [`optimize`] with options: the default passes, then `remat` under a limit.
+pub fn optimize_with(g: &Graph, o: &OptimizeOptions) -> Result<(Graph, PipelineStats), CompileError> {
+    let opts = PipelineOptions { prune_params: false, ..PipelineOptions::default() }.with_memory_limit(o.memory_limit_bytes);
     let out = run(g, &opts, &mut |_, _| {})?;
     Ok((out.graph, out.stats))
 }
@@ -233,6 +274,18 @@ fn run_rewrite(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, C
     s.stop_reason = Some(out.report.stop_reason.to_string());
     s.changed = g.len().saturating_sub(out.graph.len());
     Ok(out.graph)
+}
+
+/// Remat last, on the graph about to be lowered: XLA-like fusion decides
+/// which values get buffers (`crate::memory`).
+fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, CompileError> {
+    let Some(limit) = o.memory_limit_bytes else { return Ok(g.clone()) };
+    let fusion = crate::memory::XlaCpuFusion;
+    let ro = crate::memory::RematOptions::new(crate::memory::RematBudget::Bytes(limit), &fusion);
+    let plan = crate::memory::rematerialize(g, &crate::memory::Greedy, &ro)?;
+    s.changed = plan.choices.len();
+    s.extra_flops = plan.extra_flops;
+    Ok(plan.graph)
 }
 
 fn run_fusion(g: &Graph, _: &PassOptions, s: &mut PassStats) -> Result<Graph, CompileError> {

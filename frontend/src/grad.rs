@@ -16,7 +16,8 @@ pub fn grad(loss: &Tensor, wrt: &[Tensor]) -> Result<Vec<Tensor>> {
         // trace's running hash hears of it.
         let found = kiln_compiler::composite::fuse(&mut c.trace.graph)?;
         c.trace.note_rewrite(&found);
-        let gs = crate::autodiff::grad(&mut c.trace.graph, l, &ws)?;
-        Ok(gs.into_iter().map(|v| Tensor::wrap(c.pending(v))).collect())
+        let info = crate::autodiff::grad_with_info(&mut c.trace.graph, l, &ws)?;
+        c.trace.backward_reads.extend(info.reads);
+        Ok(info.grads.into_iter().map(|v| Tensor::wrap(c.pending(v))).collect())
     })
 }

@@ -140,7 +140,7 @@ pub(crate) struct Obtained {
 pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, replicas: usize) -> Result<Obtained> {
     let mut dump = crate::dump::Dump::from_env();
     let t = Instant::now();
-    let out = pipeline::run(graph, &pipeline::PipelineOptions::default(), &mut |p, g| dump.observe(p, g))?;
+    let out = pipeline::run(graph, &pipeline::PipelineOptions::default().with_memory_limit(crate::memory_limit()), &mut |p, g| dump.observe(p, g))?;
     metrics::update(|m| m.record_pipeline(&out.stats, t.elapsed()));
     dump.finish()?;
     let pipeline::Optimized { graph: optimized, pruned, .. } = out;

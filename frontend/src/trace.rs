@@ -113,6 +113,9 @@ pub(crate) struct Trace {
     pub constants: HashMap<(u64, DType, Shape), ValueId>,
     /// `live` is compacted (dead handles dropped) when it reaches this length,
     /// so dead tensors are released while recording, amortised O(1) per op.
+    /// Every read of a forward value by a backward node made by `grad` in this
+    /// step (autodiff's map, for memory planning).
+    pub backward_reads: Vec<crate::autodiff::BackwardRead>,
     compact_at: usize,
 }
 
@@ -125,6 +128,7 @@ impl Trace {
             live: Vec::new(),
             hasher: DefaultHasher::new(),
             hashed: 0,
+            backward_reads: Vec::new(),
             compact_at: 64,
             constants: HashMap::new(),
         }

@@ -62,6 +62,8 @@ pub struct CompileArgs {
     /// The default passes without the equality-saturation rewrite.
     #[arg(long, conflicts_with = "passes")]
     no_rewrite: bool,
+    #[command(flatten)]
+    memory: super::memory::MemoryArgs,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -104,6 +106,8 @@ struct Report {
     compile: Duration,
     stablehlo_bytes: usize,
     memory: Result<CompiledMemoryStats, String>,
+    /// The remat plan (`--memory-limit`).
+    plan: Option<super::memory::PlanReport>,
     /// Where `--out` wrote the artifact.
     written: Option<(Emit, PathBuf)>,
 }
@@ -156,6 +160,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     spinner.finish_and_clear();
     let (client, exe, compile_time) = compiled?;
     let memory = exe.compiled_memory_stats().map_err(|e| e.to_string());
+    let plan = super::memory::plan_and_compile(&args.memory, &optimized, &client, replicas, memory.clone().ok())?;
 
     let artifact = args.emit.map(|emit| match emit {
         Emit::Stablehlo => module.clone(),
@@ -186,6 +191,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         compile: compile_time,
         stablehlo_bytes: module.len(),
         memory,
+        plan,
         written,
     };
     match (args.out.is_none(), artifact) {
@@ -343,6 +349,9 @@ impl Report {
             .iter()
             .map(|d| json!({"kind": d.kind, "node": d.node.to_string(), "fused": d.fused.is_ok(), "reason": d.fused.as_ref().err()}))
             .collect();
+        if let Some(plan) = &self.plan {
+            v["memory_plan"] = plan.json();
+        }
         if let Some((emit, path)) = &self.written {
             v["emitted"] = json!({"kind": emit.name(), "path": path.display().to_string()});
         }
@@ -426,6 +435,9 @@ impl Report {
                 Ok(()) => format!("{} {}: fused kernel", d.kind, d.node),
                 Err(why) => format!("{} {}: plain expansion ({why})", d.kind, d.node),
             });
+        }
+        if let Some(plan) = &self.plan {
+            lines.push(plan.text().trim_end().to_string());
         }
         if let Some((emit, path)) = &self.written {
             lines.push(format!("wrote the {} to {}", emit.name(), path.display()));

@@ -62,6 +62,13 @@ pub struct ProfileArgs {
     /// End with one JSON object (for scripts).
     #[arg(long)]
     json: bool,
+    /// Compile (without running) growing batch sizes of the model's step and
+    /// report the largest that fits --device-memory, with and without remat.
+    #[arg(long)]
+    max_batch: bool,
+    /// Device memory for --max-batch (`80GiB`; default: the first GPU's).
+    #[arg(long, value_name = "SIZE", requires = "max_batch")]
+    device_memory: Option<String>,
 }
 
 /// The phases of a step, in timeline order (their Perfetto rows). Steps are
@@ -70,6 +77,9 @@ pub struct ProfileArgs {
 const PHASES: [&str; 7] = ["trace", "compile", "disk_load", "upload", "execute", "device_wait", "download"];
 
 pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
+    if args.max_batch {
+        return max_batch(&args);
+    }
     if args.steps == 0 {
         anyhow::bail!("--steps must be at least 1");
     }
@@ -406,4 +416,31 @@ fn chrome_trace(events: &[Event]) -> serde_json::Value {
         }));
     }
     json!({"traceEvents": out, "displayTimeUnit": "ms"})
+}
+
+/// `--max-batch`: see [`super::memory::max_batch`].
+fn max_batch(args: &ProfileArgs) -> anyhow::Result<()> {
+    use super::memory::{self, AdvisedModel};
+    let device = match &args.device_memory {
+        Some(s) => memory::parse_bytes(s)?,
+        None => kiln::runtime::gpu::probe_gpus()
+            .gpus()
+            .first()
+            .map(|g| g.total_bytes)
+            .context("--max-batch: no GPU found to size against; give --device-memory SIZE")?,
+    };
+    let model = match args.target.as_str() {
+        "mlp" => AdvisedModel::Mlp { hidden: args.hidden.clone() },
+        "gpt" => {
+            let vocab = match (&args.vocab, &args.text) {
+                (Some(v), _) => *v,
+                (None, Some(path)) => gpt::CharVocab::new(&gpt::read_text(path, 1)?).len(),
+                (None, None) => 256,
+            };
+            AdvisedModel::Gpt { cfg: gpt::GptConfig { vocab, amp: args.amp.map(Into::into), ..args.config.config() } }
+        }
+        other => anyhow::bail!("--max-batch sizes the built-in models (mlp, gpt), not {other}"),
+    };
+    let client = Client::new(&ClientOptions::default())?;
+    memory::max_batch(&model, device, &client, args.json)
 }

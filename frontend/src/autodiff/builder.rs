@@ -1,15 +1,30 @@
 //! Small helpers that append backward ops to the graph and remember which
 //! forward values they read.
+//!
+//! Invariant: every op appended through [`Builder::op`] (all helpers go
+//! through it) has each operand that is a forward value recorded as a
+//! [`BackwardRead`], whether or not the rule marked it with [`Builder::fwd`].
 
 use kiln_compiler::ir::{
-    BinaryOp, CompareDir, DType, DotDims, Graph, Literal, Op, ReduceOp, Shape, TensorType, UnaryOp, ValueId,
+    BinaryOp, CompareDir, DType, DotDims, Graph, Literal, NodeId, Op, ReduceOp, Shape, TensorType, UnaryOp, ValueId,
 };
 
 use crate::error::Result;
 
+/// One read of a forward value by a backward node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BackwardRead {
+    /// The forward value read.
+    pub forward: ValueId,
+    /// The backward node that reads it.
+    pub user: NodeId,
+}
+
 pub(crate) struct Builder<'g> {
     pub g: &'g mut Graph,
     pub saved: Vec<ValueId>,
+    /// Every read of a forward value by a backward node, in creation order.
+    pub reads: Vec<BackwardRead>,
     /// Nodes that existed before the backward pass: reading one is a save.
     forward_len: usize,
 }
@@ -17,14 +32,12 @@ pub(crate) struct Builder<'g> {
 impl<'g> Builder<'g> {
     pub fn new(g: &'g mut Graph) -> Builder<'g> {
         let forward_len = g.len();
-        Builder { g, saved: Vec::new(), forward_len }
+        Builder { g, saved: Vec::new(), reads: Vec::new(), forward_len }
     }
 
-    /// Marks a forward value as read by the backward pass.
+    /// Marks a forward value as read by the backward pass (documentation in
+    /// the rules: [`Builder::op`] records the read when an op takes it).
     pub fn fwd(&mut self, v: ValueId) -> ValueId {
-        if v.node.index() < self.forward_len && !self.saved.contains(&v) {
-            self.saved.push(v);
-        }
         v
     }
 
@@ -33,7 +46,17 @@ impl<'g> Builder<'g> {
     }
 
     pub fn op(&mut self, op: Op) -> Result<ValueId> {
-        Ok(self.g.value(op)?)
+        let inputs = op.inputs();
+        let v = self.g.value(op)?;
+        for u in inputs {
+            if u.node.index() < self.forward_len {
+                self.reads.push(BackwardRead { forward: u, user: v.node });
+                if !self.saved.contains(&u) {
+                    self.saved.push(u);
+                }
+            }
+        }
+        Ok(v)
     }
 
     pub fn constant(&mut self, lit: Literal) -> Result<ValueId> {

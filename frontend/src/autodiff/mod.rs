@@ -7,12 +7,17 @@
 //! `wrt` value to the loss: no backward op is emitted for a branch that does not
 //! reach `wrt`.
 //!
-//! The rules live in `rules.rs`, one arm per op. `GradInfo::saved` lists the
-//! forward values the backward ops read (the activations a rematerialization
-//! pass may later choose to recompute instead of keeping).
+//! The rules live in `rules.rs`, one arm per op. `GradInfo::reads` records
+//! every read of a forward value by a backward node (the builder records it
+//! when the op is made, so a rule cannot forget one), and `GradInfo::saved`
+//! the distinct forward values read: the activations a rematerialization pass
+//! may choose to recompute instead of keeping. The tensor-level `grad` keeps
+//! them on the step's trace (`Trace::backward_reads`) until the step is cut.
 
 mod builder;
 mod rules;
+
+pub use builder::BackwardRead;
 
 use std::collections::HashMap;
 
@@ -28,6 +33,8 @@ pub struct GradInfo {
     pub grads: Vec<ValueId>,
     /// Forward values read by backward ops, in first-use order.
     pub saved: Vec<ValueId>,
+    /// Every read of a forward value by a backward node, in creation order.
+    pub reads: Vec<BackwardRead>,
 }
 
 /// `d loss / d wrt[i]` for each `i`, appended to `g`.
@@ -113,7 +120,7 @@ pub fn grad_with_info(g: &mut Graph, loss: ValueId, wrt: &[ValueId]) -> Result<G
             }
         });
     }
-    Ok(GradInfo { grads, saved: b.saved })
+    Ok(GradInfo { grads, saved: b.saved, reads: b.reads })
 }
 
 /// Applies the composite rewrite `grad` applies ([`kiln_compiler::composite::fuse`])
@@ -138,4 +145,64 @@ pub fn trace_composites() -> Vec<Op> {
 /// error messages).
 pub fn is_differentiable(op: &Op, pos: usize) -> bool {
     rules::differentiable(op, pos)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_compiler::ir::{DType, NodeId, ReduceOp, TensorType, UnaryOp};
+
+    /// Every operand of a backward node that is a forward value is in `reads`,
+    /// and `saved` is exactly the distinct forward values read.
+    fn check_map(g: &Graph, forward_len: usize, info: &GradInfo) {
+        let mut want = Vec::new();
+        for i in forward_len..g.len() {
+            let id = NodeId::from_index(i);
+            for u in g.node(id).op.inputs() {
+                if u.node.index() < forward_len {
+                    want.push(BackwardRead { forward: u, user: id });
+                }
+            }
+        }
+        assert_eq!(info.reads, want);
+        let mut distinct: Vec<ValueId> = Vec::new();
+        for r in &want {
+            if !distinct.contains(&r.forward) {
+                distinct.push(r.forward);
+            }
+        }
+        assert_eq!(info.saved, distinct);
+    }
+
+    #[test]
+    fn reads_the_rules_take_directly_are_recorded() {
+        // max-reduce reads its own result y (`broadcast(y)`) without marking
+        // it: the map used to miss it.
+        let mut g = Graph::new();
+        let x = g.parameter(TensorType::new(DType::F32, [3, 4]));
+        let m = g.value(Op::Reduce { op: ReduceOp::Max, input: x, axes: vec![1] }).unwrap();
+        let t = g.value(Op::Unary { op: UnaryOp::Tanh, input: m }).unwrap();
+        let loss = g.value(Op::Reduce { op: ReduceOp::Sum, input: t, axes: vec![0] }).unwrap();
+        let forward_len = g.len();
+        let info = grad_with_info(&mut g, loss, &[x]).unwrap();
+        check_map(&g, forward_len, &info);
+        assert!(info.saved.contains(&m), "the max's result is read by its rule: {:?}", info.saved);
+        assert!(info.saved.contains(&t) && info.saved.contains(&x));
+    }
+
+    #[test]
+    fn every_forward_operand_of_a_backward_node_is_in_the_map() {
+        let mut g = Graph::new();
+        let x = g.parameter(TensorType::new(DType::F32, [2, 3]));
+        let w = g.parameter(TensorType::new(DType::F32, [3, 3]));
+        let h = g.value(Op::DotGeneral { lhs: x, rhs: w, dims: kiln_compiler::ir::DotDims::matmul() }).unwrap();
+        let e = g.value(Op::Unary { op: UnaryOp::Exp, input: h }).unwrap();
+        let r = g.value(Op::Unary { op: UnaryOp::Rsqrt, input: e }).unwrap();
+        let c = g.value(Op::Clamp { min: x, input: r, max: x }).unwrap_or(r);
+        let loss = g.value(Op::Reduce { op: ReduceOp::Sum, input: c, axes: vec![0, 1] }).unwrap();
+        let forward_len = g.len();
+        let info = grad_with_info(&mut g, loss, &[w]).unwrap();
+        check_map(&g, forward_len, &info);
+        assert!(!info.reads.is_empty());
+    }
 }

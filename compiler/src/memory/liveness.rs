@@ -1,0 +1,338 @@
+//! Buffers of a step graph and the interval each is live, in execution order.
+//!
+//! Invariants:
+//! - Positions are indices into `order` (the live nodes in insertion order);
+//!   a buffer is live at position `i` when `def <= i <= last_use`: the kernel
+//!   that writes it and the last kernel that reads it both hold it.
+//! - A value without a buffer (fused into its users) makes its reads where
+//!   its users execute, so the operands it reads stay live until then.
+//! - Arguments live for the whole program, outputs from their definition to
+//!   the end, constants are XLA's read-only allocations (neither temp nor
+//!   argument), temps from definition to last use.
+
+use crate::ir::{Graph, NodeId, Op, ValueId};
+
+use super::Materialization;
+
+/// What a buffer holds, which decides how long it lives and whom XLA bills.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BufferKind {
+    Argument,
+    Constant,
+    Output,
+    Temp,
+}
+
+/// One allocation: a materialized value and the values that alias it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Buffer {
+    /// The value whose kernel writes the buffer.
+    pub value: ValueId,
+    pub bytes: u64,
+    pub kind: BufferKind,
+    /// Position of the kernel that writes it.
+    pub def: usize,
+    /// Position of the last kernel that reads it (`def` when nothing does).
+    pub last_use: usize,
+}
+
+/// Buffers of a graph in one execution order.
+#[derive(Clone, Debug)]
+pub struct Liveness {
+    /// The execution order: live nodes in insertion order.
+    pub order: Vec<NodeId>,
+    /// Position at which each node's work runs (`None` for dead nodes). A
+    /// fused node runs inside its last consumer's kernel.
+    pub exec_pos: Vec<Option<usize>>,
+    /// Whether each node's work is a kernel of its own (false: fused into its
+    /// users, or dead).
+    pub materialized: Vec<bool>,
+    /// `buffer_of[node][output]`: the buffer holding that value, if any.
+    pub buffer_of: Vec<Vec<Option<usize>>>,
+    pub buffers: Vec<Buffer>,
+}
+
+impl Liveness {
+    /// Bytes of temporaries live at each position.
+    pub fn temp_curve(&self) -> Vec<u64> {
+        self.curve(|b| (b.kind == BufferKind::Temp).then_some(b.last_use))
+    }
+
+    /// Bytes of outputs already written at each position.
+    pub fn output_curve(&self) -> Vec<u64> {
+        let end = self.order.len().saturating_sub(1);
+        self.curve(|b| (b.kind == BufferKind::Output).then_some(end))
+    }
+
+    /// Bytes of every buffer live at each position, arguments and constants
+    /// included: the device memory the step holds there.
+    pub fn live_curve(&self) -> Vec<u64> {
+        let fixed: u64 = self
+            .buffers
+            .iter()
+            .filter(|b| matches!(b.kind, BufferKind::Argument | BufferKind::Constant))
+            .map(|b| b.bytes)
+            .sum();
+        self.temp_curve().iter().zip(self.output_curve()).map(|(t, o)| fixed + t + o).collect()
+    }
+
+    fn curve(&self, until: impl Fn(&Buffer) -> Option<usize>) -> Vec<u64> {
+        let n = self.order.len();
+        let mut delta = vec![0i128; n + 1];
+        for b in &self.buffers {
+            if let Some(end) = until(b) {
+                delta[b.def] += i128::from(b.bytes);
+                delta[end + 1] -= i128::from(b.bytes);
+            }
+        }
+        let mut acc = 0i128;
+        delta[..n]
+            .iter()
+            .map(|d| {
+                acc += d;
+                acc as u64
+            })
+            .collect()
+    }
+}
+
+/// Users of every node (each user once), indexed by node.
+pub(crate) fn users_of(g: &Graph) -> Vec<Vec<NodeId>> {
+    let mut users: Vec<Vec<NodeId>> = vec![Vec::new(); g.len()];
+    for (id, node) in g.nodes() {
+        for v in node.op.inputs() {
+            let us = &mut users[v.node.index()];
+            if us.last() != Some(&id) {
+                us.push(id);
+            }
+        }
+    }
+    users
+}
+
+/// Liveness of `g`'s buffers when `fusion` decides which values reach memory.
+pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
+    let live = crate::lower::live::live_nodes(g);
+    let mut users = users_of(g);
+    for us in &mut users {
+        us.retain(|u| live[u.index()]);
+    }
+    let n = g.len();
+    let mut is_output = vec![false; n];
+    for v in g.outputs() {
+        is_output[v.node.index()] = true;
+    }
+    // Reverse sweep: a node's users are decided before the node, so operands
+    // that a materialized reshape or a barrier passes through are forced into
+    // memory before their own answer is asked.
+    let mut materialized = vec![false; n];
+    let mut forced = vec![false; n];
+    for i in (0..n).rev() {
+        if !live[i] {
+            continue;
+        }
+        let id = NodeId::from_index(i);
+        let node = g.node(id);
+        materialized[i] = forced[i]
+            || is_output[i]
+            || matches!(node.op, Op::Parameter { .. } | Op::OptimizationBarrier { .. })
+            || node.outputs.len() > 1
+            || fusion.materialized(g, &users, id);
+        if materialized[i] && matches!(node.op, Op::Reshape { .. } | Op::OptimizationBarrier { .. }) {
+            for v in node.op.inputs() {
+                forced[v.node.index()] = true;
+            }
+        }
+    }
+    let order: Vec<NodeId> = (0..n).filter(|&i| live[i]).map(NodeId::from_index).collect();
+    let mut pos = vec![None; n];
+    for (p, id) in order.iter().enumerate() {
+        pos[id.index()] = Some(p);
+    }
+    let mut exec_pos = vec![None; n];
+    for &id in order.iter().rev() {
+        let i = id.index();
+        exec_pos[i] = if materialized[i] {
+            pos[i]
+        } else {
+            users[i].iter().filter_map(|u| exec_pos[u.index()]).max().or(pos[i])
+        };
+    }
+    let mut buffer_of: Vec<Vec<Option<usize>>> = g.nodes().map(|(_, nd)| vec![None; nd.outputs.len()]).collect();
+    let mut buffers: Vec<Buffer> = Vec::new();
+    for &id in &order {
+        let i = id.index();
+        let node = g.node(id);
+        let at = exec_pos[i].expect("live nodes have a position");
+        for v in node.op.inputs() {
+            if let Some(b) = buffer_of[v.node.index()][v.output as usize] {
+                buffers[b].last_use = buffers[b].last_use.max(at);
+            }
+        }
+        if !materialized[i] {
+            continue;
+        }
+        match &node.op {
+            Op::Reshape { input, .. } => buffer_of[i][0] = buffer_of[input.node.index()][input.output as usize],
+            Op::OptimizationBarrier { inputs } => {
+                for (k, v) in inputs.iter().enumerate() {
+                    buffer_of[i][k] = buffer_of[v.node.index()][v.output as usize];
+                }
+            }
+            op => {
+                let kind = match op {
+                    Op::Parameter { .. } => BufferKind::Argument,
+                    Op::Constant { .. } => BufferKind::Constant,
+                    _ => BufferKind::Temp,
+                };
+                for (k, t) in node.outputs.iter().enumerate() {
+                    buffer_of[i][k] = Some(buffers.len());
+                    buffers.push(Buffer {
+                        value: ValueId::new(id, k as u32),
+                        bytes: t.size_in_bytes() as u64,
+                        kind,
+                        def: at,
+                        last_use: at,
+                    });
+                }
+            }
+        }
+    }
+    let end = order.len().saturating_sub(1);
+    for v in g.outputs() {
+        if let Some(b) = buffer_of[v.node.index()][v.output as usize] {
+            buffers[b].last_use = end;
+            if buffers[b].kind == BufferKind::Temp {
+                buffers[b].kind = BufferKind::Output;
+            }
+        }
+    }
+    share_dying_operands(g, &mut buffers);
+    for b in &mut buffers {
+        if b.kind == BufferKind::Argument {
+            b.def = 0;
+            b.last_use = end;
+        }
+    }
+    Liveness { order, exec_pos, materialized, buffer_of, buffers }
+}
+
+/// XLA writes an elementwise kernel's result into an operand buffer of the
+/// same size that dies in that kernel (and updates in place into the operand
+/// of `dynamic_update_slice` and `scatter_add`): the two share one
+/// allocation, so the dying buffer's interval ends just before the kernel.
+fn share_dying_operands(g: &Graph, buffers: &mut [Buffer]) {
+    let mut dying: Vec<Vec<usize>> = Vec::new();
+    for (k, b) in buffers.iter().enumerate() {
+        if b.kind == BufferKind::Temp && b.last_use > b.def {
+            if dying.len() <= b.last_use {
+                dying.resize(b.last_use + 1, Vec::new());
+            }
+            dying[b.last_use].push(k);
+        }
+    }
+    for k in 0..buffers.len() {
+        let (def, bytes, kind) = (buffers[k].def, buffers[k].bytes, buffers[k].kind);
+        if !matches!(kind, BufferKind::Temp | BufferKind::Output) || !writes_in_place(&g.node(buffers[k].value.node).op) {
+            continue;
+        }
+        let Some(candidates) = dying.get_mut(def) else { continue };
+        if let Some(i) = candidates.iter().position(|&o| o != k && buffers[o].bytes == bytes && buffers[o].def < def) {
+            let o = candidates.swap_remove(i);
+            buffers[o].last_use = def - 1;
+        }
+    }
+}
+
+/// Kernels whose result may take the place of a dying operand.
+fn writes_in_place(op: &Op) -> bool {
+    match op {
+        Op::Unary { .. }
+        | Op::Binary { .. }
+        | Op::Compare { .. }
+        | Op::Select { .. }
+        | Op::Clamp { .. }
+        | Op::Convert { .. }
+        | Op::BroadcastInDim { .. }
+        | Op::Transpose { .. }
+        | Op::Slice { .. }
+        | Op::Concatenate { .. }
+        | Op::Pad { .. }
+        | Op::DynamicUpdateSlice { .. }
+        | Op::ScatterAdd { .. } => true,
+        Op::Parameter { .. }
+        | Op::Constant { .. }
+        | Op::Iota { .. }
+        | Op::Reshape { .. }
+        | Op::DynamicSlice { .. }
+        | Op::Reduce { .. }
+        | Op::DotGeneral { .. }
+        | Op::Gather { .. }
+        | Op::RngBitGenerator { .. }
+        | Op::OptimizationBarrier { .. }
+        | Op::AllReduce { .. } => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{DType, TensorType, UnaryOp};
+    use crate::memory::{EveryNodeAKernel, XlaCpuFusion};
+
+    fn chain() -> Graph {
+        // p -> exp -> tanh -> neg (output); each value 4 x f32 = 16 bytes.
+        let mut g = Graph::new();
+        let p = g.parameter(TensorType::new(DType::F32, [4]));
+        let a = g.value(Op::Unary { op: UnaryOp::Exp, input: p }).unwrap();
+        let b = g.value(Op::Unary { op: UnaryOp::Tanh, input: a }).unwrap();
+        let c = g.value(Op::Unary { op: UnaryOp::Neg, input: b }).unwrap();
+        g.set_outputs(vec![c]).unwrap();
+        g
+    }
+
+    #[test]
+    fn unfused_elementwise_chain_writes_into_its_dying_operands() {
+        let l = liveness(&chain(), &EveryNodeAKernel);
+        // positions: p 0, exp 1, tanh 2, neg 3; tanh takes exp's buffer,
+        // neg (the output) takes tanh's.
+        assert_eq!(l.temp_curve(), vec![0, 16, 16, 0]);
+        assert_eq!(l.output_curve(), vec![0, 0, 0, 16]);
+        assert_eq!(l.live_curve(), vec![16, 32, 32, 32]);
+    }
+
+    #[test]
+    fn an_operand_that_lives_on_is_not_shared() {
+        // exp is read again after tanh: both are live at tanh.
+        let mut g = Graph::new();
+        let p = g.parameter(TensorType::new(DType::F32, [4]));
+        let a = g.value(Op::Unary { op: UnaryOp::Exp, input: p }).unwrap();
+        let b = g.value(Op::Unary { op: UnaryOp::Tanh, input: a }).unwrap();
+        let c = g.value(Op::Binary { op: crate::ir::BinaryOp::Add, lhs: a, rhs: b }).unwrap();
+        g.set_outputs(vec![c]).unwrap();
+        let l = liveness(&g, &EveryNodeAKernel);
+        // The output add takes one of the two buffers that die in it.
+        assert_eq!(l.temp_curve(), vec![0, 16, 32, 16]);
+    }
+
+    #[test]
+    fn fused_chain_has_no_temps() {
+        let l = liveness(&chain(), &XlaCpuFusion);
+        assert_eq!(l.temp_curve(), vec![0, 0, 0, 0]);
+        assert_eq!(l.buffers.len(), 2, "the argument and the output");
+    }
+
+    #[test]
+    fn a_reshape_extends_its_operand_instead_of_allocating() {
+        let mut g = Graph::new();
+        let p = g.parameter(TensorType::new(DType::F32, [4]));
+        let a = g.value(Op::Unary { op: UnaryOp::Exp, input: p }).unwrap();
+        let r = g.value(Op::Reshape { input: a, shape: crate::ir::Shape::new(vec![2, 2]) }).unwrap();
+        let t = g.value(Op::Unary { op: UnaryOp::Tanh, input: r }).unwrap();
+        g.set_outputs(vec![t]).unwrap();
+        let l = liveness(&g, &EveryNodeAKernel);
+        assert_eq!(l.buffers.len(), 3);
+        // exp's buffer lives through the reshape; tanh (the output) takes it.
+        assert_eq!(l.temp_curve(), vec![0, 16, 16, 0]);
+    }
+}

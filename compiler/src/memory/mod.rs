@@ -1,0 +1,153 @@
+//! Memory planning: liveness of a step graph's buffers in an execution order,
+//! a peak-memory model, and the rematerialization pass that trades recomputation
+//! for memory under a budget.
+//!
+//! Where it runs: remat is the last pass of [`crate::pipeline::optimize`] when
+//! `memory_limit_bytes` (or a fraction of the unplanned peak) is set; liveness
+//! and peak are analyses that the CLI (`kiln compile --memory-limit`,
+//! `kiln profile --max-batch`) and the remat strategies call on any graph.
+//!
+//! Invariants:
+//! - The execution order is the graph's insertion order over the nodes the
+//!   outputs reach (a topological order; dead nodes are never executed).
+//! - Which values get a buffer of their own is decided by one
+//!   [`Materialization`] answer per value. A value that is not materialized
+//!   (fused into its consumers) has no buffer, and the reads it makes happen
+//!   where its consumers execute. [`EveryNodeAKernel`] is the default; the
+//!   optimizer's fusion plan answers the same question once it exists, and
+//!   [`XlaCpuFusion`] approximates what XLA's own fusion does to the graph kiln
+//!   hands it (what the model is checked against).
+//! - `reshape` and `optimization_barrier` never allocate: their results alias
+//!   their operands' buffers (a bitcast, a pass-through).
+//! - Everything here is pure: graph in, numbers or a new graph out.
+
+mod liveness;
+mod peak;
+mod remat;
+
+pub use liveness::{liveness, Buffer, BufferKind, Liveness};
+pub use peak::{peak_memory, PeakMemory};
+pub use remat::{
+    rematerialize, Exhaustive, Greedy, Off, RematBudget, RematChoice, RematOptions, RematPlan, RematStrategy,
+    EXHAUSTIVE_MAX_CANDIDATES,
+};
+
+use crate::ir::{BinaryOp, Graph, NodeId, Op, UnaryOp};
+
+/// Which values reach memory: the one question liveness asks of a fusion plan.
+///
+/// `materialized(g, n)` is false when every output of node `n` lives only
+/// inside the kernels of its consumers (a fused intermediate). Parameters,
+/// program outputs and operands of an `optimization_barrier` are always
+/// materialized, whatever the answer.
+pub trait Materialization {
+    fn materialized(&self, g: &Graph, users: &[Vec<NodeId>], n: NodeId) -> bool;
+}
+
+/// Every node is its own kernel: every value reaches memory. The upper bound,
+/// and the default until the optimizer's fusion plan is connected.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EveryNodeAKernel;
+
+impl Materialization for EveryNodeAKernel {
+    fn materialized(&self, _g: &Graph, _users: &[Vec<NodeId>], _n: NodeId) -> bool {
+        true
+    }
+}
+
+/// An approximation of XLA's loop fusion on its CPU and GPU backends, for
+/// predicting the memory of the program XLA compiles from kiln's graph.
+///
+/// A node is fused into its users (no buffer) when it is a loop-fusible op
+/// (elementwise, broadcast, transpose, slice, concatenate, pad, iota,
+/// constant), every user can absorb a producer (the same ops, reshapes and
+/// reductions), and fusing does not duplicate expensive work: an expensive op
+/// (transcendental, divide, power, remainder) fuses only into a single user,
+/// because XLA will not recompute it once per consumer.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct XlaCpuFusion;
+
+impl Materialization for XlaCpuFusion {
+    fn materialized(&self, g: &Graph, users: &[Vec<NodeId>], n: NodeId) -> bool {
+        let op = &g.node(n).op;
+        let us = &users[n.index()];
+        if !loop_fusible(op) || us.is_empty() {
+            return true;
+        }
+        if !us.iter().all(|&u| absorbs(&g.node(u).op)) {
+            return true;
+        }
+        us.len() > 1 && expensive(op)
+    }
+}
+
+/// Ops XLA emits as one loop over the output elements.
+pub(crate) fn loop_fusible(op: &Op) -> bool {
+    match op {
+        Op::Unary { .. }
+        | Op::Binary { .. }
+        | Op::Compare { .. }
+        | Op::Select { .. }
+        | Op::Clamp { .. }
+        | Op::Convert { .. }
+        | Op::BroadcastInDim { .. }
+        | Op::Transpose { .. }
+        | Op::Slice { .. }
+        | Op::Concatenate { .. }
+        | Op::Pad { .. }
+        | Op::Iota { .. }
+        | Op::Constant { .. }
+        | Op::Reshape { .. } => true,
+        Op::Parameter { .. }
+        | Op::DynamicSlice { .. }
+        | Op::DynamicUpdateSlice { .. }
+        | Op::Reduce { .. }
+        | Op::DotGeneral { .. }
+        | Op::Gather { .. }
+        | Op::ScatterAdd { .. }
+        | Op::RngBitGenerator { .. }
+        | Op::OptimizationBarrier { .. }
+        | Op::AllReduce { .. } => false,
+    }
+}
+
+/// Ops that can take a loop-fusible producer into their own kernel.
+fn absorbs(op: &Op) -> bool {
+    match op {
+        Op::Reduce { .. } => true,
+        Op::Constant { .. } | Op::Iota { .. } => false,
+        other => loop_fusible(other),
+    }
+}
+
+/// Ops XLA does not duplicate into several consumers.
+fn expensive(op: &Op) -> bool {
+    match op {
+        Op::Unary { op, .. } => match op {
+            UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Log1p
+            | UnaryOp::Expm1
+            | UnaryOp::Tanh
+            | UnaryOp::Logistic
+            | UnaryOp::Sqrt
+            | UnaryOp::Rsqrt
+            | UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Erf => true,
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Sign | UnaryOp::Not => false,
+        },
+        Op::Binary { op, .. } => match op {
+            BinaryOp::Div | BinaryOp::Pow | BinaryOp::Rem => true,
+            BinaryOp::Add
+            | BinaryOp::Sub
+            | BinaryOp::Mul
+            | BinaryOp::Max
+            | BinaryOp::Min
+            | BinaryOp::And
+            | BinaryOp::Or
+            | BinaryOp::Xor => false,
+        },
+        _ => false,
+    }
+}

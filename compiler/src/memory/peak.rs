@@ -1,0 +1,47 @@
+//! The peak-memory model: what a step needs on the device, split the way XLA
+//! reports compiled memory (arguments, outputs, temporaries).
+//!
+//! Invariants:
+//! - `peak_bytes = argument_bytes + constant_bytes + max over positions of
+//!   (live temporaries + outputs already written)`; the position of that
+//!   maximum is `peak_position`.
+//! - `temp_peak_bytes` is the largest sum of temporaries live at one position,
+//!   a lower bound on an allocator that packs them perfectly (XLA's heap
+//!   simulator can only do worse by fragmentation; it may do better only by
+//!   choosing another order).
+
+use crate::ir::Graph;
+
+use super::{liveness, BufferKind, Liveness, Materialization};
+
+/// A step's memory in one execution order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeakMemory {
+    pub argument_bytes: u64,
+    pub constant_bytes: u64,
+    pub output_bytes: u64,
+    pub temp_peak_bytes: u64,
+    pub peak_bytes: u64,
+    /// Index into the execution order where `peak_bytes` is reached.
+    pub peak_position: usize,
+}
+
+/// The peak memory of `g` when `fusion` decides which values reach memory.
+pub fn peak_memory(g: &Graph, fusion: &dyn Materialization) -> PeakMemory {
+    peak_of(&liveness(g, fusion))
+}
+
+pub(crate) fn peak_of(l: &Liveness) -> PeakMemory {
+    let sum = |kind: BufferKind| l.buffers.iter().filter(|b| b.kind == kind).map(|b| b.bytes).sum::<u64>();
+    let live = l.live_curve();
+    let (peak_position, peak_bytes) =
+        live.iter().copied().enumerate().fold((0, 0), |best, (i, b)| if b > best.1 { (i, b) } else { best });
+    PeakMemory {
+        argument_bytes: sum(BufferKind::Argument),
+        constant_bytes: sum(BufferKind::Constant),
+        output_bytes: sum(BufferKind::Output),
+        temp_peak_bytes: l.temp_curve().into_iter().max().unwrap_or(0),
+        peak_bytes,
+        peak_position,
+    }
+}

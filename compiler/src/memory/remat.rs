@@ -1,0 +1,728 @@
+//! Rematerialization: recompute long-lived activations where they are read
+//! again instead of keeping them, until the step's predicted peak fits a budget.
+//!
+//! Where it runs: last in [`crate::pipeline::optimize`] (after CSE and DCE),
+//! when a budget is set. Its graph goes straight to lowering.
+//!
+//! The model. In the execution order ([`super::liveness`]), a value `v` whose
+//! direct users fall into an early group and a late group separated by a long
+//! idle stretch (in a training step: its forward users and the backward users
+//! that autodiff made read it) is a candidate. Rematerializing it clones `v`'s
+//! producer, and those of its operands that are no longer in memory at that
+//! point (a chain, up to `max_chain_nodes`), just before the first late user;
+//! late users read the clone, so `v`'s buffer dies after its early users.
+//! Operands still in memory there (and parameters) are the chain's leaves.
+//!
+//! The fence. The leaves reach the clones only through one
+//! `optimization_barrier`, which also takes one operand of the first late
+//! user that is computed after the gap (usually a cotangent). XLA's CSE cannot
+//! merge a clone with its original (their operands differ), and no scheduler
+//! can hoist the recomputation above the point where the backward needs it.
+//! Without the fence XLA merges the clones back and the memory returns (what
+//! torch_xla's checkpointing lost).
+//!
+//! The barrier alone is not enough on XLA's CPU backend: its pipeline removes
+//! barriers (`OptimizationBarrierExpander`) before a later CSE, which then
+//! merged the clones back (seen 2026-11-23: gpt tiny's XLA temp unchanged at
+//! 7.27 MiB with 15 fenced recomputations). So each fenced leaf is also read
+//! through `select(always, leaf, 0)`, where `always` is `x == x || x != x` on
+//! the anchor's first element: true at run time for every value, NaN included,
+//! so the select is the identity bit for bit, but no simplifier can prove it,
+//! so the clone's operands differ from the original's after the barrier is
+//! gone, and the clone still waits for the anchor. The select is elementwise
+//! and fuses into the clone's first kernel.
+//!
+//! Invariants:
+//! - The rewrite computes the same values: clones are the same ops on the
+//!   same (fenced) inputs, and a barrier passes values through unchanged, so
+//!   the reference interpreter gives bit-identical outputs.
+//! - Parameters, outputs and aliases keep their order and indices.
+//! - Random-bit generators and multi-output nodes are never cloned (a second
+//!   draw would differ); they are leaves.
+//! - Every change is checked against the peak model: a candidate that does
+//!   not lower the predicted peak (or the number of positions at it) is
+//!   discarded, so the plan never predicts more memory than no plan.
+
+use crate::cost::{self, Target};
+use crate::ir::{Graph, Literal, NodeId, Op, ValueId};
+use crate::CompileError;
+
+use super::liveness::{liveness, users_of, BufferKind, Liveness};
+use super::peak::{peak_of, PeakMemory};
+use super::Materialization;
+
+/// Most candidates [`Exhaustive`] enumerates (2^10 plans).
+pub const EXHAUSTIVE_MAX_CANDIDATES: usize = 10;
+
+/// How much memory the planned step may use.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RematBudget {
+    /// Predicted peak (arguments, constants, outputs and temporaries) in bytes.
+    /// 0 asks for the lowest peak the strategy can reach.
+    Bytes(u64),
+    /// A fraction of the predicted peak without a plan, in (0, 1].
+    FractionOfPeak(f64),
+}
+
+/// Options of the remat pass.
+pub struct RematOptions<'a> {
+    pub budget: RematBudget,
+    /// Whose roofline prices a recomputation.
+    pub target: Target,
+    /// Which values reach memory (the fusion plan).
+    pub fusion: &'a dyn Materialization,
+    /// Longest chain of nodes cloned for one candidate.
+    pub max_chain_nodes: usize,
+    /// Only these forward values may be recomputed (autodiff's map of what
+    /// the backward reads); `None`: any value with a long idle stretch.
+    pub only: Option<&'a [ValueId]>,
+}
+
+impl<'a> RematOptions<'a> {
+    pub fn new(budget: RematBudget, fusion: &'a dyn Materialization) -> RematOptions<'a> {
+        RematOptions { budget, target: Target::H100_SXM_MEASURED, fusion, max_chain_nodes: 64, only: None }
+    }
+}
+
+/// One recomputed value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RematChoice {
+    /// The value, in the graph the choice was made on.
+    pub value: ValueId,
+    /// Its producer's op name.
+    pub op: &'static str,
+    /// Bytes of its buffer.
+    pub bytes: u64,
+    /// Nodes cloned to recompute it.
+    pub recomputed_nodes: usize,
+    /// FLOPs of the clones.
+    pub flops: u64,
+}
+
+/// What a strategy chose and the graph it rewrote.
+#[derive(Clone, Debug)]
+pub struct RematPlan {
+    pub strategy: &'static str,
+    pub graph: Graph,
+    pub choices: Vec<RematChoice>,
+    pub before: PeakMemory,
+    pub after: PeakMemory,
+    /// The budget in bytes.
+    pub budget_bytes: u64,
+    /// Whether `after.peak_bytes <= budget_bytes`.
+    pub met: bool,
+    pub extra_flops: u64,
+    /// Roofline seconds added on the options' target.
+    pub extra_seconds: f64,
+}
+
+/// A way of choosing what to recompute.
+pub trait RematStrategy {
+    fn name(&self) -> &'static str;
+    /// The graph rewritten with this strategy's choices (the input unchanged
+    /// when nothing is chosen).
+    fn plan(&self, g: &Graph, opts: &RematOptions) -> Result<RematPlan, CompileError>;
+}
+
+/// Plans with `strategy`: the pass's entry point.
+pub fn rematerialize(g: &Graph, strategy: &dyn RematStrategy, opts: &RematOptions) -> Result<RematPlan, CompileError> {
+    let _span = tracing::debug_span!("rematerialize", strategy = strategy.name(), nodes = g.len()).entered();
+    strategy.plan(g, opts)
+}
+
+/// No recomputation: the baseline every plan is compared with.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Off;
+
+impl RematStrategy for Off {
+    fn name(&self) -> &'static str {
+        "off"
+    }
+
+    fn plan(&self, g: &Graph, opts: &RematOptions) -> Result<RematPlan, CompileError> {
+        let before = peak_of(&liveness(g, opts.fusion));
+        Ok(finish(self.name(), g, g.clone(), Vec::new(), before, opts))
+    }
+}
+
+/// Greedy by the cost model: while the peak is over budget, recompute a
+/// candidate live across the peak: the cheapest (FLOPs, then roofline seconds
+/// on the target) of those whose bytes alone cover the excess over the budget, else
+/// the one that frees the most bytes per second of recomputation; a
+/// candidate that does not lower the peak is skipped. Chosen values may
+/// themselves be recomputed later in the loop.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Greedy;
+
+/// Candidates tried per round before the greedy strategy gives up.
+const GREEDY_TRIES: usize = 24;
+
+impl RematStrategy for Greedy {
+    fn name(&self) -> &'static str {
+        "greedy"
+    }
+
+    fn plan(&self, g: &Graph, opts: &RematOptions) -> Result<RematPlan, CompileError> {
+        let base = liveness(g, opts.fusion);
+        let before = peak_of(&base);
+        let budget = budget_bytes(opts.budget, &before);
+        let mut cur = g.clone();
+        let mut cur_l = base;
+        let mut choices = Vec::new();
+        let mut rejected: Vec<ValueId> = Vec::new();
+        loop {
+            let peak = peak_of(&cur_l);
+            if peak.peak_bytes <= budget {
+                break;
+            }
+            let score = pressure(&cur_l, peak.peak_bytes);
+            let at = peak.peak_position;
+            let mut cands: Vec<Candidate> = candidates(&cur, &cur_l, opts)
+                .into_iter()
+                .filter(|c| c.early_end < at && at < c.late_pos && !rejected.contains(&c.value))
+                .collect();
+            // Candidates that alone cover the excess, cheapest first (so a
+            // small excess is not paid for with a large recomputation); then
+            // the others by bytes freed per second of recomputation.
+            let excess = peak.peak_bytes.saturating_sub(budget);
+            cands.sort_by(|a, b| {
+                let (ca, cb) = (a.bytes >= excess, b.bytes >= excess);
+                let ka = a.bytes as f64 / (a.seconds + 1e-12);
+                let kb = b.bytes as f64 / (b.seconds + 1e-12);
+                cb.cmp(&ca)
+                    .then_with(|| {
+                        if ca && cb {
+                            a.flops.cmp(&b.flops).then(a.seconds.total_cmp(&b.seconds))
+                        } else {
+                            kb.total_cmp(&ka)
+                        }
+                    })
+                    .then(a.value.cmp(&b.value))
+            });
+            let mut accepted = false;
+            for c in cands.iter().take(GREEDY_TRIES) {
+                let (next, _) = rewrite(&cur, c)?;
+                let next_l = liveness(&next, opts.fusion);
+                if pressure(&next_l, peak.peak_bytes) < score {
+                    choices.push(c.choice(&cur));
+                    cur = next;
+                    cur_l = next_l;
+                    accepted = true;
+                    break;
+                }
+                rejected.push(c.value);
+            }
+            if !accepted {
+                break;
+            }
+            // Ids shift after a rewrite; what was rejected is re-judged.
+            rejected.clear();
+        }
+        Ok(finish(self.name(), g, cur, choices, before, opts))
+    }
+}
+
+/// Exact over the candidates of the unplanned graph: every subset is applied
+/// and measured; the plan that meets the budget with the fewest extra FLOPs
+/// wins (the lowest peak if none meets it). On a graph with more than
+/// [`EXHAUSTIVE_MAX_CANDIDATES`] candidates it enumerates the ones holding
+/// the most bytes only (exact over that set, no longer over the graph). For
+/// small graphs, and to measure the greedy strategy against.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Exhaustive;
+
+impl RematStrategy for Exhaustive {
+    fn name(&self) -> &'static str {
+        "exhaustive"
+    }
+
+    fn plan(&self, g: &Graph, opts: &RematOptions) -> Result<RematPlan, CompileError> {
+        let base = liveness(g, opts.fusion);
+        let before = peak_of(&base);
+        let budget = budget_bytes(opts.budget, &before);
+        let mut cands = candidates(g, &base, opts);
+        cands.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.value.cmp(&b.value)));
+        cands.truncate(EXHAUSTIVE_MAX_CANDIDATES);
+        cands.sort_by_key(|c| c.value);
+        let base_flops = cost::graph_cost(g).total.flops;
+        // (meets budget, extra flops, peak) of the best subset so far.
+        let mut best: Option<((bool, u64, u64), Graph, Vec<RematChoice>)> = None;
+        for mask in 0u32..(1u32 << cands.len()) {
+            let mut cur = g.clone();
+            let mut choices = Vec::new();
+            let mut map: Vec<NodeId> = (0..g.len()).map(NodeId::from_index).collect();
+            for (i, c0) in cands.iter().enumerate() {
+                if mask & (1 << i) == 0 {
+                    continue;
+                }
+                let v = ValueId::new(map[c0.value.node.index()], c0.value.output);
+                let l = liveness(&cur, opts.fusion);
+                let Some(c) = candidates(&cur, &l, opts).into_iter().find(|c| c.value == v) else { continue };
+                let (next, m) = rewrite(&cur, &c)?;
+                choices.push(c.choice(&cur));
+                for slot in &mut map {
+                    *slot = m[slot.index()];
+                }
+                cur = next;
+            }
+            let peak = peak_of(&liveness(&cur, opts.fusion)).peak_bytes;
+            let flops = cost::graph_cost(&cur).total.flops.saturating_sub(base_flops);
+            let key = (peak <= budget, flops, peak);
+            let better = match &best {
+                None => true,
+                Some((k, _, _)) => match (key.0, k.0) {
+                    (true, false) => true,
+                    (false, true) => false,
+                    (true, true) => (key.1, key.2) < (k.1, k.2),
+                    (false, false) => (key.2, key.1) < (k.2, k.1),
+                },
+            };
+            if better {
+                best = Some((key, cur, choices));
+            }
+        }
+        let (_, graph, choices) = best.expect("the empty subset is always measured");
+        Ok(finish(self.name(), g, graph, choices, before, opts))
+    }
+}
+
+fn budget_bytes(budget: RematBudget, before: &PeakMemory) -> u64 {
+    match budget {
+        RematBudget::Bytes(b) => b,
+        RematBudget::FractionOfPeak(f) => (before.peak_bytes as f64 * f.clamp(0.0, 1.0)) as u64,
+    }
+}
+
+/// The peak and how many positions reach it: a change helps when it lowers
+/// the pair (a plateau at the peak is cut one candidate at a time).
+fn pressure(l: &Liveness, at_least: u64) -> (u64, usize) {
+    let curve = l.live_curve();
+    let peak = curve.iter().copied().max().unwrap_or(0);
+    (peak, curve.iter().filter(|&&b| b >= at_least.min(peak)).count())
+}
+
+fn finish(
+    strategy: &'static str,
+    original: &Graph,
+    graph: Graph,
+    choices: Vec<RematChoice>,
+    before: PeakMemory,
+    opts: &RematOptions,
+) -> RematPlan {
+    let after = peak_of(&liveness(&graph, opts.fusion));
+    let budget = budget_bytes(opts.budget, &before);
+    let extra_flops = cost::graph_cost(&graph).total.flops.saturating_sub(cost::graph_cost(original).total.flops);
+    let extra_seconds =
+        (cost::estimate_seconds(&graph, &opts.target) - cost::estimate_seconds(original, &opts.target)).max(0.0);
+    RematPlan {
+        strategy,
+        graph,
+        choices,
+        before,
+        after,
+        budget_bytes: budget,
+        met: after.peak_bytes <= budget,
+        extra_flops,
+        extra_seconds,
+    }
+}
+
+/// A value that can be recomputed for its late users.
+#[derive(Clone, Debug)]
+struct Candidate {
+    value: ValueId,
+    bytes: u64,
+    /// Position after which no early user reads it.
+    early_end: usize,
+    /// The first late user (the clones go just before it) and its position.
+    late_node: NodeId,
+    late_pos: usize,
+    /// Nodes to clone, in insertion order; the last one produces `value`.
+    chain: Vec<NodeId>,
+    /// Values the chain reads from memory, fenced by the barrier.
+    leaves: Vec<ValueId>,
+    /// A value of the late region that the barrier waits for.
+    anchor: Option<ValueId>,
+    flops: u64,
+    seconds: f64,
+}
+
+impl Candidate {
+    fn choice(&self, g: &Graph) -> RematChoice {
+        RematChoice {
+            value: self.value,
+            op: g.node(self.value.node).op.name(),
+            bytes: self.bytes,
+            recomputed_nodes: self.chain.len(),
+            flops: self.flops,
+        }
+    }
+}
+
+/// Whether a node may be cloned: same inputs give the same outputs.
+fn clonable(op: &Op, outputs: usize) -> bool {
+    outputs == 1
+        && match op {
+            Op::Parameter { .. } | Op::RngBitGenerator { .. } | Op::OptimizationBarrier { .. } | Op::AllReduce { .. } => {
+                false
+            }
+            Op::Constant { .. }
+            | Op::Iota { .. }
+            | Op::Unary { .. }
+            | Op::Binary { .. }
+            | Op::Compare { .. }
+            | Op::Select { .. }
+            | Op::Clamp { .. }
+            | Op::Convert { .. }
+            | Op::BroadcastInDim { .. }
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Slice { .. }
+            | Op::DynamicSlice { .. }
+            | Op::DynamicUpdateSlice { .. }
+            | Op::Concatenate { .. }
+            | Op::Pad { .. }
+            | Op::Reduce { .. }
+            | Op::DotGeneral { .. }
+            | Op::Gather { .. }
+            | Op::ScatterAdd { .. } => true,
+        }
+}
+
+fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Candidate> {
+    let users = users_of(g);
+    let mut pos = vec![None; g.len()];
+    for (p, id) in l.order.iter().enumerate() {
+        pos[id.index()] = Some(p);
+    }
+    let mut out = Vec::new();
+    for b in &l.buffers {
+        if b.kind != BufferKind::Temp {
+            continue;
+        }
+        let v = b.value;
+        if let Some(only) = opts.only {
+            if !only.contains(&v) {
+                continue;
+            }
+        }
+        let node = g.node(v.node);
+        if !clonable(&node.op, node.outputs.len()) || matches!(node.op, Op::Constant { .. } | Op::Iota { .. }) {
+            continue;
+        }
+        // Kernels that read the buffer, directly or through fused nodes and
+        // reshapes (views): `views` are those intermediaries.
+        let (mut kernels, views) = readers(g, l, &users, v.node);
+        kernels.sort_by_key(|&(p, _)| p);
+        if kernels.len() < 2 {
+            continue;
+        }
+        let mut best: Option<(usize, usize, usize)> = None; // (gap, split, early_end)
+        for k in 1..kernels.len() {
+            let early_end = kernels[k - 1].0.max(b.def);
+            let late = kernels[k].0;
+            if late > early_end + 1 {
+                let gap = late - early_end;
+                if best.is_none_or(|(g0, _, _)| gap > g0) {
+                    best = Some((gap, k, early_end));
+                }
+            }
+        }
+        let Some((_, split, early_end)) = best else { continue };
+        let (late_pos, late_node) = kernels[split];
+        let Some((mut chain, leaves)) = chain_for(g, l, v, late_pos, opts.max_chain_nodes) else { continue };
+        // Views placed before the late point that a late node reads (directly
+        // or through other such views) are cloned too, for the late kernels.
+        let mut early_views: Vec<NodeId> =
+            views.into_iter().filter(|n| pos[n.index()].is_some_and(|p| p < late_pos)).collect();
+        early_views.sort_by(|a, b| b.cmp(a));
+        let mut view_clones: Vec<NodeId> = Vec::new();
+        for &w in &early_views {
+            let needed = users[w.index()]
+                .iter()
+                .any(|u| pos[u.index()].is_some_and(|p| p >= late_pos) || view_clones.contains(u));
+            if needed {
+                view_clones.push(w);
+            }
+        }
+        // The anchor must be a buffer of its own outside the chain: fencing a
+        // fused value would make it a kernel that reads the chain's originals.
+        let anchor = g
+            .node(late_node)
+            .op
+            .inputs()
+            .into_iter()
+            .filter(|a| {
+                !chain.contains(&a.node)
+                    && !view_clones.contains(&a.node)
+                    && l.materialized[a.node.index()]
+                    && l.exec_pos[a.node.index()].is_some_and(|p| p > early_end)
+            })
+            .max_by_key(|a| l.exec_pos[a.node.index()]);
+        // Without a fenced leaf and an anchor nothing stops XLA's CSE from
+        // merging the clones back (constant-only chains such as masks).
+        if leaves.is_empty() || anchor.is_none() {
+            continue;
+        }
+        // Recompute time: loop-fusible ops fuse into the kernel that reads
+        // them and add only their arithmetic; the others (dots, reductions,
+        // gathers) pay the roofline's slower of arithmetic and memory.
+        let (flops, seconds) = chain.iter().fold((0u64, 0.0f64), |(f, s), &n| {
+            let c = cost::node_cost(g, n);
+            let compute = c.flops as f64 / opts.target.peak_flops_per_s(c.peak);
+            let t = if super::loop_fusible(&g.node(n).op) {
+                compute
+            } else {
+                compute.max(c.bytes() as f64 / opts.target.mem_bytes_per_s)
+            };
+            (f.saturating_add(c.flops), s + t)
+        });
+        chain.extend(view_clones);
+        chain.sort();
+        chain.dedup();
+        out.push(Candidate {
+            value: v,
+            bytes: b.bytes,
+            early_end,
+            late_node,
+            late_pos,
+            chain,
+            leaves,
+            anchor,
+            flops,
+            seconds,
+        });
+    }
+    out
+}
+
+/// The kernels reading node `n`'s buffer as `(position, node)`, following
+/// fused users and reshapes, and those fused users and reshapes.
+fn readers(g: &Graph, l: &Liveness, users: &[Vec<NodeId>], n: NodeId) -> (Vec<(usize, NodeId)>, Vec<NodeId>) {
+    let mut kernels = Vec::new();
+    let mut views = Vec::new();
+    let mut stack = vec![n];
+    while let Some(x) = stack.pop() {
+        for &u in &users[x.index()] {
+            let Some(p) = l.exec_pos[u.index()] else { continue };
+            let view = !l.materialized[u.index()] || matches!(g.node(u).op, Op::Reshape { .. });
+            if view {
+                if !views.contains(&u) {
+                    views.push(u);
+                    stack.push(u);
+                }
+            } else if !kernels.iter().any(|&(_, k)| k == u) {
+                kernels.push((p, u));
+            }
+        }
+    }
+    (kernels, views)
+}
+
+/// The nodes to clone to recompute `v` at position `at`, and the values they
+/// read from memory; `None` when the chain would exceed `max_nodes`.
+fn chain_for(g: &Graph, l: &Liveness, v: ValueId, at: usize, max_nodes: usize) -> Option<(Vec<NodeId>, Vec<ValueId>)> {
+    let in_memory_at = |u: ValueId| -> bool {
+        match l.buffer_of[u.node.index()][u.output as usize] {
+            Some(b) => {
+                let b = &l.buffers[b];
+                b.value != v && b.def < at && b.last_use >= at
+            }
+            None => false,
+        }
+    };
+    let mut chain = vec![v.node];
+    let mut leaves = Vec::new();
+    let mut stack = vec![v.node];
+    while let Some(n) = stack.pop() {
+        for u in g.node(n).op.inputs() {
+            if chain.contains(&u.node) || leaves.contains(&u) {
+                continue;
+            }
+            let un = g.node(u.node);
+            let is_leaf = !clonable(&un.op, un.outputs.len())
+                || (in_memory_at(u) && !matches!(un.op, Op::Constant { .. } | Op::Iota { .. }));
+            if is_leaf {
+                leaves.push(u);
+            } else {
+                if chain.len() >= max_nodes {
+                    return None;
+                }
+                chain.push(u.node);
+                stack.push(u.node);
+            }
+        }
+    }
+    chain.sort();
+    leaves.sort();
+    Some((chain, leaves))
+}
+
+/// `g` with `c`'s chain cloned before its first late user and every user at
+/// or after that point reading the clone; also the node map old -> new.
+fn rewrite(g: &Graph, c: &Candidate) -> Result<(Graph, Vec<NodeId>), CompileError> {
+    let mut out = Graph::new();
+    let mut map: Vec<NodeId> = Vec::with_capacity(g.len());
+    // Original chain node -> its clone, once the late point is reached.
+    let mut clones: Vec<(NodeId, NodeId)> = Vec::new();
+    let remap = |map: &[NodeId], v: ValueId| ValueId::new(map[v.node.index()], v.output);
+    for (id, node) in g.nodes() {
+        if id == c.late_node {
+            let mut fenced: Vec<ValueId> = c.leaves.iter().map(|&u| remap(&map, u)).collect();
+            let n_leaves = fenced.len();
+            if let Some(a) = c.anchor {
+                fenced.push(remap(&map, a));
+            }
+            let barrier = if n_leaves > 0 { Some(out.add(Op::OptimizationBarrier { inputs: fenced })?) } else { None };
+            // The runtime guard (see the module docs): every fenced leaf is read
+            // through `select(always, leaf, 0)`, `always` computed from the anchor.
+            let guard = match (barrier, c.anchor) {
+                (Some(b), Some(_)) => Some(always_true(&mut out, ValueId::new(b, n_leaves as u32))?),
+                _ => None,
+            };
+            let mut guarded: Vec<ValueId> = Vec::with_capacity(n_leaves);
+            if let Some(b) = barrier {
+                for k in 0..n_leaves {
+                    let leaf = ValueId::new(b, k as u32);
+                    guarded.push(match guard {
+                        Some(p) => {
+                            let ty = out.ty(leaf).clone();
+                            let zero = out.value(Op::Constant { literal: Literal::scalar(ty.dtype, 0.0) })?;
+                            let zeros = if ty.shape.rank() == 0 {
+                                zero
+                            } else {
+                                out.value(Op::BroadcastInDim { input: zero, shape: ty.shape.clone(), dims: vec![] })?
+                            };
+                            out.value(Op::Select { pred: p, on_true: leaf, on_false: zeros })?
+                        }
+                        None => leaf,
+                    });
+                }
+            }
+            for &n in &c.chain {
+                let mut op = g.node(n).op.clone();
+                op.map_inputs(|u| {
+                    if let Some(k) = c.leaves.iter().position(|&x| x == u) {
+                        guarded[k]
+                    } else if let Some(&(_, cn)) = clones.iter().find(|(o, _)| *o == u.node) {
+                        ValueId::new(cn, u.output)
+                    } else {
+                        // A view's other operands are read where they are.
+                        remap(&map, u)
+                    }
+                });
+                clones.push((n, out.add(op)?));
+            }
+        }
+        let mut op = node.op.clone();
+        op.map_inputs(|u| match clones.iter().find(|(o, _)| *o == u.node) {
+            Some(&(_, cn)) => ValueId::new(cn, u.output),
+            None => remap(&map, u),
+        });
+        map.push(out.add(op)?);
+    }
+    out.set_outputs(g.outputs().iter().map(|&v| remap(&map, v)).collect())?;
+    for &a in g.aliases() {
+        out.add_alias(a)?;
+    }
+    Ok((out, map))
+}
+
+/// A `pred` scalar that is true at run time whatever `anchor` holds, but that
+/// no compiler can fold: `x == x || x != x` for the anchor's first element
+/// `x` (as a float, where `x == x` is not a tautology because of NaN).
+fn always_true(out: &mut Graph, anchor: ValueId) -> Result<ValueId, CompileError> {
+    let ty = out.ty(anchor).clone();
+    let rank = ty.shape.rank();
+    let mut x = anchor;
+    if rank > 0 {
+        let one = out.value(Op::Slice { input: x, start: vec![0; rank], limit: vec![1; rank], stride: vec![1; rank] })?;
+        x = out.value(Op::Reshape { input: one, shape: crate::ir::Shape::scalar() })?;
+    }
+    if !ty.dtype.is_float() {
+        x = out.value(Op::Convert { input: x, to: crate::ir::DType::F32 })?;
+    }
+    let eq = out.value(Op::Compare { dir: crate::ir::CompareDir::Eq, lhs: x, rhs: x })?;
+    let ne = out.value(Op::Compare { dir: crate::ir::CompareDir::Ne, lhs: x, rhs: x })?;
+    out.value(Op::Binary { op: crate::ir::BinaryOp::Or, lhs: eq, rhs: ne })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{DType, TensorType, UnaryOp};
+    use crate::memory::{peak_memory, EveryNodeAKernel};
+
+    /// A "forward" chain a0..a3 of tanh, then a "backward" chain that reads
+    /// each a_i in reverse order: the classic shape remat cuts.
+    fn ladder(n: usize) -> Graph {
+        let mut g = Graph::new();
+        let t = TensorType::new(DType::F32, [256]);
+        let p = g.parameter(t.clone());
+        let mut acts = vec![p];
+        for _ in 0..n {
+            let last = *acts.last().unwrap();
+            acts.push(g.value(Op::Unary { op: UnaryOp::Tanh, input: last }).unwrap());
+        }
+        let mut ct = g.value(Op::Unary { op: UnaryOp::Exp, input: acts[n] }).unwrap();
+        for i in (1..n).rev() {
+            ct = g.value(Op::Binary { op: crate::ir::BinaryOp::Mul, lhs: ct, rhs: acts[i] }).unwrap();
+        }
+        g.set_outputs(vec![ct]).unwrap();
+        g
+    }
+
+    #[test]
+    fn greedy_cuts_the_ladder_peak_and_keeps_the_values() {
+        let g = ladder(8);
+        let opts = RematOptions::new(RematBudget::Bytes(0), &EveryNodeAKernel);
+        let plan = rematerialize(&g, &Greedy, &opts).unwrap();
+        crate::verify(&plan.graph).unwrap();
+        assert!(plan.after.peak_bytes < plan.before.peak_bytes, "{:?} -> {:?}", plan.before, plan.after);
+        assert!(!plan.choices.is_empty());
+        assert!(plan.extra_flops > 0);
+        assert_eq!(peak_memory(&plan.graph, &EveryNodeAKernel), plan.after);
+        let x = Literal::from_f64s(DType::F32, [256], &(0..256).map(|i| (i as f64 * 0.37).sin()).collect::<Vec<_>>())
+            .unwrap();
+        let want = crate::interpret(&g, std::slice::from_ref(&x)).unwrap();
+        let got = crate::interpret(&plan.graph, &[x]).unwrap();
+        assert_eq!(want, got, "recomputation is bit-identical on the interpreter");
+    }
+
+    #[test]
+    fn clones_read_their_inputs_through_a_barrier() {
+        let g = ladder(6);
+        let opts = RematOptions::new(RematBudget::Bytes(0), &EveryNodeAKernel);
+        let plan = rematerialize(&g, &Greedy, &opts).unwrap();
+        let barriers = plan.graph.nodes().filter(|(_, n)| matches!(n.op, Op::OptimizationBarrier { .. })).count();
+        assert_eq!(barriers, plan.choices.len());
+    }
+
+    #[test]
+    fn off_changes_nothing() {
+        let g = ladder(4);
+        let opts = RematOptions::new(RematBudget::Bytes(0), &EveryNodeAKernel);
+        let plan = rematerialize(&g, &Off, &opts).unwrap();
+        assert_eq!(crate::text::print(&plan.graph), crate::text::print(&g));
+        assert_eq!(plan.extra_flops, 0);
+        assert!(!plan.met);
+    }
+
+    #[test]
+    fn exhaustive_meets_a_budget_with_no_more_flops_than_greedy() {
+        let g = ladder(6);
+        let before = peak_memory(&g, &EveryNodeAKernel).peak_bytes;
+        let opts = RematOptions::new(RematBudget::Bytes(before * 3 / 4), &EveryNodeAKernel);
+        let greedy = rematerialize(&g, &Greedy, &opts).unwrap();
+        let exact = rematerialize(&g, &Exhaustive, &opts).unwrap();
+        assert!(exact.met && greedy.met, "greedy {} exact {} budget {}", greedy.after.peak_bytes, exact.after.peak_bytes, opts_budget(&opts, before));
+        assert!(exact.extra_flops <= greedy.extra_flops);
+    }
+
+    fn opts_budget(o: &RematOptions, before: u64) -> u64 {
+        match o.budget {
+            RematBudget::Bytes(b) => b,
+            RematBudget::FractionOfPeak(f) => (before as f64 * f) as u64,
+        }
+    }
+}

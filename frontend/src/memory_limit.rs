@@ -1,0 +1,50 @@
+//! The step memory budget: `set_memory_limit(Some(bytes))` makes every later
+//! step's program go through the compiler's rematerialization pass
+//! (`compiler::memory`), which recomputes activations until the predicted peak
+//! of the step fits.
+//!
+//! Invariant: a program in the compile caches was built under the limit that
+//! is set now (changing the limit clears this thread's caches; the disk cache
+//! keys on the optimized program, which the limit changes).
+
+use std::cell::Cell;
+
+thread_local! {
+    static LIMIT: Cell<Option<u64>> = const { Cell::new(None) };
+}
+
+/// Sets this thread's step memory budget in bytes (`None`: no remat pass).
+pub fn set_memory_limit(bytes: Option<u64>) {
+    if LIMIT.with(|l| l.replace(bytes)) != bytes {
+        crate::context::clear_compile_cache();
+    }
+}
+
+/// This thread's step memory budget.
+pub fn memory_limit() -> Option<u64> {
+    LIMIT.with(Cell::get)
+}
+
+/// The pruned step graph whose outputs are `f`'s tensors, recorded apart from
+/// the current step and never run (what `kiln profile --max-batch` sizes).
+pub fn capture_graph(
+    f: impl FnOnce() -> crate::Result<Vec<crate::Tensor>>,
+) -> crate::Result<kiln_compiler::ir::Graph> {
+    use crate::context::{self, State, Trace};
+    let outer = context::with(|c| std::mem::replace(&mut c.trace, Trace::new()));
+    let result = f();
+    let inner = context::with(|c| std::mem::replace(&mut c.trace, outer));
+    let outputs = result?;
+    let mut graph = inner.graph;
+    let mut values = Vec::with_capacity(outputs.len());
+    for t in &outputs {
+        match &*t.inner.state.borrow() {
+            State::Pending { epoch, value } if *epoch == inner.epoch => values.push(*value),
+            State::Pending { .. } | State::Ready(_) => {
+                return Err(crate::FrontendError::StaleTensor { op: "capture_graph" })
+            }
+        }
+    }
+    graph.set_outputs(values)?;
+    Ok(kiln_compiler::passes::eliminate_dead_code(&graph)?.graph)
+}

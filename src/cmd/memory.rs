@@ -1,0 +1,374 @@
+//! The memory side of `kiln compile`: `--memory-limit SIZE` plans
+//! rematerialization for the compiled graph and reports the plan beside XLA's
+//! own memory stats; `--memory-plot FILE.svg` draws live bytes over the step
+//! with and without the plan. Also the byte sizes the CLI accepts
+//! (`2GiB`, `512MiB`, `1.5e9`, `0`).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use kiln::compiler::ir::Graph;
+use kiln::compiler::memory::{
+    liveness, rematerialize, Exhaustive, Greedy, Off, RematBudget, RematOptions, RematPlan, RematStrategy,
+    XlaCpuFusion,
+};
+use kiln::compiler::{lower, LowerOptions};
+use kiln::runtime::{Client, CompileOptions, CompiledMemoryStats};
+use serde_json::{json, Value};
+
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct MemoryArgs {
+    /// Plan rematerialization so the step's predicted peak fits SIZE (`2GiB`,
+    /// `512MiB`, bytes, `50%` of the unplanned peak, `0` for the lowest peak
+    /// the strategy reaches); the report shows the plan and XLA's stats of
+    /// both programs.
+    #[arg(long, value_name = "SIZE")]
+    pub memory_limit: Option<String>,
+    /// How to choose what to recompute.
+    #[arg(long, value_enum, default_value_t = Strategy::Greedy, requires = "memory_limit")]
+    pub remat_strategy: Strategy,
+    /// Draw live bytes over the step, with and without the plan, as SVG.
+    #[arg(long, value_name = "FILE", requires = "memory_limit")]
+    pub memory_plot: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Strategy {
+    Off,
+    #[default]
+    Greedy,
+    Exhaustive,
+}
+
+/// A byte count: an integer or decimal, optionally with `KB`, `MB`, `GB`
+/// (powers of 1000) or `KiB`, `MiB`, `GiB` (powers of 1024).
+pub fn parse_bytes(s: &str) -> anyhow::Result<u64> {
+    let t = s.trim();
+    // A plain number (`1.5e9`) has no unit; otherwise the unit starts at the
+    // first letter.
+    let split = if t.parse::<f64>().is_ok() { t.len() } else { t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len()) };
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.trim().parse().with_context(|| format!("`{s}` is not a size (like 2GiB, 512MiB, 1e9)"))?;
+    let scale = match unit.trim() {
+        "" | "B" => 1.0,
+        "KB" | "kB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        "GiB" => 1024.0 * 1024.0 * 1024.0,
+        other => anyhow::bail!("`{s}`: unknown unit `{other}` (B, KB, MB, GB, KiB, MiB, GiB)"),
+    };
+    let b = n * scale;
+    if !b.is_finite() || b < 0.0 || b > u64::MAX as f64 {
+        anyhow::bail!("`{s}` is not a size in bytes");
+    }
+    Ok(b as u64)
+}
+
+/// `--memory-limit` as a budget.
+pub fn parse_budget(s: &str) -> anyhow::Result<RematBudget> {
+    match s.trim().strip_suffix('%') {
+        Some(p) => {
+            let f: f64 = p.trim().parse().with_context(|| format!("`{s}` is not a percentage"))?;
+            if !(f > 0.0 && f <= 100.0) {
+                anyhow::bail!("--memory-limit {s}: a percentage must be in (0, 100]");
+            }
+            Ok(RematBudget::FractionOfPeak(f / 100.0))
+        }
+        None => Ok(RematBudget::Bytes(parse_bytes(s)?)),
+    }
+}
+
+/// The plan and XLA's view of both programs.
+pub struct PlanReport {
+    pub plan: RematPlan,
+    pub xla_before: Option<CompiledMemoryStats>,
+    pub xla_after: Result<CompiledMemoryStats, String>,
+}
+
+/// Plans remat for `optimized` and compiles the planned program on `client`.
+pub fn plan_and_compile(
+    args: &MemoryArgs,
+    optimized: &Graph,
+    client: &Client,
+    replicas: usize,
+    xla_before: Option<CompiledMemoryStats>,
+) -> anyhow::Result<Option<PlanReport>> {
+    let Some(limit) = &args.memory_limit else { return Ok(None) };
+    let budget = parse_budget(limit)?;
+    let fusion = XlaCpuFusion;
+    let opts = RematOptions::new(budget, &fusion);
+    let strategy: &dyn RematStrategy = match args.remat_strategy {
+        Strategy::Off => &Off,
+        Strategy::Greedy => &Greedy,
+        Strategy::Exhaustive => &Exhaustive,
+    };
+    let plan = rematerialize(optimized, strategy, &opts).context("planning rematerialization")?;
+    let module = lower(&plan.graph, &LowerOptions { num_replicas: replicas }).context("lowering the planned graph")?;
+    let xla_after = client
+        .compile(&module, &CompileOptions { num_replicas: replicas, ..CompileOptions::default() })
+        .context("compiling the planned graph")?
+        .compiled_memory_stats()
+        .map_err(|e| e.to_string());
+    if let Some(path) = &args.memory_plot {
+        plot(path, optimized, &plan.graph)?;
+    }
+    Ok(Some(PlanReport { plan, xla_before, xla_after }))
+}
+
+fn xla_peak(m: &CompiledMemoryStats) -> i64 {
+    m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+}
+
+impl PlanReport {
+    pub fn json(&self) -> Value {
+        let p = &self.plan;
+        let xla = |m: &CompiledMemoryStats| json!({"temp_bytes": m.temp_size_in_bytes, "peak_bytes": xla_peak(m)});
+        json!({
+            "strategy": p.strategy,
+            "budget_bytes": p.budget_bytes,
+            "met": p.met,
+            "recomputed": p.choices.iter().map(|c| json!({
+                "value": c.value.to_string(), "op": c.op, "bytes": c.bytes,
+                "recomputed_nodes": c.recomputed_nodes, "flops": c.flops,
+            })).collect::<Vec<_>>(),
+            "bytes_saved": p.before.peak_bytes.saturating_sub(p.after.peak_bytes),
+            "extra_flops": p.extra_flops,
+            "extra_roofline_seconds": p.extra_seconds,
+            "predicted": {
+                "before": {"temp_bytes": p.before.temp_peak_bytes, "peak_bytes": p.before.peak_bytes},
+                "after": {"temp_bytes": p.after.temp_peak_bytes, "peak_bytes": p.after.peak_bytes},
+            },
+            "xla": {
+                "before": self.xla_before.as_ref().map(xla),
+                "after": self.xla_after.as_ref().ok().map(xla),
+            },
+        })
+    }
+
+    pub fn text(&self) -> String {
+        let p = &self.plan;
+        let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0));
+        let mut lines = vec![format!(
+            "remat ({}): budget {}, {}; {} value(s) recomputed, peak {} -> {} predicted ({} saved), {} extra FLOPs ({:.3} ms on {})",
+            p.strategy,
+            mib(p.budget_bytes),
+            if p.met { "met" } else { "not met (the lowest peak found)" },
+            p.choices.len(),
+            mib(p.before.peak_bytes),
+            mib(p.after.peak_bytes),
+            mib(p.before.peak_bytes.saturating_sub(p.after.peak_bytes)),
+            p.extra_flops,
+            p.extra_seconds * 1e3,
+            kiln::compiler::cost::Target::H100_SXM_MEASURED.name,
+        )];
+        lines.push(format!(
+            "  predicted temporaries {} -> {}",
+            mib(p.before.temp_peak_bytes),
+            mib(p.after.temp_peak_bytes)
+        ));
+        match (&self.xla_before, &self.xla_after) {
+            (Some(b), Ok(a)) => lines.push(format!(
+                "  XLA temporaries {} -> {}, XLA peak (args + outputs + temps) {} -> {}",
+                mib(b.temp_size_in_bytes as u64),
+                mib(a.temp_size_in_bytes as u64),
+                mib(xla_peak(b) as u64),
+                mib(xla_peak(a) as u64)
+            )),
+            (_, Err(e)) => lines.push(format!("  XLA gave no memory stats for the planned program: {e}")),
+            (None, Ok(a)) => lines.push(format!("  XLA temporaries after: {}", mib(a.temp_size_in_bytes as u64))),
+        }
+        for c in p.choices.iter().take(20) {
+            lines.push(format!("  recompute {} ({}, {}, {} node(s), {} FLOPs)", c.value, c.op, mib(c.bytes), c.recomputed_nodes, c.flops));
+        }
+        if p.choices.len() > 20 {
+            lines.push(format!("  ... and {} more", p.choices.len() - 20));
+        }
+        lines.join("\n") + "\n"
+    }
+}
+
+/// Live bytes over the step (position in the execution order, as a fraction
+/// of the step so both programs share the x axis), before and after.
+fn plot(path: &Path, before: &Graph, after: &Graph) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    let curve = |g: &Graph| -> Vec<(f64, f64)> {
+        let c = liveness(g, &XlaCpuFusion).live_curve();
+        let n = c.len().max(2) as f64 - 1.0;
+        c.iter().enumerate().map(|(i, &b)| (i as f64 / n, b as f64 / (1024.0 * 1024.0))).collect()
+    };
+    let (a, b) = (curve(before), curve(after));
+    let top = a.iter().chain(&b).map(|p| p.1).fold(0.0f64, f64::max) * 1.05 + 1e-3;
+    let tmp = path.with_extension("svg.tmp");
+    {
+        let root = SVGBackend::new(&tmp, (960, 480)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| anyhow::anyhow!("drawing {}: {e}", path.display()))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("live bytes over the step", ("sans-serif", 20))
+            .margin(10)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.0..1.0, 0.0..top)
+            .map_err(|e| anyhow::anyhow!("drawing {}: {e}", path.display()))?;
+        chart
+            .configure_mesh()
+            .x_desc("fraction of the step (execution order)")
+            .y_desc("MiB live")
+            .draw()
+            .map_err(|e| anyhow::anyhow!("drawing {}: {e}", path.display()))?;
+        chart
+            .draw_series(LineSeries::new(a, &RED))
+            .map_err(|e| anyhow::anyhow!("drawing {}: {e}", path.display()))?
+            .label("without remat")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+        chart
+            .draw_series(LineSeries::new(b, &BLUE))
+            .map_err(|e| anyhow::anyhow!("drawing {}: {e}", path.display()))?
+            .label("with the plan")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+        chart
+            .configure_series_labels()
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.8))
+            .draw()
+            .map_err(|e| anyhow::anyhow!("drawing {}: {e}", path.display()))?;
+        root.present().map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+    }
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_bytes("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("1.5e9").unwrap(), 1_500_000_000);
+        assert_eq!(parse_bytes("0").unwrap(), 0);
+        assert!(parse_bytes("2 parsecs").is_err());
+        assert!(parse_bytes("-1").is_err());
+        assert_eq!(parse_budget("50%").unwrap(), RematBudget::FractionOfPeak(0.5));
+        assert!(parse_budget("0%").is_err());
+    }
+}
+
+/// What `kiln profile <model> --max-batch` sizes.
+pub enum AdvisedModel {
+    Mlp { hidden: Vec<usize> },
+    Gpt { cfg: kiln::models::gpt::GptConfig },
+}
+
+/// The step graph of `model` at batch `batch`: forward, loss and gradients.
+/// The optimizer's update is not recorded; its state (AdamW: two moments per
+/// parameter, read and written) is added to the peak as `4 × parameter bytes`.
+fn step_graph(model: &AdvisedModel, batch: usize) -> anyhow::Result<(Graph, u64)> {
+    use kiln::models::{gpt, mlp};
+    use kiln::nn::{cross_entropy, ParamStore};
+    let mut ps = ParamStore::new(0);
+    let (graph, params) = match model {
+        AdvisedModel::Mlp { hidden } => {
+            let mut sizes = vec![784];
+            sizes.extend(hidden);
+            sizes.push(10);
+            let m = mlp::Mlp::new(&mut ps, &sizes)?;
+            let params = ps.tensors();
+            let x = kiln::Tensor::from_vec((0..batch * 784).map(|i| (i % 251) as f32 / 251.0).collect::<Vec<_>>(), [batch, 784])?;
+            let y = kiln::Tensor::from_vec((0..batch).map(|i| (i % 10) as i32).collect::<Vec<_>>(), [batch])?;
+            let g = kiln::capture_graph(|| {
+                let loss = cross_entropy(&m.forward(&x)?, &y, None)?;
+                let mut out = vec![loss.clone()];
+                out.extend(kiln::grad(&loss, &params)?);
+                Ok(out)
+            })?;
+            (g, params)
+        }
+        AdvisedModel::Gpt { cfg } => {
+            let cfg = gpt::GptConfig { batch, ..cfg.clone() };
+            let m = gpt::Gpt::new(&mut ps, &cfg)?;
+            let params = ps.tensors();
+            let n = batch * cfg.seq;
+            let ids = kiln::Tensor::from_vec((0..n).map(|i| (i % cfg.vocab) as i32).collect::<Vec<_>>(), [batch, cfg.seq])?;
+            let tgt = kiln::Tensor::from_vec((0..n).map(|i| ((i + 1) % cfg.vocab) as i32).collect::<Vec<_>>(), [n])?;
+            let g = kiln::capture_graph(|| {
+                let loss = m.loss(&ids, &tgt, true)?;
+                let mut out = vec![loss.clone()];
+                out.extend(kiln::grad(&loss, &params)?);
+                Ok(out)
+            })?;
+            (g, params)
+        }
+    };
+    let param_bytes: u64 = params.iter().map(|p| p.ty().size_in_bytes() as u64).sum();
+    Ok((graph, 4 * param_bytes))
+}
+
+/// The largest batch (powers of two) whose step fits `device_bytes`, without
+/// and with remat, by kiln's peak model; the two answers are then compiled
+/// through `client` (not run) and XLA's stats reported beside the model's.
+pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json: bool) -> anyhow::Result<()> {
+    let fusion = XlaCpuFusion;
+    let predicted = |b: usize, remat: bool| -> anyhow::Result<(u64, Graph)> {
+        let (g, extra) = step_graph(model, b)?;
+        let (g, _) = kiln::compiler::pipeline::optimize(&g)?;
+        if !remat {
+            return Ok((kiln::compiler::memory::peak_memory(&g, &fusion).peak_bytes + extra, g));
+        }
+        let budget = RematBudget::Bytes(device_bytes.saturating_sub(extra));
+        let plan = rematerialize(&g, &Greedy, &RematOptions::new(budget, &fusion))?;
+        Ok((plan.after.peak_bytes + extra, plan.graph))
+    };
+    let mut rows = Vec::new();
+    let mut best: [Option<(usize, u64, Graph)>; 2] = [None, None];
+    for (k, remat) in [false, true].into_iter().enumerate() {
+        let mut b = 1usize;
+        while b <= 1 << 20 {
+            let (peak, g) = predicted(b, remat)?;
+            rows.push(json!({"batch": b, "remat": remat, "predicted_peak_bytes": peak, "fits": peak <= device_bytes}));
+            if peak > device_bytes {
+                break;
+            }
+            best[k] = Some((b, peak, g));
+            b *= 2;
+        }
+    }
+    let mut summary = Vec::new();
+    for (k, remat) in [false, true].into_iter().enumerate() {
+        let Some((b, peak, g)) = &best[k] else {
+            summary.push(json!({"remat": remat, "max_batch": Value::Null}));
+            continue;
+        };
+        let module = lower(g, &LowerOptions::default())?;
+        let xla = client
+            .compile(&module, &CompileOptions::default())
+            .context("compiling the advised step")?
+            .compiled_memory_stats()
+            .ok()
+            .map(|m| xla_peak(&m));
+        summary.push(json!({"remat": remat, "max_batch": b, "predicted_peak_bytes": peak, "xla_peak_bytes_without_optimizer_state": xla}));
+    }
+    let out = json!({"device_memory_bytes": device_bytes, "search": rows, "max_batch": summary});
+    if json {
+        println!("{out}");
+    } else {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        println!("largest batch (powers of two) whose step fits {:.2} GiB, by kiln's peak model:", gib(device_bytes));
+        for s in &summary {
+            match s["max_batch"].as_u64() {
+                Some(b) => println!(
+                    "  {:<13} batch {b:>6}: predicted peak {:.2} GiB; XLA (compiled, not run; AdamW state not in the graph) {}",
+                    if s["remat"].as_bool() == Some(true) { "with remat" } else { "without remat" },
+                    gib(s["predicted_peak_bytes"].as_u64().unwrap_or(0)),
+                    s["xla_peak_bytes_without_optimizer_state"]
+                        .as_i64()
+                        .map_or("no stats".to_string(), |x| format!("{:.2} GiB", x as f64 / (1u64 << 30) as f64)),
+                ),
+                None => println!("  {}: not even batch 1 fits", if s["remat"].as_bool() == Some(true) { "with remat" } else { "without remat" }),
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,71 @@
+//! `kiln compile --memory-limit` end to end on the CPU plugin: the plan, XLA's
+//! stats of both programs, the plot, and a bad size named in the error.
+
+use assert_cmd::Command;
+use kiln::compiler::ir::{BinaryOp, DType, DotDims, Graph, Op, TensorType, UnaryOp};
+use kiln::compiler::text;
+use serde_json::Value;
+
+/// A forward chain of `tanh(h @ w)` and a backward that reads every
+/// activation in reverse (an elementwise-only chain would not do: XLA fuses
+/// it into one kernel and keeps nothing).
+fn ladder() -> Graph {
+    let mut g = Graph::new();
+    let t = TensorType::new(DType::F32, [64, 256]);
+    let p = g.parameter(t.clone());
+    let w = g.parameter(TensorType::new(DType::F32, [256, 256]));
+    let mut acts = vec![p];
+    for _ in 0..8 {
+        let last = *acts.last().unwrap();
+        let h = g.value(Op::DotGeneral { lhs: last, rhs: w, dims: DotDims::matmul() }).unwrap();
+        acts.push(g.value(Op::Unary { op: UnaryOp::Tanh, input: h }).unwrap());
+    }
+    let mut ct = g.value(Op::Unary { op: UnaryOp::Exp, input: acts[8] }).unwrap();
+    for i in (1..8).rev() {
+        let d = g.value(Op::DotGeneral { lhs: ct, rhs: w, dims: DotDims::matmul() }).unwrap();
+        ct = g.value(Op::Binary { op: BinaryOp::Mul, lhs: d, rhs: acts[i] }).unwrap();
+    }
+    g.set_outputs(vec![ct]).unwrap();
+    g
+}
+
+#[test]
+fn memory_limit_reports_the_plan_and_xla_stats_and_draws_the_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ladder.kiln");
+    std::fs::write(&path, text::print(&ladder())).unwrap();
+    let plot = dir.path().join("live.svg");
+    let out = Command::cargo_bin("kiln")
+        .unwrap()
+        .args(["compile", path.to_str().unwrap(), "--json", "--memory-limit", "0", "--memory-plot"])
+        .arg(&plot)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plan = &v["memory_plan"];
+    assert_eq!(plan["strategy"], "greedy");
+    assert!(!plan["recomputed"].as_array().unwrap().is_empty(), "{plan}");
+    assert!(plan["extra_flops"].as_u64().unwrap() > 0, "{plan}");
+    let pred = &plan["predicted"];
+    assert!(pred["after"]["peak_bytes"].as_u64() < pred["before"]["peak_bytes"].as_u64(), "{plan}");
+    let xla = &plan["xla"];
+    assert!(xla["after"]["temp_bytes"].as_i64() < xla["before"]["temp_bytes"].as_i64(), "{plan}");
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("with the plan"), "{}", &svg[..svg.len().min(200)]);
+}
+
+#[test]
+fn a_bad_memory_limit_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ladder.kiln");
+    std::fs::write(&path, text::print(&ladder())).unwrap();
+    let out = Command::cargo_bin("kiln")
+        .unwrap()
+        .args(["compile", path.to_str().unwrap(), "--memory-limit", "2 parsecs"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("2 parsecs") && err.contains("unit"), "{err}");
+}
