@@ -165,9 +165,14 @@ pub(crate) struct CacheEntry {
 pub enum Backend {
     /// Compile to StableHLO and run through the PJRT plugin (the default).
     Pjrt,
-    /// Evaluate on kiln's reference interpreter on the host (eager debugging and
-    /// side-by-side convergence checks).
+    /// Evaluate on kiln's reference interpreter on the host (f64 arithmetic:
+    /// the correctness oracle for side-by-side convergence checks).
     Reference,
+    /// Run every op the moment it is recorded, on candle-core CPU tensors:
+    /// values can be read mid-step without cutting it (step-through
+    /// debugging), and it is the eager baseline compilation is measured
+    /// against (`crate::eager`).
+    Eager,
 }
 
 pub(crate) struct Context {
@@ -261,6 +266,10 @@ impl Context {
         let ty = self.trace.graph.ty(value).clone();
         let inner = Inner::new(ty, State::Pending { epoch: self.trace.epoch, value });
         self.track(&inner);
+        if self.backend == Backend::Eager {
+            // An op that fails here fails again, as an error, when read.
+            let _ = crate::eager::catch_up(&self.trace);
+        }
         inner
     }
 

@@ -10,11 +10,13 @@ pub mod autodiff;
 pub mod checkpoint;
 pub mod clip;
 mod context;
+mod eager;
 pub mod data;
 mod element;
 mod error;
 mod explain;
 mod grad;
+mod lowering;
 pub mod metrics;
 pub mod models;
 pub mod nn;
@@ -25,7 +27,10 @@ pub mod replicas;
 mod step;
 mod tensor;
 pub mod train_step;
+pub mod warnings;
 
+/// candle-core, for [`Tensor::to_candle`] and [`Tensor::from_candle`].
+pub use candle_core;
 pub use context::{backend, clear_compile_cache, set_backend, set_client, set_disk_cache, Backend};
 pub use element::Element;
 pub use error::{FrontendError, Result};

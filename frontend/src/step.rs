@@ -181,6 +181,10 @@ pub fn mark_step() -> Result<StepReport> {
 
 fn cut(t0: Instant) -> Result<StepReport> {
     let (trace, backend) = context::with(|c| (std::mem::replace(&mut c.trace, Trace::new()), c.backend));
+    let epoch = trace.epoch;
+    if backend == Backend::Eager {
+        crate::eager::catch_up(&trace)?;
+    }
     let donate = backend == Backend::Pjrt && donation_enabled()?;
     let Some(closed) = close(trace, donate)? else {
         return Ok(StepReport::default());
@@ -198,6 +202,7 @@ fn cut(t0: Instant) -> Result<StepReport> {
             report.nodes = program.len();
             run_reference(&program, bindings)?
         }
+        Backend::Eager => crate::eager::finish(epoch, &graph)?,
     };
     for (storage, receivers) in results.into_iter().zip(&receivers) {
         for t in receivers {
@@ -236,6 +241,9 @@ fn compiled(graph: &Graph, bindings: &[Binding], key: u64, report: &mut StepRepo
             "kiln: the last {streak} steps each needed a new program: shapes or constants change every step, so \
              every step compiles (metrics::snapshot().recompile_explanations says what changed)"
         );
+        crate::warnings::show_once(crate::warnings::Warning::RecompileStreak, || {
+            format!("the last {streak} steps each needed a new program: shapes or constants change every step")
+        });
     }
     tracing::debug!(nodes = got.entry.nodes, compiled = got.compiled, "kiln: new step program");
     let entry = Rc::new(got.entry);
@@ -421,7 +429,9 @@ pub struct LowerOpts {
 }
 
 /// The StableHLO text that a step returning `f`'s tensors would compile, without
-/// running anything (for snapshot tests). Equivalent to
+/// running anything (for snapshot tests). Side-effect free: tensors that `f`
+/// assigns (parameters under an optimizer step, the generator's state) read
+/// as before afterwards. Equivalent to
 /// `lower_with(LowerOpts { optimize: true }, f)`.
 pub fn lower(f: impl FnOnce() -> Result<Vec<Tensor>>) -> Result<String> {
     lower_with(LowerOpts { optimize: true }, f)
@@ -430,6 +440,8 @@ pub fn lower(f: impl FnOnce() -> Result<Vec<Tensor>>) -> Result<String> {
 /// Like [`lower`], with options.
 pub fn lower_with(opts: LowerOpts, f: impl FnOnce() -> Result<Vec<Tensor>>) -> Result<String> {
     let outer = context::with(|c| std::mem::replace(&mut c.trace, Trace::new()));
+    // Restores every tensor `f` assigns when this function returns.
+    let _undo = crate::lowering::UndoAssigns::begin();
     let result = f();
     let inner = context::with(|c| std::mem::replace(&mut c.trace, outer));
     let outputs = result?;
