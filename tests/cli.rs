@@ -268,3 +268,24 @@ fn errors_say_their_cause_once() {
     let line = err.lines().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("{err}"));
     assert_eq!(line.matches("No such file").count(), 1, "{line}");
 }
+
+#[test]
+fn plugin_info_lines_are_quiet_unless_asked() {
+    let run = |asked: bool| {
+        let mut cmd = kiln();
+        cmd.args(["train", "mlp", "--max-steps", "1", "--epochs", "1", "--hidden", "16"])
+            .env("KILN_CPU_DEVICES", "2")
+            .env_remove("TF_CPP_MIN_LOG_LEVEL");
+        if asked {
+            cmd.env("KILN_PLUGIN_LOGS", "1");
+        } else {
+            cmd.env_remove("KILN_PLUGIN_LOGS");
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // The CPU plugin's INFO note about the device count.
+    assert!(!run(false).contains("cpu_device_count"));
+    assert!(run(true).contains("cpu_device_count"));
+}
