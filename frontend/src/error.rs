@@ -64,9 +64,6 @@ pub enum FrontendError {
     /// Logits and labels that do not pair up (`[n, classes]` with `[n]`).
     #[error("{op}: logits {logits} and labels {labels} must be [n, classes] and [n]")]
     LabelShape { op: &'static str, logits: TensorType, labels: TensorType },
-    /// A step argument that holds values for another number of replicas.
-    #[error("{op}: argument {index} ({ty}) holds values for {got} replicas but the step runs on {replicas}: set the replica count before creating tensors")]
-    ReplicaCount { op: &'static str, index: usize, ty: String, got: usize, replicas: usize },
     #[error("{op}: axis {axis} is out of range for a tensor of rank {rank}")]
     Axis { op: &'static str, axis: isize, rank: usize },
     /// The message says the cause (a caller that prints only `Display` sees
