@@ -84,8 +84,8 @@ enum Model {
         /// Replace a --checkpoint FILE that is not a checkpoint of this model.
         #[arg(long, requires = "checkpoint", conflicts_with = "resume")]
         overwrite: bool,
-        /// Also run the first N steps on the reference interpreter and print both
-        /// loss curves side by side.
+        /// Also run the first N steps on the eager backend (candle, op by op)
+        /// and print both loss curves side by side.
         #[arg(long, value_name = "N")]
         compare_eager: Option<u64>,
         /// Mixed precision: matmuls in this dtype, f32 master weights.
@@ -140,10 +140,25 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes joined by ": ", each cause said once: kiln's
+/// errors put their cause in their own message (an I/O error's), so a cause
+/// the message already contains is not repeated.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -377,15 +392,15 @@ fn gib(bytes: u64) -> String {
 fn train_mlp(cfg: &MlpConfig, dir: &PathBuf, compare: Option<u64>, json: bool) -> anyhow::Result<()> {
     let data = FashionMnist::load(dir).context("loading Fashion-MNIST")?;
     if let Some(n) = compare {
-        let (compiled, reference) = mlp::compare_eager(&data, cfg, n)?;
-        println!("{:>5}  {:>12}  {:>12}  {:>10}", "step", "compiled", "reference", "|diff|");
+        let (compiled, eager) = mlp::compare_eager(&data, cfg, n)?;
+        println!("{:>5}  {:>12}  {:>12}  {:>10}", "step", "compiled", "eager", "|diff|");
         let mut worst: f64 = 0.0;
-        for (i, (a, b)) in compiled.iter().zip(&reference).enumerate() {
+        for (i, (a, b)) in compiled.iter().zip(&eager).enumerate() {
             worst = worst.max((a - b).abs());
             println!("{:>5}  {a:>12.6}  {b:>12.6}  {:>10.2e}", i + 1, (a - b).abs());
         }
         if json {
-            println!("{}", json!({"compiled": compiled, "reference": reference, "max_abs_diff": worst}));
+            println!("{}", json!({"compiled": compiled, "eager": eager, "max_abs_diff": worst}));
         }
         return Ok(());
     }

@@ -238,3 +238,54 @@ fn train_gpt_with_amp_reports_the_dtype_and_the_loss_scale() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("max_grad_norm = 0 must be positive"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn compare_eager_trains_the_mlp_on_candle_beside_the_compiled_backend() {
+    let out = kiln()
+        .args(["train", "mlp", "--hidden", "64", "--compare-eager", "40", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let (compiled, eager) = (v["compiled"].as_array().unwrap(), v["eager"].as_array().unwrap());
+    assert_eq!((compiled.len(), eager.len()), (40, 40), "{v}");
+    // f32 on both sides, different kernels: rounding drift only.
+    for (a, b) in compiled.iter().zip(eager) {
+        let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+        assert!((a - b).abs() <= 1e-4 * a.abs(), "compiled {a} vs eager {b}");
+    }
+    assert!(eager[39].as_f64().unwrap() < eager[0].as_f64().unwrap(), "{v}");
+}
+
+#[test]
+fn errors_say_their_cause_once() {
+    // An I/O error of the frontend: its message says the cause, and the CLI
+    // does not repeat it from the error's source.
+    let out = kiln().args(["train", "gpt", "--text", "/nonexistent/t.txt", "--steps", "1"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err.lines().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("{err}"));
+    assert_eq!(line.matches("No such file").count(), 1, "{line}");
+}
+
+#[test]
+fn plugin_info_lines_are_quiet_unless_asked() {
+    let run = |asked: bool| {
+        let mut cmd = kiln();
+        cmd.args(["train", "mlp", "--max-steps", "1", "--epochs", "1", "--hidden", "16"])
+            .env("KILN_CPU_DEVICES", "2")
+            .env_remove("TF_CPP_MIN_LOG_LEVEL");
+        if asked {
+            cmd.env("KILN_PLUGIN_LOGS", "1");
+        } else {
+            cmd.env_remove("KILN_PLUGIN_LOGS");
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // The CPU plugin's INFO note about the device count.
+    assert!(!run(false).contains("cpu_device_count"));
+    assert!(run(true).contains("cpu_device_count"));
+}

@@ -21,7 +21,7 @@ mod verify;
 
 pub use error::CompileError;
 pub use fingerprint::{fingerprint, Fingerprint, BUILD_FINGERPRINT};
-pub use interp::{interpret, interpret_replicated};
+pub use interp::{interpret, interpret_op, interpret_replicated};
 pub use lower::{lower, LowerOptions, LowerTarget};
 pub use verify::verify;
 

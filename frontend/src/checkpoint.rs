@@ -21,6 +21,8 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::atomic_write::write_atomically;
+use crate::nn::Module;
+use crate::optim::Optimizer;
 use crate::error::{FrontendError, Result};
 use crate::step::mark_step;
 use crate::tensor::Tensor;
@@ -77,6 +79,36 @@ fn checksum<'a>(items: impl Iterator<Item = (&'a str, &'a [u8])>) -> u64 {
         eat(bytes);
     }
     h
+}
+
+/// Every tensor a training run needs to resume, by name: `param.<name>` for
+/// each of `model`'s parameters (their `ParamStore` names), `optim.<name>` for
+/// the optimizer's state (moments, counters), and `rng.state` for the
+/// in-graph generator (see [`crate::random::state`]). The step number is
+/// saved beside them by [`save_training`].
+pub fn training_state(model: &dyn Module, optimizer: &dyn Optimizer) -> Vec<(String, Tensor)> {
+    state_of(model.named_parameters(), optimizer)
+}
+
+/// [`training_state`] from named parameters (the built-in loops' `ParamStore`).
+pub(crate) fn state_of(params: Vec<(String, Tensor)>, optimizer: &dyn Optimizer) -> Vec<(String, Tensor)> {
+    let mut out: Vec<(String, Tensor)> = params.into_iter().map(|(n, t)| (format!("param.{n}"), t)).collect();
+    out.extend(optimizer.state().into_iter().map(|(n, t)| (format!("optim.{n}"), t)));
+    out.push(("rng.state".into(), crate::random::state()));
+    out
+}
+
+/// Saves the whole training state of `model` and `optimizer` at `step` to
+/// `path` (atomically; see [`save`]).
+pub fn save_training(path: impl AsRef<Path>, step: u64, model: &dyn Module, optimizer: &dyn Optimizer) -> Result<()> {
+    save(path, step, &training_state(model, optimizer))
+}
+
+/// Restores what [`save_training`] wrote into `model`, `optimizer` and the
+/// generator; returns the saved step. Nothing is assigned unless every tensor
+/// is present with its type.
+pub fn restore_training(path: impl AsRef<Path>, model: &dyn Module, optimizer: &dyn Optimizer) -> Result<u64> {
+    restore(path, &training_state(model, optimizer))
 }
 
 /// Saves `tensors` (runs the pending step first) and `step` to `path`.

@@ -27,7 +27,7 @@ pub fn global_norm(grads: &[Tensor]) -> Result<Tensor> {
     }
     match total {
         Some(t) => t.sqrt(),
-        None => Err(FrontendError::InvalidArgument { op: "global_norm", reason: "needs at least one gradient".into() }),
+        None => Err(FrontendError::Empty { op: "global_norm", what: "gradient" }),
     }
 }
 

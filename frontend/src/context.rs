@@ -54,17 +54,31 @@ impl Context {
 
     /// See [`Trace::push`].
     pub fn push(&mut self, op: Op) -> Result<Rc<Inner>> {
-        self.trace.push(op)
+        let inner = self.trace.push(op)?;
+        self.run_eagerly();
+        Ok(inner)
     }
 
     /// See [`Trace::pending`].
     pub fn pending(&mut self, value: ValueId) -> Rc<Inner> {
-        self.trace.pending(value)
+        let inner = self.trace.pending(value);
+        self.run_eagerly();
+        inner
     }
 
     /// See [`Trace::constant`].
     pub fn constant(&mut self, value: f64, dtype: DType, shape: &Shape) -> Result<Rc<Inner>> {
-        self.trace.constant(value, dtype, shape)
+        let inner = self.trace.constant(value, dtype, shape)?;
+        self.run_eagerly();
+        Ok(inner)
+    }
+
+    /// On the eager backend, runs the ops recorded since the last call. An op
+    /// that fails here fails again, as an error, when it is read.
+    fn run_eagerly(&self) {
+        if self.exec.backend == Backend::Eager {
+            let _ = crate::eager::catch_up(&self.trace);
+        }
     }
 
     /// See [`Trace::track`].

@@ -30,11 +30,45 @@ pub enum FrontendError {
     StaleTensor { op: &'static str },
     #[error("{op}: {reason}")]
     InvalidArgument { op: &'static str, reason: String },
+    /// An error raised inside a layer's forward, naming the layer
+    /// (`LayerNorm(257): mul: shapes ... do not broadcast`); nested layers
+    /// nest.
+    #[error("{layer}: {source}")]
+    InLayer { layer: String, source: Box<FrontendError> },
+    /// A matrix product whose contracted dimensions differ.
+    #[error("{op}: inner dimensions {lhs_inner} and {rhs_inner} differ ({lhs} times {rhs})")]
+    InnerDims { op: &'static str, lhs: Shape, rhs: Shape, lhs_inner: usize, rhs_inner: usize },
+    /// candle (the eager backend, interop) refused an op.
+    #[error("{op}: candle: {source}")]
+    Candle { op: &'static str, #[source] source: Box<candle_core::Error> },
+    /// A candle dtype kiln has no counterpart for (the 8/6/4-bit floats).
+    #[error("candle dtype {dtype} has no kiln dtype")]
+    CandleDType { dtype: String },
+    /// `grad` asked for the gradient with respect to a non-float tensor.
+    #[error("grad: wrt[{index}] is {ty}: only floating-point tensors have gradients")]
+    NoGradient { index: usize, ty: TensorType },
+    #[error("{op}: expected a rank-{expected} tensor, got {got}")]
+    Rank { op: &'static str, expected: usize, got: TensorType },
+    /// Two tensors that must have the same type do not.
+    #[error("{op}: {what} is {got}, expected {expected}")]
+    TypeMismatch { op: &'static str, what: String, expected: TensorType, got: TensorType },
+    /// Two lists (parameters and gradients, shards and replicas) of different lengths.
+    #[error("{op}: {got} {what} for {expected}")]
+    Count { op: &'static str, what: &'static str, expected: String, got: usize },
+    #[error("{op}: needs at least one {what}")]
+    Empty { op: &'static str, what: &'static str },
+    #[error("{op}: needs a one-element tensor, got {got}")]
+    NotOneElement { op: &'static str, got: TensorType },
+    #[error("{op}: the name {name:?} is taken")]
+    DuplicateName { op: &'static str, name: String },
+    /// Logits and labels that do not pair up (`[n, classes]` with `[n]`).
+    #[error("{op}: logits {logits} and labels {labels} must be [n, classes] and [n]")]
+    LabelShape { op: &'static str, logits: TensorType, labels: TensorType },
     #[error("{op}: axis {axis} is out of range for a tensor of rank {rank}")]
     Axis { op: &'static str, axis: isize, rank: usize },
-    /// The cause is the error's source (not repeated in its message, so a
-    /// report that prints the chain says it once).
-    #[error("{}", .path.display())]
+    /// The message says the cause (a caller that prints only `Display` sees
+    /// it); it is also the error's source.
+    #[error("{}: {source}", .path.display())]
     Io { path: std::path::PathBuf, #[source] source: std::io::Error },
     #[error("{}: {reason}", .path.display())]
     Data { path: std::path::PathBuf, reason: String },

@@ -49,9 +49,14 @@ use crate::trace::{Binding, State, Storage};
 pub enum Backend {
     /// Compile to StableHLO and run through the PJRT plugin (the default).
     Pjrt,
-    /// Evaluate on kiln's reference interpreter on the host (eager debugging and
-    /// side-by-side convergence checks).
+    /// Evaluate on kiln's reference interpreter on the host (f64 arithmetic:
+    /// the correctness oracle for side-by-side convergence checks).
     Reference,
+    /// Run every op the moment it is recorded, on candle-core CPU tensors:
+    /// values can be read mid-step without cutting it (step-through
+    /// debugging), and it is the eager baseline compilation is measured
+    /// against (`crate::eager`).
+    Eager,
 }
 
 /// A value on the devices: one buffer per replica, replica `r`'s on the

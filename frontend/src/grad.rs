@@ -4,11 +4,16 @@
 //! and the optimizer update compile as one program.
 
 use crate::context;
-use crate::error::Result;
+use crate::error::{FrontendError, Result};
 use crate::tensor::Tensor;
 
-/// `d loss / d wrt[i]` for each `i`; `loss` must be a floating scalar.
+/// `d loss / d wrt[i]` for each `i`; `loss` must be a floating scalar and
+/// every `wrt` floating point (an integer tensor has no gradient: asking for
+/// one is an error, not zeros).
 pub fn grad(loss: &Tensor, wrt: &[Tensor]) -> Result<Vec<Tensor>> {
+    if let Some((i, t)) = wrt.iter().enumerate().find(|(_, t)| !t.dtype().is_float()) {
+        return Err(FrontendError::NoGradient { index: i, ty: t.ty().clone() });
+    }
     let l = loss.value("grad")?;
     let ws = wrt.iter().map(|t| t.value("grad")).collect::<Result<Vec<_>>>()?;
     context::with(|c| {

@@ -14,6 +14,7 @@ pub mod clip;
 mod context;
 mod executor;
 pub mod dump;
+mod eager;
 pub mod data;
 mod device_checks;
 mod element;
@@ -21,6 +22,7 @@ mod error;
 mod explain;
 mod grad;
 pub mod limits;
+mod lowering;
 pub mod metrics;
 pub mod models;
 pub mod nn;
@@ -33,7 +35,10 @@ mod step;
 mod tensor;
 mod trace;
 pub mod train_step;
+pub mod warnings;
 
+/// candle-core, for [`Tensor::to_candle`] and [`Tensor::from_candle`].
+pub use candle_core;
 pub use context::{backend, clear_compile_cache, set_backend, set_client, set_disk_cache};
 pub use executor::Backend;
 pub use capture::{compile_step, CompiledStep};

@@ -17,16 +17,20 @@ fn zeros_like_host(t: &Tensor) -> Result<Tensor> {
 
 fn check(params: &[Tensor], grads: &[Tensor]) -> Result<()> {
     if params.len() != grads.len() {
-        return Err(FrontendError::InvalidArgument {
+        return Err(FrontendError::Count {
             op: "optimizer",
-            reason: format!("{} parameters but {} gradients", params.len(), grads.len()),
+            what: "gradients",
+            expected: format!("{} parameters", params.len()),
+            got: grads.len(),
         });
     }
     for (i, (p, g)) in params.iter().zip(grads).enumerate() {
         if p.ty() != g.ty() {
-            return Err(FrontendError::InvalidArgument {
+            return Err(FrontendError::TypeMismatch {
                 op: "optimizer",
-                reason: format!("parameter {i} is {} but its gradient is {}", p.ty(), g.ty()),
+                what: format!("the gradient of parameter {i}"),
+                expected: p.ty().clone(),
+                got: g.ty().clone(),
             });
         }
         if p.dtype() != DType::F32 {
@@ -111,9 +115,11 @@ impl AdamW {
     pub fn step_lr(&mut self, params: &[Tensor], grads: &[Tensor], lr: &Tensor) -> Result<()> {
         check(params, grads)?;
         if params.len() != self.m.len() {
-            return Err(FrontendError::InvalidArgument {
+            return Err(FrontendError::Count {
                 op: "adamw",
-                reason: format!("built for {} parameters, given {}", self.m.len(), params.len()),
+                what: "parameters",
+                expected: format!("the {} it was built for", self.m.len()),
+                got: params.len(),
             });
         }
         let c = self.config;

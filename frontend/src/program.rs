@@ -228,6 +228,7 @@ pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, repli
     }
     if let Some(text) = &explanation {
         tracing::warn!("kiln: {text}");
+        crate::warnings::show_once(crate::warnings::Warning::Recompile, || text.clone());
         metrics::explain(text.clone());
     }
     let program = Rc::new(Program { exe, graph: pruned.graph.clone(), flops: kiln_compiler::cost::graph_flops(&optimized) });

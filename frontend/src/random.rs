@@ -48,7 +48,14 @@ pub fn manual_seed(seed: u64) {
     STATE.with(|s| *s.borrow_mut() = Some(initial_state(seed)));
 }
 
-/// The generator's state tensor (for checkpoints).
+/// The generator's state tensor: `u64[2]` (key, counter), one per replica.
+///
+/// Every random op (`Tensor::rand`, `randn`, dropout) draws inside the step
+/// and assigns the advanced state over this tensor, so saving it with the
+/// parameters (as [`crate::checkpoint::training_state`] does) and restoring it
+/// makes a resumed run draw exactly what the uninterrupted run would have.
+/// The handle stays valid across steps; [`set_state`] or `assign` replaces
+/// its value.
 pub fn state() -> Tensor {
     STATE.with(|s| s.borrow_mut().get_or_insert_with(|| initial_state(DEFAULT_SEED)).clone())
 }

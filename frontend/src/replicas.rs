@@ -64,10 +64,7 @@ pub fn from_shards<T: Element>(shards: Vec<Vec<T>>, shape: impl Into<Shape>) -> 
     let shape = shape.into();
     let n = num_replicas()?;
     if shards.len() != n {
-        return Err(FrontendError::InvalidArgument {
-            op: "from_shards",
-            reason: format!("{} shards for {n} replicas", shards.len()),
-        });
+        return Err(FrontendError::Count { op: "from_shards", what: "shards", expected: format!("{n} replicas"), got: shards.len() });
     }
     let ty = TensorType::new(T::DTYPE, shape.clone());
     let literals = shards

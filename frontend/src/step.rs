@@ -203,6 +203,10 @@ fn cut(t0: Instant) -> Result<Option<CutStep>> {
     let checks = crate::device_checks::seal()?;
     let (trace, backend) = context::with(|c| (std::mem::replace(&mut c.trace, Trace::new()), c.exec.backend));
     let hooks = executor::take_hooks();
+    let epoch = trace.epoch;
+    if backend == Backend::Eager {
+        crate::eager::catch_up(&trace)?;
+    }
     let donate = backend == Backend::Pjrt && donation_enabled()?;
     let Some(closed) = close(trace, donate)? else {
         return Ok(None);
@@ -230,6 +234,13 @@ fn cut(t0: Instant) -> Result<Option<CutStep>> {
             report.nodes = program.len();
             let params = bindings.iter().map(param_of).collect();
             (executor::execute(RunInput::Reference { graph: &program, bindings }, step, hooks), None, params)
+        }
+        Backend::Eager => {
+            let outputs = crate::eager::finish(epoch, &graph)?;
+            let reported = hooks.into_iter().try_for_each(|hook| {
+                hook().map_err(|e| FrontendError::StepFailed { step, reason: e.to_string() })
+            });
+            (Ok(executor::Executed { outputs, reported }), None, Vec::new())
         }
     };
     // Outputs are handed out even when a failure is reported now: this step
@@ -279,6 +290,9 @@ fn compiled(graph: &Graph, bindings: &[Binding], key: u64, report: &mut StepRepo
             "kiln: the last {streak} steps each needed a new program: shapes or constants change every step, so \
              every step compiles (metrics::snapshot().recompile_explanations says what changed)"
         );
+        crate::warnings::show_once(crate::warnings::Warning::RecompileStreak, || {
+            format!("the last {streak} steps each needed a new program: shapes or constants change every step")
+        });
     }
     tracing::debug!(nodes = got.entry.nodes, compiled = got.compiled, "kiln: new step program");
     let entry = Rc::new(got.entry);
@@ -306,7 +320,9 @@ pub struct LowerOpts {
 }
 
 /// The StableHLO text that a step returning `f`'s tensors would compile, without
-/// running anything (for snapshot tests). Equivalent to
+/// running anything (for snapshot tests). Side-effect free: tensors that `f`
+/// assigns (parameters under an optimizer step, the generator's state) read
+/// as before afterwards. Equivalent to
 /// `lower_with(LowerOpts { optimize: true }, f)`.
 pub fn lower(f: impl FnOnce() -> Result<Vec<Tensor>>) -> Result<String> {
     lower_with(LowerOpts { optimize: true }, f)
@@ -315,6 +331,8 @@ pub fn lower(f: impl FnOnce() -> Result<Vec<Tensor>>) -> Result<String> {
 /// Like [`lower`], with options.
 pub fn lower_with(opts: LowerOpts, f: impl FnOnce() -> Result<Vec<Tensor>>) -> Result<String> {
     let outer = context::with(|c| std::mem::replace(&mut c.trace, Trace::new()));
+    // Restores every tensor `f` assigns when this function returns.
+    let _undo = crate::lowering::UndoAssigns::begin();
     let result = f();
     let inner = context::with(|c| std::mem::replace(&mut c.trace, outer));
     let outputs = result?;

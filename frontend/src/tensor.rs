@@ -103,7 +103,7 @@ impl Tensor {
     /// device that runs replica `r`); the buffers must agree in type.
     pub fn from_replica_buffers(buffers: Vec<kiln_runtime::Buffer>) -> Result<Tensor> {
         let Some(first) = buffers.first() else {
-            return Err(FrontendError::InvalidArgument { op: "from_replica_buffers", reason: "no buffers".into() });
+            return Err(FrontendError::Empty { op: "from_replica_buffers", what: "buffer" });
         };
         let ty = TensorType::new(step::dtype_of(first.element_type()), first.dims());
         if let Some((r, b)) = buffers.iter().enumerate().find(|(_, b)| b.arg_type() != first.arg_type()) {
@@ -246,10 +246,7 @@ impl Tensor {
     /// The single value of a one-element tensor, as f64.
     pub fn item(&self) -> Result<f64> {
         if self.elem_count() != 1 {
-            return Err(FrontendError::InvalidArgument {
-                op: "item",
-                reason: format!("needs a one-element tensor, got {}", self.ty()),
-            });
+            return Err(FrontendError::NotOneElement { op: "item", got: self.ty().clone() });
         }
         Ok(self.to_f64s()?[0])
     }
@@ -267,9 +264,19 @@ impl Tensor {
 
     /// Reads replica `only` (or all): an explicit sync, counted.
     fn read(&self, only: Option<usize>) -> Result<Vec<Vec<u8>>> {
+        // Eager: a pending value is already computed; reading it does not cut the step.
+        if let Some(bytes) = context::with(|c| match c.backend {
+            context::Backend::Eager => crate::eager::read_pending(&c.trace, &self.inner),
+            context::Backend::Pjrt | context::Backend::Reference => Ok(None),
+        })? {
+            return Ok(vec![bytes]);
+        }
         if self.is_pending() {
             metrics::update(|m| m.forced_syncs += 1);
             tracing::warn!(tensor = %self.ty(), "kiln: reading a pending tensor forces the step to run now");
+            crate::warnings::show_once(crate::warnings::Warning::ForcedSync, || {
+                format!("reading a pending {} forces the step to run now (read values after mark_step)", self.ty())
+            });
             step::mark_step()?;
         }
         metrics::update(|m| m.reads += 1);
@@ -295,9 +302,11 @@ impl Tensor {
     /// `value`. Types must match.
     pub fn assign(&self, value: &Tensor) -> Result<()> {
         if value.ty() != self.ty() {
-            return Err(FrontendError::InvalidArgument {
+            return Err(FrontendError::TypeMismatch {
                 op: "assign",
-                reason: format!("cannot assign a {} to a {}", value.ty(), self.ty()),
+                what: "the assigned value".into(),
+                expected: self.ty().clone(),
+                got: value.ty().clone(),
             });
         }
         let new_state = match &*value.inner.state.borrow() {
@@ -305,6 +314,7 @@ impl Tensor {
             State::Pending { epoch, value } => State::Pending { epoch: *epoch, value: *value },
         };
         let pending = matches!(new_state, State::Pending { .. });
+        crate::lowering::before_assign(&self.inner);
         *self.inner.state.borrow_mut() = new_state;
         self.inner.bound.set(None);
         if pending {
@@ -592,7 +602,7 @@ impl Tensor {
 
     pub fn cat(tensors: &[Tensor], ax: isize) -> Result<Tensor> {
         let Some(first) = tensors.first() else {
-            return Err(FrontendError::InvalidArgument { op: "cat", reason: "needs at least one tensor".into() });
+            return Err(FrontendError::Empty { op: "cat", what: "tensor" });
         };
         let ax = axis("concatenate", ax, first.rank())?;
         let inputs = tensors.iter().map(|t| t.value("concatenate")).collect::<Result<Vec<_>>>()?;
@@ -636,11 +646,13 @@ impl Tensor {
         self.sum(&axes, false)
     }
 
+    /// Mean over `axes`; an axis named twice (`&[1, -1]` on a rank-2 tensor)
+    /// counts once, as in the sum.
     pub fn mean(&self, axes: &[isize], keep_dims: bool) -> Result<Tensor> {
-        let mut count = 1usize;
-        for &a in axes {
-            count *= self.dims()[axis("mean", a, self.rank())?];
-        }
+        let mut ax = axes.iter().map(|&a| axis("mean", a, self.rank())).collect::<Result<Vec<_>>>()?;
+        ax.sort_unstable();
+        ax.dedup();
+        let count: usize = ax.iter().map(|&a| self.dims()[a]).product();
         self.sum(axes, keep_dims)?.mul_scalar(1.0 / count as f64)
     }
 
@@ -696,9 +708,20 @@ impl Tensor {
 
     fn matmul_as_is(&self, rhs: &Tensor) -> Result<Tensor> {
         let (lr, rr) = (self.rank(), rhs.rank());
-        let bad = || FrontendError::Broadcast { op: "matmul", lhs: self.shape().clone(), rhs: rhs.shape().clone() };
-        if lr < 2 || rr < 2 || self.dims()[lr - 1] != rhs.dims()[rr - 2] {
-            return Err(bad());
+        for t in [self, rhs] {
+            if t.rank() < 2 {
+                return Err(FrontendError::Rank { op: "matmul", expected: 2, got: t.ty().clone() });
+            }
+        }
+        let (lhs_inner, rhs_inner) = (self.dims()[lr - 1], rhs.dims()[rr - 2]);
+        if lhs_inner != rhs_inner {
+            return Err(FrontendError::InnerDims {
+                op: "matmul",
+                lhs: self.shape().clone(),
+                rhs: rhs.shape().clone(),
+                lhs_inner,
+                rhs_inner,
+            });
         }
         if rr == 2 {
             // [..., m, k] x [k, n]: contract the last lhs dim with rhs dim 0; the

@@ -90,7 +90,7 @@ impl TrainStep {
             return Err(FrontendError::DType { op: "train_step", expected: "an f32 loss", got: loss.dtype() });
         }
         if params.is_empty() {
-            return Err(FrontendError::InvalidArgument { op: "train_step", reason: "no parameters to update".into() });
+            return Err(FrontendError::Empty { op: "train_step", what: "parameter to update" });
         }
         // 1. Scaled backward.
         let scaled = match &self.scaler {

@@ -25,6 +25,7 @@ pub mod executable;
 pub mod gpu;
 pub mod pjrt;
 pub mod plugin;
+pub mod plugin_logs;
 pub mod replicas;
 pub mod signature;
 

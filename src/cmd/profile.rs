@@ -34,7 +34,7 @@ pub struct ProfileArgs {
     /// Write the timeline as a Chrome/Perfetto trace (JSON) here.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
-    /// Steps to run eagerly on the reference interpreter for the payback
+    /// Steps to run on the eager backend (candle, op by op) for the payback
     /// baseline (0 skips it).
     #[arg(long, default_value_t = 2)]
     eager_steps: u64,
@@ -165,7 +165,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
             _ => println!("MFU n/a on {device_kind} (defined against a GPU's peak)"),
         }
         if let Some(e) = eager {
-            println!("eager baseline: {} steps on the reference interpreter, median {:.3} ms per step", args.eager_steps, ms(e));
+            println!("eager baseline: {} steps on the eager backend (candle), median {:.3} ms per step", args.eager_steps, ms(e));
         }
         if model {
             println!("{m}");
@@ -249,8 +249,8 @@ fn profile_model(args: &ProfileArgs) -> anyhow::Result<Profiled> {
     // The eager baseline first, so the compiled run's counters stand alone.
     let eager = if args.eager_steps > 0 {
         let bar = progress(args, args.eager_steps);
-        bar.set_message("eager baseline (reference interpreter)");
-        kiln::set_backend(kiln::Backend::Reference);
+        bar.set_message("eager baseline (candle)");
+        kiln::set_backend(kiln::Backend::Eager);
         let report = runner(args.eager_steps, &mut |s| bar.set_position(s.step));
         kiln::set_backend(kiln::Backend::Pjrt);
         bar.finish_and_clear();

@@ -33,7 +33,7 @@ fn mlp_learns_with_two_compiles() -> anyhow::Result<()> {
 fn compiled_and_reference_loss_curves_agree() -> anyhow::Result<()> {
     let data = fmnist();
     let cfg = MlpConfig { hidden: vec![64], ..MlpConfig::default() };
-    let (compiled, reference) = mlp::compare_eager(&data, &cfg, 20)?;
+    let (compiled, reference) = mlp::compare_with(kiln::Backend::Reference, &data, &cfg, 20)?;
     assert_eq!(compiled.len(), 20);
     assert_eq!(reference.len(), 20);
     // f32 on both sides with different summation orders: the curves drift by

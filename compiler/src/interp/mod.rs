@@ -30,6 +30,14 @@ pub(crate) fn err(op: &'static str, reason: impl Into<String>) -> CompileError {
     CompileError::Interpret { op, reason: reason.into() }
 }
 
+/// Evaluates one op whose operands `get` returns, with result types `outs`
+/// (a node's `outputs`): what a host backend that runs most ops elsewhere
+/// falls back on (exact integer, pred and RNG semantics). Parameters and
+/// `all_reduce` are not ops of one replica and are refused.
+pub fn interpret_op<'a>(op: &Op, outs: &[crate::ir::TensorType], get: &dyn Fn(ValueId) -> &'a Literal) -> Result<Vec<Literal>, CompileError> {
+    ops::eval(op, outs, get)
+}
+
 /// Evaluates `g`'s outputs given one literal per parameter.
 pub fn interpret(g: &Graph, inputs: &[Literal]) -> Result<Vec<Literal>, CompileError> {
     let mut out = interpret_replicated(g, &[inputs.to_vec()])?;

@@ -16,7 +16,7 @@ use kiln_compiler::ir::DType;
 use crate::amp;
 use crate::error::{FrontendError, Result};
 use crate::models::mlp::{StepInfo, TrainReport};
-use crate::nn::{self, CausalSelfAttention, Embedding, HostRng, LayerNorm, MlpBlock, ParamStore};
+use crate::nn::{self, CausalSelfAttention, Embedding, HostRng, LayerNorm, MlpBlock, Module, ParamStore};
 use crate::optim::{AdamW, AdamWConfig, WarmupCosine};
 use crate::tensor::Tensor;
 use crate::train_step::TrainStep;
@@ -102,6 +102,8 @@ pub struct Gpt {
     blocks: Vec<Block>,
     ln_f: LayerNorm,
     cfg: GptConfig,
+    /// The mode [`Module::forward`] runs in (dropout on while training).
+    training: std::cell::Cell<bool>,
 }
 
 impl Gpt {
@@ -125,6 +127,7 @@ impl Gpt {
             blocks,
             ln_f: LayerNorm::new(ps, "ln_f", cfg.dim)?,
             cfg: cfg.clone(),
+            training: std::cell::Cell::new(true),
         })
     }
 
@@ -147,6 +150,28 @@ impl Gpt {
         let logits = self.forward(ids, train)?;
         let (b, t, v) = (logits.dims()[0], logits.dims()[1], logits.dims()[2]);
         nn::cross_entropy(&logits.reshape([b * t, v])?, targets, None)
+    }
+}
+
+impl Module for Gpt {
+    /// `ids: [batch, seq]` -> logits, with dropout as the mode says.
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        Gpt::forward(self, ids, self.training.get())
+    }
+    fn describe(&self) -> String {
+        format!("Gpt({} layers, width {})", self.cfg.layers, self.cfg.dim)
+    }
+    /// In creation order: the blocks, the embeddings, the final norm.
+    fn children(&self) -> Vec<&dyn Module> {
+        let mut out: Vec<&dyn Module> = Vec::new();
+        for b in &self.blocks {
+            out.extend([&b.ln1 as &dyn Module, &b.attn, &b.ln2, &b.mlp]);
+        }
+        out.extend([&self.tok as &dyn Module, &self.pos, &self.ln_f]);
+        out
+    }
+    fn mode_flag(&self) -> Option<&std::cell::Cell<bool>> {
+        Some(&self.training)
     }
 }
 

@@ -16,7 +16,7 @@ use crate::context::{self, Backend};
 use crate::data::{self, Batch, FashionMnist, ImageSet, LastBatch, Prefetcher};
 use crate::amp;
 use crate::error::{FrontendError, Result};
-use crate::nn::{cross_entropy, Linear, ParamStore};
+use crate::nn::{cross_entropy, Linear, Module, ParamStore};
 use crate::optim::{AdamW, AdamWConfig, WarmupCosine};
 use crate::step::mark_step;
 use crate::tensor::Tensor;
@@ -41,6 +41,10 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        crate::nn::scoped(|| Module::describe(self), || self.forward_layers(x))
+    }
+
+    fn forward_layers(&self, x: &Tensor) -> Result<Tensor> {
         let mut h = x.clone();
         for (i, l) in self.layers.iter().enumerate() {
             h = l.forward(&h)?;
@@ -49,6 +53,18 @@ impl Mlp {
             }
         }
         Ok(h)
+    }
+}
+
+impl Module for Mlp {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Mlp::forward(self, x)
+    }
+    fn describe(&self) -> String {
+        "Mlp".to_string()
+    }
+    fn children(&self) -> Vec<&dyn Module> {
+        self.layers.iter().map(|l| l as &dyn Module).collect()
     }
 }
 
@@ -441,9 +457,15 @@ fn prepare_checkpoint(t: &mut Trainer, path: &std::path::Path, cfg: &MlpConfig) 
 }
 
 /// Runs the first `steps` training steps on the compiled backend and again on the
-/// reference interpreter, from the same initial weights and data order; returns
-/// both loss curves `(compiled, reference)`.
+/// eager backend (candle, op by op), from the same initial weights and data
+/// order; returns both loss curves `(compiled, eager)`. [`compare_with`] picks
+/// the other backend (the f64 reference interpreter for exact checks).
 pub fn compare_eager(data: &FashionMnist, cfg: &MlpConfig, steps: u64) -> Result<(Vec<f64>, Vec<f64>)> {
+    compare_with(Backend::Eager, data, cfg, steps)
+}
+
+/// [`compare_eager`] against `other` instead of the eager backend.
+pub fn compare_with(other: Backend, data: &FashionMnist, cfg: &MlpConfig, steps: u64) -> Result<(Vec<f64>, Vec<f64>)> {
     let cfg = MlpConfig { max_steps: Some(steps), eval: false, checkpoint: None, checkpoint_every: None, resume: false, ..cfg.clone() };
     let previous = context::backend();
     let run = |backend| -> Result<Vec<f64>> {
@@ -451,7 +473,7 @@ pub fn compare_eager(data: &FashionMnist, cfg: &MlpConfig, steps: u64) -> Result
         Ok(train(data, &cfg, |_| {})?.losses)
     };
     let compiled = run(Backend::Pjrt);
-    let reference = compiled.as_ref().ok().map(|_| run(Backend::Reference));
+    let reference = compiled.as_ref().ok().map(|_| run(other));
     context::set_backend(previous);
     Ok((compiled?, reference.expect("ran after a successful compiled run")?))
 }

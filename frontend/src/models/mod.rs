@@ -12,7 +12,7 @@ use crate::optim::AdamW;
 use crate::step::mark_step;
 use crate::tensor::Tensor;
 use crate::train_step::{TrainStep, TrainStepOptions};
-use crate::{random, replicas};
+use crate::replicas;
 
 /// The step every built-in loop runs: gradients of `loss`, averaged over
 /// replicas, the update, and `mark_step`; returns the loss averaged over
@@ -63,11 +63,9 @@ pub(crate) fn run_step(
     }
 }
 
-/// The whole training state by name: parameters, optimizer state, RNG state.
+/// The whole training state by name: parameters, optimizer state, RNG state
+/// (the names of [`crate::checkpoint::training_state`]).
 pub(crate) fn training_state(params: &ParamStore, opt: &AdamW) -> Vec<(String, Tensor)> {
-    let mut out: Vec<(String, Tensor)> = params.iter().map(|(n, t)| (format!("param.{n}"), t.clone())).collect();
-    out.extend(opt.state().into_iter().map(|(n, t)| (format!("optim.{n}"), t)));
-    out.push(("rng.state".into(), random::state()));
-    out
+    crate::checkpoint::state_of(params.iter().map(|(n, t)| (n.to_string(), t.clone())).collect(), opt)
 }
 pub mod gpt;

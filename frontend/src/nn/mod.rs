@@ -5,10 +5,12 @@
 //! Parameters are f32 master weights created from seeded host data.
 
 mod init;
+mod module;
 
 use kiln_compiler::ir::{CompareDir, DType, Shape};
 
 pub use init::HostRng;
+pub use module::{scoped, Dropout, Func, Module, Sequential};
 
 use crate::{amp, scope};
 use crate::error::{FrontendError, Result};
@@ -30,7 +32,7 @@ impl ParamStore {
     pub fn add(&mut self, name: impl Into<String>, t: Tensor) -> Result<Tensor> {
         let name = name.into();
         if self.params.iter().any(|(n, _)| *n == name) {
-            return Err(FrontendError::InvalidArgument { op: "param", reason: format!("parameter {name:?} exists") });
+            return Err(FrontendError::DuplicateName { op: "param", name });
         }
         let t = t.with_name(&name);
         self.params.push((name, t.clone()));
@@ -103,15 +105,34 @@ impl Linear {
     }
 
     /// In the weight's dtype, or in the autocast dtype inside a scope (bias
-    /// included, as a fused `x W + b` would).
+    /// included, as a fused `x W + b` would). The input must be floating
+    /// point: integer data (raw `u8` pixels) is refused, not converted.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _layer = scope::enter_owner_of(&self.weight, 1);
-        let dtype = amp::compute_dtype(self.weight.dtype());
-        let y = x.to_dtype(dtype)?.matmul(&self.weight)?;
-        match &self.bias {
-            Some(b) => y.add(&b.to_dtype(dtype)?),
-            None => Ok(y),
-        }
+        scoped(|| Module::describe(self), || {
+            if !x.dtype().is_float() {
+                return Err(FrontendError::DType { op: "linear", expected: "a floating-point input", got: x.dtype() });
+            }
+            let dtype = amp::compute_dtype(self.weight.dtype());
+            let y = x.to_dtype(dtype)?.matmul(&self.weight)?;
+            match &self.bias {
+                Some(b) => y.add(&b.to_dtype(dtype)?),
+                None => Ok(y),
+            }
+        })
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Linear::forward(self, x)
+    }
+    fn describe(&self) -> String {
+        let d = self.weight.dims();
+        format!("Linear({} -> {})", d[0], d[1])
+    }
+    fn own_parameters(&self) -> Vec<Tensor> {
+        std::iter::once(self.weight.clone()).chain(self.bias.clone()).collect()
     }
 }
 
@@ -128,7 +149,19 @@ impl Embedding {
 
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         let _layer = scope::enter_owner_of(&self.table, 1);
-        self.table.index_select(ids, 0)
+        scoped(|| Module::describe(self), || self.table.index_select(ids, 0))
+    }
+}
+
+impl Module for Embedding {
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        Embedding::forward(self, ids)
+    }
+    fn describe(&self) -> String {
+        format!("Embedding({}, {})", self.table.dims()[0], self.table.dims()[1])
+    }
+    fn own_parameters(&self) -> Vec<Tensor> {
+        vec![self.table.clone()]
     }
 }
 
@@ -153,11 +186,25 @@ impl LayerNorm {
     /// backward reuses the saved mean and rstd (`docs/composites.md`).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _layer = scope::enter_owner_of(&self.gamma, 1);
-        let x = amp::full_precision(x)?;
-        let (gamma, beta) = (self.gamma.to_dtype(x.dtype())?, self.beta.to_dtype(x.dtype())?);
-        let (xv, g, b) = (x.value("layer_norm")?, gamma.value("layer_norm")?, beta.value("layer_norm")?);
-        let op = kiln_compiler::ir::Op::LayerNorm { x: xv, gamma: g, beta: b, eps_bits: self.eps.to_bits() };
-        crate::context::with(|c| c.push(op)).map(Tensor::wrap)
+        scoped(|| Module::describe(self), || {
+            let x = amp::full_precision(x)?;
+            let (gamma, beta) = (self.gamma.to_dtype(x.dtype())?, self.beta.to_dtype(x.dtype())?);
+            let (xv, g, b) = (x.value("layer_norm")?, gamma.value("layer_norm")?, beta.value("layer_norm")?);
+            let op = kiln_compiler::ir::Op::LayerNorm { x: xv, gamma: g, beta: b, eps_bits: self.eps.to_bits() };
+            crate::context::with(|c| c.push(op)).map(Tensor::wrap)
+        })
+    }
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        LayerNorm::forward(self, x)
+    }
+    fn describe(&self) -> String {
+        format!("LayerNorm({})", self.gamma.dims()[0])
+    }
+    fn own_parameters(&self) -> Vec<Tensor> {
+        vec![self.gamma.clone(), self.beta.clone()]
     }
 }
 
@@ -176,9 +223,23 @@ impl RmsNorm {
     /// In f32 under autocast.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _layer = scope::enter_owner_of(&self.gamma, 1);
-        let x = amp::full_precision(x)?;
-        let ms = x.square()?.mean(&[-1], true)?;
-        x.mul(&ms.add_scalar(self.eps)?.rsqrt()?)?.mul(&self.gamma)
+        scoped(|| Module::describe(self), || {
+            let x = amp::full_precision(x)?;
+            let ms = x.square()?.mean(&[-1], true)?;
+            x.mul(&ms.add_scalar(self.eps)?.rsqrt()?)?.mul(&self.gamma)
+        })
+    }
+}
+
+impl Module for RmsNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        RmsNorm::forward(self, x)
+    }
+    fn describe(&self) -> String {
+        format!("RmsNorm({})", self.gamma.dims()[0])
+    }
+    fn own_parameters(&self) -> Vec<Tensor> {
+        vec![self.gamma.clone()]
     }
 }
 
@@ -189,7 +250,7 @@ pub fn dropout(x: &Tensor, p: f64, train: bool) -> Result<Tensor> {
         return Ok(x.clone());
     }
     if !(0.0..1.0).contains(&p) {
-        return Err(FrontendError::InvalidArgument { op: "dropout", reason: format!("p = {p} is not in [0, 1)") });
+        return Err(FrontendError::HyperParameter { op: "dropout", name: "p", value: p, expected: "in [0, 1)" });
     }
     let u = Tensor::rand(x.dtype(), x.shape().clone())?;
     let keep = u.ge(&Tensor::full(p, x.dtype(), Shape::scalar())?)?;
@@ -208,23 +269,75 @@ pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
     x.mul(&inner.tanh()?.add_scalar(1.0)?)?.mul_scalar(0.5)
 }
 
+/// GELU, exact: `x Φ(x) = 0.5 x (1 + erf(x / sqrt(2)))` (PyTorch's default).
+pub fn gelu(x: &Tensor) -> Result<Tensor> {
+    let inner = x.mul_scalar(std::f64::consts::FRAC_1_SQRT_2)?.erf()?.add_scalar(1.0)?;
+    x.mul(&inner)?.mul_scalar(0.5)
+}
+
 /// Mean cross-entropy of `logits: [n, classes]` against integer `labels: [n]`,
-/// through a stable log-softmax. With `weights: [n]`, a weighted mean (padding
-/// rows weigh 0).
+/// through a stable log-softmax, in f32. With `weights: [n]`, a weighted mean
+/// (padding rows weigh 0). [`cross_entropy_with`] takes options (the dtype,
+/// label smoothing).
 pub fn cross_entropy(logits: &Tensor, labels: &Tensor, weights: Option<&Tensor>) -> Result<Tensor> {
-    if logits.rank() != 2 || labels.rank() != 1 || labels.dims()[0] != logits.dims()[0] {
-        return Err(FrontendError::InvalidArgument {
-            op: "cross_entropy",
-            reason: format!("logits {} and labels {} must be [n, classes] and [n]", logits.ty(), labels.ty()),
-        });
+    cross_entropy_with(logits, labels, weights, CrossEntropyOptions::default())
+}
+
+/// Options of [`cross_entropy_with`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CrossEntropyOptions {
+    /// The dtype the loss is computed in: `None` is f32 (what training wants
+    /// under autocast too); `Some(F64)` for checks against f64 references.
+    pub dtype: Option<DType>,
+    /// Label smoothing `eps` in `[0, 1)`: the target puts `1 - eps` on the
+    /// label and spreads `eps` evenly over all classes (PyTorch's definition).
+    pub label_smoothing: f64,
+}
+
+impl Default for CrossEntropyOptions {
+    fn default() -> Self {
+        CrossEntropyOptions { dtype: None, label_smoothing: 0.0 }
     }
-    crate::device_checks::check_index_range("cross_entropy", "label", labels, logits.dims()[1])?;
-    let logits = logits.to_dtype(DType::F32)?;
+}
+
+/// [`cross_entropy`] with options. Labels must be integers (a float label
+/// tensor is refused, not truncated) and logits floating point.
+pub fn cross_entropy_with(
+    logits: &Tensor,
+    labels: &Tensor,
+    weights: Option<&Tensor>,
+    opts: CrossEntropyOptions,
+) -> Result<Tensor> {
+    let op = "cross_entropy";
+    if logits.rank() != 2 || labels.rank() != 1 || labels.dims()[0] != logits.dims()[0] {
+        return Err(FrontendError::LabelShape { op, logits: logits.ty().clone(), labels: labels.ty().clone() });
+    }
+    if !labels.dtype().is_integer() {
+        return Err(FrontendError::DType { op, expected: "integer labels", got: labels.dtype() });
+    }
+    if !logits.dtype().is_float() {
+        return Err(FrontendError::DType { op, expected: "floating-point logits", got: logits.dtype() });
+    }
+    let eps = opts.label_smoothing;
+    if !(0.0..1.0).contains(&eps) {
+        return Err(FrontendError::HyperParameter { op, name: "label_smoothing", value: eps, expected: "in [0, 1)" });
+    }
+    let dtype = opts.dtype.unwrap_or(DType::F32);
+    if !dtype.is_float() {
+        return Err(FrontendError::DType { op, expected: "a floating-point loss dtype", got: dtype });
+    }
+    let classes = logits.dims()[1];
+    crate::device_checks::check_index_range("cross_entropy", "label", labels, classes)?;
+    let logits = logits.to_dtype(dtype)?;
     let logp = logits.log_softmax(-1)?;
-    let onehot = one_hot(labels, logits.dims()[1], DType::F32)?;
-    let nll = logp.mul(&onehot)?.sum(&[-1], false)?.neg()?;
+    let onehot = one_hot(labels, classes, dtype)?;
+    let target = if eps > 0.0 { onehot.mul_scalar(1.0 - eps)?.add_scalar(eps / classes as f64)? } else { onehot };
+    let nll = logp.mul(&target)?.sum(&[-1], false)?.neg()?;
     match weights {
-        Some(w) => nll.mul(w)?.sum_all()?.div(&w.sum_all()?),
+        Some(w) => {
+            let w = w.to_dtype(dtype)?;
+            nll.mul(&w)?.sum_all()?.div(&w.sum_all()?)
+        }
         None => nll.mean_all(),
     }
 }
@@ -271,9 +384,11 @@ pub struct CausalSelfAttention {
 impl CausalSelfAttention {
     pub fn new(ps: &mut ParamStore, name: &str, dim: usize, heads: usize, std: f64, proj_std: f64) -> Result<Self> {
         if dim % heads != 0 {
-            return Err(FrontendError::InvalidArgument {
+            return Err(FrontendError::HyperParameter {
                 op: "attention",
-                reason: format!("dim {dim} is not divisible by {heads} heads"),
+                name: "heads",
+                value: heads as f64,
+                expected: "a divisor of the model width",
             });
         }
         Ok(CausalSelfAttention {
@@ -286,6 +401,13 @@ impl CausalSelfAttention {
     /// `x: [batch, seq, dim]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _layer = scope::enter_owner_of(&self.qkv.weight, 2);
+        scoped(|| Module::describe(self), || self.forward_unscoped(x))
+    }
+
+    fn forward_unscoped(&self, x: &Tensor) -> Result<Tensor> {
+        if x.rank() != 3 {
+            return Err(FrontendError::Rank { op: "attention", expected: 3, got: x.ty().clone() });
+        }
         let (b, t, d) = (x.dims()[0], x.dims()[1], x.dims()[2]);
         let (h, hd) = (self.heads, d / self.heads);
         let qkv = self.qkv.forward(x)?.reshape([b, t, 3, h, hd])?.permute(vec![2, 0, 3, 1, 4])?;
@@ -293,6 +415,18 @@ impl CausalSelfAttention {
         let (q, k, v) = (pick(0)?, pick(1)?, pick(2)?);
         let y = scaled_dot_product_attention(&q, &k, &v, true)?.permute(vec![0, 2, 1, 3])?.reshape([b, t, d])?;
         self.proj.forward(&y)
+    }
+}
+
+impl Module for CausalSelfAttention {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        CausalSelfAttention::forward(self, x)
+    }
+    fn describe(&self) -> String {
+        format!("CausalSelfAttention({}, {} heads)", self.proj.weight.dims()[1], self.heads)
+    }
+    fn children(&self) -> Vec<&dyn Module> {
+        vec![&self.qkv, &self.proj]
     }
 }
 
@@ -334,6 +468,19 @@ impl MlpBlock {
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _layer = scope::enter_owner_of(&self.fc.weight, 2);
-        self.proj.forward(&gelu_tanh(&self.fc.forward(x)?)?)
+        scoped(|| Module::describe(self), || self.proj.forward(&gelu_tanh(&self.fc.forward(x)?)?))
+    }
+}
+
+impl Module for MlpBlock {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        MlpBlock::forward(self, x)
+    }
+    fn describe(&self) -> String {
+        let d = self.fc.weight.dims();
+        format!("MlpBlock({} -> {} -> {})", d[0], d[1], d[0])
+    }
+    fn children(&self) -> Vec<&dyn Module> {
+        vec![&self.fc, &self.proj]
     }
 }
