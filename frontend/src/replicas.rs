@@ -41,6 +41,7 @@ pub fn set_replicas(n: usize) -> Result<()> {
         device: kiln_runtime::PjrtDevice::from_env()?,
         gpu_num_devices: Some(value.clone()),
         cpu_devices: Some(value),
+        node: kiln_runtime::distributed::NodeEnv::from_env(),
     };
     let plan = env.plan(gpu::probe_gpus)?;
     context::set_plan(plan);
