@@ -39,6 +39,9 @@ enum Command {
     },
     /// Compile a saved step graph (kiln's text form) and report its cost.
     Compile(cmd::compile::CompileArgs),
+    /// Run a command as N processes of one run on this machine (each gets
+    /// KILN_NUM_NODES, KILN_NODE_ID, KILN_COORDINATOR; with GPUs, its own).
+    Launch(cmd::launch::LaunchArgs),
     /// List the PJRT devices of the selected plugin.
     Devices {
         /// Print one JSON object.
@@ -117,7 +120,23 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("KILN_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    if let Command::Launch(args) = &cli.command {
+        return match cmd::launch::run(args) {
+            Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let result = run(cli);
+    // A run of several processes marks this node done, so peers do not take
+    // its exit for a failure (a no-op in a single process).
+    if result.is_ok() {
+        kiln_runtime::distributed::finish();
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -128,6 +147,8 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        // `main` runs launches itself to keep the children's exit status.
+        Command::Launch(args) => cmd::launch::run(&args).map(drop),
         Command::Compile(args) => cmd::compile::run(&args),
         Command::Devices { json } => devices(json),
         Command::Profile(args) => cmd::profile::run(args),

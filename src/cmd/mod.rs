@@ -3,6 +3,7 @@
 
 pub mod cache;
 pub mod compile;
+pub mod launch;
 pub mod profile;
 
 /// `--amp`: the low-precision dtype of mixed precision.
