@@ -6,6 +6,13 @@
 //! leaves the previous checkpoint intact. A checksum over every tensor's name
 //! and bytes is stored in the metadata and verified on load: a corrupt or
 //! truncated file is an error naming the path, never silently loaded.
+//!
+//! In a run of several processes every node calls `save` alike (the pending
+//! step may hold collectives); each puts the checksum of its values in the
+//! run's store, node 0 checks that all agree, writes the file once, and then
+//! puts `written`; the others return only after that, so no node goes on
+//! believing in a file that is not complete. Disagreeing values are an error
+//! naming the nodes, on every node.
 
 use std::collections::HashMap;
 use std::fs;
@@ -102,7 +109,52 @@ pub fn save(path: impl AsRef<Path>, step: u64, tensors: &[(String, Tensor)]) -> 
         })
         .collect::<Result<Vec<_>>>()?;
     let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| err(e.to_string()))?;
-    write_atomically(path, &bytes)
+    match kiln_runtime::distributed::session() {
+        Some(session) => save_once(&session, path, step, sum, &bytes),
+        None => write_atomically(path, &bytes),
+    }
+}
+
+/// The multi-process save (see the module docs): node 0 writes after every
+/// node's checksum matched its own.
+fn save_once(
+    session: &kiln_runtime::distributed::Session,
+    path: &Path,
+    step: u64,
+    sum: u64,
+    bytes: &[u8],
+) -> Result<()> {
+    let err = |reason: String| FrontendError::Checkpoint { path: path.to_path_buf(), reason };
+    let id = session.identity();
+    let scope = format!("ckpt/{step}/{:016x}", checksum(std::iter::once(("path", path.as_os_str().as_encoded_bytes()))));
+    let written = format!("{scope}/written");
+    if id.node_id != 0 {
+        session.put(&format!("{scope}/sum/{}", id.node_id), &sum.to_le_bytes())?;
+        let answer = session.wait_for(&written)?;
+        return match answer.as_slice() {
+            b"ok" => Ok(()),
+            other => Err(err(String::from_utf8_lossy(other).into_owned())),
+        };
+    }
+    let mut differ = Vec::new();
+    for node in 1..id.num_nodes {
+        let theirs = session.wait_for(&format!("{scope}/sum/{node}"))?;
+        if theirs.as_slice() != sum.to_le_bytes() {
+            differ.push(node);
+        }
+    }
+    if !differ.is_empty() {
+        let reason = format!("not written: the values of node(s) {differ:?} differ from node 0's (checksum {sum:016x})");
+        session.put(&written, reason.as_bytes())?;
+        return Err(err(reason));
+    }
+    let outcome = write_atomically(path, bytes);
+    let note = match &outcome {
+        Ok(()) => "ok".to_string(),
+        Err(e) => format!("node 0 could not write it: {e}"),
+    };
+    session.put(&written, note.as_bytes())?;
+    outcome
 }
 
 /// A loaded checkpoint.

@@ -221,8 +221,8 @@ fn compiled(graph: &Graph, bindings: &[Binding], key: u64, report: &mut StepRepo
         metrics::update(|m| m.cache_hits += 1);
         return Ok(entry);
     }
-    let (client, replicas) = context::with(|c| Ok::<_, FrontendError>((c.client()?, c.replicas()?)))?;
-    let got = program::obtain(graph, bindings, &client, replicas)?;
+    let client = context::with(|c| c.client())?;
+    let got = program::obtain(graph, bindings, &client, crate::replicas::global_replicas()?)?;
     report.compiled = got.compiled;
     report.recompile = got.explanation;
     let new_program = got.compiled || report.recompile.is_some();
@@ -254,7 +254,8 @@ fn run_pjrt(graph: &Graph, bindings: Vec<Binding>, key: u64, report: &mut StepRe
     let client = context::with(|c| c.client())?;
     let bindings = select(bindings, &entry.kept_params);
     let exe = &entry.program.exe;
-    let replicas = exe.num_replicas();
+    // This process's replicas (all of them unless the run spans processes).
+    let replicas = exe.num_local_replicas();
     // Asked for only when host data must be uploaded (not on a steady step).
     let mut devices: Option<Vec<kiln_runtime::Device>> = None;
     // Host data is uploaded once (to every replica's device); the tensor then

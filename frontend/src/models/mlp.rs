@@ -224,7 +224,8 @@ impl Trainer {
 /// Trains on `data` per `cfg`, calling `on_step` after every step.
 pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&StepInfo)) -> Result<TrainReport> {
     let before = metrics::snapshot();
-    let replicas = crate::replicas::num_replicas()?;
+    // The run's replicas: over several processes each keeps its own shards.
+    let replicas = crate::replicas::global_replicas()?;
     let mut t = Trainer::new(data.train.pixels(), 10, cfg)?;
     // `cfg.batch` examples per replica per step.
     let per_epoch = (data.train.len() / (cfg.batch * replicas)) as u64;
@@ -234,7 +235,7 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     let start = Instant::now();
     'epochs: for epoch in 0..cfg.epochs {
         let seed = Some(cfg.seed ^ epoch as u64);
-        let steps = data::replica_batches(data.train.len(), cfg.batch, replicas, seed, LastBatch::Drop);
+        let steps = crate::replicas::local_shards(data::replica_batches(data.train.len(), cfg.batch, replicas, seed, LastBatch::Drop))?;
         for item in Prefetcher::sharded(data.train.clone(), steps, 2)? {
             if t.step >= total {
                 break 'epochs;
