@@ -251,3 +251,108 @@ fn a_single_process_client_addresses_every_global_device() {
     assert_eq!(c.local_replicas(3), vec![0, 1, 2]);
     assert!(matches!(c.replica_assignment(4), Err(RuntimeError::CompileOptions { .. })));
 }
+
+/// Set in the child processes of the tests below: which role to play.
+const ROLE: &str = "KILN_TEST_NODE_ROLE";
+
+/// Not a test on its own: the body of a node process that the tests below
+/// start by running this test binary again with `ROLE` set. It joins the run
+/// from the environment (as `kiln` does), then works until killed.
+#[test]
+fn node_process() {
+    if std::env::var_os(ROLE).is_none() {
+        return;
+    }
+    let id = kiln_runtime::distributed::NodeEnv::from_env().identity().expect("identity");
+    match kiln_runtime::distributed::join(&id) {
+        Ok(_) => {
+            println!("joined");
+            std::thread::sleep(Duration::from_secs(60));
+            std::process::exit(0);
+        }
+        Err(e) => {
+            eprintln!("kiln: error: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn node(id: u32, nodes: u32, coordinator: &str, peer_ms: u64, startup_ms: u64) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "node_process", "--nocapture", "--test-threads", "1"])
+        .env(ROLE, "node")
+        .env("KILN_NUM_NODES", nodes.to_string())
+        .env("KILN_NODE_ID", id.to_string())
+        .env("KILN_COORDINATOR", coordinator)
+        .env("KILN_RUN_ID", "proc")
+        .env("KILN_PEER_TIMEOUT_MS", peer_ms.to_string())
+        .env("KILN_STARTUP_TIMEOUT_MS", startup_ms.to_string())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn free_port() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+fn wait_line(child: &mut std::process::Child, want: &str) {
+    use std::io::BufRead;
+    let out = child.stdout.as_mut().unwrap();
+    let mut lines = std::io::BufReader::new(out).lines();
+    assert!(lines.any(|l| l.is_ok_and(|l| l.contains(want))), "the node never printed {want:?}");
+}
+
+#[test]
+fn a_killed_process_makes_the_other_exit_naming_it_within_the_bound() {
+    // Node 0 serves the store (as without a launcher); node 1 is SIGKILLed.
+    let addr = free_port();
+    let peer_ms = 600;
+    let mut n0 = node(0, 2, &addr, peer_ms, 10_000);
+    let mut n1 = node(1, 2, &addr, peer_ms, 10_000);
+    wait_line(&mut n0, "joined");
+    wait_line(&mut n1, "joined");
+    n1.kill().unwrap();
+    let killed = Instant::now();
+    n1.wait().unwrap();
+    let out = n0.wait_with_output().unwrap();
+    let took = killed.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(kiln_runtime::distributed::EXIT_PEER_LOST), "{stderr}");
+    assert!(stderr.contains("node(s) [1] stopped"), "{stderr}");
+    let bound = Timeouts { startup_ms: 10_000, peer_ms }.failure_bound();
+    assert!(took <= bound, "node 0 ended {took:?} after the kill, bound {bound:?}");
+}
+
+#[test]
+fn a_process_losing_the_coordinator_exits_naming_it() {
+    // Node 0 (the store's host) is killed: node 1 can no longer beat.
+    let addr = free_port();
+    let peer_ms = 600;
+    let mut n0 = node(0, 2, &addr, peer_ms, 10_000);
+    let mut n1 = node(1, 2, &addr, peer_ms, 10_000);
+    wait_line(&mut n0, "joined");
+    wait_line(&mut n1, "joined");
+    n0.kill().unwrap();
+    let killed = Instant::now();
+    n0.wait().unwrap();
+    let out = n1.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(kiln_runtime::distributed::EXIT_PEER_LOST), "{stderr}");
+    assert!(stderr.contains(&format!("the coordinator {addr} stopped answering")), "{stderr}");
+    let bound = Timeouts { startup_ms: 10_000, peer_ms }.failure_bound();
+    assert!(killed.elapsed() <= bound, "{:?} > {bound:?}", killed.elapsed());
+}
+
+#[test]
+fn a_process_whose_peer_never_starts_exits_naming_it() {
+    let addr = free_port();
+    let started = Instant::now();
+    let out = node(0, 3, &addr, 1_000, 400).wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("node(s) [1, 2] of 3 did not arrive"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+}
