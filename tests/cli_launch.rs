@@ -109,3 +109,38 @@ fn a_command_that_cannot_start_is_an_error_naming_it() {
     assert!(stderr.contains("starting node 0: /nonexistent/kiln-test-binary"), "{stderr}");
     assert!(!Path::new("/nonexistent").exists());
 }
+
+#[test]
+fn a_failed_attempt_is_restarted_as_the_next_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    // Attempt 0: node 1 fails. Attempt 1: both succeed.
+    let script = r#"
+        echo "$KILN_ATTEMPT" >> "$OUT/attempts$KILN_NODE_ID"
+        if [ "$KILN_ATTEMPT" = 0 ] && [ "$KILN_NODE_ID" = 1 ]; then
+            while [ ! -s "$OUT/attempts0" ]; do sleep 0.02; done
+            exit 3
+        fi
+        if [ "$KILN_ATTEMPT" = 0 ]; then exec sleep 30; fi"#;
+    let out = kiln()
+        .args(["launch", "--nodes", "2", "--restarts", "2", "--grace-ms", "300", "--", "sh", "-c", script])
+        .env("OUT", dir.path())
+        .timeout(Duration::from_secs(30))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("node 1 exited with status 3"), "{stderr}");
+    assert!(stderr.contains("restarting every node as attempt 1 (1 restart(s) left)"), "{stderr}");
+    for n in 0..2 {
+        let seen = std::fs::read_to_string(dir.path().join(format!("attempts{n}"))).unwrap();
+        assert_eq!(seen, "0\n1\n", "node {n}");
+    }
+    // Without restarts the failure is final.
+    let out = kiln()
+        .args(["launch", "--nodes", "2", "--grace-ms", "300", "--", "sh", "-c", script])
+        .env("OUT", dir.path())
+        .timeout(Duration::from_secs(30))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+}

@@ -14,6 +14,9 @@
 //! — and the launcher exits with that child's status, so a failed run never
 //! leaves processes behind or hangs on a peer blocked in a collective.
 //! SIGINT/SIGTERM sent to the launcher are passed on to every child the same way.
+//! With `--restarts`, a failed attempt is followed by the next
+//! (`KILN_ATTEMPT` + 1) on the same store; its keys are scoped by attempt, so
+//! it never reads what the failed attempt left there.
 
 use std::process::{Child, Command, ExitStatus};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -47,6 +50,10 @@ pub struct LaunchArgs {
     /// Restart count of this run (a new attempt never reads older keys).
     #[arg(long, default_value_t = 0)]
     pub attempt: u32,
+    /// After a failure, start every process again (as the next attempt, with
+    /// fresh keys in the same store) up to this many times.
+    #[arg(long, default_value_t = 0)]
+    pub restarts: u32,
     /// After a failure, how long the other processes get between SIGTERM and SIGKILL.
     #[arg(long, default_value_t = 3000)]
     pub grace_ms: u64,
@@ -87,7 +94,6 @@ fn signal_group(child: &Child, signal: Signal) {
 
 /// Runs the launch; `Ok(code)` is the launcher's exit status.
 pub fn run(args: &LaunchArgs) -> anyhow::Result<i32> {
-    use std::os::unix::process::CommandExt;
     if args.nodes == 0 {
         bail!("--nodes must be at least 1");
     }
@@ -100,24 +106,50 @@ pub fn run(args: &LaunchArgs) -> anyhow::Result<i32> {
         .unwrap_or_else(|| format!("launch-{}-{}", std::process::id(), unix_ms()));
     let cuda = std::env::var("PJRT_DEVICE").is_ok_and(|v| v.eq_ignore_ascii_case("cuda"));
     let gpus = args.gpus_per_node.or(cuda.then_some(1));
-    eprintln!(
-        "kiln launch: {} processes, store at {coordinator}, run {run_id} attempt {}",
-        args.nodes, args.attempt
-    );
-
     let stop = Arc::new(AtomicI32::new(0));
     forward_signals(stop.clone());
+    let mut attempt = args.attempt;
+    let mut restarts_left = args.restarts;
+    loop {
+        eprintln!(
+            "kiln launch: {} processes, store at {coordinator}, run {run_id} attempt {attempt}",
+            args.nodes
+        );
+        let code = run_attempt(args, program, rest, &coordinator, &run_id, attempt, gpus, &stop)?;
+        if code == 0 || stop.load(Ordering::Acquire) != 0 || restarts_left == 0 {
+            drop(server);
+            return Ok(code);
+        }
+        restarts_left -= 1;
+        attempt += 1;
+        eprintln!("kiln launch: restarting every node as attempt {attempt} ({restarts_left} restart(s) left)");
+    }
+}
 
+/// Runs one attempt: starts every node, waits, stops the rest on the first
+/// failure; returns the attempt's exit status.
+#[allow(clippy::too_many_arguments)]
+fn run_attempt(
+    args: &LaunchArgs,
+    program: &str,
+    rest: &[String],
+    coordinator: &str,
+    run_id: &str,
+    attempt: u32,
+    gpus: Option<usize>,
+    stop: &AtomicI32,
+) -> anyhow::Result<i32> {
+    use std::os::unix::process::CommandExt;
     let mut children: Vec<Option<Child>> = Vec::new();
     for node in 0..args.nodes {
         let mut cmd = Command::new(program);
         cmd.args(rest)
             .env(ENV_NUM_NODES, args.nodes.to_string())
             .env(ENV_NODE_ID, node.to_string())
-            .env(ENV_COORDINATOR, &coordinator)
+            .env(ENV_COORDINATOR, coordinator)
             .env(ENV_COORDINATOR_SERVED, "1")
-            .env(ENV_RUN_ID, &run_id)
-            .env(ENV_ATTEMPT, args.attempt.to_string())
+            .env(ENV_RUN_ID, run_id)
+            .env(ENV_ATTEMPT, attempt.to_string())
             .process_group(0);
         if let Some(g) = gpus {
             let first = node as usize * g;
@@ -186,7 +218,6 @@ pub fn run(args: &LaunchArgs) -> anyhow::Result<i32> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    drop(server);
     let signalled = stop.load(Ordering::Acquire);
     Ok(match failure {
         Some((_, status)) => exit_code(status),
