@@ -144,3 +144,28 @@ fn a_failed_attempt_is_restarted_as_the_next_attempt() {
         .unwrap();
     assert_eq!(out.status.code(), Some(3));
 }
+
+#[test]
+fn bad_identities_are_refused_before_training() {
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (&[("KILN_NUM_NODES", "2"), ("KILN_NODE_ID", "0")], "KILN_NUM_NODES=2 needs a key-value store"),
+        (
+            &[("KILN_NUM_NODES", "2"), ("KILN_NODE_ID", "5"), ("KILN_COORDINATOR", "h:1")],
+            "KILN_NODE_ID=5 is out of range",
+        ),
+        (
+            &[("KILN_NUM_NODES", "2"), ("KILN_NODE_ID", "0"), ("KILN_COORDINATOR", "127.0.0.1:1")],
+            "the cpu PJRT plugin cannot join a run of 2 nodes",
+        ),
+    ];
+    for (vars, want) in cases {
+        let mut cmd = kiln();
+        cmd.args(["train", "mlp", "--max-steps", "1"]).env("KILN_CACHE", "off");
+        for (k, v) in *vars {
+            cmd.env(k, v);
+        }
+        let out = cmd.timeout(Duration::from_secs(60)).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(want), "{vars:?}: {stderr}");
+    }
+}

@@ -255,15 +255,18 @@ fn a_single_process_client_addresses_every_global_device() {
 /// Set in the child processes of the tests below: which role to play.
 const ROLE: &str = "KILN_TEST_NODE_ROLE";
 
-/// Not a test on its own: the body of a node process that the tests below
-/// start by running this test binary again with `ROLE` set. It joins the run
-/// from the environment (as `kiln` does), then works until killed.
+/// With `ROLE` set, the body of a node process that the tests below start by
+/// running this test binary again: it joins the run from the environment (as
+/// `kiln` does), then works until killed. Run as a plain test, it checks that
+/// the test process itself is one process of no run (what the others assume).
 #[test]
 fn node_process() {
+    let id = kiln_runtime::distributed::NodeEnv::from_env().identity().expect("identity");
     if std::env::var_os(ROLE).is_none() {
+        assert!(!id.is_distributed(), "the test process has KILN_NUM_NODES set: {id:?}");
+        assert!(kiln_runtime::distributed::session().is_none());
         return;
     }
-    let id = kiln_runtime::distributed::NodeEnv::from_env().identity().expect("identity");
     match kiln_runtime::distributed::join(&id) {
         Ok(_) => {
             println!("joined");
