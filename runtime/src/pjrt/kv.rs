@@ -62,7 +62,11 @@ fn alloc_value(bytes: &[u8]) -> (*mut c_char, usize) {
 
 /// The deleter handed out with every value: frees a block made by
 /// `alloc_value`, exactly once.
-pub unsafe extern "C" fn delete_value(value: *mut c_char) {
+///
+/// # Safety
+/// `value` is null or a pointer this module handed out; anything else that
+/// is not registered is ignored.
+pub(crate) unsafe extern "C" fn delete_value(value: *mut c_char) {
     let _ = catch_unwind(|| {
         if value.is_null() {
             return;
@@ -162,7 +166,11 @@ unsafe fn finish(
 
 /// `PJRT_KeyValueGetCallback`: blocks up to `timeout_in_ms` (a negative
 /// timeout waits as long as an `int` of milliseconds allows).
-pub unsafe extern "C" fn kv_get(args: *mut ffi::PJRT_KeyValueGetCallback_Args) -> *mut ffi::PJRT_Error {
+///
+/// # Safety
+/// `args` is null or a valid, exclusive `PJRT_KeyValueGetCallback_Args` whose `user_arg` kiln set
+/// (see [`install`]) and whose pointers stay valid for the call.
+pub(crate) unsafe extern "C" fn kv_get(args: *mut ffi::PJRT_KeyValueGetCallback_Args) -> *mut ffi::PJRT_Error {
     if args.is_null() {
         return ptr::null_mut();
     }
@@ -186,7 +194,11 @@ pub unsafe extern "C" fn kv_get(args: *mut ffi::PJRT_KeyValueGetCallback_Args) -
 }
 
 /// `PJRT_KeyValueTryGetCallback`: `NOT_FOUND` at once when the key is absent.
-pub unsafe extern "C" fn kv_try_get(args: *mut ffi::PJRT_KeyValueTryGetCallback_Args) -> *mut ffi::PJRT_Error {
+///
+/// # Safety
+/// `args` is null or a valid, exclusive `PJRT_KeyValueTryGetCallback_Args` whose `user_arg` kiln set
+/// (see [`install`]) and whose pointers stay valid for the call.
+pub(crate) unsafe extern "C" fn kv_try_get(args: *mut ffi::PJRT_KeyValueTryGetCallback_Args) -> *mut ffi::PJRT_Error {
     if args.is_null() {
         return ptr::null_mut();
     }
@@ -209,7 +221,11 @@ pub unsafe extern "C" fn kv_try_get(args: *mut ffi::PJRT_KeyValueTryGetCallback_
 }
 
 /// `PJRT_KeyValuePutCallback`: copies the value into the store.
-pub unsafe extern "C" fn kv_put(args: *mut ffi::PJRT_KeyValuePutCallback_Args) -> *mut ffi::PJRT_Error {
+///
+/// # Safety
+/// `args` is null or a valid, exclusive `PJRT_KeyValuePutCallback_Args` whose `user_arg` kiln set
+/// (see [`install`]) and whose pointers stay valid for the call.
+pub(crate) unsafe extern "C" fn kv_put(args: *mut ffi::PJRT_KeyValuePutCallback_Args) -> *mut ffi::PJRT_Error {
     if args.is_null() {
         return ptr::null_mut();
     }
