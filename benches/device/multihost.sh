@@ -8,17 +8,24 @@
 #    KILN_PEER_TIMEOUT_MS=4000, bound 4 s + 1 s beat + 5 s exit grace), and the
 #    same under `kiln launch` (the launcher stops the rest).
 D=$(cd "$(dirname "$0")" && pwd); K=$D/kiln; R=${OUT:-/tmp/mh}; mkdir -p $R
-export PJRT_DEVICE=CUDA KILN_CACHE=off NCCL_NVLS_ENABLE=0 TF_CPP_MIN_LOG_LEVEL=2
+export PJRT_DEVICE=CUDA KILN_CACHE=off NCCL_NVLS_ENABLE=0 TF_CPP_MIN_LOG_LEVEL=2 KILN_STARTUP_TIMEOUT_MS=60000
 q() { grep -v "^I1\|^W1\|^E1\|^$\|ptxas\|WARNING: All log" | tail -${1:-8}; }
 now() { date +%s.%N; }
+# Key figures from the last JSON line of stdin.
+summ() { python3 -c "
+import json,sys
+l=[x for x in sys.stdin.read().splitlines() if x.startswith('{')]
+d=json.loads(l[-1]) if l else {}
+print('$1', {k: d.get(k) for k in ('steps','step_ms_median','first_step_ms','compile_seconds','final_loss','first_loss')})"; }
 nvidia-smi -L
 timeout 60 $K devices --json | head -c 600; echo
 
 MLP="train mlp --data $D/fmnist --batch 2048 --epochs 1 --seed 3 --json"
 echo "== mlp 1 process x 2 GPUs"
-GPU_NUM_DEVICES=2 timeout 150 $K $MLP --checkpoint $R/ck1.st > $R/mlp1.json 2> $R/mlp1.err; echo "rc=$?"; q 4 < $R/mlp1.err
+GPU_NUM_DEVICES=2 timeout 60 $K $MLP --checkpoint $R/ck1.st > $R/mlp1.json 2> $R/mlp1.err; echo "rc=$?"; q 4 < $R/mlp1.err
 echo "== mlp 2 processes x 1 GPU (kiln launch)"
-timeout 150 $K launch --nodes 2 -- sh -c "exec $K $MLP --checkpoint $R/ck2.st > $R/mlp2-\$KILN_NODE_ID.json" 2> $R/mlp2.err; echo "rc=$?"; q 6 < $R/mlp2.err
+KILN_LOG=kiln_runtime=info timeout 60 $K launch --nodes 2 -- sh -c "exec $K $MLP --checkpoint $R/ck2.st > $R/mlp2-\$KILN_NODE_ID.json" 2> $R/mlp2.err; echo "rc=$?"
+grep -a "arrived\|client created\|launch\|rror" $R/mlp2.err | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-300 | head -12
 python3 - "$R" <<'PY'
 import json, sys, numpy as np
 r = sys.argv[1]
@@ -42,28 +49,28 @@ except Exception as e:
 PY
 
 B4K="train mlp --data $D/fmnist --hidden 4096,4096 --batch 4096 --max-steps 60 --lr 1e-3 --json"
-GPT="train gpt --text README.md --config gpt2-small --vocab 50304 --amp bf16 --max-grad-norm 1 --steps 12 --json"
+GPT="train gpt --text README.md --config gpt2-small --vocab 50304 --amp bf16 --max-grad-norm 1 --steps 8 --json"
 for w in B4K GPT; do
   echo "== $w 1 process x 2 GPUs"
-  GPU_NUM_DEVICES=2 timeout 150 $K ${!w} 2> $R/$w-1.err | tail -1 | cut -c1-400; q 3 < $R/$w-1.err
+  GPU_NUM_DEVICES=2 timeout 100 $K ${!w} 2> $R/$w-1.err | summ 1x2; q 3 < $R/$w-1.err
   echo "== $w 2 processes x 1 GPU"
-  timeout 150 $K launch --nodes 2 -- sh -c "exec $K ${!w} > $R/$w-2-\$KILN_NODE_ID.json" 2> $R/$w-2.err; echo "rc=$?"; q 3 < $R/$w-2.err
-  tail -1 $R/$w-2-0.json | cut -c1-400; echo; tail -1 $R/$w-2-1.json | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print('node1 step_ms_median', d['step_ms_median'], 'final_loss', d['final_loss'])"
+  timeout 100 $K launch --nodes 2 -- sh -c "exec $K ${!w} > $R/$w-2-\$KILN_NODE_ID.json" 2> $R/$w-2.err; echo "rc=$?"; q 3 < $R/$w-2.err
+  summ node0 < $R/$w-2-0.json; summ node1 < $R/$w-2-1.json
 done
 
 LONG="train mlp --data $D/fmnist --hidden 4096,4096 --batch 4096 --epochs 5000 --json"
 echo "== kill node 1 mid-run, no launcher: node 0 serves the store and must end by itself"
 P=$((21000 + RANDOM % 2000))
 ( export KILN_NUM_NODES=2 KILN_COORDINATOR=127.0.0.1:$P KILN_PEER_TIMEOUT_MS=4000 KILN_RUN_ID=kill
-  KILN_NODE_ID=0 KILN_LOCAL_DEVICES=0 timeout 100 $K $LONG > /dev/null 2> $R/kill0.err & P0=$!
-  KILN_NODE_ID=1 KILN_LOCAL_DEVICES=1 timeout 100 $K $LONG > /dev/null 2> $R/kill1.err & P1=$!
-  sleep 20; nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
+  KILN_NODE_ID=0 KILN_LOCAL_DEVICES=0 timeout 60 $K $LONG > /dev/null 2> $R/kill0.err & P0=$!
+  KILN_NODE_ID=1 KILN_LOCAL_DEVICES=1 timeout 60 $K $LONG > /dev/null 2> $R/kill1.err & P1=$!
+  sleep 14; nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
   kill -9 $P1; t0=$(now); wait $P0; rc=$?; t1=$(now)
   echo "node 0 exited rc=$rc $(python3 -c "print('%.2f s after node 1 was killed' % ($t1-$t0))")"
   q 4 < $R/kill0.err )
 echo "== kill node 1 mid-run under kiln launch"
-( timeout 100 $K launch --nodes 2 --grace-ms 2000 -- sh -c "echo \$\$ > $R/pid\$KILN_NODE_ID; exec $K $LONG > /dev/null" 2> $R/launchkill.err & L=$!
-  sleep 20; kill -9 $(cat $R/pid1); t0=$(now); wait $L; rc=$?; t1=$(now)
+( timeout 60 $K launch --nodes 2 --grace-ms 2000 -- sh -c "echo \$\$ > $R/pid\$KILN_NODE_ID; exec $K $LONG > /dev/null" 2> $R/launchkill.err & L=$!
+  sleep 14; kill -9 $(cat $R/pid1); t0=$(now); wait $L; rc=$?; t1=$(now)
   echo "launcher exited rc=$rc $(python3 -c "print('%.2f s after node 1 was killed' % ($t1-$t0))")"
   q 4 < $R/launchkill.err )
 rm -f $R/ck1.st $R/ck2.st $R/pid*
