@@ -9,7 +9,8 @@
 //!
 //! In a run of several processes every node calls `save` alike (the pending
 //! step may hold collectives); each puts the checksum of its values in the
-//! run's store, node 0 checks that all agree, writes the file once, and then
+//! run's store (the generator state, per replica by design, left out), node 0
+//! checks that all agree, writes the file once, and then
 //! puts `written`; the others return only after that, so no node goes on
 //! believing in a file that is not complete. Disagreeing values are an error
 //! naming the nodes, on every node.
@@ -110,9 +111,22 @@ pub fn save(path: impl AsRef<Path>, step: u64, tensors: &[(String, Tensor)]) -> 
         .collect::<Result<Vec<_>>>()?;
     let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| err(e.to_string()))?;
     match kiln_runtime::distributed::session() {
-        Some(session) => save_once(&session, path, step, sum, &bytes),
+        Some(session) => {
+            // The generator state is per replica by design (each replica's
+            // own dropout stream); every other tensor must agree.
+            let shared = checksum(sorted.iter().filter(|(n, _)| !is_per_replica(n)).map(|(n, l)| (n.as_str(), l.bytes())));
+            save_once(&session, path, step, shared, &bytes)
+        }
         None => write_atomically(path, &bytes),
     }
+}
+
+/// Tensors that differ between replicas by design and so are left out of the
+/// nodes' agreement check: the generator state (`rng.state` in the built-in
+/// loops' training state). The file holds node 0's value, replica 0's, which
+/// is what a single process writes.
+fn is_per_replica(name: &str) -> bool {
+    name == "rng.state" || name.ends_with(".rng.state")
 }
 
 /// The multi-process save (see the module docs): node 0 writes after every
