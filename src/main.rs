@@ -39,6 +39,9 @@ enum Command {
     },
     /// Compile a saved step graph (kiln's text form) and report its cost.
     Compile(cmd::compile::CompileArgs),
+    /// Run a command as N processes of one run on this machine (each gets
+    /// KILN_NUM_NODES, KILN_NODE_ID, KILN_COORDINATOR; with GPUs, its own).
+    Launch(cmd::launch::LaunchArgs),
     /// List the PJRT devices of the selected plugin.
     Devices {
         /// Print one JSON object.
@@ -137,7 +140,23 @@ fn main() -> ExitCode {
         // Colour only on a terminal: a pipe or a log file gets plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    if let Command::Launch(args) = &cli.command {
+        return match cmd::launch::run(args) {
+            Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let result = run(cli);
+    // A run of several processes marks this node done, so peers do not take
+    // its exit for a failure (a no-op in a single process).
+    if result.is_ok() {
+        kiln_runtime::distributed::finish();
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", error_chain(&e));
@@ -163,6 +182,8 @@ fn error_chain(e: &anyhow::Error) -> String {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        // `main` runs launches itself to keep the children's exit status.
+        Command::Launch(args) => cmd::launch::run(&args).map(drop),
         Command::Compile(args) => cmd::compile::run(&args),
         Command::Devices { json } => devices(json),
         Command::Profile(args) => cmd::profile::run(args),
@@ -240,6 +261,7 @@ fn train_gpt(path: &std::path::Path, cfg: &gpt::GptConfig, json: bool) -> anyhow
                 "loss_scale": report.loss_scale,
                 "final_loss": report.final_loss(),
                 "first_loss": report.losses.first(),
+                "losses": report.losses,
                 "steps": report.steps,
                 "compiles": report.compiles,
                 "cache_hits": report.cache_hits,
@@ -432,6 +454,7 @@ fn train_mlp(cfg: &MlpConfig, dir: &PathBuf, compare: Option<u64>, json: bool) -
                 "loss_scale": report.loss_scale,
                 "test_accuracy": acc,
                 "final_loss": report.final_loss(),
+                "losses": report.losses,
                 "steps": report.steps,
                 "compiles": report.compiles,
                 "cache_hits": report.cache_hits,

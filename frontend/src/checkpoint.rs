@@ -11,6 +11,13 @@
 //! is saved once per replica (`<name>@replica<r>` for r ≥ 1) and restored to
 //! every replica, so a resumed run with replicas and dropout continues bit for
 //! bit; restoring it into a run with another replica count is an error.
+//! In a run of several processes every node calls `save` alike (the pending
+//! step may hold collectives); each puts the checksum of its values in the
+//! run's store (the generator state, per replica by design, left out), node 0
+//! checks that all agree, writes the file once, and then
+//! puts `written`; the others return only after that, so no node goes on
+//! believing in a file that is not complete. Disagreeing values are an error
+//! naming the nodes, on every node.
 
 use std::collections::HashMap;
 use std::fs;
@@ -153,7 +160,65 @@ pub fn save(path: impl AsRef<Path>, step: u64, tensors: &[(String, Tensor)]) -> 
         })
         .collect::<Result<Vec<_>>>()?;
     let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| err(e.to_string()))?;
-    write_atomically(path, &bytes)
+    match kiln_runtime::distributed::session() {
+        Some(session) => {
+            // The generator state is per replica by design (each replica's
+            // own dropout stream); every other tensor must agree.
+            let shared = checksum(sorted.iter().filter(|(n, _)| !is_per_replica(n)).map(|(n, l)| (n.as_str(), l.bytes())));
+            save_once(&session, path, step, shared, &bytes)
+        }
+        None => write_atomically(path, &bytes),
+    }
+}
+
+/// Tensors that differ between replicas by design and so are left out of the
+/// nodes' agreement check: the generator state (`rng.state` in the built-in
+/// loops' training state). The file holds node 0's value, replica 0's, which
+/// is what a single process writes.
+fn is_per_replica(name: &str) -> bool {
+    name == "rng.state" || name.ends_with(".rng.state")
+}
+
+/// The multi-process save (see the module docs): node 0 writes after every
+/// node's checksum matched its own.
+fn save_once(
+    session: &kiln_runtime::distributed::Session,
+    path: &Path,
+    step: u64,
+    sum: u64,
+    bytes: &[u8],
+) -> Result<()> {
+    let err = |reason: String| FrontendError::Checkpoint { path: path.to_path_buf(), reason };
+    let id = session.identity();
+    let scope = format!("ckpt/{step}/{:016x}", checksum(std::iter::once(("path", path.as_os_str().as_encoded_bytes()))));
+    let written = format!("{scope}/written");
+    if id.node_id != 0 {
+        session.put(&format!("{scope}/sum/{}", id.node_id), &sum.to_le_bytes())?;
+        let answer = session.wait_for(&written)?;
+        return match answer.as_slice() {
+            b"ok" => Ok(()),
+            other => Err(err(String::from_utf8_lossy(other).into_owned())),
+        };
+    }
+    let mut differ = Vec::new();
+    for node in 1..id.num_nodes {
+        let theirs = session.wait_for(&format!("{scope}/sum/{node}"))?;
+        if theirs.as_slice() != sum.to_le_bytes() {
+            differ.push(node);
+        }
+    }
+    if !differ.is_empty() {
+        let reason = format!("not written: the values of node(s) {differ:?} differ from node 0's (checksum {sum:016x})");
+        session.put(&written, reason.as_bytes())?;
+        return Err(err(reason));
+    }
+    let outcome = write_atomically(path, bytes);
+    let note = match &outcome {
+        Ok(()) => "ok".to_string(),
+        Err(e) => format!("node 0 could not write it: {e}"),
+    };
+    session.put(&written, note.as_bytes())?;
+    outcome
 }
 
 /// A loaded checkpoint.

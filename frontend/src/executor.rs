@@ -304,7 +304,8 @@ pub(crate) fn select(bindings: Vec<Binding>, kept: &[u32]) -> Vec<Binding> {
 fn run_pjrt(entry: &CacheEntry, bindings: Vec<Binding>, step: u64, hooks: Vec<Hook>) -> Result<Vec<Storage>> {
     let client = crate::context::with(|c| c.exec.client())?;
     let exe = &entry.program.exe;
-    let replicas = exe.num_replicas();
+    // This process's replicas (all of them unless the run spans processes).
+    let replicas = exe.num_local_replicas();
     // Asked for only when host data must be uploaded (not on a steady step).
     let mut devices: Option<Vec<kiln_runtime::Device>> = None;
     // Host data is uploaded once (to every replica's device); the tensor then

@@ -148,7 +148,15 @@ pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, repli
         .map(|i| pruned.graph.aliases().iter().any(|a| a.param as usize == i))
         .collect();
     let lower_opts = LowerOptions { num_replicas: replicas, target: LowerTarget::from_platform(client.platform_name()) };
-    let compile_opts = CompileOptions { num_replicas: replicas, ..CompileOptions::default() };
+    // Across processes every node must agree on which replica runs where:
+    // replica r on the r-th global device, spelled out (in one process the
+    // plugin's default is the same and keeps existing cache keys).
+    let device_assignment = if client.global_devices().len() != client.devices().len() {
+        Some(client.replica_assignment(replicas)?)
+    } else {
+        None
+    };
+    let compile_opts = CompileOptions { num_replicas: replicas, device_assignment, ..CompileOptions::default() };
     let fp = fingerprint(&optimized);
     let mut program_id = Vec::with_capacity(64);
     program_id.extend_from_slice(&fp.0);

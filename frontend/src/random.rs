@@ -35,11 +35,13 @@ fn replica_key(seed: u64, r: usize) -> u64 {
 /// The initial state: one key per replica of this thread's steps.
 fn initial_state(seed: u64) -> Tensor {
     // A plan that cannot be made fails the first step with its own error.
-    let replicas = crate::context::with(|c| c.replicas()).unwrap_or(1);
-    if replicas == 1 {
+    // Keys follow global replica indices, so a run over several processes
+    // draws what one process with all the replicas would.
+    let replicas = crate::replicas::local_replica_indices().unwrap_or_else(|_| vec![0]);
+    if replicas == [0] {
         return Tensor::from_literal(state_literal(seed));
     }
-    let states: Vec<Vec<u64>> = (0..replicas).map(|r| vec![replica_key(seed, r), 0]).collect();
+    let states: Vec<Vec<u64>> = replicas.iter().map(|&r| vec![replica_key(seed, r), 0]).collect();
     crate::replicas::from_shards(states, [2]).unwrap_or_else(|_| Tensor::from_literal(state_literal(seed)))
 }
 

@@ -25,10 +25,55 @@ use crate::element::{self, Element};
 use crate::error::{FrontendError, Result};
 use crate::tensor::Tensor;
 
-/// Number of replicas the steps of this thread run on (from the environment
-/// on first use; see the module docs).
+/// Number of replicas the steps of this thread run on in this process (from
+/// the environment on first use; see the module docs): the values a tensor
+/// holds. In a run of several processes, see [`global_replicas`].
 pub fn num_replicas() -> Result<usize> {
     context::with(|c| c.replicas())
+}
+
+/// Replicas of the whole run: this process's times the node count
+/// (`KILN_NUM_NODES`; every node brings the same number). Equal to
+/// [`num_replicas`] in a single process.
+pub fn global_replicas() -> Result<usize> {
+    context::with(|c| {
+        let plan = c.plan()?;
+        Ok(plan.replicas * plan.identity.num_nodes as usize)
+    })
+}
+
+/// The global indices of this process's replicas, in order (`0..n` in a
+/// single process). In a run of several processes this creates the client,
+/// which joins the run.
+pub fn local_replica_indices() -> Result<Vec<usize>> {
+    let global = global_replicas()?;
+    let local = num_replicas()?;
+    if global == local {
+        return Ok((0..local).collect());
+    }
+    let client = context::with(|c| c.client())?;
+    Ok(client.local_replicas(global))
+}
+
+/// Keeps this process's shards of every step: `steps[k][g]` is step `k`'s
+/// shard for global replica `g` (as [`crate::data::replica_batches`] makes
+/// them for [`global_replicas`]); the result has one shard per local replica.
+pub fn local_shards<T>(steps: Vec<Vec<T>>) -> Result<Vec<Vec<T>>> {
+    let global = global_replicas()?;
+    let local = local_replica_indices()?;
+    if local.len() == global {
+        return Ok(steps);
+    }
+    Ok(steps
+        .into_iter()
+        .map(|step| {
+            step.into_iter()
+                .enumerate()
+                .filter(|(g, _)| local.contains(g))
+                .map(|(_, s)| s)
+                .collect()
+        })
+        .collect())
 }
 
 /// Runs this thread's later steps on `n` replicas of the selected plugin
@@ -41,6 +86,7 @@ pub fn set_replicas(n: usize) -> Result<()> {
         device: kiln_runtime::PjrtDevice::from_env()?,
         gpu_num_devices: Some(value.clone()),
         cpu_devices: Some(value),
+        node: kiln_runtime::distributed::NodeEnv::from_env(),
     };
     let plan = env.plan(gpu::probe_gpus)?;
     context::set_plan(plan);
@@ -51,7 +97,7 @@ pub fn set_replicas(n: usize) -> Result<()> {
 /// `all_reduce` sum scaled by `1/n`). With one replica the tensors are returned
 /// as they are: no collective is recorded.
 pub fn all_reduce_mean(tensors: &[Tensor]) -> Result<Vec<Tensor>> {
-    let n = num_replicas()?;
+    let n = global_replicas()?;
     if n == 1 {
         return Ok(tensors.to_vec());
     }

@@ -275,8 +275,8 @@ fn compiled(graph: &Graph, bindings: &[Binding], key: u64, report: &mut StepRepo
         metrics::update(|m| m.cache_hits += 1);
         return Ok(entry);
     }
-    let (client, replicas) = context::with(|c| Ok::<_, FrontendError>((c.client()?, c.replicas()?)))?;
-    let got = program::obtain(graph, bindings, &client, replicas)?;
+    let client = context::with(|c| c.client())?;
+    let got = program::obtain(graph, bindings, &client, crate::replicas::global_replicas()?)?;
     report.compiled = got.compiled;
     report.recompile = got.explanation;
     let new_program = got.compiled || report.recompile.is_some();

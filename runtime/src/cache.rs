@@ -74,6 +74,12 @@ impl CompileKey {
             field("plugin-file", format!("{} {:?}", meta.len(), mtime).as_bytes());
         }
         field("platform", client.platform_name().as_bytes());
+        // A run of several processes: the same program is another executable
+        // on each process (its own devices), and another for another layout.
+        let global = client.global_devices().len();
+        if global != client.devices().len() {
+            field("process", format!("{} of {global} devices", client.process_index()).as_bytes());
+        }
         field("options", &options.to_proto_bytes()?);
         Ok(CompileKey(h.finalize().into()))
     }

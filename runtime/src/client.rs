@@ -1,14 +1,19 @@
 //! `Client`: one PJRT client of one plugin, with its addressable devices.
 //!
 //! Invariants: a `Client` is an `Arc` over the PJRT client, so buffers,
-//! devices and executables that hold a clone keep it alive; the device list
-//! is read once at creation and never changes.
+//! devices and executables that hold a clone keep it alive; the device lists
+//! are read once at creation and never change. `devices()` are this
+//! process's (addressable) devices; `global_devices()` are every process's,
+//! in global-id order, and equal `devices()` in a single process. A client
+//! of several nodes always has a key-value store (refused before the plugin
+//! is called otherwise) and is never a CPU client.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::buffer::Buffer;
+use crate::distributed::StoreHandle;
 use crate::compile_options::CompileOptions;
 use crate::element_type::{as_bytes, ElementType, NativeType};
 use crate::error::{Result, RuntimeError};
@@ -27,6 +32,33 @@ pub struct ClientOptions {
     /// `None` leaves the plugin's default. Sent as a create option whenever
     /// set, so set it only for the CPU plugin (replica plans do).
     pub cpu_device_count: Option<usize>,
+    /// GPU ordinals the CUDA plugin opens (`visible_devices`); `None` opens
+    /// every GPU. Sent only when set, so set it only for the CUDA plugin.
+    pub visible_devices: Option<Vec<usize>>,
+    /// This process's place in a run of several; `None` is one process.
+    pub distributed: Option<DistributedOptions>,
+}
+
+/// The client-creation inputs of a multi-process run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DistributedOptions {
+    /// This process, `0..num_nodes` (the plugin's `node_id`).
+    pub node_id: u32,
+    /// Processes in the run (the plugin's `num_nodes`).
+    pub num_nodes: u32,
+    /// The store behind the plugin's key-value callbacks; required when
+    /// `num_nodes > 1`.
+    pub store: Option<StoreHandle>,
+}
+
+/// A device of the run as every process sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobalDevice {
+    /// The global device id (what a device assignment names).
+    pub id: i32,
+    /// The process that addresses it.
+    pub process_index: i32,
+    pub kind: String,
 }
 
 pub(crate) struct DeviceEntry {
@@ -43,6 +75,8 @@ pub(crate) struct ClientInner {
     pub(crate) api: &'static Api,
     pub(crate) platform_name: String,
     pub(crate) devices: Vec<DeviceEntry>,
+    pub(crate) global_devices: Vec<GlobalDevice>,
+    pub(crate) process_index: usize,
 }
 
 impl ClientInner {
@@ -70,17 +104,54 @@ impl fmt::Debug for Client {
 impl Client {
     /// Loads the plugin (once per process) and creates a client.
     pub fn new(options: &ClientOptions) -> Result<Client> {
+        // The GPU plugin asserts (aborting the process) when several nodes
+        // come without a store: refuse that before loading anything.
+        let kv = match &options.distributed {
+            Some(d) if d.num_nodes > 1 => match &d.store {
+                Some(store) => Some(store.0.clone()),
+                None => {
+                    return Err(RuntimeError::MissingCoordinator {
+                        num_nodes: d.num_nodes,
+                    })
+                }
+            },
+            Some(d) => d.store.as_ref().map(|s| s.0.clone()),
+            None => None,
+        };
         let path = plugin::resolve_plugin(options.plugin.as_deref())?;
         let api = Api::load(&path)?;
+        let to_i64 = |what: &str, n: usize| {
+            i64::try_from(n).map_err(|_| RuntimeError::CompileOptions {
+                message: format!("{what} {n} is too large"),
+            })
+        };
         let mut create_options = Vec::new();
         if let Some(count) = options.cpu_device_count {
-            let count = i64::try_from(count).map_err(|_| RuntimeError::CompileOptions {
-                message: format!("cpu_device_count {count} is too large"),
-            })?;
-            create_options.push(("cpu_device_count".to_string(), OptionValue::Int64(count)));
+            create_options.push((
+                "cpu_device_count".to_string(),
+                OptionValue::Int64(to_i64("cpu_device_count", count)?),
+            ));
         }
-        let raw = RawClient::create(api, &create_options)?;
+        if let Some(list) = &options.visible_devices {
+            let list = list
+                .iter()
+                .map(|&d| to_i64("visible device", d))
+                .collect::<Result<Vec<_>>>()?;
+            create_options.push(("visible_devices".to_string(), OptionValue::Int64List(list)));
+        }
+        let num_nodes = options.distributed.as_ref().map_or(1, |d| d.num_nodes);
+        if let Some(d) = options.distributed.as_ref().filter(|d| d.num_nodes > 1) {
+            create_options.push(("node_id".to_string(), OptionValue::Int64(i64::from(d.node_id))));
+            create_options.push(("num_nodes".to_string(), OptionValue::Int64(i64::from(d.num_nodes))));
+        }
+        let raw = RawClient::create(api, &create_options, kv)?;
         let platform_name = raw.platform_name()?;
+        if num_nodes > 1 && platform_name == "cpu" {
+            return Err(RuntimeError::PlatformNotDistributed {
+                platform: platform_name,
+                num_nodes,
+            });
+        }
         let devices = raw
             .addressable_devices()?
             .into_iter()
@@ -94,15 +165,77 @@ impl Client {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        tracing::info!(platform = %platform_name, devices = devices.len(), plugin = %path.display(), "PJRT client created");
+        let mut global_devices = raw
+            .global_devices()?
+            .into_iter()
+            .map(|d| {
+                let info = d.info(api)?;
+                Ok(GlobalDevice {
+                    id: info.id,
+                    process_index: info.process_index,
+                    kind: info.kind,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        global_devices.sort_by_key(|d| d.id);
+        let process_index = usize::try_from(raw.process_index()?).unwrap_or(0);
+        tracing::info!(
+            platform = %platform_name,
+            devices = devices.len(),
+            global_devices = global_devices.len(),
+            process_index,
+            plugin = %path.display(),
+            "PJRT client created"
+        );
         Ok(Client {
             inner: Arc::new(ClientInner {
                 raw,
                 api,
                 platform_name,
                 devices,
+                global_devices,
+                process_index,
             }),
         })
+    }
+
+    /// Every device of the run in global-id order (this process's and the
+    /// others'); in a single process, the same devices as [`Client::devices`].
+    pub fn global_devices(&self) -> &[GlobalDevice] {
+        &self.inner.global_devices
+    }
+
+    /// This process's index in the run (0 in a single process).
+    pub fn process_index(&self) -> usize {
+        self.inner.process_index
+    }
+
+    /// Replica `r` on the `r`-th global device (by id), one partition: the
+    /// assignment every process computes alike, so all agree on which
+    /// replica runs where without relying on the plugin's default.
+    pub fn replica_assignment(&self, replicas: usize) -> Result<Vec<Vec<i64>>> {
+        let global = &self.inner.global_devices;
+        if replicas > global.len() {
+            return Err(RuntimeError::CompileOptions {
+                message: format!(
+                    "{replicas} replicas need as many devices; the run has {}",
+                    global.len()
+                ),
+            });
+        }
+        Ok(global[..replicas].iter().map(|d| vec![i64::from(d.id)]).collect())
+    }
+
+    /// The global replica indices this process runs, in replica order, for
+    /// `replicas` replicas assigned by [`Client::replica_assignment`].
+    pub fn local_replicas(&self, replicas: usize) -> Vec<usize> {
+        let me = self.inner.process_index as i32;
+        self.inner.global_devices[..replicas.min(self.inner.global_devices.len())]
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.process_index == me)
+            .map(|(r, _)| r)
+            .collect()
     }
 
     /// The platform (`cpu`, `cuda`, ...).

@@ -332,4 +332,66 @@ pub enum RuntimeError {
 
     #[error("compile cache {} is read-only (KILN_CACHE_READONLY=1)", dir.display())]
     CacheReadOnly { dir: PathBuf },
+
+    // Several processes (`crate::distributed`).
+    #[error("environment variable {var}={value:?} is not valid; expected {expected}")]
+    BadNodeEnv {
+        var: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+
+    #[error("KILN_NODE_ID={node_id} is out of range: KILN_NUM_NODES={num_nodes} numbers the nodes 0 to {}", num_nodes - 1)]
+    NodeIdOutOfRange { node_id: u32, num_nodes: u32 },
+
+    #[error("KILN_NUM_NODES={num_nodes} needs a key-value store: set KILN_COORDINATOR=host:port (the PJRT plugin aborts the process when several nodes have no store)")]
+    MissingCoordinator { num_nodes: u32 },
+
+    #[error("the {platform} PJRT plugin cannot join a run of {num_nodes} nodes: it ignores node_id, num_nodes and the key-value store, so its collectives would stay inside one process (use PJRT_DEVICE=CUDA)")]
+    PlatformNotDistributed { platform: String, num_nodes: u32 },
+
+    #[error("key-value store: key {key:?} not found")]
+    KvNotFound { key: String },
+
+    #[error("key-value store: key {key:?} did not appear within {timeout_ms} ms")]
+    KvDeadline { key: String, timeout_ms: u64 },
+
+    #[error("key-value store: key {key:?} already holds a different value")]
+    KvAlreadyExists { key: String },
+
+    #[error("key-value store at {addr} is unreachable: {reason}")]
+    KvUnavailable { addr: String, reason: String },
+
+    #[error("key-value store at {addr}: {reason}")]
+    KvProtocol { addr: String, reason: String },
+
+    #[error("node(s) {missing:?} of {num_nodes} did not arrive within {waited_ms} ms (coordinator {coordinator}, this is node {me})")]
+    NodesMissing {
+        missing: Vec<u32>,
+        num_nodes: u32,
+        waited_ms: u64,
+        coordinator: String,
+        me: u32,
+    },
+
+    #[error("node(s) {nodes:?} stopped: no heartbeat for more than {timeout_ms} ms; node {me} ends the run")]
+    PeersLost { nodes: Vec<u32>, timeout_ms: u64, me: u32 },
+
+    #[error("the coordinator {coordinator} stopped answering for more than {timeout_ms} ms (it runs on node 0 or in `kiln launch`): {reason}; node {me} ends the run")]
+    CoordinatorLost {
+        coordinator: String,
+        timeout_ms: u64,
+        reason: String,
+        me: u32,
+    },
+
+    #[error("KILN_LOCAL_DEVICES names GPU {ordinal}, but the CUDA driver shows {available} GPU(s)")]
+    LocalDeviceOutOfRange { ordinal: usize, available: usize },
+
+    #[error("{global} global devices over {num_nodes} nodes, but this node addresses {local}: every node must bring the same number of devices")]
+    UnevenNodes {
+        global: usize,
+        local: usize,
+        num_nodes: u32,
+    },
 }

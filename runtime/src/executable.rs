@@ -171,8 +171,14 @@ impl Executable {
         self.num_replicas
     }
 
-    /// The device each replica runs on, in replica order: where its
-    /// arguments must live.
+    /// Replicas this process runs (all of them in a single process; its own
+    /// share in a run of several): how many argument lists `execute_replicated` takes.
+    pub fn num_local_replicas(&self) -> usize {
+        self.replica_devices.len()
+    }
+
+    /// The device each of this process's replicas runs on, in replica
+    /// order: where its arguments must live.
     pub fn replica_devices(&self) -> Vec<crate::client::Device> {
         self.replica_devices
             .iter()

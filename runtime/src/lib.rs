@@ -9,6 +9,9 @@
 //! - [`gpu`] probes the CUDA driver for GPUs (names, memory); [`replicas`]
 //!   turns `GPU_NUM_DEVICES` / `KILN_CPU_DEVICES` into a replica count and
 //!   client options;
+//! - [`distributed`] is several processes in one run: identity from
+//!   `KILN_NUM_NODES`/`KILN_NODE_ID`/`KILN_COORDINATOR`, the key-value store
+//!   PJRT asks for, the start-up barrier and the lost-peer watchdog;
 //! - [`pjrt`] is kiln's binding to the PJRT C API (the only `unsafe` code);
 //! - [`Client`], [`Device`], [`Buffer`], [`Executable`] are the checked API:
 //!   argument counts, dtypes, shapes, devices and client identity are verified
@@ -18,6 +21,7 @@ pub mod buffer;
 pub mod cache;
 pub mod client;
 pub mod compile_options;
+pub mod distributed;
 pub mod element_type;
 pub mod env;
 pub mod error;
@@ -31,7 +35,7 @@ pub mod signature;
 
 pub use buffer::{live_buffer_count, Buffer};
 pub use cache::{CacheStats, CompileKey, DiskCache, DiskCacheConfig, EntryInfo, Lookup};
-pub use client::{Client, ClientOptions, Device};
+pub use client::{Client, ClientOptions, Device, DistributedOptions, GlobalDevice};
 pub use compile_options::CompileOptions;
 pub use element_type::{ElementType, NativeType};
 pub use error::{CountProblem, DevicesFound, PjrtErrorCode, Result, RuntimeError};

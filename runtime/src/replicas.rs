@@ -26,7 +26,8 @@ use std::env;
 use std::ffi::OsString;
 use std::fmt;
 
-use crate::client::{Client, ClientOptions};
+use crate::client::{Client, ClientOptions, DistributedOptions};
+use crate::distributed::{self, Identity, NodeEnv};
 use crate::error::{CountProblem, DevicesFound, Result, RuntimeError};
 use crate::gpu::{self, GpuProbe};
 use crate::plugin::PjrtDevice;
@@ -77,6 +78,10 @@ pub struct ReplicaPlan {
     pub client_options: ClientOptions,
     /// The GPU probe the count was checked against (CUDA plans only).
     pub gpus: Option<GpuProbe>,
+    /// This process's place in the run (`KILN_NUM_NODES`...); one process
+    /// unless set. `replicas` counts this process's replicas; the run has
+    /// `replicas × num_nodes` (every node brings the same number).
+    pub identity: Identity,
 }
 
 impl ReplicaPlan {
@@ -87,6 +92,25 @@ impl ReplicaPlan {
     pub fn check_pjrt_devices(&self, pjrt_devices: &[String]) -> Result<()> {
         let exposed = pjrt_devices.len();
         match self.device {
+            PjrtDevice::Cuda if self.client_options.visible_devices.is_some() => {
+                let driver_gpus = self
+                    .gpus
+                    .as_ref()
+                    .map(GpuProbe::gpu_names)
+                    .unwrap_or_default();
+                let wanted = self.client_options.visible_devices.as_deref().unwrap_or_default();
+                if wanted.len() != exposed {
+                    return Err(RuntimeError::GpuCountMismatch {
+                        var: distributed::identity::ENV_LOCAL_DEVICES,
+                        driver_gpus: wanted
+                            .iter()
+                            .map(|&i| driver_gpus.get(i).cloned().unwrap_or_else(|| format!("[{i}] ?")))
+                            .collect(),
+                        pjrt_devices: pjrt_devices.to_vec(),
+                    });
+                }
+                Ok(())
+            }
             PjrtDevice::Cuda => {
                 let driver_gpus = self
                     .gpus
@@ -118,8 +142,30 @@ impl ReplicaPlan {
 
     /// Creates the client from [`ReplicaPlan::client_options`] and checks its
     /// devices against the plan.
+    ///
+    /// With several nodes it first joins the run ([`distributed::join`]:
+    /// store, start-up barrier, watchdog) and hands the run's store to the
+    /// plugin; the run's global device count must then be
+    /// `replicas × num_nodes`.
     pub fn create_client(&self) -> Result<Client> {
-        let client = Client::new(&self.client_options)?;
+        let mut options = self.client_options.clone();
+        if self.identity.is_distributed() {
+            let session = distributed::join(&self.identity)?;
+            options.distributed = Some(DistributedOptions {
+                node_id: self.identity.node_id,
+                num_nodes: self.identity.num_nodes,
+                store: Some(session.store()),
+            });
+        }
+        let client = Client::new(&options)?;
+        let global = client.global_devices().len();
+        if self.identity.is_distributed() && global != self.replicas * self.identity.num_nodes as usize {
+            return Err(RuntimeError::UnevenNodes {
+                global,
+                local: client.devices().len(),
+                num_nodes: self.identity.num_nodes,
+            });
+        }
         let devices: Vec<String> = client
             .devices()
             .iter()
@@ -139,6 +185,8 @@ pub struct ReplicaEnv {
     pub gpu_num_devices: Option<String>,
     /// `KILN_CPU_DEVICES` as set (not yet checked).
     pub cpu_devices: Option<String>,
+    /// The process-identity variables (`KILN_NUM_NODES`, ...).
+    pub node: NodeEnv,
 }
 
 fn read_var(name: &str) -> Option<String> {
@@ -153,25 +201,39 @@ impl ReplicaEnv {
             device: PjrtDevice::from_env()?,
             gpu_num_devices: read_var(ENV_GPU_NUM_DEVICES),
             cpu_devices: read_var(ENV_CPU_DEVICES),
+            node: NodeEnv::from_env(),
         })
     }
 
     /// The plan for these values; `probe` is called only for CUDA.
     pub fn plan(&self, probe: impl FnOnce() -> GpuProbe) -> Result<ReplicaPlan> {
-        match self.device {
+        let identity = self.node.identity()?;
+        let mut plan = match self.device {
             PjrtDevice::Cpu => {
+                if identity.is_distributed() {
+                    // The CPU plugin ignores node_id/num_nodes and the store.
+                    return Err(RuntimeError::PlatformNotDistributed {
+                        platform: "cpu".into(),
+                        num_nodes: identity.num_nodes,
+                    });
+                }
                 if set(self.gpu_num_devices.as_deref()).is_some() {
                     tracing::warn!("{ENV_GPU_NUM_DEVICES} is ignored with PJRT_DEVICE=CPU; {ENV_CPU_DEVICES} sets the CPU replicas");
                 }
-                cpu_replica_plan(self.cpu_devices.as_deref())
+                cpu_replica_plan(self.cpu_devices.as_deref())?
             }
             PjrtDevice::Cuda => {
                 if set(self.cpu_devices.as_deref()).is_some() {
                     tracing::warn!("{ENV_CPU_DEVICES} is ignored with PJRT_DEVICE=CUDA; {ENV_GPU_NUM_DEVICES} sets the GPU replicas");
                 }
-                gpu_replica_plan(self.gpu_num_devices.as_deref(), probe())
+                match &identity.local_devices {
+                    Some(list) => local_gpu_plan(list, probe())?,
+                    None => gpu_replica_plan(self.gpu_num_devices.as_deref(), probe())?,
+                }
             }
-        }
+        };
+        plan.identity = identity;
+        Ok(plan)
     }
 }
 
@@ -230,6 +292,7 @@ pub fn cpu_replica_plan(value: Option<&str>) -> Result<ReplicaPlan> {
             source: ReplicaSource::CpuDefault,
             client_options: ClientOptions::default(),
             gpus: None,
+            identity: Identity::single(),
         });
     };
     let n = checked_count(ENV_CPU_DEVICES, value, MAX_CPU_DEVICES, || {
@@ -249,6 +312,7 @@ pub fn cpu_replica_plan(value: Option<&str>) -> Result<ReplicaPlan> {
             ..ClientOptions::default()
         },
         gpus: None,
+        identity: Identity::single(),
     })
 }
 
@@ -288,6 +352,36 @@ pub fn gpu_replica_plan(value: Option<&str>, probe: GpuProbe) -> Result<ReplicaP
         source,
         client_options: ClientOptions::default(),
         gpus: Some(probe),
+        identity: Identity::single(),
+    })
+}
+
+/// The CUDA plan for `KILN_LOCAL_DEVICES` (one replica per listed GPU, the
+/// plugin opening only those: its `visible_devices`).
+pub fn local_gpu_plan(ordinals: &[usize], probe: GpuProbe) -> Result<ReplicaPlan> {
+    let available = probe.gpus().len();
+    if let Some(&ordinal) = ordinals.iter().find(|&&o| o >= available) {
+        return Err(RuntimeError::LocalDeviceOutOfRange { ordinal, available });
+    }
+    if ordinals.is_empty() {
+        return Err(RuntimeError::NoGpus {
+            var: distributed::identity::ENV_LOCAL_DEVICES,
+            found: probe,
+        });
+    }
+    Ok(ReplicaPlan {
+        device: PjrtDevice::Cuda,
+        replicas: ordinals.len(),
+        source: ReplicaSource::Env {
+            var: distributed::identity::ENV_LOCAL_DEVICES,
+            value: ordinals.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+        },
+        client_options: ClientOptions {
+            visible_devices: Some(ordinals.to_vec()),
+            ..ClientOptions::default()
+        },
+        gpus: Some(probe),
+        identity: Identity::single(),
     })
 }
 

@@ -16,6 +16,7 @@ fn client_for(path: &Path) -> RuntimeError {
     Client::new(&ClientOptions {
         plugin: Some(path.to_path_buf()),
         cpu_device_count: None,
+        ..ClientOptions::default()
     })
     .expect_err("loading must fail")
 }

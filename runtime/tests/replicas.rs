@@ -287,6 +287,7 @@ fn cpu_plans_never_run_the_gpu_probe() {
         device: PjrtDevice::Cpu,
         gpu_num_devices: Some("8".into()),
         cpu_devices: Some("2".into()),
+        node: Default::default(),
     };
     let plan = env
         .plan(|| panic!("the GPU probe ran for a CPU plan"))
@@ -300,6 +301,7 @@ fn cuda_plans_use_gpu_num_devices_and_the_probe() {
         device: PjrtDevice::Cuda,
         gpu_num_devices: Some("2".into()),
         cpu_devices: Some("16".into()),
+        node: Default::default(),
     };
     assert_eq!(env.plan(|| gpus(4)).unwrap().replicas, 2);
     assert!(env
@@ -354,4 +356,80 @@ fn a_cpu_plan_makes_a_client_with_that_many_devices() {
         assert_eq!(client.devices().len(), expected);
         assert_eq!(plan.replicas, expected);
     }
+}
+
+// ---- several processes ----
+
+fn node_env(pairs: &[(&str, &str)]) -> kiln_runtime::distributed::NodeEnv {
+    let mut e = kiln_runtime::distributed::NodeEnv::default();
+    for (k, v) in pairs {
+        let v = Some(v.to_string());
+        match *k {
+            "KILN_NUM_NODES" => e.num_nodes = v,
+            "KILN_NODE_ID" => e.node_id = v,
+            "KILN_COORDINATOR" => e.coordinator = v,
+            "KILN_LOCAL_DEVICES" => e.local_devices = v,
+            other => panic!("unknown variable {other}"),
+        }
+    }
+    e
+}
+
+#[test]
+fn cpu_plans_refuse_several_nodes_before_any_plugin_call() {
+    let env = ReplicaEnv {
+        device: PjrtDevice::Cpu,
+        gpu_num_devices: None,
+        cpu_devices: Some("2".into()),
+        node: node_env(&[("KILN_NUM_NODES", "2"), ("KILN_NODE_ID", "1"), ("KILN_COORDINATOR", "127.0.0.1:1")]),
+    };
+    let err = env.plan(|| panic!("no probe for CPU")).unwrap_err();
+    assert!(matches!(err, RuntimeError::PlatformNotDistributed { num_nodes: 2, .. }), "{err}");
+}
+
+#[test]
+fn several_nodes_without_a_coordinator_are_refused_in_the_plan() {
+    let env = ReplicaEnv {
+        device: PjrtDevice::Cuda,
+        gpu_num_devices: None,
+        cpu_devices: None,
+        node: node_env(&[("KILN_NUM_NODES", "2"), ("KILN_NODE_ID", "0")]),
+    };
+    let err = env.plan(|| gpus(2)).unwrap_err();
+    assert!(matches!(err, RuntimeError::MissingCoordinator { num_nodes: 2 }), "{err}");
+}
+
+#[test]
+fn local_devices_pick_the_visible_gpus() {
+    let env = ReplicaEnv {
+        device: PjrtDevice::Cuda,
+        gpu_num_devices: Some("2".into()),
+        cpu_devices: None,
+        node: node_env(&[
+            ("KILN_NUM_NODES", "2"),
+            ("KILN_NODE_ID", "1"),
+            ("KILN_COORDINATOR", "127.0.0.1:7070"),
+            ("KILN_LOCAL_DEVICES", "1"),
+        ]),
+    };
+    let plan = env.plan(|| gpus(2)).unwrap();
+    assert_eq!(plan.replicas, 1);
+    assert_eq!(plan.client_options.visible_devices, Some(vec![1]));
+    assert_eq!((plan.identity.node_id, plan.identity.num_nodes), (1, 2));
+    // The plugin exposing one device is what the plan expects.
+    plan.check_pjrt_devices(&["[1] NVIDIA H200".into()]).unwrap();
+    assert!(plan.check_pjrt_devices(&["[0] a".into(), "[1] b".into()]).is_err());
+    let err = env.plan(|| gpus(1)).unwrap_err();
+    assert!(matches!(err, RuntimeError::LocalDeviceOutOfRange { ordinal: 1, available: 1 }), "{err}");
+}
+
+#[test]
+fn a_client_of_several_nodes_without_a_store_is_refused_before_loading_the_plugin() {
+    let err = kiln_runtime::Client::new(&kiln_runtime::ClientOptions {
+        plugin: Some("/nonexistent/never-loaded.so".into()),
+        distributed: Some(kiln_runtime::DistributedOptions { node_id: 0, num_nodes: 2, store: None }),
+        ..Default::default()
+    })
+    .unwrap_err();
+    assert!(matches!(err, RuntimeError::MissingCoordinator { num_nodes: 2 }), "{err}");
 }

@@ -219,7 +219,7 @@ fn compile(
     // plugin is the one discovery will pick.
     let on_cpu = plugin.is_none() && kiln::runtime::PjrtDevice::from_env()? == kiln::runtime::PjrtDevice::Cpu;
     let cpu_device_count = (replicas > 1 && on_cpu).then_some(replicas);
-    let client = Client::new(&ClientOptions { plugin, cpu_device_count }).context("creating the PJRT client")?;
+    let client = Client::new(&ClientOptions { plugin, cpu_device_count, ..ClientOptions::default() }).context("creating the PJRT client")?;
     let devices = client.devices().len();
     if devices < replicas {
         bail!(

@@ -4,6 +4,7 @@
 pub mod cache;
 pub mod compile;
 pub mod memory;
+pub mod launch;
 pub mod profile;
 
 /// The largest graph text `kiln compile`/`kiln profile` read (1 GiB: a

@@ -248,17 +248,22 @@ impl GptTrainer {
 /// Random windows of `data` (see [`GptTrainer::next_batch`]).
 fn sample_batch(data: &[i32], sampler: &mut HostRng, cfg: &GptConfig) -> Result<(Tensor, Tensor)> {
     let (b, t) = (cfg.batch, cfg.seq);
-    let replicas = crate::replicas::num_replicas()?;
-    let (mut xs, mut ys) = (Vec::with_capacity(replicas), Vec::with_capacity(replicas));
-    for _ in 0..replicas {
+    // Every process draws every global replica's windows from the same
+    // sampler and keeps its own, so the run sees what one process would.
+    let global = crate::replicas::global_replicas()?;
+    let local = crate::replicas::local_replica_indices()?;
+    let (mut xs, mut ys) = (Vec::with_capacity(local.len()), Vec::with_capacity(local.len()));
+    for g in 0..global {
         let (mut x, mut y) = (Vec::with_capacity(b * t), Vec::with_capacity(b * t));
         for _ in 0..b {
             let start = (sampler.next_u64() % (data.len() - t) as u64) as usize;
             x.extend_from_slice(&data[start..start + t]);
             y.extend_from_slice(&data[start + 1..start + t + 1]);
         }
-        xs.push(x);
-        ys.push(y);
+        if local.contains(&g) {
+            xs.push(x);
+            ys.push(y);
+        }
     }
     Ok((
         crate::replicas::from_shards(xs, [b, t])?.with_name("tokens"),

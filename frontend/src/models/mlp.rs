@@ -306,7 +306,8 @@ impl MlpConfig {
 /// Trains on `data` per `cfg`, calling `on_step` after every step.
 pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&StepInfo)) -> Result<TrainReport> {
     let before = metrics::snapshot();
-    let replicas = crate::replicas::num_replicas()?;
+    // The run's replicas: over several processes each keeps its own shards.
+    let replicas = crate::replicas::global_replicas()?;
     cfg.check(data, replicas)?;
     let mut t = Trainer::new(data.train.pixels(), 10, cfg)?;
     if let Some(path) = &cfg.checkpoint {
@@ -328,7 +329,7 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
             break;
         }
         let seed = Some(cfg.seed ^ epoch as u64);
-        let mut steps = data::replica_batches(data.train.len(), cfg.batch, replicas, seed, LastBatch::Drop);
+        let mut steps = crate::replicas::local_shards(data::replica_batches(data.train.len(), cfg.batch, replicas, seed, LastBatch::Drop))?;
         let done_in_epoch = (t.step - epoch as u64 * per_epoch) as usize;
         steps.drain(..done_in_epoch.min(steps.len()));
         // Never prefetch past the last step.

@@ -109,6 +109,14 @@ pub type Unused = Option<unsafe extern "C" fn()>;
 
 // PJRT_NamedValue_Type values.
 pub const PJRT_NAMED_VALUE_INT64: c_int = 1;
+pub const PJRT_NAMED_VALUE_INT64_LIST: c_int = 2;
+
+/// `PJRT_CallbackError`: made by the plugin, handed to the key-value
+/// callbacks (by pointer) so they can return a `PJRT_Error*` it owns.
+pub type PJRT_CallbackError =
+    Option<unsafe extern "C" fn(code: c_int, message: *const c_char, message_size: usize) -> *mut PJRT_Error>;
+/// `PJRT_KeyValueGetCallback_ValueDeleter` (and the try-get one, same type).
+pub type PJRT_KeyValue_ValueDeleter = Option<unsafe extern "C" fn(value: *mut c_char)>;
 
 // PJRT_HostBufferSemantics values.
 pub const PJRT_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES: c_int = 1;
@@ -167,17 +175,57 @@ pjrt_struct!(PJRT_Event_Destroy_Args { struct_size: usize, extension_start: Ext,
 pjrt_struct!(PJRT_Event_Await_Args { struct_size: usize, extension_start: Ext, event: *mut PJRT_Event });
 pjrt_struct!(PJRT_Event_IsReady_Args { struct_size: usize, extension_start: Ext, event: *mut PJRT_Event, is_ready: bool });
 
+pjrt_struct!(PJRT_KeyValueGetCallback_Args {
+    struct_size: usize,
+    extension_start: Ext,
+    key: *const c_char,
+    key_size: usize,
+    timeout_in_ms: c_int,
+    callback_error: *mut PJRT_CallbackError,
+    user_arg: *mut c_void,
+    value: *mut c_char,
+    value_size: usize,
+    value_deleter_callback: PJRT_KeyValue_ValueDeleter,
+});
+pjrt_struct!(PJRT_KeyValueTryGetCallback_Args {
+    struct_size: usize,
+    extension_start: Ext,
+    key: *const c_char,
+    key_size: usize,
+    callback_error: *mut PJRT_CallbackError,
+    user_arg: *mut c_void,
+    value: *mut c_char,
+    value_size: usize,
+    value_deleter_callback: PJRT_KeyValue_ValueDeleter,
+});
+pjrt_struct!(PJRT_KeyValuePutCallback_Args {
+    struct_size: usize,
+    extension_start: Ext,
+    key: *const c_char,
+    key_size: usize,
+    value: *const c_char,
+    value_size: usize,
+    callback_error: *mut PJRT_CallbackError,
+    user_arg: *mut c_void,
+});
+/// `PJRT_KeyValueGetCallback`.
+pub type KvGetFn = Option<unsafe extern "C" fn(*mut PJRT_KeyValueGetCallback_Args) -> *mut PJRT_Error>;
+/// `PJRT_KeyValueTryGetCallback`.
+pub type KvTryGetFn = Option<unsafe extern "C" fn(*mut PJRT_KeyValueTryGetCallback_Args) -> *mut PJRT_Error>;
+/// `PJRT_KeyValuePutCallback`.
+pub type KvPutFn = Option<unsafe extern "C" fn(*mut PJRT_KeyValuePutCallback_Args) -> *mut PJRT_Error>;
+
 pjrt_struct!(PJRT_Client_Create_Args {
     struct_size: usize,
     extension_start: Ext,
     create_options: *const PJRT_NamedValue,
     num_options: usize,
-    kv_get_callback: *mut c_void,
+    kv_get_callback: KvGetFn,
     kv_get_user_arg: *mut c_void,
-    kv_put_callback: *mut c_void,
+    kv_put_callback: KvPutFn,
     kv_put_user_arg: *mut c_void,
     client: *mut PJRT_Client,
-    kv_try_get_callback: *mut c_void,
+    kv_try_get_callback: KvTryGetFn,
     kv_try_get_user_arg: *mut c_void,
 });
 pjrt_struct!(PJRT_Client_Destroy_Args { struct_size: usize, extension_start: Ext, client: *mut PJRT_Client });
@@ -187,6 +235,25 @@ pjrt_struct!(PJRT_Client_PlatformName_Args {
     client: *mut PJRT_Client,
     platform_name: *const c_char,
     platform_name_size: usize,
+});
+pjrt_struct!(PJRT_Client_ProcessIndex_Args {
+    struct_size: usize,
+    extension_start: Ext,
+    client: *mut PJRT_Client,
+    process_index: c_int,
+});
+pjrt_struct!(PJRT_Client_Devices_Args {
+    struct_size: usize,
+    extension_start: Ext,
+    client: *mut PJRT_Client,
+    devices: *const *mut PJRT_Device,
+    num_devices: usize,
+});
+pjrt_struct!(PJRT_DeviceDescription_ProcessIndex_Args {
+    struct_size: usize,
+    extension_start: Ext,
+    device_description: *mut PJRT_DeviceDescription,
+    process_index: c_int,
 });
 pjrt_struct!(PJRT_Client_AddressableDevices_Args {
     struct_size: usize,
@@ -420,9 +487,9 @@ pjrt_struct!(PJRT_Api {
     PJRT_Client_Create: ApiFn<PJRT_Client_Create_Args>,
     PJRT_Client_Destroy: ApiFn<PJRT_Client_Destroy_Args>,
     PJRT_Client_PlatformName: ApiFn<PJRT_Client_PlatformName_Args>,
-    PJRT_Client_ProcessIndex: Unused,
+    PJRT_Client_ProcessIndex: ApiFn<PJRT_Client_ProcessIndex_Args>,
     PJRT_Client_PlatformVersion: Unused,
-    PJRT_Client_Devices: Unused,
+    PJRT_Client_Devices: ApiFn<PJRT_Client_Devices_Args>,
     PJRT_Client_AddressableDevices: ApiFn<PJRT_Client_AddressableDevices_Args>,
     PJRT_Client_LookupDevice: Unused,
     PJRT_Client_LookupAddressableDevice: Unused,
@@ -431,7 +498,7 @@ pjrt_struct!(PJRT_Api {
     PJRT_Client_DefaultDeviceAssignment: Unused,
     PJRT_Client_BufferFromHostBuffer: ApiFn<PJRT_Client_BufferFromHostBuffer_Args>,
     PJRT_DeviceDescription_Id: ApiFn<PJRT_DeviceDescription_Id_Args>,
-    PJRT_DeviceDescription_ProcessIndex: Unused,
+    PJRT_DeviceDescription_ProcessIndex: ApiFn<PJRT_DeviceDescription_ProcessIndex_Args>,
     PJRT_DeviceDescription_Attributes: Unused,
     PJRT_DeviceDescription_Kind: ApiFn<PJRT_DeviceDescription_Kind_Args>,
     PJRT_DeviceDescription_DebugString: ApiFn<PJRT_DeviceDescription_DebugString_Args>,
@@ -538,7 +605,13 @@ pub const ALL_LAYOUTS: &[StructLayout] = &[
     PJRT_Event_Destroy_Args::LAYOUT,
     PJRT_Event_Await_Args::LAYOUT,
     PJRT_Event_IsReady_Args::LAYOUT,
+    PJRT_KeyValueGetCallback_Args::LAYOUT,
+    PJRT_KeyValueTryGetCallback_Args::LAYOUT,
+    PJRT_KeyValuePutCallback_Args::LAYOUT,
     PJRT_Client_Create_Args::LAYOUT,
+    PJRT_Client_ProcessIndex_Args::LAYOUT,
+    PJRT_Client_Devices_Args::LAYOUT,
+    PJRT_DeviceDescription_ProcessIndex_Args::LAYOUT,
     PJRT_Client_Destroy_Args::LAYOUT,
     PJRT_Client_PlatformName_Args::LAYOUT,
     PJRT_Client_AddressableDevices_Args::LAYOUT,

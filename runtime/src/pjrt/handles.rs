@@ -31,12 +31,17 @@ fn non_null<T>(api: &Api, function: &'static str, ptr: *mut T) -> Result<NonNull
 #[derive(Debug, Clone)]
 pub(crate) enum OptionValue {
     Int64(i64),
+    Int64List(Vec<i64>),
 }
 
 /// An owned `PJRT_Client`.
 pub(crate) struct RawClient {
     api: &'static Api,
     ptr: NonNull<ffi::PJRT_Client>,
+    // The store the plugin's key-value callbacks reach (their `user_arg`
+    // points into this box). Fields drop after `Drop::drop`, so it outlives
+    // `PJRT_Client_Destroy`.
+    _kv: Option<Box<super::kv::UserArg>>,
 }
 
 // SAFETY: PJRT clients are thread-safe (the C API contract of PjRtClient).
@@ -45,7 +50,13 @@ unsafe impl Send for RawClient {}
 unsafe impl Sync for RawClient {}
 
 impl RawClient {
-    pub(crate) fn create(api: &'static Api, options: &[(String, OptionValue)]) -> Result<Self> {
+    /// Creates a client with `options`; with `kv`, the plugin's key-value
+    /// callbacks are kiln's trampolines over that store.
+    pub(crate) fn create(
+        api: &'static Api,
+        options: &[(String, OptionValue)],
+        kv: Option<super::kv::UserArg>,
+    ) -> Result<Self> {
         let named: Vec<ffi::PJRT_NamedValue> = options
             .iter()
             .map(|(name, value)| {
@@ -58,6 +69,13 @@ impl RawClient {
                         nv.value = ffi::NamedValueUnion { int64_value: *v };
                         nv.value_size = 1;
                     }
+                    OptionValue::Int64List(list) => {
+                        nv.type_ = ffi::PJRT_NAMED_VALUE_INT64_LIST;
+                        nv.value = ffi::NamedValueUnion {
+                            int64_array_value: list.as_ptr(),
+                        };
+                        nv.value_size = list.len();
+                    }
                 }
                 nv
             })
@@ -65,12 +83,37 @@ impl RawClient {
         let mut args = ffi::PJRT_Client_Create_Args::zeroed();
         args.create_options = named.as_ptr();
         args.num_options = named.len();
-        // `named` and the strings it points into outlive the call.
+        let kv = kv.map(Box::new);
+        if let Some(user_arg) = &kv {
+            super::kv::install(&mut args, user_arg);
+        }
+        // `named`, the strings and lists it points into, and `kv` outlive the call.
         pjrt_call!(api, PJRT_Client_Create, &mut args)?;
         Ok(RawClient {
             api,
             ptr: non_null(api, "PJRT_Client_Create", args.client)?,
+            _kv: kv,
         })
+    }
+
+    /// This process's index in a multi-process client (0 otherwise).
+    pub(crate) fn process_index(&self) -> Result<i32> {
+        let mut args = ffi::PJRT_Client_ProcessIndex_Args::zeroed();
+        args.client = self.ptr.as_ptr();
+        pjrt_call!(self.api, PJRT_Client_ProcessIndex, &mut args)?;
+        Ok(args.process_index)
+    }
+
+    /// Every device of the run, addressable by this process or not.
+    pub(crate) fn global_devices(&self) -> Result<Vec<RawDevice>> {
+        let mut args = ffi::PJRT_Client_Devices_Args::zeroed();
+        args.client = self.ptr.as_ptr();
+        pjrt_call!(self.api, PJRT_Client_Devices, &mut args)?;
+        Ok(copy_slice(args.devices, args.num_devices)
+            .into_iter()
+            .filter_map(NonNull::new)
+            .map(RawDevice)
+            .collect())
     }
 
     pub(crate) fn platform_name(&self) -> Result<String> {
@@ -183,6 +226,7 @@ unsafe impl Sync for RawDevice {}
 /// What kiln reads from a device description.
 pub(crate) struct DeviceInfo {
     pub(crate) id: i32,
+    pub(crate) process_index: i32,
     pub(crate) kind: String,
     pub(crate) debug_string: String,
 }
@@ -203,8 +247,12 @@ impl RawDevice {
         let mut debug = ffi::PJRT_DeviceDescription_DebugString_Args::zeroed();
         debug.device_description = desc.device_description;
         pjrt_call!(api, PJRT_DeviceDescription_DebugString, &mut debug)?;
+        let mut process = ffi::PJRT_DeviceDescription_ProcessIndex_Args::zeroed();
+        process.device_description = desc.device_description;
+        pjrt_call!(api, PJRT_DeviceDescription_ProcessIndex, &mut process)?;
         Ok(DeviceInfo {
             id: id.id,
+            process_index: process.process_index,
             kind: copy_string(kind.device_kind, kind.device_kind_size),
             debug_string: copy_string(debug.debug_string, debug.debug_string_size),
         })

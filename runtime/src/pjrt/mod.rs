@@ -1,7 +1,7 @@
 //! kiln's own binding to the PJRT C API (≥ 0.81), loaded at run time.
 //!
 //! This module is the only place in the crate with `unsafe` (the GPU probe's
-//! few driver calls included, in `cuda`). It offers small
+//! few driver calls included, in `cuda`; the key-value store's callbacks, in `kv`). It offers small
 //! RAII handles (`RawClient`, `RawBuffer`, `RawLoadedExecutable`, ...) whose
 //! methods are safe: each owns exactly one PJRT object and frees it on drop,
 //! and each keeps a `&'static Api` so the plugin it came from outlives it
@@ -13,6 +13,7 @@ pub(crate) mod cuda;
 pub mod ffi;
 pub(crate) mod handles;
 pub(crate) mod host;
+pub mod kv;
 
 pub(crate) use api::Api;
 pub use api::REQUIRED_API_VERSION;

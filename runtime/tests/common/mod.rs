@@ -58,6 +58,7 @@ pub fn cpu_client(devices: usize) -> Client {
     Client::new(&ClientOptions {
         plugin: Some(cpu_plugin()),
         cpu_device_count: Some(devices),
+        ..ClientOptions::default()
     })
     .expect("CPU client")
 }

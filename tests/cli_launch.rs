@@ -1,0 +1,171 @@
+//! `kiln launch` end to end on loopback: every child gets its identity and
+//! the coordinator, and one failing child ends the others (SIGTERM, then
+//! SIGKILL after the grace period) with the launcher exiting non-zero within
+//! a bounded time.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use assert_cmd::Command;
+
+fn kiln() -> Command {
+    let mut cmd = Command::cargo_bin("kiln").expect("the kiln binary is built");
+    cmd.env_remove("PJRT_DEVICE");
+    cmd
+}
+
+fn alive(pid: &str) -> bool {
+    // A zombie still has /proc/<pid>; its state is Z.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.split_whitespace().nth(2).is_some_and(|state| state == "Z"))
+        .unwrap_or(false)
+}
+
+#[test]
+fn children_get_their_identity_and_the_coordinator() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"echo "$KILN_NODE_ID $KILN_NUM_NODES $KILN_COORDINATOR $KILN_COORDINATOR_SERVED $KILN_RUN_ID $KILN_ATTEMPT ${KILN_LOCAL_DEVICES-none}" > "$OUT/node$KILN_NODE_ID""#;
+    let out = kiln()
+        .args(["launch", "--nodes", "3", "--run-id", "t1", "--attempt", "2", "--", "sh", "-c", script])
+        .env("OUT", dir.path())
+        .timeout(Duration::from_secs(30))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for n in 0..3 {
+        let line = std::fs::read_to_string(dir.path().join(format!("node{n}"))).unwrap();
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f[0], n.to_string());
+        assert_eq!(f[1], "3");
+        assert!(f[2].starts_with("127.0.0.1:") && !f[2].ends_with(":0"), "{line}");
+        assert_eq!(&f[3..], ["1", "t1", "2", "none"], "{line}");
+    }
+    // GPUs: each process gets its own ordinals.
+    let out = kiln()
+        .args(["launch", "--nodes", "2", "--gpus-per-node", "2", "--", "sh", "-c", script])
+        .env("OUT", dir.path())
+        .timeout(Duration::from_secs(30))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let gpus = |n: usize| std::fs::read_to_string(dir.path().join(format!("node{n}"))).unwrap();
+    assert!(gpus(0).trim_end().ends_with(" 0,1"), "{}", gpus(0));
+    assert!(gpus(1).trim_end().ends_with(" 2,3"), "{}", gpus(1));
+}
+
+#[test]
+fn a_failing_child_ends_the_others_and_the_launch() {
+    let dir = tempfile::tempdir().unwrap();
+    // Node 1 records its pid and sleeps (ignoring SIGTERM, so only SIGKILL
+    // after the grace period ends it); node 0 fails once node 1 is up.
+    let script = r#"
+        if [ "$KILN_NODE_ID" = 1 ]; then
+            trap '' TERM
+            echo $$ > "$OUT/pid.tmp" && mv "$OUT/pid.tmp" "$OUT/pid1"
+            sleep 60 & wait
+        else
+            while [ ! -f "$OUT/pid1" ]; do sleep 0.02; done
+            exit 1
+        fi"#;
+    let started = Instant::now();
+    let out = kiln()
+        .args(["launch", "--nodes", "2", "--grace-ms", "500", "--", "sh", "-c", script])
+        .env("OUT", dir.path())
+        .timeout(Duration::from_secs(30))
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("node 0 exited with status 1"), "{stderr}");
+    // 500 ms grace plus polling; far below the sleeper's 60 s.
+    assert!(took < Duration::from_secs(10), "the launch took {took:?}");
+    let pid = std::fs::read_to_string(dir.path().join("pid1")).unwrap();
+    assert!(!alive(pid.trim()), "node 1 (pid {}) is still running", pid.trim());
+}
+
+#[test]
+fn a_child_killed_by_a_signal_is_reported_by_name() {
+    let out = kiln()
+        .args(["launch", "--nodes", "2", "--grace-ms", "200", "--", "sh", "-c",
+               r#"if [ "$KILN_NODE_ID" = 1 ]; then kill -9 $$; else exec sleep 60; fi"#])
+        .timeout(Duration::from_secs(30))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + 9), "{stderr}");
+    assert!(stderr.contains("node 1 exited with signal 9 (SIGKILL)"), "{stderr}");
+}
+
+#[test]
+fn a_command_that_cannot_start_is_an_error_naming_it() {
+    let out = kiln()
+        .args(["launch", "--nodes", "2", "--", "/nonexistent/kiln-test-binary"])
+        .timeout(Duration::from_secs(30))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("starting node 0: /nonexistent/kiln-test-binary"), "{stderr}");
+    assert!(!Path::new("/nonexistent").exists());
+}
+
+#[test]
+fn a_failed_attempt_is_restarted_as_the_next_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    // Attempt 0: node 1 fails. Attempt 1: both succeed.
+    let script = r#"
+        echo "$KILN_ATTEMPT" >> "$OUT/attempts$KILN_NODE_ID"
+        if [ "$KILN_ATTEMPT" = 0 ] && [ "$KILN_NODE_ID" = 1 ]; then
+            while [ ! -s "$OUT/attempts0" ]; do sleep 0.02; done
+            exit 3
+        fi
+        if [ "$KILN_ATTEMPT" = 0 ]; then exec sleep 30; fi"#;
+    let out = kiln()
+        .args(["launch", "--nodes", "2", "--restarts", "2", "--grace-ms", "300", "--", "sh", "-c", script])
+        .env("OUT", dir.path())
+        .timeout(Duration::from_secs(30))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("node 1 exited with status 3"), "{stderr}");
+    assert!(stderr.contains("restarting every node as attempt 1 (1 restart(s) left)"), "{stderr}");
+    for n in 0..2 {
+        let seen = std::fs::read_to_string(dir.path().join(format!("attempts{n}"))).unwrap();
+        assert_eq!(seen, "0\n1\n", "node {n}");
+    }
+    // Without restarts the failure is final.
+    let out = kiln()
+        .args(["launch", "--nodes", "2", "--grace-ms", "300", "--", "sh", "-c", script])
+        .env("OUT", dir.path())
+        .timeout(Duration::from_secs(30))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+}
+
+#[test]
+fn bad_identities_are_refused_before_training() {
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (&[("KILN_NUM_NODES", "2"), ("KILN_NODE_ID", "0")], "KILN_NUM_NODES=2 needs a key-value store"),
+        (
+            &[("KILN_NUM_NODES", "2"), ("KILN_NODE_ID", "5"), ("KILN_COORDINATOR", "h:1")],
+            "KILN_NODE_ID=5 is out of range",
+        ),
+        (
+            &[("KILN_NUM_NODES", "2"), ("KILN_NODE_ID", "0"), ("KILN_COORDINATOR", "127.0.0.1:1")],
+            "the cpu PJRT plugin cannot join a run of 2 nodes",
+        ),
+    ];
+    for (vars, want) in cases {
+        let mut cmd = kiln();
+        cmd.args(["train", "mlp", "--max-steps", "1"]).env("KILN_CACHE", "off");
+        for (k, v) in *vars {
+            cmd.env(k, v);
+        }
+        let out = cmd.timeout(Duration::from_secs(60)).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(want), "{vars:?}: {stderr}");
+    }
+}
