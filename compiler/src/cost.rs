@@ -232,10 +232,10 @@ pub fn op_cost(op: &Op, operands: &[TensorType], outputs: &[TensorType]) -> Node
         // 2·b·h·t·s·d flops each, the backward five (scores recomputed, dv, dp,
         // dq, dk); a causal mask skips half of them.
         Op::Attention { q, k, v: _, attrs } | Op::AttentionGrad { q, k, v: _, out: _, stats: _, dout: _, attrs } => {
-            let (qt, kt) = (g.ty(*q), g.ty(*k));
+            let (qt, kt) = (ty(*q), ty(*k));
             let (qd, kd) = (qt.shape.dims(), kt.shape.dims());
             let pairs = (qd[0] * qd[1] * qd[2] * kd[2]) as u64 / if attrs.causal { 2 } else { 1 };
-            let matmuls = if matches!(node.op, Op::Attention { .. }) { 2 } else { 5 };
+            let matmuls = if matches!(op, Op::Attention { .. }) { 2u64 } else { 5 };
             NodeCost {
                 flops: (matmuls * 2 * qd[3] as u64).saturating_mul(pairs),
                 transcendentals: pairs,
@@ -251,9 +251,9 @@ pub fn op_cost(op: &Op, operands: &[TensorType], outputs: &[TensorType]) -> Node
         // and one exp per logit; backward: the logits again plus two matmuls.
         // Only operands and results touch memory: the logits stay in blocks.
         Op::LmHeadCrossEntropy { h, w, .. } | Op::LmHeadCrossEntropyGrad { h, w, .. } => {
-            let (ht, wt) = (g.ty(*h), g.ty(*w));
+            let (ht, wt) = (ty(*h), ty(*w));
             let logits = (ht.shape.dims()[0] * wt.shape.dims()[0]) as u64;
-            let matmuls = if matches!(node.op, Op::LmHeadCrossEntropy { .. }) { 1 } else { 3 };
+            let matmuls = if matches!(op, Op::LmHeadCrossEntropy { .. }) { 1u64 } else { 3 };
             NodeCost {
                 flops: (matmuls * 2 * ht.shape.dims()[1] as u64 + 4).saturating_mul(logits),
                 transcendentals: logits,
@@ -264,7 +264,7 @@ pub fn op_cost(op: &Op, operands: &[TensorType], outputs: &[TensorType]) -> Node
             }
         }
         Op::LayerNorm { x, .. } | Op::LayerNormGrad { x, .. } => {
-            let t = g.ty(*x);
+            let t = ty(*x);
             let rows = t.shape.dims()[..t.shape.rank().saturating_sub(1)].iter().product::<usize>() as u64;
             NodeCost { flops: 8 * elements(t), transcendentals: rows, bytes_read: read_all(), bytes_written: written, ..NodeCost::free() }
         }

@@ -60,7 +60,14 @@ pub fn kind(op: &Op) -> FusionKind {
         | Op::ScatterAdd { .. }
         | Op::RngBitGenerator { .. }
         | Op::OptimizationBarrier { .. }
-        | Op::AllReduce { .. } => FusionKind::Opaque,
+        | Op::AllReduce { .. }
+        // Composites: a fused library call or their own expansion.
+        | Op::Attention { .. }
+        | Op::AttentionGrad { .. }
+        | Op::LayerNorm { .. }
+        | Op::LayerNormGrad { .. }
+        | Op::LmHeadCrossEntropy { .. }
+        | Op::LmHeadCrossEntropyGrad { .. } => FusionKind::Opaque,
     }
 }
 

@@ -37,7 +37,7 @@ pub fn num_replicas() -> Result<usize> {
 /// [`num_replicas`] in a single process.
 pub fn global_replicas() -> Result<usize> {
     context::with(|c| {
-        let plan = c.plan()?;
+        let plan = c.exec.plan()?;
         Ok(plan.replicas * plan.identity.num_nodes as usize)
     })
 }

@@ -265,7 +265,7 @@ impl Tensor {
     /// Reads replica `only` (or all): an explicit sync, counted.
     fn read(&self, only: Option<usize>) -> Result<Vec<Vec<u8>>> {
         // Eager: a pending value is already computed; reading it does not cut the step.
-        if let Some(bytes) = context::with(|c| match c.backend {
+        if let Some(bytes) = context::with(|c| match c.exec.backend {
             context::Backend::Eager => crate::eager::read_pending(&c.trace, &self.inner),
             context::Backend::Pjrt | context::Backend::Reference => Ok(None),
         })? {

@@ -105,7 +105,7 @@ pub fn plan_and_compile(
         Strategy::Exhaustive => &Exhaustive,
     };
     let plan = rematerialize(optimized, strategy, &opts).context("planning rematerialization")?;
-    let module = lower(&plan.graph, &LowerOptions { num_replicas: replicas }).context("lowering the planned graph")?;
+    let module = lower(&plan.graph, &LowerOptions { num_replicas: replicas, target: kiln::compiler::LowerTarget::from_platform(client.platform_name()) }).context("lowering the planned graph")?;
     let xla_after = client
         .compile(&module, &CompileOptions { num_replicas: replicas, ..CompileOptions::default() })
         .context("compiling the planned graph")?

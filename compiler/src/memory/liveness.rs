@@ -270,7 +270,13 @@ fn writes_in_place(op: &Op) -> bool {
         | Op::Gather { .. }
         | Op::RngBitGenerator { .. }
         | Op::OptimizationBarrier { .. }
-        | Op::AllReduce { .. } => false,
+        | Op::AllReduce { .. }
+        | Op::Attention { .. }
+        | Op::AttentionGrad { .. }
+        | Op::LayerNorm { .. }
+        | Op::LayerNormGrad { .. }
+        | Op::LmHeadCrossEntropy { .. }
+        | Op::LmHeadCrossEntropyGrad { .. } => false,
     }
 }
 

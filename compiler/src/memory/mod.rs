@@ -107,7 +107,13 @@ pub(crate) fn loop_fusible(op: &Op) -> bool {
         | Op::ScatterAdd { .. }
         | Op::RngBitGenerator { .. }
         | Op::OptimizationBarrier { .. }
-        | Op::AllReduce { .. } => false,
+        | Op::AllReduce { .. }
+        | Op::Attention { .. }
+        | Op::AttentionGrad { .. }
+        | Op::LayerNorm { .. }
+        | Op::LayerNormGrad { .. }
+        | Op::LmHeadCrossEntropy { .. }
+        | Op::LmHeadCrossEntropyGrad { .. } => false,
     }
 }
 

@@ -363,9 +363,18 @@ impl Candidate {
 fn clonable(op: &Op, outputs: usize) -> bool {
     outputs == 1
         && match op {
-            Op::Parameter { .. } | Op::RngBitGenerator { .. } | Op::OptimizationBarrier { .. } | Op::AllReduce { .. } => {
-                false
-            }
+            // Composites are never recomputed: they are the dear kernels
+            // (attention, the LM head) remat exists to keep.
+            Op::Parameter { .. }
+            | Op::RngBitGenerator { .. }
+            | Op::OptimizationBarrier { .. }
+            | Op::AllReduce { .. }
+            | Op::Attention { .. }
+            | Op::AttentionGrad { .. }
+            | Op::LayerNorm { .. }
+            | Op::LayerNormGrad { .. }
+            | Op::LmHeadCrossEntropy { .. }
+            | Op::LmHeadCrossEntropyGrad { .. } => false,
             Op::Constant { .. }
             | Op::Iota { .. }
             | Op::Unary { .. }

@@ -132,6 +132,12 @@ pub fn needs_token(op: &Op) -> bool {
         | Op::Reduce { .. }
         | Op::DotGeneral { .. }
         | Op::Gather { .. }
-        | Op::ScatterAdd { .. } => false,
+        | Op::ScatterAdd { .. }
+        | Op::Attention { .. }
+        | Op::AttentionGrad { .. }
+        | Op::LayerNorm { .. }
+        | Op::LayerNormGrad { .. }
+        | Op::LmHeadCrossEntropy { .. }
+        | Op::LmHeadCrossEntropyGrad { .. } => false,
     }
 }

@@ -107,7 +107,14 @@ fn engine(op: &Op, outs: &[TensorType], dtype_of: &dyn Fn(ValueId) -> DType) -> 
         | Op::Pad { .. }
         | Op::Gather { .. }
         | Op::ScatterAdd { .. }
-        | Op::RngBitGenerator { .. } => false,
+        | Op::RngBitGenerator { .. }
+        // Composites: the interpreter runs their definitions.
+        | Op::Attention { .. }
+        | Op::AttentionGrad { .. }
+        | Op::LayerNorm { .. }
+        | Op::LayerNormGrad { .. }
+        | Op::LmHeadCrossEntropy { .. }
+        | Op::LmHeadCrossEntropyGrad { .. } => false,
     };
     if ok {
         Engine::Candle
@@ -259,7 +266,13 @@ fn eval_candle<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'a Ct
         | Op::Pad { .. }
         | Op::Gather { .. }
         | Op::ScatterAdd { .. }
-        | Op::RngBitGenerator { .. } => unreachable!("run by the interpreter"),
+        | Op::RngBitGenerator { .. }
+        | Op::Attention { .. }
+        | Op::AttentionGrad { .. }
+        | Op::LayerNorm { .. }
+        | Op::LayerNormGrad { .. }
+        | Op::LmHeadCrossEntropy { .. }
+        | Op::LmHeadCrossEntropyGrad { .. } => unreachable!("run by the interpreter"),
     }
 }
 
