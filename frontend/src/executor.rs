@@ -199,10 +199,8 @@ pub(crate) fn after_step(step: u64, hook: Hook) -> Result<()> {
             run.hooks.borrow_mut().push(hook);
             Ok(())
         }
-        None => hook().map_err(|e| match e {
-            e @ FrontendError::StepFailed { .. } => e,
-            e => FrontendError::StepFailed { step, reason: e.to_string() },
-        }),
+        // A check's own error is already typed (it names the op and value).
+        None => hook(),
     }
 }
 
@@ -247,7 +245,9 @@ fn finish(run: &StepRun) -> Result<()> {
     let hooks = std::mem::take(&mut *run.hooks.borrow_mut());
     for hook in hooks {
         hook().map_err(|e| match e {
-            e @ FrontendError::StepFailed { .. } => e,
+            e @ (FrontendError::StepFailed { .. }
+            | FrontendError::IndexOutOfRange { .. }
+            | FrontendError::NonFinite { .. }) => e,
             e => run.failed(e),
         })?;
     }
@@ -429,6 +429,9 @@ pub(crate) fn download(value: &DeviceValue, pick: std::ops::Range<usize>) -> Res
         m.device_wait_time += t.elapsed();
     });
     metrics::span("download", t);
+    // The step that made these buffers may be complete now: learn its outcome
+    // (its device-side checks) with the read that waited for it.
+    poll()?;
     Ok(out)
 }
 

@@ -355,6 +355,7 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
     report.steps = t.step;
     report.skipped_steps = t.skipped;
     report.loss_scale = t.ordered.as_ref().and_then(|o| o.scaler.as_ref()).map(|s| s.scale.item()).transpose()?;
+    crate::executor::sync()?;
     report.count_since(&before);
     Ok(report)
 }

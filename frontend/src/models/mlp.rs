@@ -415,6 +415,9 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     if cfg.eval {
         report.test_accuracy = Some(t.evaluate(&data.test, cfg.eval_batch)?);
     }
+    // Every step has finished and reported (its checks included) before the
+    // run is called done.
+    crate::executor::sync()?;
     report.steps = t.step;
     report.skipped_steps = t.skipped;
     report.loss_scale = t.ordered.as_ref().and_then(|o| o.scaler.as_ref()).map(|s| s.scale.item()).transpose()?;
