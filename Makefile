@@ -20,6 +20,8 @@ deps:
 run: deps
 	$(CARGO) run --release --bin kiln -- train mlp --epochs 8
 
-# The whole test suite (release: some tests train).
+# The whole test suite (release: some tests train), after checking the layout.
 test: deps
+	@if $(CARGO) fmt --version >/dev/null 2>&1; then $(CARGO) fmt --all --check; \
+		else echo "rustfmt is not installed: the layout check is skipped"; fi
 	$(CARGO) test --workspace --release

@@ -132,7 +132,6 @@ enum Model {
     },
 }
 
-
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("KILN_LOG").unwrap_or_else(|_| "warn".into()))
@@ -189,7 +188,24 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Profile(args) => cmd::profile::run(args),
         Command::Cache { command } => cmd::cache::run(command),
         Command::Train {
-            model: Model::Mlp { epochs, batch, hidden, lr, seed, max_steps, data, checkpoint, checkpoint_every, resume, overwrite, compare_eager, amp, memory_limit, json },
+            model:
+                Model::Mlp {
+                    epochs,
+                    batch,
+                    hidden,
+                    lr,
+                    seed,
+                    max_steps,
+                    data,
+                    checkpoint,
+                    checkpoint_every,
+                    resume,
+                    overwrite,
+                    compare_eager,
+                    amp,
+                    memory_limit,
+                    json,
+                },
         } => {
             set_memory_limit(memory_limit.as_deref())?;
             let cfg = MlpConfig {
@@ -208,7 +224,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             train_mlp(&cfg, &data, compare_eager, json)
         }
-        Command::Train { model: Model::Gpt { text, config, steps, vocab, seed, amp, max_grad_norm, memory_limit, json } } => {
+        Command::Train {
+            model: Model::Gpt { text, config, steps, vocab, seed, amp, max_grad_norm, memory_limit, json },
+        } => {
             set_memory_limit(memory_limit.as_deref())?;
             let base = config.config();
             let cfg = gpt::GptConfig {
@@ -227,7 +245,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 fn progress(json: bool) -> ProgressBar {
     let bar = ProgressBar::new(0);
     bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     if json {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
@@ -348,7 +367,9 @@ fn devices(json: bool) -> anyhow::Result<()> {
         let (driver, driver_version) = match &probe {
             GpuProbe::NoDriver { .. } => ("missing", None),
             GpuProbe::DriverFailed { .. } => ("failed", None),
-            GpuProbe::Found { driver_version, .. } => ("found", driver_version.map(|(major, minor)| format!("{major}.{minor}"))),
+            GpuProbe::Found { driver_version, .. } => {
+                ("found", driver_version.map(|(major, minor)| format!("{major}.{minor}")))
+            }
         };
         let gpus: Vec<_> = probe
             .gpus()
@@ -386,7 +407,9 @@ fn devices(json: bool) -> anyhow::Result<()> {
                         None => println!("GPUs:"),
                     }
                     for g in gpus {
-                        let free = g.free_bytes.map_or_else(|| "free memory unknown".to_string(), |b| format!("{} free", gib(b)));
+                        let free = g
+                            .free_bytes
+                            .map_or_else(|| "free memory unknown".to_string(), |b| format!("{} free", gib(b)));
                         println!("  gpu {}: {}, {free} of {}", g.ordinal, g.name, gib(g.total_bytes));
                     }
                 }

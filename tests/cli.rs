@@ -72,7 +72,9 @@ fn kiln_cpu_devices_sets_the_devices_and_the_replicas() {
 
 #[test]
 fn bad_kiln_cpu_devices_fail_naming_the_variable_and_value() {
-    for (value, problem) in [("zero", "is not a whole number"), ("0", "must be at least 1"), ("-3", "must be at least 1")] {
+    for (value, problem) in
+        [("zero", "is not a whole number"), ("0", "must be at least 1"), ("-3", "must be at least 1")]
+    {
         let out = devices_cmd(&[("KILN_CPU_DEVICES", value)]).output().unwrap();
         assert_eq!(out.status.code(), Some(1), "KILN_CPU_DEVICES={value}");
         let err = String::from_utf8_lossy(&out.stderr);
@@ -236,15 +238,16 @@ fn train_gpt_with_amp_reports_the_dtype_and_the_loss_scale() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--amp"));
     let out = kiln().args(["train", "gpt", "--text", text, "--max-grad-norm", "0"]).output().unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("max_grad_norm = 0 must be positive"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("max_grad_norm = 0 must be positive"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
 fn compare_eager_trains_the_mlp_on_candle_beside_the_compiled_backend() {
-    let out = kiln()
-        .args(["train", "mlp", "--hidden", "64", "--compare-eager", "40", "--json"])
-        .output()
-        .unwrap();
+    let out = kiln().args(["train", "mlp", "--hidden", "64", "--compare-eager", "40", "--json"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
     let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();

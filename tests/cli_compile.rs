@@ -276,7 +276,12 @@ fn plain_attention() -> Graph {
     let f32 = |dims: &[usize]| TensorType::new(DType::F32, dims);
     let mut g = Graph::new();
     let [q, k, v] = [0; 3].map(|_| g.parameter(f32(&[1, 2, 4, 8])));
-    let bh = |lc, rc| DotDims { lhs_batch: vec![0, 1], rhs_batch: vec![0, 1], lhs_contract: vec![lc], rhs_contract: vec![rc] };
+    let bh = |lc, rc| DotDims {
+        lhs_batch: vec![0, 1],
+        rhs_batch: vec![0, 1],
+        lhs_contract: vec![lc],
+        rhs_contract: vec![rc],
+    };
     let full = [1, 2, 4, 4];
     let s = g.value(Op::DotGeneral { lhs: q, rhs: k, dims: bh(3, 3) }).unwrap();
     let half = g.value(Op::Constant { literal: Literal::scalar(DType::F32, 0.5) }).unwrap();

@@ -29,7 +29,9 @@ fn write_split(dir: &Path, prefix: &str, labels: &[u8]) {
     lab.extend_from_slice(&0x0801u32.to_be_bytes());
     lab.extend_from_slice(&n.to_be_bytes());
     lab.extend_from_slice(labels);
-    for (name, bytes) in [(format!("{prefix}-images-idx3-ubyte.gz"), images), (format!("{prefix}-labels-idx1-ubyte.gz"), lab)] {
+    for (name, bytes) in
+        [(format!("{prefix}-images-idx3-ubyte.gz"), images), (format!("{prefix}-labels-idx1-ubyte.gz"), lab)]
+    {
         let mut gz = GzEncoder::new(std::fs::File::create(dir.join(name)).unwrap(), Compression::fast());
         gz.write_all(&bytes).unwrap();
         gz.finish().unwrap();

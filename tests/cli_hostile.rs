@@ -65,7 +65,8 @@ fn a_hidden_width_beyond_memory_is_refused_before_allocating() {
 #[test]
 fn a_thousand_cpu_devices_is_a_typed_error() {
     let t = Instant::now();
-    let err = refused(&kiln().env("KILN_CPU_DEVICES", "1000").args(["train", "mlp", "--epochs", "1"]).output().unwrap());
+    let err =
+        refused(&kiln().env("KILN_CPU_DEVICES", "1000").args(["train", "mlp", "--epochs", "1"]).output().unwrap());
     assert!(err.contains("KILN_CPU_DEVICES=\"1000\" asks for more devices than the 64 available"), "{err}");
     assert!(t.elapsed() < Duration::from_secs(30), "refused before making 1000 devices: {:?}", t.elapsed());
 }
@@ -128,7 +129,10 @@ fn train_on(dir: &Path, extra: &[&str]) -> Output {
 fn small_and_empty_training_sets_are_typed_errors() {
     let d = dataset(100, 10);
     let err = refused(&train_on(d.path(), &[]));
-    assert!(err.contains("the training set has 100 examples, fewer than one step takes (128 per replica x 1 replica(s))"), "{err}");
+    assert!(
+        err.contains("the training set has 100 examples, fewer than one step takes (128 per replica x 1 replica(s))"),
+        "{err}"
+    );
     let d = dataset(1000, 10);
     let err = refused(&train_on(d.path(), &["--batch", "2000"]));
     assert!(err.contains("has 1000 examples"), "{err}");
@@ -225,7 +229,11 @@ fn profiling_a_graph_with_a_huge_parameter_is_refused_before_allocating() {
 #[test]
 fn the_atomic_writer_never_replaces_devices_or_directories() {
     let dir = tempfile::tempdir().unwrap();
-    let g = graph_file(dir.path(), "g.kiln", "graph(%x: tensor<4xf32>) {\n  %t = tanh %x : tensor<4xf32>\n  return %t\n}\n");
+    let g = graph_file(
+        dir.path(),
+        "g.kiln",
+        "graph(%x: tensor<4xf32>) {\n  %t = tanh %x : tensor<4xf32>\n  return %t\n}\n",
+    );
     let g = g.to_str().unwrap();
     // Device nodes and FIFOs stay what they are. The test makes its own in a
     // temp dir: the writer this replaces turned `/dev/null` itself into a
@@ -236,18 +244,25 @@ fn the_atomic_writer_never_replaces_devices_or_directories() {
     let mut specials = vec![fifo];
     let null = dir.path().join("null");
     // Root only (CI runs as root): a character device like /dev/null.
-    if std::process::Command::new("mknod").args([null.to_str().unwrap(), "c", "1", "3"]).status().is_ok_and(|s| s.success()) {
+    if std::process::Command::new("mknod")
+        .args([null.to_str().unwrap(), "c", "1", "3"])
+        .status()
+        .is_ok_and(|s| s.success())
+    {
         specials.push(null);
     }
     for special in &specials {
-        let err = refused(&kiln().args(["compile", g, "--emit", "stablehlo", "--out", special.to_str().unwrap()]).output().unwrap());
+        let err = refused(
+            &kiln().args(["compile", g, "--emit", "stablehlo", "--out", special.to_str().unwrap()]).output().unwrap(),
+        );
         assert!(err.contains(special.to_str().unwrap()) && err.contains("not a regular file"), "{err}");
         let kind = std::fs::symlink_metadata(special).unwrap().file_type();
         assert!(kind.is_fifo() || kind.is_char_device(), "{} was replaced", special.display());
     }
     let sub = dir.path().join("sub");
     std::fs::create_dir(&sub).unwrap();
-    let err = refused(&kiln().args(["compile", g, "--emit", "stablehlo", "--out", sub.to_str().unwrap()]).output().unwrap());
+    let err =
+        refused(&kiln().args(["compile", g, "--emit", "stablehlo", "--out", sub.to_str().unwrap()]).output().unwrap());
     assert!(err.contains("is a directory"), "{err}");
     // A symlink is written through: the target gets the text, the link stays.
     let target = dir.path().join("target.mlir");
@@ -273,14 +288,21 @@ fn checkpoint_paths_are_checked_before_training() {
     // An unrelated file is refused, untouched, unless --overwrite.
     let notes = dir.path().join("notes.txt");
     std::fs::write(&notes, "my notes").unwrap();
-    let err = refused(&kiln().args(["train", "mlp", "--max-steps", "3", "--checkpoint", notes.to_str().unwrap()]).output().unwrap());
+    let err = refused(
+        &kiln().args(["train", "mlp", "--max-steps", "3", "--checkpoint", notes.to_str().unwrap()]).output().unwrap(),
+    );
     assert!(err.contains("not a readable kiln checkpoint") && err.contains("--overwrite"), "{err}");
     assert_eq!(std::fs::read_to_string(&notes).unwrap(), "my notes");
     // Another model's checkpoint too.
     let other = dir.path().join("other.ck");
-    let out = kiln().args(["train", "mlp", "--max-steps", "3", "--hidden", "32", "--checkpoint", other.to_str().unwrap()]).output().unwrap();
+    let out = kiln()
+        .args(["train", "mlp", "--max-steps", "3", "--hidden", "32", "--checkpoint", other.to_str().unwrap()])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let err = refused(&kiln().args(["train", "mlp", "--max-steps", "3", "--checkpoint", other.to_str().unwrap()]).output().unwrap());
+    let err = refused(
+        &kiln().args(["train", "mlp", "--max-steps", "3", "--checkpoint", other.to_str().unwrap()]).output().unwrap(),
+    );
     assert!(err.contains("another model"), "{err}");
     let out = kiln()
         .args(["train", "mlp", "--max-steps", "3", "--checkpoint", notes.to_str().unwrap(), "--overwrite", "--json"])
@@ -290,7 +312,12 @@ fn checkpoint_paths_are_checked_before_training() {
     // --max-steps ending mid-epoch still writes its last step.
     assert_eq!(kiln::checkpoint::load(&notes).unwrap().step, 3);
     // --resume needs something to resume from.
-    let err = refused(&kiln().args(["train", "mlp", "--resume", "--checkpoint", dir.path().join("none.ck").to_str().unwrap()]).output().unwrap());
+    let err = refused(
+        &kiln()
+            .args(["train", "mlp", "--resume", "--checkpoint", dir.path().join("none.ck").to_str().unwrap()])
+            .output()
+            .unwrap(),
+    );
     assert!(err.contains("no checkpoint to resume from"), "{err}");
 }
 

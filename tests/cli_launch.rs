@@ -87,8 +87,17 @@ fn a_failing_child_ends_the_others_and_the_launch() {
 #[test]
 fn a_child_killed_by_a_signal_is_reported_by_name() {
     let out = kiln()
-        .args(["launch", "--nodes", "2", "--grace-ms", "200", "--", "sh", "-c",
-               r#"if [ "$KILN_NODE_ID" = 1 ]; then kill -9 $$; else exec sleep 60; fi"#])
+        .args([
+            "launch",
+            "--nodes",
+            "2",
+            "--grace-ms",
+            "200",
+            "--",
+            "sh",
+            "-c",
+            r#"if [ "$KILN_NODE_ID" = 1 ]; then kill -9 $$; else exec sleep 60; fi"#,
+        ])
         .timeout(Duration::from_secs(30))
         .output()
         .unwrap();

@@ -48,7 +48,8 @@ fn cpu_ticks() -> u64 {
     let rest = stat.rsplit(')').next().unwrap_or_default();
     let f: Vec<&str> = rest.split_whitespace().collect();
     // After the command name: state is field 3, utime 14, stime 15.
-    f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0) + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
+    f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
 }
 
 fn files(dir: &Path) -> BTreeSet<std::path::PathBuf> {

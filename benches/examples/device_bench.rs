@@ -79,7 +79,9 @@ struct Mlp {
 fn mlp() -> Res<Mlp> {
     let mut ps = ParamStore::new(0);
     let sizes = [784, 4096, 4096, 10];
-    let layers = (0..3).map(|i| Linear::new(&mut ps, &format!("fc{i}"), sizes[i], sizes[i + 1], true)).collect::<Result<Vec<_>, _>>()?;
+    let layers = (0..3)
+        .map(|i| Linear::new(&mut ps, &format!("fc{i}"), sizes[i], sizes[i + 1], true))
+        .collect::<Result<Vec<_>, _>>()?;
     let params = ps.tensors();
     let opt = AdamW::new(&params, AdamWConfig::default())?;
     Ok(Mlp { layers, params, opt })
@@ -107,13 +109,43 @@ fn run_mlp(out: &mut Out, batch: usize) -> Res<()> {
     kiln::mark_step()?;
     let inputs = [x, y, lr];
     let mut m = mlp()?;
-    let ms = bench(|| { mlp_step(&mut m, &inputs)?; kiln::mark_step()?; Ok(()) }, 10, 50, 5)?;
-    let extra = phases(|| { mlp_step(&mut m, &inputs)?; kiln::mark_step()?; Ok(()) }, 20)?;
+    let ms = bench(
+        || {
+            mlp_step(&mut m, &inputs)?;
+            kiln::mark_step()?;
+            Ok(())
+        },
+        10,
+        50,
+        5,
+    )?;
+    let extra = phases(
+        || {
+            mlp_step(&mut m, &inputs)?;
+            kiln::mark_step()?;
+            Ok(())
+        },
+        20,
+    )?;
     out.rec(&work, "kiln-traced", ms, extra);
     let mut m = mlp()?;
     let mut step = kiln::compile_step(|i: &[Tensor]| mlp_step(&mut m, i));
-    let ms = bench(|| { step.call(&inputs)?; Ok(()) }, 10, 50, 5)?;
-    let extra = phases(|| { step.call(&inputs)?; Ok(()) }, 20)?;
+    let ms = bench(
+        || {
+            step.call(&inputs)?;
+            Ok(())
+        },
+        10,
+        50,
+        5,
+    )?;
+    let extra = phases(
+        || {
+            step.call(&inputs)?;
+            Ok(())
+        },
+        20,
+    )?;
     out.rec(&work, "kiln-captured", ms, extra);
     Ok(())
 }
@@ -129,12 +161,36 @@ fn chain(x: &Tensor) -> kiln::Result<Tensor> {
 fn run_chain(out: &mut Out) -> Res<()> {
     let x = Tensor::randn(DType::F32, [1024])?;
     kiln::mark_step()?;
-    let ms = bench(|| { let y = chain(&x)?; kiln::mark_step()?; drop(y); Ok(()) }, 3, 20, 5)?;
+    let ms = bench(
+        || {
+            let y = chain(&x)?;
+            kiln::mark_step()?;
+            drop(y);
+            Ok(())
+        },
+        3,
+        20,
+        5,
+    )?;
     out.rec("chain1k", "kiln-traced", ms, json!({}));
     let inputs = [x];
     let mut step = kiln::compile_step(|i: &[Tensor]| Ok(vec![chain(&i[0])?]));
-    let ms = bench(|| { step.call(&inputs)?; Ok(()) }, 3, 20, 5)?;
-    let extra = phases(|| { step.call(&inputs)?; Ok(()) }, 20)?;
+    let ms = bench(
+        || {
+            step.call(&inputs)?;
+            Ok(())
+        },
+        3,
+        20,
+        5,
+    )?;
+    let extra = phases(
+        || {
+            step.call(&inputs)?;
+            Ok(())
+        },
+        20,
+    )?;
     out.rec("chain1k", "kiln-captured", ms, extra);
     Ok(())
 }
@@ -161,8 +217,22 @@ fn run_gpt(out: &mut Out) -> Res<()> {
     step.call(&inputs)?;
     kiln::sync()?;
     let first = t.elapsed().as_secs_f64() * 1e3;
-    let ms = bench(|| { step.call(&inputs)?; Ok(()) }, 3, 10, 3)?;
-    let extra = phases(|| { step.call(&inputs)?; Ok(()) }, 5)?;
+    let ms = bench(
+        || {
+            step.call(&inputs)?;
+            Ok(())
+        },
+        3,
+        10,
+        3,
+    )?;
+    let extra = phases(
+        || {
+            step.call(&inputs)?;
+            Ok(())
+        },
+        5,
+    )?;
     let mut extra = extra;
     extra["first_step_ms"] = json!(first);
     out.rec("gpt2-small", "kiln-captured", ms, extra);
@@ -172,7 +242,11 @@ fn run_gpt(out: &mut Out) -> Res<()> {
 fn run_compile(out: &mut Out) -> Res<()> {
     let dir = std::env::temp_dir().join(format!("kiln-device-bench-cache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    kiln::set_disk_cache(Some(kiln::runtime::DiskCacheConfig { dir: dir.clone(), max_bytes: 4 << 30, read_only: false }))?;
+    kiln::set_disk_cache(Some(kiln::runtime::DiskCacheConfig {
+        dir: dir.clone(),
+        max_bytes: 4 << 30,
+        read_only: false,
+    }))?;
     let x = Tensor::randn(DType::F32, [64, 784])?;
     let y = Tensor::from_vec((0..64).map(|i| (i % 10) as i32).collect::<Vec<_>>(), [64])?;
     let lr = Tensor::scalar(1e-3f32);
@@ -191,12 +265,17 @@ fn run_compile(out: &mut Out) -> Res<()> {
         let device = ms(after.execute_time, before.execute_time) + ms(after.device_wait_time, before.device_wait_time);
         // The figure is the step without its execution: what getting the
         // program cost (compile, disk load, or the in-memory lookup and trace).
-        out.rec("compile", label, wall - device, json!({
-            "compiled": r.compiled,
-            "step_ms": wall,
-            "compile_ms": ms(after.compile_time, before.compile_time),
-            "disk_load_ms": ms(after.disk_load_time, before.disk_load_time),
-        }));
+        out.rec(
+            "compile",
+            label,
+            wall - device,
+            json!({
+                "compiled": r.compiled,
+                "step_ms": wall,
+                "compile_ms": ms(after.compile_time, before.compile_time),
+                "disk_load_ms": ms(after.disk_load_time, before.disk_load_time),
+            }),
+        );
         Ok(())
     };
     kiln::clear_compile_cache();
@@ -215,7 +294,12 @@ fn main() -> Res<()> {
     let want = |w: &str| args.is_empty() || args.iter().any(|a| a == w);
     let mut out = Out(Vec::new());
     let client = kiln::runtime::replica_plan_from_env()?.create_client()?;
-    println!("kiln on {} (PJRT C API {:?}); event functions: {:?}", client.platform_name(), client.api_version(), client.event_functions());
+    println!(
+        "kiln on {} (PJRT C API {:?}); event functions: {:?}",
+        client.platform_name(),
+        client.api_version(),
+        client.event_functions()
+    );
     kiln::set_client(client);
     // `profile-mlp4096 N`: N captured mlp-b4096 steps and nothing else, for a
     // kernel profiler (not part of the default set).

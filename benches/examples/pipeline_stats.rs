@@ -31,7 +31,11 @@ fn main() {
         println!("{path}");
         println!("  nodes {} -> {} (live {} -> {})", g.len(), out.graph.len(), before.nodes, after.nodes);
         println!("  flops {} -> {}", before.flops, after.flops);
-        println!("  bytes (unfused) {} -> {}", before.bytes_read + before.bytes_written, after.bytes_read + after.bytes_written);
+        println!(
+            "  bytes (unfused) {} -> {}",
+            before.bytes_read + before.bytes_written,
+            after.bytes_read + after.bytes_written
+        );
         println!(
             "  fusion: {} -> {} groups, bytes to memory {} -> {}",
             unfused.num_groups(),
@@ -39,7 +43,11 @@ fn main() {
             unfused.bytes_to_memory(),
             fused.bytes_to_memory()
         );
-        println!("  pipeline {:.1} ms ({:.1} ms with the verifier after each pass)", took.as_secs_f64() * 1e3, with_verify.as_secs_f64() * 1e3);
+        println!(
+            "  pipeline {:.1} ms ({:.1} ms with the verifier after each pass)",
+            took.as_secs_f64() * 1e3,
+            with_verify.as_secs_f64() * 1e3
+        );
         for p in &out.stats.passes {
             println!(
                 "    {:<8} {:>6} -> {:>6} nodes {:>8.1} ms changed {} stop {:?} groups {:?}",

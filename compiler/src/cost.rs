@@ -153,7 +153,8 @@ pub fn op_cost(op: &Op, operands: &[TensorType], outputs: &[TensorType]) -> Node
     let ty = |v: crate::ir::ValueId| -> &TensorType {
         &operands[inputs.iter().position(|&x| x == v).unwrap_or(0).min(operands.len().saturating_sub(1))]
     };
-    let sum_bytes = |values: &[crate::ir::ValueId]| values.iter().fold(0u64, |acc, &v| acc.saturating_add(bytes(ty(v))));
+    let sum_bytes =
+        |values: &[crate::ir::ValueId]| values.iter().fold(0u64, |acc, &v| acc.saturating_add(bytes(ty(v))));
     let written = outputs.iter().fold(0u64, |acc, t| acc.saturating_add(bytes(t)));
     let read_all = || operands.iter().fold(0u64, |acc, t| acc.saturating_add(bytes(t)));
     let first_out = outputs.first();
@@ -194,12 +195,9 @@ pub fn op_cost(op: &Op, operands: &[TensorType], outputs: &[TensorType]) -> Node
             let read = bytes(u).saturating_mul(2).saturating_add(bytes(ty(*indices)));
             NodeCost { flops: elements(u), bytes_read: read, bytes_written: bytes(u), ..NodeCost::free() }
         }
-        Op::Reduce { op: _, input, axes: _ } => NodeCost {
-            flops: elements(ty(*input)),
-            bytes_read: read_all(),
-            bytes_written: written,
-            ..NodeCost::free()
-        },
+        Op::Reduce { op: _, input, axes: _ } => {
+            NodeCost { flops: elements(ty(*input)), bytes_read: read_all(), bytes_written: written, ..NodeCost::free() }
+        }
         Op::DotGeneral { lhs, rhs, dims } => {
             let (l, r) = (ty(*lhs), ty(*rhs));
             NodeCost {
@@ -241,7 +239,11 @@ pub fn op_cost(op: &Op, operands: &[TensorType], outputs: &[TensorType]) -> Node
                 transcendentals: pairs,
                 bytes_read: read_all(),
                 bytes_written: written,
-                peak: if matches!(qt.dtype, DType::BF16 | DType::F16) { PeakClass::Bf16Matmul } else { PeakClass::Tf32Matmul },
+                peak: if matches!(qt.dtype, DType::BF16 | DType::F16) {
+                    PeakClass::Bf16Matmul
+                } else {
+                    PeakClass::Tf32Matmul
+                },
                 ..NodeCost::free()
             }
         }
@@ -259,14 +261,24 @@ pub fn op_cost(op: &Op, operands: &[TensorType], outputs: &[TensorType]) -> Node
                 transcendentals: logits,
                 bytes_read: read_all(),
                 bytes_written: written,
-                peak: if matches!(ht.dtype, DType::BF16 | DType::F16) { PeakClass::Bf16Matmul } else { PeakClass::Tf32Matmul },
+                peak: if matches!(ht.dtype, DType::BF16 | DType::F16) {
+                    PeakClass::Bf16Matmul
+                } else {
+                    PeakClass::Tf32Matmul
+                },
                 ..NodeCost::free()
             }
         }
         Op::LayerNorm { x, .. } | Op::LayerNormGrad { x, .. } => {
             let t = ty(*x);
             let rows = t.shape.dims()[..t.shape.rank().saturating_sub(1)].iter().product::<usize>() as u64;
-            NodeCost { flops: 8 * elements(t), transcendentals: rows, bytes_read: read_all(), bytes_written: written, ..NodeCost::free() }
+            NodeCost {
+                flops: 8 * elements(t),
+                transcendentals: rows,
+                bytes_read: read_all(),
+                bytes_written: written,
+                ..NodeCost::free()
+            }
         }
     }
 }

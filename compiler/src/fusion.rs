@@ -338,9 +338,8 @@ mod tests {
         let a = g.parameter(TensorType::new(DType::F32, [4, 3]));
         let e = g.value(Op::Unary { op: UnaryOp::Exp, input: a }).unwrap();
         let r = g.value(Op::Reduce { op: ReduceOp::Max, input: e, axes: vec![1] }).unwrap();
-        let b = g
-            .value(Op::BroadcastInDim { input: r, shape: crate::ir::Shape::new(vec![4, 3]), dims: vec![0] })
-            .unwrap();
+        let b =
+            g.value(Op::BroadcastInDim { input: r, shape: crate::ir::Shape::new(vec![4, 3]), dims: vec![0] }).unwrap();
         let s = g.value(Op::Binary { op: BinaryOp::Sub, lhs: e, rhs: b }).unwrap();
         let s2 = g.value(Op::Binary { op: BinaryOp::Mul, lhs: b, rhs: b }).unwrap();
         g.set_outputs(vec![s, s2]).unwrap();

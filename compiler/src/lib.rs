@@ -24,4 +24,3 @@ pub use fingerprint::{fingerprint, Fingerprint, BUILD_FINGERPRINT};
 pub use interp::{interpret, interpret_op, interpret_replicated};
 pub use lower::{lower, LowerOptions, LowerTarget};
 pub use verify::verify;
-

@@ -246,7 +246,8 @@ pub struct OptimizeOptions {
 
 /// [`optimize`] with options: the default passes, then `remat` under a limit.
 pub fn optimize_with(g: &Graph, o: &OptimizeOptions) -> Result<(Graph, PipelineStats), CompileError> {
-    let opts = PipelineOptions { prune_params: false, ..PipelineOptions::default() }.with_memory_limit(o.memory_limit_bytes);
+    let opts =
+        PipelineOptions { prune_params: false, ..PipelineOptions::default() }.with_memory_limit(o.memory_limit_bytes);
     let out = run(g, &opts, &mut |_, _| {})?;
     Ok((out.graph, out.stats))
 }

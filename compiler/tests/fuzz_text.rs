@@ -41,21 +41,61 @@ const NUMBERS: &[&str] = &[
     "nan",
 ];
 const WORDS: &[&str] = &[
-    "f32", "i32", "ui32", "i8", "ui8", "i64", "pred", "bf16", "f16", "add", "div", "rem", "pad", "slice", "reshape", "concatenate",
-    "broadcast_in_dim", "dot_general", "reduce", "iota", "constant", "tensor<>", "tensor<0xf32>", "%x", "%0", "[", "]", ",", "x", "{",
-    "}", "return", ":", "=",
+    "f32",
+    "i32",
+    "ui32",
+    "i8",
+    "ui8",
+    "i64",
+    "pred",
+    "bf16",
+    "f16",
+    "add",
+    "div",
+    "rem",
+    "pad",
+    "slice",
+    "reshape",
+    "concatenate",
+    "broadcast_in_dim",
+    "dot_general",
+    "reduce",
+    "iota",
+    "constant",
+    "tensor<>",
+    "tensor<0xf32>",
+    "%x",
+    "%0",
+    "[",
+    "]",
+    ",",
+    "x",
+    "{",
+    "}",
+    "return",
+    ":",
+    "=",
 ];
 
 #[derive(Clone, Debug)]
 enum Edit {
     /// Replace the `k`-th run of digits with a hostile number.
-    Number { k: usize, with: usize },
+    Number {
+        k: usize,
+        with: usize,
+    },
     /// Replace the `k`-th word with another keyword or token.
-    Word { k: usize, with: usize },
+    Word {
+        k: usize,
+        with: usize,
+    },
     DropLine(usize),
     DupLine(usize),
     SwapLines(usize, usize),
-    Byte { at: usize, byte: u8 },
+    Byte {
+        at: usize,
+        byte: u8,
+    },
     Truncate(usize),
 }
 

@@ -78,7 +78,10 @@ fn pad_with_extreme_sizes_is_a_typed_error_not_a_wrapped_shape() {
     ] {
         match parse(&pad(low, high, interior)) {
             Err(CompileError::Parse { reason, .. }) => {
-                assert!(reason.contains("overflow") || reason.contains("negative") || reason.contains("not a valid"), "{low} {high} {interior}: {reason}");
+                assert!(
+                    reason.contains("overflow") || reason.contains("negative") || reason.contains("not a valid"),
+                    "{low} {high} {interior}: {reason}"
+                );
             }
             Err(other) => panic!("{low} {high} {interior}: unexpected error {other}"),
             Ok(_) => panic!("{low} {high} {interior}: accepted"),

@@ -28,7 +28,9 @@ fn integer_division_and_remainder_truncate() {
     let d = g.value(Op::Binary { op: kiln_compiler::ir::BinaryOp::Div, lhs: a, rhs: b }).unwrap();
     let r = g.value(Op::Binary { op: kiln_compiler::ir::BinaryOp::Rem, lhs: a, rhs: b }).unwrap();
     g.set_outputs(vec![d, r]).unwrap();
-    let out = interpret(&g, &[lit(DType::S32, &[4], &[7.0, -7.0, 7.0, 5.0]), lit(DType::S32, &[4], &[2.0, 2.0, -2.0, 0.0])]).unwrap();
+    let out =
+        interpret(&g, &[lit(DType::S32, &[4], &[7.0, -7.0, 7.0, 5.0]), lit(DType::S32, &[4], &[2.0, 2.0, -2.0, 0.0])])
+            .unwrap();
     assert_eq!(out[0].to_f64s(), vec![3.0, -3.0, -3.0, -1.0]);
     assert_eq!(out[1].to_f64s(), vec![1.0, -1.0, 1.0, 5.0]);
 }
@@ -37,7 +39,9 @@ fn integer_division_and_remainder_truncate() {
 fn u64_values_beyond_2_pow_53_pass_exactly() {
     let mut g = Graph::new();
     let s = g.parameter(TensorType::new(DType::U64, [2]));
-    let r = g.add(Op::RngBitGenerator { algorithm: RngAlgorithm::ThreeFry, state: s, ty: TensorType::new(DType::U32, [3]) }).unwrap();
+    let r = g
+        .add(Op::RngBitGenerator { algorithm: RngAlgorithm::ThreeFry, state: s, ty: TensorType::new(DType::U32, [3]) })
+        .unwrap();
     let barrier = g.add(Op::OptimizationBarrier { inputs: vec![s] }).unwrap();
     g.set_outputs(vec![ValueId::new(barrier, 0), ValueId::new(r, 0), ValueId::new(r, 1)]).unwrap();
     let big = (1u64 << 60) + 12345;

@@ -7,11 +7,11 @@
 //! test (the compiler crate itself has no device access).
 
 use kiln_compiler::ir::Alias;
-use kiln_compiler::ir::{
-    BinaryOp, CompareDir, DType, DotDims, Graph, Literal, Op, ReduceOp, RngAlgorithm, Shape,
-    TensorType, UnaryOp, ValueId,
-};
 use kiln_compiler::ir::AttentionAttrs;
+use kiln_compiler::ir::{
+    BinaryOp, CompareDir, DType, DotDims, Graph, Literal, Op, ReduceOp, RngAlgorithm, Shape, TensorType, UnaryOp,
+    ValueId,
+};
 use kiln_compiler::{lower, LowerOptions, LowerTarget};
 
 type Result<T> = std::result::Result<T, kiln_compiler::CompileError>;
@@ -32,18 +32,12 @@ fn lowered(name: &str, g: &Graph, num_replicas: usize) -> String {
 // ---------------------------------------------------------------- builders
 
 fn scalar(g: &mut Graph, dtype: DType, v: f64) -> Result<ValueId> {
-    g.value(Op::Constant {
-        literal: Literal::scalar(dtype, v),
-    })
+    g.value(Op::Constant { literal: Literal::scalar(dtype, v) })
 }
 
 /// `x` broadcast from a lower rank to `shape` along `dims`.
 fn bcast(g: &mut Graph, x: ValueId, shape: &[usize], dims: &[usize]) -> Result<ValueId> {
-    g.value(Op::BroadcastInDim {
-        input: x,
-        shape: Shape::new(shape),
-        dims: dims.to_vec(),
-    })
+    g.value(Op::BroadcastInDim { input: x, shape: Shape::new(shape), dims: dims.to_vec() })
 }
 
 fn bin(g: &mut Graph, op: BinaryOp, lhs: ValueId, rhs: ValueId) -> Result<ValueId> {
@@ -55,22 +49,11 @@ fn softmax(g: &mut Graph, x: ValueId) -> Result<ValueId> {
     let shape = g.ty(x).shape.dims().to_vec();
     let last = shape.len() - 1;
     let kept: Vec<usize> = (0..last).collect();
-    let max = g.value(Op::Reduce {
-        op: ReduceOp::Max,
-        input: x,
-        axes: vec![last],
-    })?;
+    let max = g.value(Op::Reduce { op: ReduceOp::Max, input: x, axes: vec![last] })?;
     let max = bcast(g, max, &shape, &kept)?;
     let shifted = bin(g, BinaryOp::Sub, x, max)?;
-    let e = g.value(Op::Unary {
-        op: UnaryOp::Exp,
-        input: shifted,
-    })?;
-    let sum = g.value(Op::Reduce {
-        op: ReduceOp::Sum,
-        input: e,
-        axes: vec![last],
-    })?;
+    let e = g.value(Op::Unary { op: UnaryOp::Exp, input: shifted })?;
+    let sum = g.value(Op::Reduce { op: ReduceOp::Sum, input: e, axes: vec![last] })?;
     let sum = bcast(g, sum, &shape, &kept)?;
     bin(g, BinaryOp::Div, e, sum)
 }
@@ -85,11 +68,7 @@ fn softmax_graph() -> Result<Graph> {
 
 /// `x @ w + b` for x `[n, k]`, w `[k, m]`, b `[m]`.
 fn dense_layer(g: &mut Graph, x: ValueId, w: ValueId, b: ValueId) -> Result<ValueId> {
-    let y = g.value(Op::DotGeneral {
-        lhs: x,
-        rhs: w,
-        dims: DotDims::matmul(),
-    })?;
+    let y = g.value(Op::DotGeneral { lhs: x, rhs: w, dims: DotDims::matmul() })?;
     let shape = g.ty(y).shape.dims().to_vec();
     let b = bcast(g, b, &shape, &[1])?;
     bin(g, BinaryOp::Add, y, b)
@@ -119,51 +98,22 @@ fn attention_graph() -> Result<Graph> {
     let q = g.parameter(t(DType::F32, &[b, s, d]));
     let k = g.parameter(t(DType::F32, &[b, s, d]));
     let v = g.parameter(t(DType::F32, &[b, s, d]));
-    let kt = g.value(Op::Transpose {
-        input: k,
-        perm: vec![0, 2, 1],
-    })?;
-    let batched = |lc, rc| DotDims {
-        lhs_batch: vec![0],
-        rhs_batch: vec![0],
-        lhs_contract: vec![lc],
-        rhs_contract: vec![rc],
-    };
-    let scores = g.value(Op::DotGeneral {
-        lhs: q,
-        rhs: kt,
-        dims: batched(2, 1),
-    })?;
+    let kt = g.value(Op::Transpose { input: k, perm: vec![0, 2, 1] })?;
+    let batched =
+        |lc, rc| DotDims { lhs_batch: vec![0], rhs_batch: vec![0], lhs_contract: vec![lc], rhs_contract: vec![rc] };
+    let scores = g.value(Op::DotGeneral { lhs: q, rhs: kt, dims: batched(2, 1) })?;
     let scale = scalar(&mut g, DType::F32, 1.0 / (d as f64).sqrt())?;
     let scale = bcast(&mut g, scale, &[b, s, s], &[])?;
     let scores = bin(&mut g, BinaryOp::Mul, scores, scale)?;
-    let row = g.value(Op::Iota {
-        ty: t(DType::S32, &[s, s]),
-        axis: 0,
-    })?;
-    let col = g.value(Op::Iota {
-        ty: t(DType::S32, &[s, s]),
-        axis: 1,
-    })?;
-    let causal = g.value(Op::Compare {
-        dir: CompareDir::Ge,
-        lhs: row,
-        rhs: col,
-    })?;
+    let row = g.value(Op::Iota { ty: t(DType::S32, &[s, s]), axis: 0 })?;
+    let col = g.value(Op::Iota { ty: t(DType::S32, &[s, s]), axis: 1 })?;
+    let causal = g.value(Op::Compare { dir: CompareDir::Ge, lhs: row, rhs: col })?;
     let causal = bcast(&mut g, causal, &[b, s, s], &[1, 2])?;
     let neg_inf = scalar(&mut g, DType::F32, f64::NEG_INFINITY)?;
     let neg_inf = bcast(&mut g, neg_inf, &[b, s, s], &[])?;
-    let masked = g.value(Op::Select {
-        pred: causal,
-        on_true: scores,
-        on_false: neg_inf,
-    })?;
+    let masked = g.value(Op::Select { pred: causal, on_true: scores, on_false: neg_inf })?;
     let p = softmax(&mut g, masked)?;
-    let out = g.value(Op::DotGeneral {
-        lhs: p,
-        rhs: v,
-        dims: batched(2, 1),
-    })?;
+    let out = g.value(Op::DotGeneral { lhs: p, rhs: v, dims: batched(2, 1) })?;
     g.set_outputs(vec![out])?;
     Ok(g)
 }
@@ -174,19 +124,10 @@ fn gather_scatter_graph() -> Result<Graph> {
     let table = g.parameter(t(DType::F32, &[10, 4]));
     let ids = g.parameter(t(DType::S32, &[6]));
     let grad = g.parameter(t(DType::F32, &[6, 4]));
-    let rows = g.value(Op::Gather {
-        operand: table,
-        indices: ids,
-        axis: 0,
-    })?;
+    let rows = g.value(Op::Gather { operand: table, indices: ids, axis: 0 })?;
     let zero = scalar(&mut g, DType::F32, 0.0)?;
     let zeros = bcast(&mut g, zero, &[10, 4], &[])?;
-    let dtable = g.value(Op::ScatterAdd {
-        operand: zeros,
-        indices: ids,
-        updates: grad,
-        axis: 0,
-    })?;
+    let dtable = g.value(Op::ScatterAdd { operand: zeros, indices: ids, updates: grad, axis: 0 })?;
     g.set_outputs(vec![rows, dtable])?;
     Ok(g)
 }
@@ -196,17 +137,11 @@ fn all_reduce_graph() -> Result<Graph> {
     let mut g = Graph::new();
     let grad = g.parameter(t(DType::F32, &[8]));
     let loss = g.parameter(t(DType::F32, &[]));
-    let sum = g.value(Op::AllReduce {
-        op: ReduceOp::Sum,
-        input: grad,
-    })?;
+    let sum = g.value(Op::AllReduce { op: ReduceOp::Sum, input: grad })?;
     let n = scalar(&mut g, DType::F32, 4.0)?;
     let n = bcast(&mut g, n, &[8], &[])?;
     let mean = bin(&mut g, BinaryOp::Div, sum, n)?;
-    let worst = g.value(Op::AllReduce {
-        op: ReduceOp::Max,
-        input: loss,
-    })?;
+    let worst = g.value(Op::AllReduce { op: ReduceOp::Max, input: loss })?;
     g.set_outputs(vec![mean, worst])?;
     Ok(g)
 }
@@ -233,10 +168,7 @@ fn snapshot_attention() -> Result<()> {
 
 #[test]
 fn snapshot_gather_scatter() -> Result<()> {
-    insta::assert_snapshot!(
-        "gather_scatter",
-        lowered("gather_scatter", &gather_scatter_graph()?, 1)
-    );
+    insta::assert_snapshot!("gather_scatter", lowered("gather_scatter", &gather_scatter_graph()?, 1));
     Ok(())
 }
 
@@ -250,13 +182,7 @@ fn snapshot_all_reduce_4_replicas() -> Result<()> {
 
 #[test]
 fn lowering_is_byte_identical_across_calls_and_rebuilds() -> Result<()> {
-    for build in [
-        mlp_graph,
-        softmax_graph,
-        attention_graph,
-        gather_scatter_graph,
-        all_reduce_graph,
-    ] {
+    for build in [mlp_graph, softmax_graph, attention_graph, gather_scatter_graph, all_reduce_graph] {
         let g = build()?;
         let first = lower(&g, &LowerOptions::default())?;
         assert_eq!(first, lower(&g, &LowerOptions::default())?);
@@ -270,19 +196,10 @@ fn dead_nodes_are_not_emitted() -> Result<()> {
     let mut g = Graph::new();
     let x = g.parameter(t(DType::F32, &[3]));
     let unused = g.parameter(t(DType::F32, &[3]));
-    let dead = g.value(Op::Unary {
-        op: UnaryOp::Tanh,
-        input: x,
-    })?;
+    let dead = g.value(Op::Unary { op: UnaryOp::Tanh, input: x })?;
     let _dead_user = bin(&mut g, BinaryOp::Mul, dead, unused)?;
-    let y = g.value(Op::Unary {
-        op: UnaryOp::Exp,
-        input: x,
-    })?;
-    let _after_output = g.value(Op::Unary {
-        op: UnaryOp::Sin,
-        input: y,
-    })?;
+    let y = g.value(Op::Unary { op: UnaryOp::Exp, input: x })?;
+    let _after_output = g.value(Op::Unary { op: UnaryOp::Sin, input: y })?;
     g.set_outputs(vec![y])?;
     let text = lowered("dead_nodes", &g, 1);
     insta::assert_snapshot!(text, @r"
@@ -307,14 +224,8 @@ fn donated_parameters_carry_their_output_index() -> Result<()> {
     let m2 = bin(&mut g, BinaryOp::Add, m, grad)?;
     let w2 = bin(&mut g, BinaryOp::Sub, w, m2)?;
     g.set_outputs(vec![m2, w2])?;
-    g.add_alias(Alias {
-        param: 0,
-        output: 1,
-    })?;
-    g.add_alias(Alias {
-        param: 2,
-        output: 0,
-    })?;
+    g.add_alias(Alias { param: 0, output: 1 })?;
+    g.add_alias(Alias { param: 2, output: 0 })?;
     let text = lowered("aliasing", &g, 1);
     insta::assert_snapshot!(text, @r"
     module @kiln attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
@@ -384,11 +295,7 @@ fn op_cases() -> Vec<(String, usize, Build)> {
 
     let elementwise_dtypes = [DType::F32, DType::BF16, DType::S32, DType::U32, DType::Pred];
     for op in UnaryOp::ALL {
-        for dtype in
-            elementwise_dtypes
-                .into_iter()
-                .chain([DType::F64, DType::F16, DType::S8, DType::U64])
-        {
+        for dtype in elementwise_dtypes.into_iter().chain([DType::F64, DType::F16, DType::S8, DType::U64]) {
             let ok = match op {
                 UnaryOp::Not => !dtype.is_float(),
                 UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign => dtype != DType::Pred,
@@ -407,15 +314,8 @@ fn op_cases() -> Vec<(String, usize, Build)> {
         }
     }
     for op in BinaryOp::ALL {
-        for dtype in elementwise_dtypes
-            .into_iter()
-            .chain([DType::U64, DType::S64])
-        {
-            let ok = if op.is_logical() {
-                !dtype.is_float()
-            } else {
-                dtype != DType::Pred
-            };
+        for dtype in elementwise_dtypes.into_iter().chain([DType::U64, DType::S64]) {
+            let ok = if op.is_logical() { !dtype.is_float() } else { dtype != DType::Pred };
             if ok {
                 add(
                     format!("binary_{}_{dtype}", op.name()),
@@ -437,44 +337,21 @@ fn op_cases() -> Vec<(String, usize, Build)> {
                 Box::new(move |g| {
                     let a = g.parameter(t(dtype, &[4]));
                     let b = g.parameter(t(dtype, &[4]));
-                    Ok(vec![g.value(Op::Compare {
-                        dir,
-                        lhs: a,
-                        rhs: b,
-                    })?])
+                    Ok(vec![g.value(Op::Compare { dir, lhs: a, rhs: b })?])
                 }),
             );
         }
     }
     for op in ReduceOp::ALL {
-        for dtype in [
-            DType::F32,
-            DType::BF16,
-            DType::S32,
-            DType::S64,
-            DType::U64,
-            DType::Pred,
-        ] {
+        for dtype in [DType::F32, DType::BF16, DType::S32, DType::S64, DType::U64, DType::Pred] {
             add(
                 format!("reduce_{}_{dtype}", op.name()),
                 1,
                 Box::new(move |g| {
                     let x = g.parameter(t(dtype, &[2, 3, 4]));
-                    let some = g.value(Op::Reduce {
-                        op,
-                        input: x,
-                        axes: vec![0, 2],
-                    })?;
-                    let all = g.value(Op::Reduce {
-                        op,
-                        input: x,
-                        axes: vec![0, 1, 2],
-                    })?;
-                    let none = g.value(Op::Reduce {
-                        op,
-                        input: x,
-                        axes: vec![],
-                    })?;
+                    let some = g.value(Op::Reduce { op, input: x, axes: vec![0, 2] })?;
+                    let all = g.value(Op::Reduce { op, input: x, axes: vec![0, 1, 2] })?;
+                    let none = g.value(Op::Reduce { op, input: x, axes: vec![] })?;
                     Ok(vec![some, all, none])
                 }),
             );
@@ -497,26 +374,14 @@ fn op_cases() -> Vec<(String, usize, Build)> {
             let specials = [1.0, -0.0, 0.1, f64::INFINITY, f64::NEG_INFINITY, f64::NAN];
             let mut outs = Vec::new();
             for dtype in DType::ALL {
-                let values: Vec<f64> = if dtype.is_float() {
-                    specials.to_vec()
-                } else {
-                    vec![1.0, 0.0, 3.0, 1.0, 0.0, 7.0]
-                };
-                outs.push(g.value(Op::Constant {
-                    literal: Literal::from_f64s(dtype, [2, 3], &values)?,
-                })?);
+                let values: Vec<f64> =
+                    if dtype.is_float() { specials.to_vec() } else { vec![1.0, 0.0, 3.0, 1.0, 0.0, 7.0] };
+                outs.push(g.value(Op::Constant { literal: Literal::from_f64s(dtype, [2, 3], &values)? })?);
                 outs.push(scalar(g, dtype, 1.0)?);
             }
-            outs.push(g.value(Op::Constant {
-                literal: Literal::from_f64s(DType::F32, [2, 0], &[])?,
-            })?);
-            let extremes = [i64::MIN, i64::MAX]
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect();
-            outs.push(g.value(Op::Constant {
-                literal: Literal::from_bytes(t(DType::S64, &[2]), extremes)?,
-            })?);
+            outs.push(g.value(Op::Constant { literal: Literal::from_f64s(DType::F32, [2, 0], &[])? })?);
+            let extremes = [i64::MIN, i64::MAX].iter().flat_map(|v| v.to_le_bytes()).collect();
+            outs.push(g.value(Op::Constant { literal: Literal::from_bytes(t(DType::S64, &[2]), extremes)? })?);
             Ok(outs)
         }),
     );
@@ -525,14 +390,8 @@ fn op_cases() -> Vec<(String, usize, Build)> {
         1,
         Box::new(|g| {
             Ok(vec![
-                g.value(Op::Iota {
-                    ty: t(DType::F32, &[2, 3]),
-                    axis: 1,
-                })?,
-                g.value(Op::Iota {
-                    ty: t(DType::U8, &[5]),
-                    axis: 0,
-                })?,
+                g.value(Op::Iota { ty: t(DType::F32, &[2, 3]), axis: 1 })?,
+                g.value(Op::Iota { ty: t(DType::U8, &[5]), axis: 0 })?,
             ])
         }),
     );
@@ -545,16 +404,8 @@ fn op_cases() -> Vec<(String, usize, Build)> {
             let a = g.parameter(t(DType::F32, &[2, 3]));
             let b = g.parameter(t(DType::F32, &[2, 3]));
             Ok(vec![
-                g.value(Op::Select {
-                    pred: p,
-                    on_true: a,
-                    on_false: b,
-                })?,
-                g.value(Op::Select {
-                    pred: s,
-                    on_true: a,
-                    on_false: b,
-                })?,
+                g.value(Op::Select { pred: p, on_true: a, on_false: b })?,
+                g.value(Op::Select { pred: s, on_true: a, on_false: b })?,
             ])
         }),
     );
@@ -565,11 +416,7 @@ fn op_cases() -> Vec<(String, usize, Build)> {
             let x = g.parameter(t(DType::S32, &[2, 3]));
             let lo = scalar(g, DType::S32, -1.0)?;
             let hi = g.parameter(t(DType::S32, &[2, 3]));
-            Ok(vec![g.value(Op::Clamp {
-                min: lo,
-                input: x,
-                max: hi,
-            })?])
+            Ok(vec![g.value(Op::Clamp { min: lo, input: x, max: hi })?])
         }),
     );
     add(
@@ -582,10 +429,7 @@ fn op_cases() -> Vec<(String, usize, Build)> {
             for to in DType::ALL {
                 outs.push(g.value(Op::Convert { input: x, to })?);
             }
-            outs.push(g.value(Op::Convert {
-                input: p,
-                to: DType::BF16,
-            })?);
+            outs.push(g.value(Op::Convert { input: p, to: DType::BF16 })?);
             Ok(outs)
         }),
     );
@@ -597,46 +441,16 @@ fn op_cases() -> Vec<(String, usize, Build)> {
             let one = g.parameter(t(DType::F32, &[1]));
             let b = bcast(g, x, &[2, 4, 6], &[1, 2])?;
             let b1 = bcast(g, one, &[3, 5], &[1])?;
-            let r = g.value(Op::Reshape {
-                input: x,
-                shape: Shape::new([2, 12]),
-            })?;
-            let s = g.value(Op::Reshape {
-                input: one,
-                shape: Shape::scalar(),
-            })?;
-            let tr = g.value(Op::Transpose {
-                input: x,
-                perm: vec![1, 0],
-            })?;
-            let sl = g.value(Op::Slice {
-                input: x,
-                start: vec![1, 0],
-                limit: vec![3, 6],
-                stride: vec![1, 2],
-            })?;
-            let sc = g.value(Op::Slice {
-                input: s,
-                start: vec![],
-                limit: vec![],
-                stride: vec![],
-            })?;
-            let back = g.value(Op::Transpose {
-                input: tr,
-                perm: vec![1, 0],
-            })?;
-            let c = g.value(Op::Concatenate {
-                inputs: vec![x, x, back],
-                axis: 0,
-            })?;
+            let r = g.value(Op::Reshape { input: x, shape: Shape::new([2, 12]) })?;
+            let s = g.value(Op::Reshape { input: one, shape: Shape::scalar() })?;
+            let tr = g.value(Op::Transpose { input: x, perm: vec![1, 0] })?;
+            let sl = g.value(Op::Slice { input: x, start: vec![1, 0], limit: vec![3, 6], stride: vec![1, 2] })?;
+            let sc = g.value(Op::Slice { input: s, start: vec![], limit: vec![], stride: vec![] })?;
+            let back = g.value(Op::Transpose { input: tr, perm: vec![1, 0] })?;
+            let c = g.value(Op::Concatenate { inputs: vec![x, x, back], axis: 0 })?;
             let zero = scalar(g, DType::F32, 0.0)?;
-            let p = g.value(Op::Pad {
-                input: x,
-                value: zero,
-                low: vec![-1, 2],
-                high: vec![0, -3],
-                interior: vec![1, 0],
-            })?;
+            let p =
+                g.value(Op::Pad { input: x, value: zero, low: vec![-1, 2], high: vec![0, -3], interior: vec![1, 0] })?;
             Ok(vec![b, b1, r, s, tr, sl, sc, c, p])
         }),
     );
@@ -651,26 +465,10 @@ fn op_cases() -> Vec<(String, usize, Build)> {
             let k = g.parameter(t(DType::U8, &[]));
             let l = g.parameter(t(DType::S64, &[]));
             Ok(vec![
-                g.value(Op::DynamicSlice {
-                    input: x,
-                    starts: vec![i, j],
-                    sizes: vec![2, 3],
-                })?,
-                g.value(Op::DynamicSlice {
-                    input: x,
-                    starts: vec![k, l],
-                    sizes: vec![2, 3],
-                })?,
-                g.value(Op::DynamicUpdateSlice {
-                    input: x,
-                    update: u,
-                    starts: vec![i, j],
-                })?,
-                g.value(Op::DynamicUpdateSlice {
-                    input: x,
-                    update: u,
-                    starts: vec![l, k],
-                })?,
+                g.value(Op::DynamicSlice { input: x, starts: vec![i, j], sizes: vec![2, 3] })?,
+                g.value(Op::DynamicSlice { input: x, starts: vec![k, l], sizes: vec![2, 3] })?,
+                g.value(Op::DynamicUpdateSlice { input: x, update: u, starts: vec![i, j] })?,
+                g.value(Op::DynamicUpdateSlice { input: x, update: u, starts: vec![l, k] })?,
             ])
         }),
     );
@@ -683,29 +481,13 @@ fn op_cases() -> Vec<(String, usize, Build)> {
             let v = g.parameter(t(DType::F32, &[3]));
             let m = g.parameter(t(DType::S32, &[3, 4]));
             let n = g.parameter(t(DType::S32, &[4, 2]));
-            let batched = DotDims {
-                lhs_batch: vec![0],
-                rhs_batch: vec![0],
-                lhs_contract: vec![2],
-                rhs_contract: vec![1],
-            };
+            let batched =
+                DotDims { lhs_batch: vec![0], rhs_batch: vec![0], lhs_contract: vec![2], rhs_contract: vec![1] };
             let outer = DotDims::default();
             Ok(vec![
-                g.value(Op::DotGeneral {
-                    lhs: a,
-                    rhs: b,
-                    dims: batched,
-                })?,
-                g.value(Op::DotGeneral {
-                    lhs: v,
-                    rhs: v,
-                    dims: outer,
-                })?,
-                g.value(Op::DotGeneral {
-                    lhs: m,
-                    rhs: n,
-                    dims: DotDims::matmul(),
-                })?,
+                g.value(Op::DotGeneral { lhs: a, rhs: b, dims: batched })?,
+                g.value(Op::DotGeneral { lhs: v, rhs: v, dims: outer })?,
+                g.value(Op::DotGeneral { lhs: m, rhs: n, dims: DotDims::matmul() })?,
             ])
         }),
     );
@@ -716,22 +498,10 @@ fn op_cases() -> Vec<(String, usize, Build)> {
             Box::new(move |g| {
                 let x = g.parameter(t(DType::F32, &[5, 6, 7]));
                 let ids = g.parameter(t(index_dtype, &[2, 3]));
-                let rows = g.value(Op::Gather {
-                    operand: x,
-                    indices: ids,
-                    axis,
-                })?;
+                let rows = g.value(Op::Gather { operand: x, indices: ids, axis })?;
                 let upd_shape = g.ty(rows).clone();
                 let upd = g.parameter(upd_shape);
-                Ok(vec![
-                    rows,
-                    g.value(Op::ScatterAdd {
-                        operand: x,
-                        indices: ids,
-                        updates: upd,
-                        axis,
-                    })?,
-                ])
+                Ok(vec![rows, g.value(Op::ScatterAdd { operand: x, indices: ids, updates: upd, axis })?])
             }),
         );
     }
@@ -746,16 +516,9 @@ fn op_cases() -> Vec<(String, usize, Build)> {
                 state: s2,
                 ty: t(DType::U32, &[2, 3]),
             })?;
-            let b = g.add(Op::RngBitGenerator {
-                algorithm: RngAlgorithm::Philox,
-                state: s3,
-                ty: t(DType::U64, &[4]),
-            })?;
-            Ok(vec![
-                ValueId::new(a, 0),
-                ValueId::new(a, 1),
-                ValueId::new(b, 1),
-            ])
+            let b =
+                g.add(Op::RngBitGenerator { algorithm: RngAlgorithm::Philox, state: s3, ty: t(DType::U64, &[4]) })?;
+            Ok(vec![ValueId::new(a, 0), ValueId::new(a, 1), ValueId::new(b, 1)])
         }),
     );
     add(
@@ -766,11 +529,7 @@ fn op_cases() -> Vec<(String, usize, Build)> {
             let y = g.parameter(t(DType::S32, &[]));
             let one = g.add(Op::OptimizationBarrier { inputs: vec![x] })?;
             let two = g.add(Op::OptimizationBarrier { inputs: vec![x, y] })?;
-            Ok(vec![
-                ValueId::new(one, 0),
-                ValueId::new(two, 0),
-                ValueId::new(two, 1),
-            ])
+            Ok(vec![ValueId::new(one, 0), ValueId::new(two, 0), ValueId::new(two, 1)])
         }),
     );
     for causal in [true, false] {
@@ -856,10 +615,7 @@ fn every_op_kind_lowers() -> Result<()> {
         names.push(name);
     }
     let missing: Vec<usize> = (0..VARIANTS).filter(|&i| !seen[i]).collect();
-    assert!(
-        missing.is_empty(),
-        "op variants without a case: {missing:?}"
-    );
+    assert!(missing.is_empty(), "op variants without a case: {missing:?}");
     insta::assert_snapshot!("op_case_names", names.join("\n"));
     Ok(())
 }
@@ -880,22 +636,13 @@ fn snapshot_every_op_kind() -> Result<()> {
         "reduce_min_i1",
         "select",
     ] {
-        let (_, replicas, build) = op_cases()
-            .into_iter()
-            .find(|c| c.0 == name)
-            .expect("case exists");
+        let (_, replicas, build) = op_cases().into_iter().find(|c| c.0 == name).expect("case exists");
         let mut g = Graph::new();
         let outs = build(&mut g)?;
         g.set_outputs(outs)?;
         insta::assert_snapshot!(
             format!("op_{name}"),
-            lower(
-                &g,
-                &LowerOptions {
-                    num_replicas: replicas,
-                    ..LowerOptions::default()
-                }
-            )?
+            lower(&g, &LowerOptions { num_replicas: replicas, ..LowerOptions::default() })?
         );
     }
     Ok(())

@@ -4,9 +4,7 @@
 //! inputs each case); `Op -> e-node -> Op` is lossless; and golden tests show
 //! what each rule set does to a small graph.
 
-use kiln_compiler::ir::{
-    BinaryOp, DType, DotDims, Graph, Literal, Op, ReduceOp, Shape, TensorType, UnaryOp, ValueId,
-};
+use kiln_compiler::ir::{BinaryOp, DType, DotDims, Graph, Literal, Op, ReduceOp, Shape, TensorType, UnaryOp, ValueId};
 use kiln_compiler::pipeline::{run, PipelineOptions};
 use kiln_compiler::rewrite::{enode, holed, rewrite, to_op, RewriteOptions, RULE_SETS};
 use kiln_compiler::text::{parse, print};
@@ -121,7 +119,10 @@ fn build(steps: &[Step]) -> Graph {
                     vals.push(t);
                     continue;
                 }
-                Op::Transpose { input: t, perm: (0..rank).map(|i| (i + rank - r % rank.max(1)) % rank.max(1)).collect() }
+                Op::Transpose {
+                    input: t,
+                    perm: (0..rank).map(|i| (i + rank - r % rank.max(1)) % rank.max(1)).collect(),
+                }
             }
             Step::Reshape(a, twice) => {
                 let input = pick(a);
@@ -140,7 +141,9 @@ fn build(steps: &[Step]) -> Graph {
                     continue;
                 }
                 let shape = Shape::new([&[n][..], ty.shape.dims()].concat());
-                let b = g.value(Op::BroadcastInDim { input, shape: shape.clone(), dims: (1..=ty.shape.rank()).collect() }).unwrap();
+                let b = g
+                    .value(Op::BroadcastInDim { input, shape: shape.clone(), dims: (1..=ty.shape.rank()).collect() })
+                    .unwrap();
                 let outer = Shape::new([&[2][..], shape.dims()].concat());
                 Op::BroadcastInDim { input: b, shape: outer, dims: (1..=shape.rank()).collect() }
             }
@@ -173,10 +176,19 @@ fn build(steps: &[Step]) -> Graph {
             }
             Step::Folded(x, y) => {
                 // (x + y) * 3 on small f32 constants: folds to one constant.
-                let cx = g.value(Op::Constant { literal: Literal::from_f64s(DType::F32, [3], &[f64::from(x) / 7.0, 1.5, -2.0]).unwrap() }).unwrap();
-                let cy = g.value(Op::Constant { literal: Literal::from_f64s(DType::F32, [3], &[f64::from(y) / 3.0, 0.1, 8.0]).unwrap() }).unwrap();
+                let cx = g
+                    .value(Op::Constant {
+                        literal: Literal::from_f64s(DType::F32, [3], &[f64::from(x) / 7.0, 1.5, -2.0]).unwrap(),
+                    })
+                    .unwrap();
+                let cy = g
+                    .value(Op::Constant {
+                        literal: Literal::from_f64s(DType::F32, [3], &[f64::from(y) / 3.0, 0.1, 8.0]).unwrap(),
+                    })
+                    .unwrap();
                 let s = g.value(Op::Binary { op: BinaryOp::Add, lhs: cx, rhs: cy }).unwrap();
-                let three = g.value(Op::Constant { literal: Literal::from_f64s(DType::F32, [3], &[3.0; 3]).unwrap() }).unwrap();
+                let three =
+                    g.value(Op::Constant { literal: Literal::from_f64s(DType::F32, [3], &[3.0; 3]).unwrap() }).unwrap();
                 Op::Binary { op: BinaryOp::Mul, lhs: s, rhs: three }
             }
         };

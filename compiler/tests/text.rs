@@ -3,8 +3,8 @@
 
 use half::{bf16, f16};
 use kiln_compiler::ir::{
-    Alias, AttentionAttrs, BinaryOp, CompareDir, DType, DotDims, Graph, Literal, Op, ReduceOp, RngAlgorithm, Shape, TensorType,
-    UnaryOp, ValueId,
+    Alias, AttentionAttrs, BinaryOp, CompareDir, DType, DotDims, Graph, Literal, Op, ReduceOp, RngAlgorithm, Shape,
+    TensorType, UnaryOp, ValueId,
 };
 use kiln_compiler::text::{parse, print};
 use kiln_compiler::{verify, CompileError};

@@ -163,11 +163,7 @@ pub struct LossScaler {
 impl LossScaler {
     pub fn new(config: LossScalerConfig) -> Result<LossScaler> {
         config.validate()?;
-        Ok(LossScaler {
-            config,
-            scale: Tensor::scalar(config.init_scale as f32),
-            growth_tracker: Tensor::scalar(0f32),
-        })
+        Ok(LossScaler { config, scale: Tensor::scalar(config.init_scale as f32), growth_tracker: Tensor::scalar(0f32) })
     }
 
     /// Records the scale's update for a step whose gradients were `finite` (a
@@ -179,7 +175,8 @@ impl LossScaler {
         let counted = self.growth_tracker.add_scalar(1.0)?;
         let interval = Tensor::full(c.growth_interval as f64, DType::F32, [])?;
         let grow = finite.binary(BinaryOp::And, &counted.ge(&interval)?)?;
-        let grown = self.scale.mul_scalar(c.growth_factor)?.minimum(&Tensor::full(f64::from(f32::MAX), DType::F32, [])?)?;
+        let grown =
+            self.scale.mul_scalar(c.growth_factor)?.minimum(&Tensor::full(f64::from(f32::MAX), DType::F32, [])?)?;
         let backed_off = self.scale.mul_scalar(c.backoff_factor)?;
         let kept = Tensor::where_cond(&grow, &grown, &self.scale)?;
         let scale = Tensor::where_cond(finite, &kept, &backed_off)?;
@@ -238,7 +235,9 @@ mod tests {
             LossScalerConfig { backoff_factor: 1.0, ..Default::default() },
             LossScalerConfig { growth_interval: 0, ..Default::default() },
         ];
-        for (cfg, name) in bad.iter().zip(["init_scale", "init_scale", "growth_factor", "backoff_factor", "growth_interval"]) {
+        for (cfg, name) in
+            bad.iter().zip(["init_scale", "init_scale", "growth_factor", "backoff_factor", "growth_interval"])
+        {
             match LossScaler::new(*cfg) {
                 Err(FrontendError::HyperParameter { name: n, .. }) => assert_eq!(n, name),
                 other => panic!("{cfg:?}: {other:?}"),

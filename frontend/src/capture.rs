@@ -266,7 +266,12 @@ where
 
 /// The plan of a traced call; `Ok(None)` on the reference backend (which has
 /// no program to replay); `Err(reason)` when the trace cannot be replayed.
-fn plan_of(cut: CutStep, inputs: &[Tensor], returned: &[Tensor], watermark: u64) -> std::result::Result<Option<Plan>, String> {
+fn plan_of(
+    cut: CutStep,
+    inputs: &[Tensor],
+    returned: &[Tensor],
+    watermark: u64,
+) -> std::result::Result<Option<Plan>, String> {
     let Some(entry) = cut.entry else { return Ok(None) };
     let input_of = |id: u64| inputs.iter().position(|t| t.inner.id == id);
     let mut params = Vec::with_capacity(cut.params.len());
@@ -331,7 +336,9 @@ fn check(plan: &Plan, inputs: &[Tensor]) -> std::result::Result<Vec<Binding>, St
     for (i, source) in plan.params.iter().enumerate() {
         let t = match source {
             Source::Input(k) => inputs[*k].inner.clone(),
-            Source::State(w) => w.upgrade().ok_or_else(|| format!("a state tensor the step reads (program parameter {i}) was dropped"))?,
+            Source::State(w) => w
+                .upgrade()
+                .ok_or_else(|| format!("a state tensor the step reads (program parameter {i}) was dropped"))?,
         };
         let storage = match &*t.state.borrow() {
             State::Ready(s) => s.clone(),
@@ -357,7 +364,10 @@ fn check(plan: &Plan, inputs: &[Tensor]) -> std::result::Result<Vec<Binding>, St
     for (i, b) in bindings.iter().enumerate() {
         if plan.entry.donated[i] {
             if let Some(t) = b.tensor.upgrade() {
-                *t.state.borrow_mut() = State::Pending { epoch: 0, value: kiln_compiler::ir::ValueId::from(kiln_compiler::ir::NodeId::from_index(0)) };
+                *t.state.borrow_mut() = State::Pending {
+                    epoch: 0,
+                    value: kiln_compiler::ir::ValueId::from(kiln_compiler::ir::NodeId::from_index(0)),
+                };
             }
         }
     }
@@ -373,7 +383,8 @@ fn replay(plan: &Plan, inputs: &[Tensor], bindings: Vec<Binding>) -> Result<Vec<
         m.replays += 1;
     });
     let step = metrics::steps();
-    let executed = executor::execute(RunInput::Compiled { entry: &plan.entry, bindings }, step, executor::take_hooks())?;
+    let executed =
+        executor::execute(RunInput::Compiled { entry: &plan.entry, bindings }, step, executor::take_hooks())?;
     metrics::update(|m| m.trace_time += t0.elapsed());
     for (storage, targets) in executed.outputs.iter().zip(&plan.targets) {
         for target in targets {
@@ -391,7 +402,9 @@ fn replay(plan: &Plan, inputs: &[Tensor], bindings: Vec<Binding>) -> Result<Vec<
         .returned
         .iter()
         .map(|r| match r {
-            Returned::Output(o, ty) => Ok(Tensor::wrap(Inner::new(ty.clone(), State::Ready(executed.outputs[*o].clone())))),
+            Returned::Output(o, ty) => {
+                Ok(Tensor::wrap(Inner::new(ty.clone(), State::Ready(executed.outputs[*o].clone()))))
+            }
             Returned::Input(k) => Ok(inputs[*k].clone()),
             Returned::State(w) => w.upgrade().map(Tensor::wrap).ok_or(FrontendError::InvalidArgument {
                 op: "compile_step",

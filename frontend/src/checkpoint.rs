@@ -28,9 +28,9 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::atomic_write::write_atomically;
+use crate::error::{FrontendError, Result};
 use crate::nn::Module;
 use crate::optim::Optimizer;
-use crate::error::{FrontendError, Result};
 use crate::step::mark_step;
 use crate::tensor::Tensor;
 
@@ -164,7 +164,8 @@ pub fn save(path: impl AsRef<Path>, step: u64, tensors: &[(String, Tensor)]) -> 
         Some(session) => {
             // The generator state is per replica by design (each replica's
             // own dropout stream); every other tensor must agree.
-            let shared = checksum(sorted.iter().filter(|(n, _)| !is_per_replica(n)).map(|(n, l)| (n.as_str(), l.bytes())));
+            let shared =
+                checksum(sorted.iter().filter(|(n, _)| !is_per_replica(n)).map(|(n, l)| (n.as_str(), l.bytes())));
             save_once(&session, path, step, shared, &bytes)
         }
         None => write_atomically(path, &bytes),
@@ -190,7 +191,8 @@ fn save_once(
 ) -> Result<()> {
     let err = |reason: String| FrontendError::Checkpoint { path: path.to_path_buf(), reason };
     let id = session.identity();
-    let scope = format!("ckpt/{step}/{:016x}", checksum(std::iter::once(("path", path.as_os_str().as_encoded_bytes()))));
+    let scope =
+        format!("ckpt/{step}/{:016x}", checksum(std::iter::once(("path", path.as_os_str().as_encoded_bytes()))));
     let written = format!("{scope}/written");
     if id.node_id != 0 {
         session.put(&format!("{scope}/sum/{}", id.node_id), &sum.to_le_bytes())?;
@@ -208,7 +210,8 @@ fn save_once(
         }
     }
     if !differ.is_empty() {
-        let reason = format!("not written: the values of node(s) {differ:?} differ from node 0's (checksum {sum:016x})");
+        let reason =
+            format!("not written: the values of node(s) {differ:?} differ from node 0's (checksum {sum:016x})");
         session.put(&written, reason.as_bytes())?;
         return Err(err(reason));
     }
@@ -240,7 +243,8 @@ pub fn load(path: impl AsRef<Path>) -> Result<Loaded> {
 /// `frontend/tests/fuzz_readers.rs`).
 pub fn load_bytes(bytes: &[u8], path: &Path) -> Result<Loaded> {
     let err = |reason: String| FrontendError::Checkpoint { path: path.to_path_buf(), reason };
-    let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| err(format!("not a readable safetensors file: {e}")))?;
+    let (_, meta) =
+        SafeTensors::read_metadata(bytes).map_err(|e| err(format!("not a readable safetensors file: {e}")))?;
     let info = meta.metadata().clone().unwrap_or_default();
     if info.get("format").map(String::as_str) != Some(FORMAT) {
         return Err(err(format!("not a kiln checkpoint (format {:?})", info.get("format"))));
@@ -270,12 +274,9 @@ pub fn restore(path: impl AsRef<Path>, targets: &[(String, Tensor)]) -> Result<u
     let loaded = load(path)?;
     let mut plan = Vec::with_capacity(targets.len());
     for (name, t) in targets {
-        let lit = loaded
-            .tensors
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, l)| l)
-            .ok_or_else(|| FrontendError::Checkpoint { path: path.to_path_buf(), reason: format!("no tensor {name}") })?;
+        let lit = loaded.tensors.iter().find(|(n, _)| n == name).map(|(_, l)| l).ok_or_else(|| {
+            FrontendError::Checkpoint { path: path.to_path_buf(), reason: format!("no tensor {name}") }
+        })?;
         if lit.ty() != t.ty() {
             return Err(FrontendError::Checkpoint {
                 path: path.to_path_buf(),
@@ -293,7 +294,10 @@ pub fn restore(path: impl AsRef<Path>, targets: &[(String, Tensor)]) -> Result<u
             if others.len() + 1 != replicas {
                 return Err(FrontendError::Checkpoint {
                     path: path.to_path_buf(),
-                    reason: format!("tensor {name} was saved with {} replicas' values, this run has {replicas} replica(s)", others.len() + 1),
+                    reason: format!(
+                        "tensor {name} was saved with {} replicas' values, this run has {replicas} replica(s)",
+                        others.len() + 1
+                    ),
                 });
             }
             let mut all = vec![lit.clone()];

@@ -20,11 +20,11 @@ use kiln_compiler::ir::{DType, Op, Shape, ValueId};
 use kiln_runtime::replicas::ReplicaPlan;
 use kiln_runtime::{Client, DiskCache, DiskCacheConfig};
 
-pub(crate) use crate::executor::{Backend, DeviceValue};
-pub(crate) use crate::trace::{Binding, Inner, State, Storage, Trace};
 use crate::error::Result;
 use crate::executor::Executor;
+pub(crate) use crate::executor::{Backend, DeviceValue};
 use crate::program::{DiskSetting, ProgramCache};
+pub(crate) use crate::trace::{Binding, Inner, State, Storage, Trace};
 
 pub(crate) struct Context {
     pub trace: Trace,
@@ -148,4 +148,3 @@ pub fn set_disk_cache(config: Option<DiskCacheConfig>) -> Result<()> {
     with(|c| c.cache.disk = setting);
     Ok(())
 }
-

@@ -86,9 +86,14 @@ fn open_gz(path: &Path) -> Result<GzDecoder<File>> {
 /// file. Reads through `take`, so nothing past `len` is decompressed.
 fn read_exact_from(r: &mut impl Read, len: usize, path: &Path, what: &str) -> Result<Vec<u8>> {
     let mut out = Vec::new();
-    r.take(len as u64).read_to_end(&mut out).map_err(|source| FrontendError::Io { path: path.to_path_buf(), source })?;
+    r.take(len as u64)
+        .read_to_end(&mut out)
+        .map_err(|source| FrontendError::Io { path: path.to_path_buf(), source })?;
     if out.len() != len {
-        return Err(FrontendError::Data { path: path.into(), reason: format!("truncated {what}: {} of {len} bytes", out.len()) });
+        return Err(FrontendError::Data {
+            path: path.into(),
+            reason: format!("truncated {what}: {} of {len} bytes", out.len()),
+        });
     }
     Ok(out)
 }
@@ -98,7 +103,10 @@ fn expect_end(r: &mut impl Read, path: &Path, header: &str) -> Result<()> {
     let mut extra = [0u8; 1];
     match r.read(&mut extra) {
         Ok(0) => Ok(()),
-        Ok(_) => Err(FrontendError::Data { path: path.into(), reason: format!("header says {header}, the file holds more bytes") }),
+        Ok(_) => Err(FrontendError::Data {
+            path: path.into(),
+            reason: format!("header says {header}, the file holds more bytes"),
+        }),
         Err(source) => Err(FrontendError::Io { path: path.to_path_buf(), source }),
     }
 }
@@ -342,7 +350,8 @@ impl Iterator for Prefetcher {
             }
         };
         Some(up.map_err(FrontendError::from).and_then(|(xs, ys)| {
-            let bytes = xs.iter().chain(&ys).map(|b| b.on_device_size_in_bytes()).sum::<kiln_runtime::Result<usize>>()?;
+            let bytes =
+                xs.iter().chain(&ys).map(|b| b.on_device_size_in_bytes()).sum::<kiln_runtime::Result<usize>>()?;
             crate::metrics::update(|m| m.host_to_device_bytes += bytes as u64);
             Ok((
                 step,

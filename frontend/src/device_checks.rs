@@ -136,11 +136,7 @@ pub fn detect_anomaly() -> Result<bool> {
     setting(&ANOMALY, "KILN_DETECT_ANOMALY", false)
 }
 
-fn setting(
-    cell: &'static std::thread::LocalKey<Cell<Option<bool>>>,
-    var: &'static str,
-    default: bool,
-) -> Result<bool> {
+fn setting(cell: &'static std::thread::LocalKey<Cell<Option<bool>>>, var: &'static str, default: bool) -> Result<bool> {
     if let Some(v) = cell.with(Cell::get) {
         return Ok(v);
     }
@@ -191,7 +187,8 @@ pub(crate) fn check_index_range(op: &'static str, what: &'static str, indices: &
     let summary = Tensor::cat(&[count.reshape([1])?, min.reshape([1])?, max.reshape([1])?], 0)?;
     let summary = pending_value(&summary)?;
     let epoch = context::with(|c| c.trace.epoch);
-    let site = IndexSite { op, layer: scope::current(), what, bound: bound as u64, per_replica: indices.elem_count() as u64 };
+    let site =
+        IndexSite { op, layer: scope::current(), what, bound: bound as u64, per_replica: indices.elem_count() as u64 };
     REGISTERED.with(|r| r.borrow_mut().push(Registered { epoch, summary, site }));
     Ok(())
 }
@@ -259,7 +256,11 @@ fn anomaly_sites() -> Result<Vec<AnomalySite>> {
         for (id, node) in graph.nodes() {
             let input_name = match &node.op {
                 Op::Parameter { index, .. } => Some(
-                    c.trace.bindings.get(*index as usize).and_then(|b| b.tensor.upgrade()).and_then(|t| t.name.borrow().clone()),
+                    c.trace
+                        .bindings
+                        .get(*index as usize)
+                        .and_then(|b| b.tensor.upgrade())
+                        .and_then(|t| t.name.borrow().clone()),
                 ),
                 // Constants are what the program says; checking them finds nothing.
                 Op::Constant { .. } => continue,

@@ -40,7 +40,11 @@ pub enum FrontendError {
     InnerDims { op: &'static str, lhs: Shape, rhs: Shape, lhs_inner: usize, rhs_inner: usize },
     /// candle (the eager backend, interop) refused an op.
     #[error("{op}: candle: {source}")]
-    Candle { op: &'static str, #[source] source: Box<candle_core::Error> },
+    Candle {
+        op: &'static str,
+        #[source]
+        source: Box<candle_core::Error>,
+    },
     /// A candle dtype kiln has no counterpart for (the 8/6/4-bit floats).
     #[error("candle dtype {dtype} has no kiln dtype")]
     CandleDType { dtype: String },
@@ -69,7 +73,11 @@ pub enum FrontendError {
     /// The message says the cause (a caller that prints only `Display` sees
     /// it); it is also the error's source.
     #[error("{}: {source}", .path.display())]
-    Io { path: std::path::PathBuf, #[source] source: std::io::Error },
+    Io {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{}: {reason}", .path.display())]
     Data { path: std::path::PathBuf, reason: String },
     #[error("checkpoint {}: {reason}", .path.display())]

@@ -142,7 +142,9 @@ impl Executor {
             Err(_) => DEFAULT_MAX_IN_FLIGHT,
             Ok(v) => v.trim().parse::<usize>().map_err(|_| FrontendError::InvalidArgument {
                 op: "mark_step",
-                reason: format!("KILN_MAX_STEPS_IN_FLIGHT={v:?} is not a count of steps (0 runs every step synchronously)"),
+                reason: format!(
+                    "KILN_MAX_STEPS_IN_FLIGHT={v:?} is not a count of steps (0 runs every step synchronously)"
+                ),
             })?,
         };
         self.max_in_flight = Some(n);
@@ -224,7 +226,8 @@ pub(crate) fn poll() -> Result<()> {
 /// Waits until at most `bound` steps are in flight, oldest first.
 fn settle(bound: usize) -> Result<()> {
     loop {
-        let front = crate::context::with(|c| (c.exec.in_flight.len() > bound).then(|| c.exec.in_flight.pop_front()).flatten());
+        let front =
+            crate::context::with(|c| (c.exec.in_flight.len() > bound).then(|| c.exec.in_flight.pop_front()).flatten());
         let Some(run) = front else { return poll() };
         finish(&run)?;
     }
@@ -276,9 +279,9 @@ pub(crate) fn execute(input: RunInput<'_>, step: u64, hooks: Vec<Hook>) -> Resul
         }
         RunInput::Reference { graph, bindings } => {
             let outputs = run_reference(graph, bindings)?;
-            let reported = hooks.into_iter().try_for_each(|hook| {
-                hook().map_err(|e| FrontendError::StepFailed { step, reason: e.to_string() })
-            });
+            let reported = hooks
+                .into_iter()
+                .try_for_each(|hook| hook().map_err(|e| FrontendError::StepFailed { step, reason: e.to_string() }));
             Ok(Executed { outputs, reported })
         }
     }
@@ -396,13 +399,18 @@ fn run_pjrt(entry: &CacheEntry, bindings: Vec<Binding>, step: u64, hooks: Vec<Ho
 }
 
 /// Uploads `value(r)` to replica `r`'s device, for every replica.
-fn upload<'a>(client: &Client, devices: &[kiln_runtime::Device], value: impl Fn(usize) -> &'a Literal) -> Result<DeviceValue> {
+fn upload<'a>(
+    client: &Client,
+    devices: &[kiln_runtime::Device],
+    value: impl Fn(usize) -> &'a Literal,
+) -> Result<DeviceValue> {
     let bufs = devices
         .iter()
         .enumerate()
         .map(|(r, device)| {
             let lit = value(r);
-            let buf = client.buffer_from_bytes(lit.bytes(), element_type(lit.ty().dtype), lit.ty().shape.dims(), device)?;
+            let buf =
+                client.buffer_from_bytes(lit.bytes(), element_type(lit.ty().dtype), lit.ty().shape.dims(), device)?;
             metrics::update(|m| m.host_to_device_bytes += lit.bytes().len() as u64);
             Ok(buf)
         })
@@ -416,13 +424,12 @@ pub(crate) fn download(value: &DeviceValue, pick: std::ops::Range<usize>) -> Res
     // Failures of earlier steps that are already known come first.
     poll()?;
     let t = Instant::now();
-    let out = value.0[pick]
-        .iter()
-        .map(|b| b.to_host_bytes())
-        .collect::<kiln_runtime::Result<Vec<_>>>()
-        .map_err(|e| match &value.1 {
-            Some(run) => run.failed(e),
-            None => FrontendError::Runtime(e),
+    let out =
+        value.0[pick].iter().map(|b| b.to_host_bytes()).collect::<kiln_runtime::Result<Vec<_>>>().map_err(|e| {
+            match &value.1 {
+                Some(run) => run.failed(e),
+                None => FrontendError::Runtime(e),
+            }
         })?;
     metrics::update(|m| {
         m.device_to_host_bytes += out.iter().map(|b| b.len() as u64).sum::<u64>();

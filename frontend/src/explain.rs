@@ -50,7 +50,8 @@ pub(crate) fn new_program(g: &Graph, names: &[Option<Rc<str>>], history: &[Rc<Pr
                     describe_difference(new, was)
                 );
             }
-            None => text.push_str("the program equals an earlier one but was keyed differently (outputs or donation changed)"),
+            None => text
+                .push_str("the program equals an earlier one but was keyed differently (outputs or donation changed)"),
         }
         return Some(text);
     }
@@ -61,7 +62,10 @@ pub(crate) fn new_program(g: &Graph, names: &[Option<Rc<str>>], history: &[Rc<Pr
         let _ = write!(text, "{} changed from {b} to {a}", input_name(names, *i));
     }
     let only_leading = changed.iter().all(|(_, b, a)| {
-        b.dtype == a.dtype && b.shape.rank() == a.shape.rank() && b.shape.rank() > 0 && b.shape.dims()[1..] == a.shape.dims()[1..]
+        b.dtype == a.dtype
+            && b.shape.rank() == a.shape.rank()
+            && b.shape.rank() > 0
+            && b.shape.dims()[1..] == a.shape.dims()[1..]
     });
     let dtype_changed = changed.iter().any(|(_, b, a)| b.dtype != a.dtype);
     if only_leading {

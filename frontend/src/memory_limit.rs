@@ -27,9 +27,7 @@ pub fn memory_limit() -> Option<u64> {
 
 /// The pruned step graph whose outputs are `f`'s tensors, recorded apart from
 /// the current step and never run (what `kiln profile --max-batch` sizes).
-pub fn capture_graph(
-    f: impl FnOnce() -> crate::Result<Vec<crate::Tensor>>,
-) -> crate::Result<kiln_compiler::ir::Graph> {
+pub fn capture_graph(f: impl FnOnce() -> crate::Result<Vec<crate::Tensor>>) -> crate::Result<kiln_compiler::ir::Graph> {
     use crate::context::{self, State, Trace};
     let outer = context::with(|c| std::mem::replace(&mut c.trace, Trace::new()));
     let result = f();

@@ -239,7 +239,13 @@ fn bytes(n: u64) -> String {
 impl fmt::Display for Metrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        writeln!(f, "steps            {} ({} ops recorded, {:.1} ms closing traces)", self.steps, self.ops_recorded, ms(self.trace_time))?;
+        writeln!(
+            f,
+            "steps            {} ({} ops recorded, {:.1} ms closing traces)",
+            self.steps,
+            self.ops_recorded,
+            ms(self.trace_time)
+        )?;
         writeln!(f, "compiles         {} ({:.1} ms)", self.compiles, ms(self.compile_time))?;
         writeln!(
             f,
@@ -267,7 +273,14 @@ impl fmt::Display for Metrics {
             )?;
             for s in &p.passes {
                 let stop = s.stop_reason.as_deref().map(|r| format!(", {r}")).unwrap_or_default();
-                writeln!(f, "  {:<14} {:>7} -> {:>7} nodes {:>8.2} ms{stop}", s.name, s.nodes_in, s.nodes_out, ms(s.time))?;
+                writeln!(
+                    f,
+                    "  {:<14} {:>7} -> {:>7} nodes {:>8.2} ms{stop}",
+                    s.name,
+                    s.nodes_in,
+                    s.nodes_out,
+                    ms(s.time)
+                )?;
             }
         }
         writeln!(f, "recompiles       {}", self.recompiles)?;

@@ -140,14 +140,18 @@ pub(crate) struct Obtained {
 pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, replicas: usize) -> Result<Obtained> {
     let mut dump = crate::dump::Dump::from_env();
     let t = Instant::now();
-    let out = pipeline::run(graph, &pipeline::PipelineOptions::default().with_memory_limit(crate::memory_limit()), &mut |p, g| dump.observe(p, g))?;
+    let out = pipeline::run(
+        graph,
+        &pipeline::PipelineOptions::default().with_memory_limit(crate::memory_limit()),
+        &mut |p, g| dump.observe(p, g),
+    )?;
     metrics::update(|m| m.record_pipeline(&out.stats, t.elapsed()));
     dump.finish()?;
     let pipeline::Optimized { graph: optimized, pruned, .. } = out;
-    let donated = (0..pruned.kept_params.len())
-        .map(|i| pruned.graph.aliases().iter().any(|a| a.param as usize == i))
-        .collect();
-    let lower_opts = LowerOptions { num_replicas: replicas, target: LowerTarget::from_platform(client.platform_name()) };
+    let donated =
+        (0..pruned.kept_params.len()).map(|i| pruned.graph.aliases().iter().any(|a| a.param as usize == i)).collect();
+    let lower_opts =
+        LowerOptions { num_replicas: replicas, target: LowerTarget::from_platform(client.platform_name()) };
     // Across processes every node must agree on which replica runs where:
     // replica r on the r-th global device, spelled out (in one process the
     // plugin's default is the same and keeps existing cache keys).
@@ -239,7 +243,8 @@ pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, repli
         crate::warnings::show_once(crate::warnings::Warning::Recompile, || text.clone());
         metrics::explain(text.clone());
     }
-    let program = Rc::new(Program { exe, graph: pruned.graph.clone(), flops: kiln_compiler::cost::graph_flops(&optimized) });
+    let program =
+        Rc::new(Program { exe, graph: pruned.graph.clone(), flops: kiln_compiler::cost::graph_flops(&optimized) });
     context::with(|c| {
         c.cache.programs.insert(key, program.clone());
         c.cache.history.push(program.clone());

@@ -66,13 +66,7 @@ pub fn local_shards<T>(steps: Vec<Vec<T>>) -> Result<Vec<Vec<T>>> {
     }
     Ok(steps
         .into_iter()
-        .map(|step| {
-            step.into_iter()
-                .enumerate()
-                .filter(|(g, _)| local.contains(g))
-                .map(|(_, s)| s)
-                .collect()
-        })
+        .map(|step| step.into_iter().enumerate().filter(|(g, _)| local.contains(g)).map(|(_, s)| s).collect())
         .collect())
 }
 
@@ -110,7 +104,12 @@ pub fn from_shards<T: Element>(shards: Vec<Vec<T>>, shape: impl Into<Shape>) -> 
     let shape = shape.into();
     let n = num_replicas()?;
     if shards.len() != n {
-        return Err(FrontendError::Count { op: "from_shards", what: "shards", expected: format!("{n} replicas"), got: shards.len() });
+        return Err(FrontendError::Count {
+            op: "from_shards",
+            what: "shards",
+            expected: format!("{n} replicas"),
+            got: shards.len(),
+        });
     }
     let ty = TensorType::new(T::DTYPE, shape.clone());
     let literals = shards

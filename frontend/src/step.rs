@@ -18,8 +18,8 @@ use kiln_runtime::ElementType;
 use crate::context::{self, Backend, Binding, Inner, State, Storage, Trace};
 use crate::error::{FrontendError, Result};
 use crate::executor::{self, select, RunInput};
-use crate::program::{self, CacheEntry};
 use crate::metrics;
+use crate::program::{self, CacheEntry};
 use crate::tensor::Tensor;
 
 /// What one `mark_step` did.
@@ -237,9 +237,9 @@ fn cut(t0: Instant) -> Result<Option<CutStep>> {
         }
         Backend::Eager => {
             let outputs = crate::eager::finish(epoch, &graph)?;
-            let reported = hooks.into_iter().try_for_each(|hook| {
-                hook().map_err(|e| FrontendError::StepFailed { step, reason: e.to_string() })
-            });
+            let reported = hooks
+                .into_iter()
+                .try_for_each(|hook| hook().map_err(|e| FrontendError::StepFailed { step, reason: e.to_string() }));
             (Ok(executor::Executed { outputs, reported }), None, Vec::new())
         }
     };

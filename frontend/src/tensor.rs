@@ -13,8 +13,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use kiln_compiler::ir::{
-    BinaryOp, CompareDir, DType, DotDims, Literal, Op, ReduceOp, RngAlgorithm, Shape, TensorType, UnaryOp,
-    ValueId,
+    BinaryOp, CompareDir, DType, DotDims, Literal, Op, ReduceOp, RngAlgorithm, Shape, TensorType, UnaryOp, ValueId,
 };
 
 use crate::context::{self, DeviceValue, Inner, State, Storage};
@@ -477,7 +476,8 @@ impl Tensor {
         let (on_true, on_false) = promote_pair(on_true, on_false)?;
         let shape = broadcast_shape("where", cond.shape(), on_true.shape())?;
         let shape = broadcast_shape("where", &shape, on_false.shape())?;
-        let (c, t, f) = (cond.broadcast_to(shape.clone())?, on_true.broadcast_to(shape.clone())?, on_false.broadcast_to(shape)?);
+        let (c, t, f) =
+            (cond.broadcast_to(shape.clone())?, on_true.broadcast_to(shape.clone())?, on_false.broadcast_to(shape)?);
         let [pred, on_true, on_false] = Tensor::values("select", [&c, &t, &f])?;
         record(Op::Select { pred, on_true, on_false })
     }
@@ -727,10 +727,12 @@ impl Tensor {
             // [..., m, k] x [k, n]: contract the last lhs dim with rhs dim 0; the
             // free lhs dims lead the result, so no batching is needed.
             let [lhs, r] = Tensor::values("dot_general", [self, rhs])?;
-            let dims = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![lr - 1], rhs_contract: vec![0] };
+            let dims =
+                DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![lr - 1], rhs_contract: vec![0] };
             return record(Op::DotGeneral { lhs, rhs: r, dims });
         }
-        let batch = broadcast_shape("matmul", &Shape::from(&self.dims()[..lr - 2]), &Shape::from(&rhs.dims()[..rr - 2]))?;
+        let batch =
+            broadcast_shape("matmul", &Shape::from(&self.dims()[..lr - 2]), &Shape::from(&rhs.dims()[..rr - 2]))?;
         let nb = batch.rank();
         let mut ls = batch.0.to_vec();
         ls.extend(&self.dims()[lr - 2..]);

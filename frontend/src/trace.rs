@@ -24,8 +24,8 @@ use std::sync::Arc;
 
 use kiln_compiler::ir::{DType, Graph, Literal, Op, Shape, TensorType, ValueId};
 
-pub(crate) use crate::executor::DeviceValue;
 use crate::error::{FrontendError, Result};
+pub(crate) use crate::executor::DeviceValue;
 use crate::metrics;
 
 static NEXT_EPOCH: AtomicU64 = AtomicU64::new(1);
@@ -180,11 +180,7 @@ impl Trace {
                     }
                 }
                 let v = self.graph.parameter(t.ty.clone());
-                self.bindings.push(Binding {
-                    tensor: Rc::downgrade(t),
-                    tensor_id: t.id,
-                    storage: storage.clone(),
-                });
+                self.bindings.push(Binding { tensor: Rc::downgrade(t), tensor_id: t.id, storage: storage.clone() });
                 t.bound.set(Some((epoch, v)));
                 Ok(v)
             }
@@ -236,5 +232,4 @@ impl Trace {
         }
         t.live.push(Rc::downgrade(inner));
     }
-
 }

@@ -82,7 +82,13 @@ impl TrainStep {
 
     /// Records the step (see the module docs) for `loss`, an f32 scalar of the
     /// forward already recorded, updating `params` with `opt` at `lr`.
-    pub fn record<O: Optimizer>(&mut self, loss: &Tensor, params: &[Tensor], opt: &mut O, lr: f64) -> Result<StepStats> {
+    pub fn record<O: Optimizer>(
+        &mut self,
+        loss: &Tensor,
+        params: &[Tensor],
+        opt: &mut O,
+        lr: f64,
+    ) -> Result<StepStats> {
         if loss.rank() != 0 {
             return Err(FrontendError::LossNotScalar { ty: loss.ty().clone() });
         }

@@ -18,14 +18,32 @@ use proptest::test_runner::{Config, TestRunner};
 /// One edit of a byte string.
 #[derive(Clone, Debug)]
 enum Edit {
-    Flip { at: usize, bit: u8 },
-    Set { at: usize, byte: u8 },
-    Insert { at: usize, bytes: Vec<u8> },
-    Remove { at: usize, len: usize },
-    Truncate { at: usize },
+    Flip {
+        at: usize,
+        bit: u8,
+    },
+    Set {
+        at: usize,
+        byte: u8,
+    },
+    Insert {
+        at: usize,
+        bytes: Vec<u8>,
+    },
+    Remove {
+        at: usize,
+        len: usize,
+    },
+    Truncate {
+        at: usize,
+    },
     /// A big-endian u32 (IDX header fields) or little-endian u64
     /// (safetensors' header length) written over the input.
-    Word { at: usize, value: u64, be32: bool },
+    Word {
+        at: usize,
+        value: u64,
+        be32: bool,
+    },
 }
 
 fn edit() -> impl Strategy<Value = Edit> {
@@ -41,7 +59,8 @@ fn edit() -> impl Strategy<Value = Edit> {
     prop_oneof![
         (any::<usize>(), 0u8..8).prop_map(|(at, bit)| Edit::Flip { at, bit }),
         (any::<usize>(), any::<u8>()).prop_map(|(at, byte)| Edit::Set { at, byte }),
-        (any::<usize>(), proptest::collection::vec(any::<u8>(), 1..16)).prop_map(|(at, bytes)| Edit::Insert { at, bytes }),
+        (any::<usize>(), proptest::collection::vec(any::<u8>(), 1..16))
+            .prop_map(|(at, bytes)| Edit::Insert { at, bytes }),
         (any::<usize>(), 1usize..64).prop_map(|(at, len)| Edit::Remove { at, len }),
         any::<usize>().prop_map(|at| Edit::Truncate { at }),
         (0usize..24, hostile, any::<bool>()).prop_map(|(at, value, be32)| Edit::Word { at, value, be32 }),
@@ -75,7 +94,8 @@ fn apply(mut b: Vec<u8>, edits: &[Edit]) -> Vec<u8> {
             }
             Edit::Truncate { at } => b.truncate(at % n),
             Edit::Word { at, value, be32 } => {
-                let bytes: Vec<u8> = if *be32 { (*value as u32).to_be_bytes().to_vec() } else { value.to_le_bytes().to_vec() };
+                let bytes: Vec<u8> =
+                    if *be32 { (*value as u32).to_be_bytes().to_vec() } else { value.to_le_bytes().to_vec() };
                 for (i, x) in bytes.into_iter().enumerate() {
                     if let Some(slot) = b.get_mut(at + i) {
                         *slot = x;
@@ -127,7 +147,12 @@ fn fuzz(name: &str, seeds: Vec<Vec<u8>>, cases: u32, target: impl Fn(&[u8]) -> b
             Ok(())
         })
         .unwrap_or_else(|e| panic!("{name}: {e}"));
-    println!("fuzz {name}: {} executions, {} accepted, {} typed errors, 0 panics", runs.get(), accepted.get(), runs.get() - accepted.get());
+    println!(
+        "fuzz {name}: {} executions, {} accepted, {} typed errors, 0 panics",
+        runs.get(),
+        accepted.get(),
+        runs.get() - accepted.get()
+    );
     (runs.get(), accepted.get())
 }
 

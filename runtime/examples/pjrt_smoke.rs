@@ -58,11 +58,7 @@ fn max_rel_err(got: &[f32], want: &[f64], scale: &[f64]) -> f64 {
 
 fn dot_tanh(client: &Client, rng: &mut XorShift) -> anyhow::Result<f64> {
     let (m, k, n) = (32, 48, 16);
-    let device = client
-        .devices()
-        .into_iter()
-        .next()
-        .context("the plugin has no devices")?;
+    let device = client.devices().into_iter().next().context("the plugin has no devices")?;
     let exe = client.compile(DOT_TANH, &CompileOptions::default())?;
     // Scaled so pre-activations stay O(1): tanh is then not saturated and
     // f32 accumulation error stays well inside the tolerance.
@@ -87,10 +83,7 @@ fn dot_tanh(client: &Client, rng: &mut XorShift) -> anyhow::Result<f64> {
 fn all_reduce(client: &Client, rng: &mut XorShift) -> anyhow::Result<f64> {
     let devices = client.devices();
     let replicas = devices.len();
-    let ids = (0..replicas)
-        .map(|i| i.to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
+    let ids = (0..replicas).map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
     let program = format!(
         r#"
 func.func public @main(%x: tensor<256xf32>) -> tensor<256xf32> {{
@@ -103,27 +96,16 @@ func.func public @main(%x: tensor<256xf32>) -> tensor<256xf32> {{
 }}
 "#
     );
-    let exe = client.compile(
-        &program,
-        &CompileOptions {
-            num_replicas: replicas,
-            ..CompileOptions::default()
-        },
-    )?;
+    let exe = client.compile(&program, &CompileOptions { num_replicas: replicas, ..CompileOptions::default() })?;
     let inputs: Vec<Vec<f32>> = (0..replicas).map(|_| rng.vec(256)).collect();
     let buffers = inputs
         .iter()
         .zip(&devices)
         .map(|(x, d)| client.buffer_from_host(x, &[256], d))
         .collect::<Result<Vec<_>, _>>()?;
-    let outputs =
-        exe.execute_replicated(buffers.iter().map(|b| vec![ExecArg::Borrowed(b)]).collect())?;
-    let want: Vec<f64> = (0..256)
-        .map(|i| inputs.iter().map(|x| f64::from(x[i])).sum())
-        .collect();
-    let scale: Vec<f64> = (0..256)
-        .map(|i| inputs.iter().map(|x| f64::from(x[i]).abs()).sum())
-        .collect();
+    let outputs = exe.execute_replicated(buffers.iter().map(|b| vec![ExecArg::Borrowed(b)]).collect())?;
+    let want: Vec<f64> = (0..256).map(|i| inputs.iter().map(|x| f64::from(x[i])).sum()).collect();
+    let scale: Vec<f64> = (0..256).map(|i| inputs.iter().map(|x| f64::from(x[i]).abs()).sum()).collect();
     let mut worst = 0.0f64;
     for out in &outputs {
         worst = worst.max(max_rel_err(&out[0].to_vec::<f32>()?, &want, &scale));
@@ -135,10 +117,7 @@ fn main() -> anyhow::Result<()> {
     let client = Client::new(&ClientOptions::default())?;
     let (major, minor) = client.api_version();
     println!("plugin:      {}", client.plugin_path().display());
-    println!(
-        "platform:    {} (PJRT C API {major}.{minor})",
-        client.platform_name()
-    );
+    println!("platform:    {} (PJRT C API {major}.{minor})", client.platform_name());
     let devices = client.devices();
     println!("devices:     {}", devices.len());
     for d in &devices {
@@ -147,20 +126,11 @@ fn main() -> anyhow::Result<()> {
     let mut rng = XorShift(0x5eed_1234);
     let err = dot_tanh(&client, &mut rng)?;
     println!("dot+tanh:    max relative error {err:.3e}");
-    ensure!(
-        err < TOLERANCE,
-        "dot+tanh error {err:.3e} exceeds {TOLERANCE:e}"
-    );
+    ensure!(err < TOLERANCE, "dot+tanh error {err:.3e} exceeds {TOLERANCE:e}");
     if devices.len() >= 2 {
         let err = all_reduce(&client, &mut rng)?;
-        println!(
-            "all_reduce:  {} replicas, max relative error {err:.3e}",
-            devices.len()
-        );
-        ensure!(
-            err < TOLERANCE,
-            "all_reduce error {err:.3e} exceeds {TOLERANCE:e}"
-        );
+        println!("all_reduce:  {} replicas, max relative error {err:.3e}", devices.len());
+        ensure!(err < TOLERANCE, "all_reduce error {err:.3e} exceeds {TOLERANCE:e}");
     } else {
         println!("all_reduce:  skipped (one device)");
     }

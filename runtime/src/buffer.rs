@@ -38,41 +38,21 @@ impl Buffer {
         device_index: usize,
     ) -> Buffer {
         LIVE_BUFFERS.fetch_add(1, Ordering::SeqCst);
-        Buffer {
-            client,
-            raw,
-            ty,
-            dims,
-            device_index,
-        }
+        Buffer { client, raw, ty, dims, device_index }
     }
 
     /// Wraps a buffer the plugin made (an execution output), reading its
     /// type, dims and device.
     pub(crate) fn from_plugin(client: &Client, raw: RawBuffer) -> Result<Buffer> {
         let ty = ElementType::from_pjrt(raw.element_type()?)?;
-        let dims = raw
-            .dims()?
-            .into_iter()
-            .map(|d| usize::try_from(d).unwrap_or(0))
-            .collect();
+        let dims = raw.dims()?.into_iter().map(|d| usize::try_from(d).unwrap_or(0)).collect();
         let device = raw.device()?;
-        let device_index = client
-            .inner
-            .device_index(device)
-            .ok_or_else(|| RuntimeError::Pjrt {
-                function: "PJRT_Buffer_Device",
-                code: crate::error::PjrtErrorCode::Internal,
-                message: "output buffer lives on a device that is not addressable by this client"
-                    .into(),
-            })?;
-        Ok(Buffer::from_parts(
-            client.clone(),
-            raw,
-            ty,
-            dims,
-            device_index,
-        ))
+        let device_index = client.inner.device_index(device).ok_or_else(|| RuntimeError::Pjrt {
+            function: "PJRT_Buffer_Device",
+            code: crate::error::PjrtErrorCode::Internal,
+            message: "output buffer lives on a device that is not addressable by this client".into(),
+        })?;
+        Ok(Buffer::from_parts(client.clone(), raw, ty, dims, device_index))
     }
 
     pub fn element_type(&self) -> ElementType {
@@ -85,17 +65,11 @@ impl Buffer {
 
     /// Element type and dims together.
     pub fn arg_type(&self) -> ArgType {
-        ArgType {
-            ty: self.ty,
-            dims: self.dims.clone(),
-        }
+        ArgType { ty: self.ty, dims: self.dims.clone() }
     }
 
     pub fn device(&self) -> Device {
-        Device {
-            client: self.client.clone(),
-            index: self.device_index,
-        }
+        Device { client: self.client.clone(), index: self.device_index }
     }
 
     pub(crate) fn device_index(&self) -> usize {
@@ -119,10 +93,7 @@ impl Buffer {
     /// Copies the buffer to the host as `T`, which must match its element type.
     pub fn to_vec<T: NativeType>(&self) -> Result<Vec<T>> {
         if T::TYPE != self.ty {
-            return Err(RuntimeError::DTypeMismatch {
-                requested: T::TYPE,
-                actual: self.ty,
-            });
+            return Err(RuntimeError::DTypeMismatch { requested: T::TYPE, actual: self.ty });
         }
         let bytes = self.to_host_bytes()?;
         let expected = self.arg_type().size_in_bytes();

@@ -137,13 +137,15 @@ impl DiskCacheConfig {
         }
         let dir = match var("KILN_CACHE_DIR") {
             Some(d) => PathBuf::from(d),
-            None => match default_dir() {
-                Some(d) => d,
-                None => {
-                    tracing::warn!("kiln: no cache directory (set KILN_CACHE_DIR, XDG_CACHE_HOME or HOME); the disk cache is off");
-                    return Ok(None);
+            None => {
+                match default_dir() {
+                    Some(d) => d,
+                    None => {
+                        tracing::warn!("kiln: no cache directory (set KILN_CACHE_DIR, XDG_CACHE_HOME or HOME); the disk cache is off");
+                        return Ok(None);
+                    }
                 }
-            },
+            }
         };
         let max_bytes = match var("KILN_CACHE_MAX_BYTES") {
             Some(v) => parse_bytes(&v).ok_or(RuntimeError::BadCacheEnv {
@@ -194,10 +196,16 @@ pub struct EntryInfo {
 
 /// The outcome of [`DiskCache::load`].
 pub enum Lookup {
-    Hit { exe: Executable, info: EntryInfo },
+    Hit {
+        exe: Executable,
+        info: EntryInfo,
+    },
     Miss,
     /// The entry was damaged (and has been removed unless read-only).
-    Corrupt { path: PathBuf, reason: String },
+    Corrupt {
+        path: PathBuf,
+        reason: String,
+    },
 }
 
 /// Entries, bytes and settings of a cache directory.
@@ -267,7 +275,10 @@ impl DiskCache {
             Err(e) => return Err(io_err(&path, e)),
         };
         let checked = decode(&bytes, key).and_then(|(info, payload)| {
-            client.deserialize_executable(payload, None).map(|exe| (exe, info)).map_err(|e| format!("the plugin refused it: {e}"))
+            client
+                .deserialize_executable(payload, None)
+                .map(|exe| (exe, info))
+                .map_err(|e| format!("the plugin refused it: {e}"))
         });
         match checked {
             Ok((exe, info)) => {

@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::buffer::Buffer;
-use crate::distributed::StoreHandle;
 use crate::compile_options::CompileOptions;
+use crate::distributed::StoreHandle;
 use crate::element_type::{as_bytes, ElementType, NativeType};
 use crate::error::{Result, RuntimeError};
 use crate::executable::Executable;
@@ -109,11 +109,7 @@ impl Client {
         let kv = match &options.distributed {
             Some(d) if d.num_nodes > 1 => match &d.store {
                 Some(store) => Some(store.0.clone()),
-                None => {
-                    return Err(RuntimeError::MissingCoordinator {
-                        num_nodes: d.num_nodes,
-                    })
-                }
+                None => return Err(RuntimeError::MissingCoordinator { num_nodes: d.num_nodes }),
             },
             Some(d) => d.store.as_ref().map(|s| s.0.clone()),
             None => None,
@@ -121,22 +117,15 @@ impl Client {
         let path = plugin::resolve_plugin(options.plugin.as_deref())?;
         let api = Api::load(&path)?;
         let to_i64 = |what: &str, n: usize| {
-            i64::try_from(n).map_err(|_| RuntimeError::CompileOptions {
-                message: format!("{what} {n} is too large"),
-            })
+            i64::try_from(n).map_err(|_| RuntimeError::CompileOptions { message: format!("{what} {n} is too large") })
         };
         let mut create_options = Vec::new();
         if let Some(count) = options.cpu_device_count {
-            create_options.push((
-                "cpu_device_count".to_string(),
-                OptionValue::Int64(to_i64("cpu_device_count", count)?),
-            ));
+            create_options
+                .push(("cpu_device_count".to_string(), OptionValue::Int64(to_i64("cpu_device_count", count)?)));
         }
         if let Some(list) = &options.visible_devices {
-            let list = list
-                .iter()
-                .map(|&d| to_i64("visible device", d))
-                .collect::<Result<Vec<_>>>()?;
+            let list = list.iter().map(|&d| to_i64("visible device", d)).collect::<Result<Vec<_>>>()?;
             create_options.push(("visible_devices".to_string(), OptionValue::Int64List(list)));
         }
         let num_nodes = options.distributed.as_ref().map_or(1, |d| d.num_nodes);
@@ -147,22 +136,14 @@ impl Client {
         let raw = RawClient::create(api, &create_options, kv)?;
         let platform_name = raw.platform_name()?;
         if num_nodes > 1 && platform_name == "cpu" {
-            return Err(RuntimeError::PlatformNotDistributed {
-                platform: platform_name,
-                num_nodes,
-            });
+            return Err(RuntimeError::PlatformNotDistributed { platform: platform_name, num_nodes });
         }
         let devices = raw
             .addressable_devices()?
             .into_iter()
             .map(|d| {
                 let info = d.info(api)?;
-                Ok(DeviceEntry {
-                    raw: d,
-                    id: info.id,
-                    kind: info.kind,
-                    debug_string: info.debug_string,
-                })
+                Ok(DeviceEntry { raw: d, id: info.id, kind: info.kind, debug_string: info.debug_string })
             })
             .collect::<Result<Vec<_>>>()?;
         let mut global_devices = raw
@@ -170,11 +151,7 @@ impl Client {
             .into_iter()
             .map(|d| {
                 let info = d.info(api)?;
-                Ok(GlobalDevice {
-                    id: info.id,
-                    process_index: info.process_index,
-                    kind: info.kind,
-                })
+                Ok(GlobalDevice { id: info.id, process_index: info.process_index, kind: info.kind })
             })
             .collect::<Result<Vec<_>>>()?;
         global_devices.sort_by_key(|d| d.id);
@@ -187,16 +164,7 @@ impl Client {
             plugin = %path.display(),
             "PJRT client created"
         );
-        Ok(Client {
-            inner: Arc::new(ClientInner {
-                raw,
-                api,
-                platform_name,
-                devices,
-                global_devices,
-                process_index,
-            }),
-        })
+        Ok(Client { inner: Arc::new(ClientInner { raw, api, platform_name, devices, global_devices, process_index }) })
     }
 
     /// Every device of the run in global-id order (this process's and the
@@ -217,10 +185,7 @@ impl Client {
         let global = &self.inner.global_devices;
         if replicas > global.len() {
             return Err(RuntimeError::CompileOptions {
-                message: format!(
-                    "{replicas} replicas need as many devices; the run has {}",
-                    global.len()
-                ),
+                message: format!("{replicas} replicas need as many devices; the run has {}", global.len()),
             });
         }
         Ok(global[..replicas].iter().map(|d| vec![i64::from(d.id)]).collect())
@@ -262,12 +227,7 @@ impl Client {
     }
 
     pub fn devices(&self) -> Vec<Device> {
-        (0..self.inner.devices.len())
-            .map(|index| Device {
-                client: self.clone(),
-                index,
-            })
-            .collect()
+        (0..self.inner.devices.len()).map(|index| Device { client: self.clone(), index }).collect()
     }
 
     pub(crate) fn same_client(&self, other: &Client) -> bool {
@@ -278,62 +238,30 @@ impl Client {
         if self.same_client(&device.client) {
             Ok(())
         } else {
-            Err(RuntimeError::ForeignDevice {
-                device: device.id(),
-            })
+            Err(RuntimeError::ForeignDevice { device: device.id() })
         }
     }
 
     /// Copies `data` (row-major, `dims`) to a new buffer on `device`.
-    pub fn buffer_from_host<T: NativeType>(
-        &self,
-        data: &[T],
-        dims: &[usize],
-        device: &Device,
-    ) -> Result<Buffer> {
+    pub fn buffer_from_host<T: NativeType>(&self, data: &[T], dims: &[usize], device: &Device) -> Result<Buffer> {
         self.buffer_from_bytes(as_bytes(data), T::TYPE, dims, device)
     }
 
     /// Copies raw host bytes (row-major, `ty` elements of `dims`) to a new
     /// buffer on `device`. `Pred` takes one byte (0 or 1) per element.
-    pub fn buffer_from_bytes(
-        &self,
-        bytes: &[u8],
-        ty: ElementType,
-        dims: &[usize],
-        device: &Device,
-    ) -> Result<Buffer> {
+    pub fn buffer_from_bytes(&self, bytes: &[u8], ty: ElementType, dims: &[usize], device: &Device) -> Result<Buffer> {
         self.check_device(device)?;
         let expected = ArgType::new(ty, dims).size_in_bytes();
         if bytes.len() != expected {
-            return Err(RuntimeError::HostDataLength {
-                ty,
-                dims: dims.to_vec(),
-                expected,
-                got: bytes.len(),
-            });
+            return Err(RuntimeError::HostDataLength { ty, dims: dims.to_vec(), expected, got: bytes.len() });
         }
         let dims_i64 = dims
             .iter()
             .map(|&d| i64::try_from(d))
             .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|_| RuntimeError::HostDataLength {
-                ty,
-                dims: dims.to_vec(),
-                expected,
-                got: bytes.len(),
-            })?;
-        let raw = self
-            .inner
-            .raw
-            .buffer_from_host(bytes, ty.to_pjrt(), &dims_i64, device.raw())?;
-        Ok(Buffer::from_parts(
-            self.clone(),
-            raw,
-            ty,
-            dims.to_vec(),
-            device.index,
-        ))
+            .map_err(|_| RuntimeError::HostDataLength { ty, dims: dims.to_vec(), expected, got: bytes.len() })?;
+        let raw = self.inner.raw.buffer_from_host(bytes, ty.to_pjrt(), &dims_i64, device.raw())?;
+        Ok(Buffer::from_parts(self.clone(), raw, ty, dims.to_vec(), device.index))
     }
 
     /// Parses `@main`'s signature, then compiles the StableHLO text.
@@ -347,23 +275,14 @@ impl Client {
     /// Loads an executable written by [`Executable::serialize`] (the kiln
     /// envelope restores the signature), or raw PJRT bytes together with
     /// `signature`. An explicit `signature` overrides the envelope's.
-    pub fn deserialize_executable(
-        &self,
-        bytes: &[u8],
-        signature: Option<Signature>,
-    ) -> Result<Executable> {
+    pub fn deserialize_executable(&self, bytes: &[u8], signature: Option<Signature>) -> Result<Executable> {
         let (envelope_signature, pjrt_bytes) = match crate::executable::envelope::open(bytes)? {
             Some((sig, rest)) => (Some(sig), rest),
             None => (None, bytes),
         };
-        let signature =
-            signature
-                .or(envelope_signature)
-                .ok_or_else(|| RuntimeError::Deserialize {
-                    reason:
-                        "the bytes are not a kiln executable envelope and no signature was given"
-                            .into(),
-                })?;
+        let signature = signature.or(envelope_signature).ok_or_else(|| RuntimeError::Deserialize {
+            reason: "the bytes are not a kiln executable envelope and no signature was given".into(),
+        })?;
         let raw = self.inner.raw.deserialize_and_load(pjrt_bytes)?;
         Executable::new(self.clone(), raw, signature)
     }
@@ -416,12 +335,6 @@ impl Eq for Device {}
 
 impl fmt::Debug for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Device({}, id={}, {})",
-            self.client.platform_name(),
-            self.id(),
-            self.kind()
-        )
+        write!(f, "Device({}, id={}, {})", self.client.platform_name(), self.id(), self.kind())
     }
 }

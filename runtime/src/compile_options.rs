@@ -24,11 +24,7 @@ pub struct CompileOptions {
 
 impl Default for CompileOptions {
     fn default() -> Self {
-        CompileOptions {
-            num_replicas: 1,
-            num_partitions: 1,
-            device_assignment: None,
-        }
+        CompileOptions { num_replicas: 1, num_partitions: 1, device_assignment: None }
     }
 }
 
@@ -82,9 +78,7 @@ impl CompileOptions {
                 self.num_replicas, self.num_partitions
             )));
         }
-        let to_i32 = |n: usize, what: &str| {
-            i32::try_from(n).map_err(|_| invalid(format!("{what} {n} is too large")))
-        };
+        let to_i32 = |n: usize, what: &str| i32::try_from(n).map_err(|_| invalid(format!("{what} {n} is too large")));
         let device_assignment = match &self.device_assignment {
             None => None,
             Some(rows) => {
@@ -95,11 +89,7 @@ impl CompileOptions {
                         self.num_replicas
                     )));
                 }
-                if let Some((r, row)) = rows
-                    .iter()
-                    .enumerate()
-                    .find(|(_, row)| row.len() != self.num_partitions)
-                {
+                if let Some((r, row)) = rows.iter().enumerate().find(|(_, row)| row.len() != self.num_partitions) {
                     return Err(invalid(format!(
                         "device_assignment row {r} has {} devices, num_partitions is {}",
                         row.len(),
@@ -107,9 +97,7 @@ impl CompileOptions {
                     )));
                 }
                 let computation_devices = (0..self.num_partitions)
-                    .map(|p| ComputationDevice {
-                        replica_device_ids: rows.iter().map(|row| row[p]).collect(),
-                    })
+                    .map(|p| ComputationDevice { replica_device_ids: rows.iter().map(|row| row[p]).collect() })
                     .collect();
                 Some(DeviceAssignmentProto {
                     replica_count: to_i32(self.num_replicas, "num_replicas")?,
@@ -148,27 +136,13 @@ mod tests {
 
     #[test]
     fn device_assignment_is_transposed_and_checked() {
-        let opts = CompileOptions {
-            num_replicas: 2,
-            num_partitions: 1,
-            device_assignment: Some(vec![vec![1], vec![0]]),
-        };
+        let opts =
+            CompileOptions { num_replicas: 2, num_partitions: 1, device_assignment: Some(vec![vec![1], vec![0]]) };
         let bytes = opts.to_proto_bytes().unwrap();
         let decoded = CompileOptionsProto::decode(bytes.as_slice()).unwrap();
-        let da = decoded
-            .executable_build_options
-            .unwrap()
-            .device_assignment
-            .unwrap();
+        let da = decoded.executable_build_options.unwrap().device_assignment.unwrap();
         assert_eq!(da.computation_devices[0].replica_device_ids, vec![1, 0]);
-        let bad = CompileOptions {
-            num_replicas: 2,
-            num_partitions: 1,
-            device_assignment: Some(vec![vec![0]]),
-        };
-        assert!(matches!(
-            bad.to_proto_bytes(),
-            Err(RuntimeError::CompileOptions { .. })
-        ));
+        let bad = CompileOptions { num_replicas: 2, num_partitions: 1, device_assignment: Some(vec![vec![0]]) };
+        assert!(matches!(bad.to_proto_bytes(), Err(RuntimeError::CompileOptions { .. })));
     }
 }

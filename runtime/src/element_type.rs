@@ -92,10 +92,7 @@ impl ElementType {
 
     /// Maps a `PJRT_Buffer_Type` value back; types kiln does not model are errors.
     pub(crate) fn from_pjrt(raw: i32) -> Result<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|t| t.to_pjrt() == raw)
-            .ok_or(RuntimeError::UnsupportedElementType { raw })
+        Self::ALL.into_iter().find(|t| t.to_pjrt() == raw).ok_or(RuntimeError::UnsupportedElementType { raw })
     }
 }
 

@@ -149,11 +149,7 @@ fn display_paths(paths: &[PathBuf]) -> String {
     if paths.is_empty() {
         return "  (no search directories: python3 gave none and KILN_PLUGIN_DIR is unset)".into();
     }
-    paths
-        .iter()
-        .map(|p| format!("  {}", p.display()))
-        .collect::<Vec<_>>()
-        .join("\n")
+    paths.iter().map(|p| format!("  {}", p.display())).collect::<Vec<_>>().join("\n")
 }
 
 /// Every error of the runtime crate.
@@ -163,26 +159,13 @@ pub enum RuntimeError {
         "no PJRT plugin found for device {device}; looked at:\n{}\ninstall it with: {install_hint}\n(or point KILN_PJRT_PLUGIN at the .so)",
         display_paths(searched)
     )]
-    PluginNotFound {
-        device: String,
-        searched: Vec<PathBuf>,
-        install_hint: String,
-    },
+    PluginNotFound { device: String, searched: Vec<PathBuf>, install_hint: String },
 
     #[error("environment variable {var}={value:?} is not valid; expected {expected}")]
-    BadPluginEnv {
-        var: &'static str,
-        value: String,
-        expected: &'static str,
-    },
+    BadPluginEnv { var: &'static str, value: String, expected: &'static str },
 
     #[error("{var}={value:?} {problem}; {found}")]
-    BadDeviceCount {
-        var: &'static str,
-        value: String,
-        problem: CountProblem,
-        found: DevicesFound,
-    },
+    BadDeviceCount { var: &'static str, value: String, problem: CountProblem, found: DevicesFound },
 
     #[error("PJRT_DEVICE=CUDA with {var} unset uses every visible GPU as a replica, but there is none: {found}")]
     NoGpus { var: &'static str, found: GpuProbe },
@@ -191,18 +174,10 @@ pub enum RuntimeError {
         "the CUDA driver shows {} GPU(s) ({}) but the PJRT plugin exposes {} device(s) ({}); {var} is checked against the driver's GPUs, so the two must agree (is CUDA_VISIBLE_DEVICES the same for both, and the plugin built for this driver?)",
         driver_gpus.len(), listed(driver_gpus), pjrt_devices.len(), listed(pjrt_devices)
     )]
-    GpuCountMismatch {
-        var: &'static str,
-        driver_gpus: Vec<String>,
-        pjrt_devices: Vec<String>,
-    },
+    GpuCountMismatch { var: &'static str, driver_gpus: Vec<String>, pjrt_devices: Vec<String> },
 
     #[error("{var}={requested} asked the PJRT CPU client for {requested} devices, but it exposes {exposed}")]
-    CpuDeviceCountIgnored {
-        var: &'static str,
-        requested: usize,
-        exposed: usize,
-    },
+    CpuDeviceCountIgnored { var: &'static str, requested: usize, exposed: usize },
 
     #[error("cannot load PJRT plugin {}", path.display())]
     PluginLoad {
@@ -218,77 +193,43 @@ pub enum RuntimeError {
         "PJRT plugin {} implements C API {}.{}, kiln needs at least {}.{}",
         path.display(), found.0, found.1, required.0, required.1
     )]
-    ApiTooOld {
-        path: PathBuf,
-        found: (i32, i32),
-        required: (i32, i32),
-    },
+    ApiTooOld { path: PathBuf, found: (i32, i32), required: (i32, i32) },
 
     #[error(
         "PJRT plugin {} implements C API {}.{}, kiln supports major version {supported_major} only",
         path.display(), found.0, found.1
     )]
-    ApiIncompatible {
-        path: PathBuf,
-        found: (i32, i32),
-        supported_major: i32,
-    },
+    ApiIncompatible { path: PathBuf, found: (i32, i32), supported_major: i32 },
 
     #[error("PJRT plugin {} does not provide `{function}`", path.display())]
-    MissingFunction {
-        path: PathBuf,
-        function: &'static str,
-    },
+    MissingFunction { path: PathBuf, function: &'static str },
 
     #[error("{function} failed ({code}): {message}")]
-    Pjrt {
-        function: &'static str,
-        code: PjrtErrorCode,
-        message: String,
-    },
+    Pjrt { function: &'static str, code: PjrtErrorCode, message: String },
 
     #[error("wrong number of arguments: the program takes {expected}, got {got}")]
     ArgCount { expected: usize, got: usize },
 
-    #[error(
-        "wrong number of replicas: the executable has {expected}, got argument lists for {got}"
-    )]
+    #[error("wrong number of replicas: the executable has {expected}, got argument lists for {got}")]
     ReplicaCount { expected: usize, got: usize },
 
     #[error("argument {index}: expected {expected}, got {got}")]
-    ArgType {
-        index: usize,
-        expected: ArgType,
-        got: ArgType,
-    },
+    ArgType { index: usize, expected: ArgType, got: ArgType },
 
     #[error("argument {index} is a buffer of another client")]
     ForeignBuffer { index: usize },
 
     #[error("argument {index} of replica {replica} lives on device {got}, the executable runs that replica on device {expected}")]
-    WrongDevice {
-        replica: usize,
-        index: usize,
-        expected: i32,
-        got: i32,
-    },
+    WrongDevice { replica: usize, index: usize, expected: i32, got: i32 },
 
     #[error("device {device} belongs to another client")]
     ForeignDevice { device: i32 },
 
     #[error("host data has {got} bytes, but {ty} with dims {dims:?} needs {expected}")]
-    HostDataLength {
-        ty: ElementType,
-        dims: Vec<usize>,
-        expected: usize,
-        got: usize,
-    },
+    HostDataLength { ty: ElementType, dims: Vec<usize>, expected: usize, got: usize },
 
     #[error("buffer holds {actual}, asked to read it as {requested}")]
-    DTypeMismatch {
-        requested: ElementType,
-        actual: ElementType,
-    },
+    DTypeMismatch { requested: ElementType, actual: ElementType },
 
     #[error("unsupported element type (PJRT_Buffer_Type {raw})")]
     UnsupportedElementType { raw: i32 },
@@ -306,18 +247,10 @@ pub enum RuntimeError {
     OutputCount { expected: usize, got: usize },
 
     #[error("environment variable {var}={value:?} is not a boolean; expected {expected}")]
-    BadBoolEnv {
-        var: &'static str,
-        value: String,
-        expected: &'static str,
-    },
+    BadBoolEnv { var: &'static str, value: String, expected: &'static str },
 
     #[error("environment variable {var}={value:?} is not valid; expected {expected}")]
-    BadCacheEnv {
-        var: &'static str,
-        value: String,
-        expected: &'static str,
-    },
+    BadCacheEnv { var: &'static str, value: String, expected: &'static str },
 
     /// The cause is the source (not repeated in the message).
     #[error("compile cache {}", path.display())]
@@ -335,11 +268,7 @@ pub enum RuntimeError {
 
     // Several processes (`crate::distributed`).
     #[error("environment variable {var}={value:?} is not valid; expected {expected}")]
-    BadNodeEnv {
-        var: &'static str,
-        value: String,
-        expected: &'static str,
-    },
+    BadNodeEnv { var: &'static str, value: String, expected: &'static str },
 
     #[error("KILN_NODE_ID={node_id} is out of range: KILN_NUM_NODES={num_nodes} numbers the nodes 0 to {}", num_nodes - 1)]
     NodeIdOutOfRange { node_id: u32, num_nodes: u32 },
@@ -366,32 +295,17 @@ pub enum RuntimeError {
     KvProtocol { addr: String, reason: String },
 
     #[error("node(s) {missing:?} of {num_nodes} did not arrive within {waited_ms} ms (coordinator {coordinator}, this is node {me})")]
-    NodesMissing {
-        missing: Vec<u32>,
-        num_nodes: u32,
-        waited_ms: u64,
-        coordinator: String,
-        me: u32,
-    },
+    NodesMissing { missing: Vec<u32>, num_nodes: u32, waited_ms: u64, coordinator: String, me: u32 },
 
     #[error("node(s) {nodes:?} stopped: no heartbeat for more than {timeout_ms} ms; node {me} ends the run")]
     PeersLost { nodes: Vec<u32>, timeout_ms: u64, me: u32 },
 
     #[error("the coordinator {coordinator} stopped answering for more than {timeout_ms} ms (it runs on node 0 or in `kiln launch`): {reason}; node {me} ends the run")]
-    CoordinatorLost {
-        coordinator: String,
-        timeout_ms: u64,
-        reason: String,
-        me: u32,
-    },
+    CoordinatorLost { coordinator: String, timeout_ms: u64, reason: String, me: u32 },
 
     #[error("KILN_LOCAL_DEVICES names GPU {ordinal}, but the CUDA driver shows {available} GPU(s)")]
     LocalDeviceOutOfRange { ordinal: usize, available: usize },
 
     #[error("{global} global devices over {num_nodes} nodes, but this node addresses {local}: every node must bring the same number of devices")]
-    UnevenNodes {
-        global: usize,
-        local: usize,
-        num_nodes: u32,
-    },
+    UnevenNodes { global: usize, local: usize, num_nodes: u32 },
 }

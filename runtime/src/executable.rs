@@ -122,44 +122,25 @@ impl fmt::Debug for Executable {
 }
 
 impl Executable {
-    pub(crate) fn new(
-        client: Client,
-        raw: RawLoadedExecutable,
-        signature: Signature,
-    ) -> Result<Executable> {
+    pub(crate) fn new(client: Client, raw: RawLoadedExecutable, signature: Signature) -> Result<Executable> {
         let compiled = raw.executable()?;
         let num_replicas = compiled.num_replicas()?;
         let num_outputs = compiled.num_outputs()?;
         if num_outputs != signature.outputs.len() {
-            return Err(RuntimeError::OutputCount {
-                expected: signature.outputs.len(),
-                got: num_outputs,
-            });
+            return Err(RuntimeError::OutputCount { expected: signature.outputs.len(), got: num_outputs });
         }
         let replica_devices = raw
             .addressable_devices()?
             .into_iter()
             .map(|d| {
-                client
-                    .inner
-                    .device_index(d)
-                    .ok_or_else(|| RuntimeError::Pjrt {
-                        function: "PJRT_LoadedExecutable_AddressableDevices",
-                        code: crate::error::PjrtErrorCode::Internal,
-                        message: "the executable runs on a device this client does not address"
-                            .into(),
-                    })
+                client.inner.device_index(d).ok_or_else(|| RuntimeError::Pjrt {
+                    function: "PJRT_LoadedExecutable_AddressableDevices",
+                    code: crate::error::PjrtErrorCode::Internal,
+                    message: "the executable runs on a device this client does not address".into(),
+                })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Executable {
-            raw,
-            compiled,
-            client,
-            signature,
-            replica_devices,
-            num_replicas,
-            num_outputs,
-        })
+        Ok(Executable { raw, compiled, client, signature, replica_devices, num_replicas, num_outputs })
     }
 
     /// The `@main` signature the program was compiled from.
@@ -180,10 +161,7 @@ impl Executable {
     /// The device each of this process's replicas runs on, in replica
     /// order: where its arguments must live.
     pub fn replica_devices(&self) -> Vec<crate::client::Device> {
-        self.replica_devices
-            .iter()
-            .map(|&index| crate::client::Device { client: self.client.clone(), index })
-            .collect()
+        self.replica_devices.iter().map(|&index| crate::client::Device { client: self.client.clone(), index }).collect()
     }
 
     pub fn num_outputs(&self) -> usize {
@@ -213,10 +191,7 @@ impl Executable {
     /// Runs replica 0 (a single-device program) and returns its outputs.
     pub fn execute(&self, args: &[ExecArg<'_>]) -> Result<Vec<Buffer>> {
         if self.num_replicas != 1 {
-            return Err(RuntimeError::ReplicaCount {
-                expected: self.num_replicas,
-                got: 1,
-            });
+            return Err(RuntimeError::ReplicaCount { expected: self.num_replicas, got: 1 });
         }
         let lists = [args.iter().collect::<Vec<_>>()];
         let (mut outputs, done) = self.run(&lists)?;
@@ -235,10 +210,7 @@ impl Executable {
     /// the run's completion, without waiting for the devices. A failure
     /// inside the run surfaces from [`Completion::wait`] and from reads of the
     /// outputs.
-    pub fn execute_replicated_async(
-        &self,
-        args: Vec<Vec<ExecArg<'_>>>,
-    ) -> Result<(Vec<Vec<Buffer>>, Completion)> {
+    pub fn execute_replicated_async(&self, args: Vec<Vec<ExecArg<'_>>>) -> Result<(Vec<Vec<Buffer>>, Completion)> {
         let lists: Vec<Vec<&ExecArg<'_>>> = args.iter().map(|l| l.iter().collect()).collect();
         self.run(&lists)
         // `args` drops here: donated (and borrowed) handles may be destroyed
@@ -248,17 +220,11 @@ impl Executable {
     fn check(&self, args: &[Vec<&ExecArg<'_>>]) -> Result<()> {
         let replicas = self.replica_devices.len();
         if args.len() != replicas {
-            return Err(RuntimeError::ReplicaCount {
-                expected: replicas,
-                got: args.len(),
-            });
+            return Err(RuntimeError::ReplicaCount { expected: replicas, got: args.len() });
         }
         for (replica, list) in args.iter().enumerate() {
             if list.len() != self.signature.inputs.len() {
-                return Err(RuntimeError::ArgCount {
-                    expected: self.signature.inputs.len(),
-                    got: list.len(),
-                });
+                return Err(RuntimeError::ArgCount { expected: self.signature.inputs.len(), got: list.len() });
             }
             for (index, (arg, expected)) in list.iter().zip(&self.signature.inputs).enumerate() {
                 let buffer = arg.buffer();
@@ -267,11 +233,7 @@ impl Executable {
                 }
                 let got = buffer.arg_type();
                 if &got != expected {
-                    return Err(RuntimeError::ArgType {
-                        index,
-                        expected: expected.clone(),
-                        got,
-                    });
+                    return Err(RuntimeError::ArgType { index, expected: expected.clone(), got });
                 }
                 let want = self.replica_devices[replica];
                 if buffer.device_index() != want {
@@ -292,25 +254,14 @@ impl Executable {
         self.check(args)?;
         // An argument index may be donated only if every replica donates it.
         let num_args = self.signature.inputs.len();
-        let non_donatable: Vec<i64> = (0..num_args)
-            .filter(|&i| !args.iter().all(|list| list[i].is_donated()))
-            .map(|i| i as i64)
-            .collect();
-        let raw_args: Vec<Vec<&RawBuffer>> = args
-            .iter()
-            .map(|l| l.iter().map(|a| &a.buffer().raw).collect())
-            .collect();
-        let (outputs, events) = self
-            .raw
-            .execute(&raw_args, &non_donatable, self.num_outputs)?;
+        let non_donatable: Vec<i64> =
+            (0..num_args).filter(|&i| !args.iter().all(|list| list[i].is_donated())).map(|i| i as i64).collect();
+        let raw_args: Vec<Vec<&RawBuffer>> = args.iter().map(|l| l.iter().map(|a| &a.buffer().raw).collect()).collect();
+        let (outputs, events) = self.raw.execute(&raw_args, &non_donatable, self.num_outputs)?;
         let done = Completion { events };
         let outputs = outputs
             .into_iter()
-            .map(|list| {
-                list.into_iter()
-                    .map(|raw| Buffer::from_plugin(&self.client, raw))
-                    .collect()
-            })
+            .map(|list| list.into_iter().map(|raw| Buffer::from_plugin(&self.client, raw)).collect())
             .collect::<Result<Vec<Vec<Buffer>>>>()?;
         Ok((outputs, done))
     }
@@ -338,22 +289,17 @@ pub(crate) mod envelope {
         let Some(rest) = bytes.strip_prefix(MAGIC.as_slice()) else {
             return Ok(None);
         };
-        let bad = |reason: &str| RuntimeError::Deserialize {
-            reason: reason.to_string(),
-        };
-        let (len, rest) = rest
-            .split_first_chunk::<4>()
-            .ok_or_else(|| bad("envelope truncated before the signature length"))?;
+        let bad = |reason: &str| RuntimeError::Deserialize { reason: reason.to_string() };
+        let (len, rest) =
+            rest.split_first_chunk::<4>().ok_or_else(|| bad("envelope truncated before the signature length"))?;
         let len = u32::from_le_bytes(*len) as usize;
         if rest.len() < len {
             return Err(bad("envelope truncated inside the signature"));
         }
         let (sig, pjrt) = rest.split_at(len);
         let sig = std::str::from_utf8(sig).map_err(|_| bad("signature is not UTF-8"))?;
-        let signature =
-            Signature::parse_function_type(sig).map_err(|e| RuntimeError::Deserialize {
-                reason: format!("bad signature in envelope: {e}"),
-            })?;
+        let signature = Signature::parse_function_type(sig)
+            .map_err(|e| RuntimeError::Deserialize { reason: format!("bad signature in envelope: {e}") })?;
         if pjrt.is_empty() {
             return Err(bad("envelope holds no executable bytes"));
         }

@@ -81,10 +81,7 @@ impl GpuProbe {
 
     /// The GPUs as `[0] NVIDIA H100 80GB HBM3`, in ordinal order.
     pub fn gpu_names(&self) -> Vec<String> {
-        self.gpus()
-            .iter()
-            .map(|g| format!("[{}] {}", g.ordinal, g.name))
-            .collect()
+        self.gpus().iter().map(|g| format!("[{}] {}", g.ordinal, g.name)).collect()
     }
 }
 
@@ -97,17 +94,10 @@ impl fmt::Display for GpuProbe {
             GpuProbe::DriverFailed { call, error } => {
                 write!(f, "the CUDA driver failed in {call}: {error}")
             }
-            GpuProbe::Found { gpus, .. } if gpus.is_empty() => {
-                f.write_str("the CUDA driver shows no GPUs")
-            }
+            GpuProbe::Found { gpus, .. } if gpus.is_empty() => f.write_str("the CUDA driver shows no GPUs"),
             GpuProbe::Found { gpus, .. } => {
                 let plural = if gpus.len() == 1 { "" } else { "s" };
-                write!(
-                    f,
-                    "{} GPU{plural}: {}",
-                    gpus.len(),
-                    self.gpu_names().join(", ")
-                )
+                write!(f, "{} GPU{plural}: {}", gpus.len(), self.gpu_names().join(", "))
             }
         }
     }
@@ -117,25 +107,15 @@ impl fmt::Display for GpuProbe {
 /// answer is [`GpuProbe::NoDriver`] naming `libcuda.so.1`.
 pub fn probe_gpus() -> GpuProbe {
     if let Err(reason) = cuda::open_cuda_driver() {
-        return GpuProbe::NoDriver {
-            library: CUDA_DRIVER_LIBRARY,
-            reason,
-        };
+        return GpuProbe::NoDriver { library: CUDA_DRIVER_LIBRARY, reason };
     }
-    let spawned = std::thread::Builder::new()
-        .name("kiln-gpu-probe".into())
-        .spawn(probe_with_driver);
+    let spawned = std::thread::Builder::new().name("kiln-gpu-probe".into()).spawn(probe_with_driver);
     let outcome = match spawned {
-        Ok(handle) => handle
-            .join()
-            .unwrap_or_else(|payload| GpuProbe::DriverFailed {
-                call: "cudarc",
-                error: format!("panicked: {}", panic_text(payload.as_ref())),
-            }),
-        Err(e) => GpuProbe::DriverFailed {
-            call: "spawning the probe thread",
-            error: e.to_string(),
-        },
+        Ok(handle) => handle.join().unwrap_or_else(|payload| GpuProbe::DriverFailed {
+            call: "cudarc",
+            error: format!("panicked: {}", panic_text(payload.as_ref())),
+        }),
+        Err(e) => GpuProbe::DriverFailed { call: "spawning the probe thread", error: e.to_string() },
     };
     tracing::debug!(%outcome, "GPU probe");
     outcome
@@ -166,41 +146,24 @@ fn probe_with_driver() -> GpuProbe {
         // The driver is installed but sees no GPU (none in the machine, or
         // `CUDA_VISIBLE_DEVICES` hides them all): an answer, not a failure.
         if e.0 == sys::CUresult::CUDA_ERROR_NO_DEVICE {
-            return GpuProbe::Found {
-                driver_version,
-                gpus: Vec::new(),
-            };
+            return GpuProbe::Found { driver_version, gpus: Vec::new() };
         }
-        return GpuProbe::DriverFailed {
-            call: "cuInit",
-            error: describe(&e),
-        };
+        return GpuProbe::DriverFailed { call: "cuInit", error: describe(&e) };
     }
     let count = match result::device::get_count() {
         Ok(n) => n,
-        Err(e) => {
-            return GpuProbe::DriverFailed {
-                call: "cuDeviceGetCount",
-                error: describe(&e),
-            }
-        }
+        Err(e) => return GpuProbe::DriverFailed { call: "cuDeviceGetCount", error: describe(&e) },
     };
     let mut gpus = Vec::new();
     for ordinal in 0..count {
         match probe_one(ordinal) {
             Ok(gpu) => gpus.push(gpu),
             Err((call, e)) => {
-                return GpuProbe::DriverFailed {
-                    call,
-                    error: format!("GPU {ordinal}: {}", describe(&e)),
-                }
+                return GpuProbe::DriverFailed { call, error: format!("GPU {ordinal}: {}", describe(&e)) }
             }
         }
     }
-    GpuProbe::Found {
-        driver_version,
-        gpus,
-    }
+    GpuProbe::Found { driver_version, gpus }
 }
 
 fn probe_one(ordinal: i32) -> Result<GpuInfo, (&'static str, DriverError)> {
@@ -218,12 +181,7 @@ fn probe_one(ordinal: i32) -> Result<GpuInfo, (&'static str, DriverError)> {
             None
         }
     };
-    Ok(GpuInfo {
-        ordinal: index,
-        name,
-        total_bytes: total as u64,
-        free_bytes,
-    })
+    Ok(GpuInfo { ordinal: index, name, total_bytes: total as u64, free_bytes })
 }
 
 #[cfg(test)]
@@ -231,12 +189,7 @@ mod tests {
     use super::*;
 
     fn gpu(ordinal: usize, name: &str) -> GpuInfo {
-        GpuInfo {
-            ordinal,
-            name: name.into(),
-            total_bytes: 80 << 30,
-            free_bytes: Some(79 << 30),
-        }
+        GpuInfo { ordinal, name: name.into(), total_bytes: 80 << 30, free_bytes: Some(79 << 30) }
     }
 
     #[test]
@@ -249,15 +202,10 @@ mod tests {
             none.to_string(),
             "no CUDA driver found (libcuda.so.1): libcuda.so.1: cannot open shared object file"
         );
-        let two = GpuProbe::Found {
-            driver_version: Some((13, 0)),
-            gpus: vec![gpu(0, "NVIDIA H100"), gpu(1, "NVIDIA H100")],
-        };
+        let two =
+            GpuProbe::Found { driver_version: Some((13, 0)), gpus: vec![gpu(0, "NVIDIA H100"), gpu(1, "NVIDIA H100")] };
         assert_eq!(two.to_string(), "2 GPUs: [0] NVIDIA H100, [1] NVIDIA H100");
-        let zero = GpuProbe::Found {
-            driver_version: None,
-            gpus: vec![],
-        };
+        let zero = GpuProbe::Found { driver_version: None, gpus: vec![] };
         assert_eq!(zero.to_string(), "the CUDA driver shows no GPUs");
         assert!(zero.driver_found() && !none.driver_found());
     }

@@ -44,11 +44,7 @@ impl PjrtDevice {
         match value.trim().to_ascii_uppercase().as_str() {
             "CPU" => Ok(PjrtDevice::Cpu),
             "CUDA" | "GPU" => Ok(PjrtDevice::Cuda),
-            _ => Err(RuntimeError::BadPluginEnv {
-                var: ENV_DEVICE,
-                value: value.to_string(),
-                expected: "CPU or CUDA",
-            }),
+            _ => Err(RuntimeError::BadPluginEnv { var: ENV_DEVICE, value: value.to_string(), expected: "CPU or CUDA" }),
         }
     }
 
@@ -101,9 +97,8 @@ pub fn python_site_dirs() -> Vec<PathBuf> {
 
 /// The directories searched by default: `KILN_PLUGIN_DIR` entries, then python's.
 pub fn default_search_dirs() -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = env::var_os(ENV_PLUGIN_DIR)
-        .map(|v| env::split_paths(&v).collect())
-        .unwrap_or_default();
+    let mut dirs: Vec<PathBuf> =
+        env::var_os(ENV_PLUGIN_DIR).map(|v| env::split_paths(&v).collect()).unwrap_or_default();
     dirs.extend(python_site_dirs());
     dirs
 }
@@ -161,23 +156,14 @@ mod tests {
         assert_eq!(PjrtDevice::parse("cpu").unwrap(), PjrtDevice::Cpu);
         assert_eq!(PjrtDevice::parse("CUDA").unwrap(), PjrtDevice::Cuda);
         let err = PjrtDevice::parse("TPU").unwrap_err();
-        assert!(
-            err.to_string().contains("PJRT_DEVICE") && err.to_string().contains("TPU"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("PJRT_DEVICE") && err.to_string().contains("TPU"), "{err}");
     }
 
     #[test]
     fn candidates_cover_all_cuda_locations() {
         let c = candidate_paths(PjrtDevice::Cuda, &[PathBuf::from("/x")]);
-        assert!(c.contains(&PathBuf::from(
-            "/x/jax_plugins/xla_cuda13/xla_cuda_plugin.so"
-        )));
-        assert!(c.contains(&PathBuf::from(
-            "/x/xla_plugins/xla_cuda13_pjrt/xla_cuda13_pjrt.so"
-        )));
-        assert!(c.contains(&PathBuf::from(
-            "/x/jax_plugins/xla_cuda12/xla_cuda_plugin.so"
-        )));
+        assert!(c.contains(&PathBuf::from("/x/jax_plugins/xla_cuda13/xla_cuda_plugin.so")));
+        assert!(c.contains(&PathBuf::from("/x/xla_plugins/xla_cuda13_pjrt/xla_cuda13_pjrt.so")));
+        assert!(c.contains(&PathBuf::from("/x/jax_plugins/xla_cuda12/xla_cuda_plugin.so")));
     }
 }

@@ -93,11 +93,7 @@ impl ReplicaPlan {
         let exposed = pjrt_devices.len();
         match self.device {
             PjrtDevice::Cuda if self.client_options.visible_devices.is_some() => {
-                let driver_gpus = self
-                    .gpus
-                    .as_ref()
-                    .map(GpuProbe::gpu_names)
-                    .unwrap_or_default();
+                let driver_gpus = self.gpus.as_ref().map(GpuProbe::gpu_names).unwrap_or_default();
                 let wanted = self.client_options.visible_devices.as_deref().unwrap_or_default();
                 if wanted.len() != exposed {
                     return Err(RuntimeError::GpuCountMismatch {
@@ -112,11 +108,7 @@ impl ReplicaPlan {
                 Ok(())
             }
             PjrtDevice::Cuda => {
-                let driver_gpus = self
-                    .gpus
-                    .as_ref()
-                    .map(GpuProbe::gpu_names)
-                    .unwrap_or_default();
+                let driver_gpus = self.gpus.as_ref().map(GpuProbe::gpu_names).unwrap_or_default();
                 if driver_gpus.len() != exposed {
                     return Err(RuntimeError::GpuCountMismatch {
                         var: ENV_GPU_NUM_DEVICES,
@@ -166,11 +158,7 @@ impl ReplicaPlan {
                 num_nodes: self.identity.num_nodes,
             });
         }
-        let devices: Vec<String> = client
-            .devices()
-            .iter()
-            .map(|d| format!("[{}] {}", d.id(), d.kind()))
-            .collect();
+        let devices: Vec<String> = client.devices().iter().map(|d| format!("[{}] {}", d.id(), d.kind())).collect();
         self.check_pjrt_devices(&devices)?;
         Ok(client)
     }
@@ -275,12 +263,7 @@ fn checked_count(
         Ok(_) => CountProblem::TooMany { available },
         Err(problem) => problem,
     };
-    Err(RuntimeError::BadDeviceCount {
-        var,
-        value: value.to_string(),
-        problem,
-        found: found(),
-    })
+    Err(RuntimeError::BadDeviceCount { var, value: value.to_string(), problem, found: found() })
 }
 
 /// The CPU plan for a `KILN_CPU_DEVICES` value (`None` = unset).
@@ -295,22 +278,13 @@ pub fn cpu_replica_plan(value: Option<&str>) -> Result<ReplicaPlan> {
             identity: Identity::single(),
         });
     };
-    let n = checked_count(ENV_CPU_DEVICES, value, MAX_CPU_DEVICES, || {
-        DevicesFound::CpuPlugin {
-            max: MAX_CPU_DEVICES,
-        }
-    })?;
+    let n =
+        checked_count(ENV_CPU_DEVICES, value, MAX_CPU_DEVICES, || DevicesFound::CpuPlugin { max: MAX_CPU_DEVICES })?;
     Ok(ReplicaPlan {
         device: PjrtDevice::Cpu,
         replicas: n,
-        source: ReplicaSource::Env {
-            var: ENV_CPU_DEVICES,
-            value: value.trim().to_string(),
-        },
-        client_options: ClientOptions {
-            cpu_device_count: Some(n),
-            ..ClientOptions::default()
-        },
+        source: ReplicaSource::Env { var: ENV_CPU_DEVICES, value: value.trim().to_string() },
+        client_options: ClientOptions { cpu_device_count: Some(n), ..ClientOptions::default() },
         gpus: None,
         identity: Identity::single(),
     })
@@ -323,10 +297,7 @@ pub fn gpu_replica_plan(value: Option<&str>, probe: GpuProbe) -> Result<ReplicaP
     let (replicas, source) = match set(value) {
         None => {
             if available == 0 {
-                return Err(RuntimeError::NoGpus {
-                    var: ENV_GPU_NUM_DEVICES,
-                    found: probe,
-                });
+                return Err(RuntimeError::NoGpus { var: ENV_GPU_NUM_DEVICES, found: probe });
             }
             tracing::info!(
                 gpus = available,
@@ -336,13 +307,8 @@ pub fn gpu_replica_plan(value: Option<&str>, probe: GpuProbe) -> Result<ReplicaP
             (available, ReplicaSource::AllGpus)
         }
         Some(value) => {
-            let n = checked_count(ENV_GPU_NUM_DEVICES, value, available, || {
-                DevicesFound::Gpus(probe.clone())
-            })?;
-            let source = ReplicaSource::Env {
-                var: ENV_GPU_NUM_DEVICES,
-                value: value.trim().to_string(),
-            };
+            let n = checked_count(ENV_GPU_NUM_DEVICES, value, available, || DevicesFound::Gpus(probe.clone()))?;
+            let source = ReplicaSource::Env { var: ENV_GPU_NUM_DEVICES, value: value.trim().to_string() };
             (n, source)
         }
     };
@@ -364,10 +330,7 @@ pub fn local_gpu_plan(ordinals: &[usize], probe: GpuProbe) -> Result<ReplicaPlan
         return Err(RuntimeError::LocalDeviceOutOfRange { ordinal, available });
     }
     if ordinals.is_empty() {
-        return Err(RuntimeError::NoGpus {
-            var: distributed::identity::ENV_LOCAL_DEVICES,
-            found: probe,
-        });
+        return Err(RuntimeError::NoGpus { var: distributed::identity::ENV_LOCAL_DEVICES, found: probe });
     }
     Ok(ReplicaPlan {
         device: PjrtDevice::Cuda,
@@ -376,10 +339,7 @@ pub fn local_gpu_plan(ordinals: &[usize], probe: GpuProbe) -> Result<ReplicaPlan
             var: distributed::identity::ENV_LOCAL_DEVICES,
             value: ordinals.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
         },
-        client_options: ClientOptions {
-            visible_devices: Some(ordinals.to_vec()),
-            ..ClientOptions::default()
-        },
+        client_options: ClientOptions { visible_devices: Some(ordinals.to_vec()), ..ClientOptions::default() },
         gpus: Some(probe),
         identity: Identity::single(),
     })
@@ -395,14 +355,8 @@ mod tests {
         assert_eq!(parse_count("+2"), Ok(2));
         assert_eq!(parse_count("0"), Err(CountProblem::NotPositive));
         assert_eq!(parse_count("-1"), Err(CountProblem::NotPositive));
-        assert_eq!(
-            parse_count("-99999999999999999999999999999999999999999"),
-            Err(CountProblem::NotPositive)
-        );
-        assert_eq!(
-            parse_count("99999999999999999999999999999999999999999"),
-            Ok(u128::MAX)
-        );
+        assert_eq!(parse_count("-99999999999999999999999999999999999999999"), Err(CountProblem::NotPositive));
+        assert_eq!(parse_count("99999999999999999999999999999999999999999"), Ok(u128::MAX));
         assert_eq!(parse_count("two"), Err(CountProblem::NotANumber));
         assert_eq!(parse_count("1.5"), Err(CountProblem::NotANumber));
         assert_eq!(parse_count("0x2"), Err(CountProblem::NotANumber));

@@ -21,10 +21,7 @@ pub struct ArgType {
 
 impl ArgType {
     pub fn new(ty: ElementType, dims: &[usize]) -> Self {
-        ArgType {
-            ty,
-            dims: dims.to_vec(),
-        }
+        ArgType { ty, dims: dims.to_vec() }
     }
 
     /// Number of elements (1 for a scalar).
@@ -52,9 +49,7 @@ impl ArgType {
         let dims = parts
             .iter()
             .map(|d| {
-                d.parse::<usize>().map_err(|_| {
-                    sig_err(format!("dimension `{d}` in `{text}` is not a static size"))
-                })
+                d.parse::<usize>().map_err(|_| sig_err(format!("dimension `{d}` in `{text}` is not a static size")))
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(ArgType { ty, dims })
@@ -80,12 +75,7 @@ pub struct Signature {
 
 impl fmt::Display for Signature {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let list = |ts: &[ArgType]| {
-            ts.iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let list = |ts: &[ArgType]| ts.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
         write!(f, "({}) -> ({})", list(&self.inputs), list(&self.outputs))
     }
 }
@@ -150,10 +140,7 @@ fn entry_type(entry: &str) -> Result<ArgType> {
         None => entry,
     };
     let entry = entry.trim();
-    let end = entry
-        .find('{')
-        .or_else(|| entry.find(" loc("))
-        .unwrap_or(entry.len());
+    let end = entry.find('{').or_else(|| entry.find(" loc(")).unwrap_or(entry.len());
     ArgType::parse(&entry[..end])
 }
 
@@ -169,8 +156,8 @@ fn parse_results(rest: &str) -> Result<Vec<ArgType>> {
     };
     let rest = rest.trim_start();
     if rest.starts_with('(') {
-        let (inner, _) = bracketed(rest, '(', ')')
-            .ok_or_else(|| sig_err("unbalanced parentheses in the result list".into()))?;
+        let (inner, _) =
+            bracketed(rest, '(', ')').ok_or_else(|| sig_err("unbalanced parentheses in the result list".into()))?;
         return parse_list(inner);
     }
     let (ty, _) = bracketed(rest.strip_prefix("tensor").unwrap_or(""), '<', '>')
@@ -179,38 +166,26 @@ fn parse_results(rest: &str) -> Result<Vec<ArgType>> {
 }
 
 fn head(text: &str) -> &str {
-    let end = text
-        .char_indices()
-        .nth(40)
-        .map(|(i, _)| i)
-        .unwrap_or(text.len());
+    let end = text.char_indices().nth(40).map(|(i, _)| i).unwrap_or(text.len());
     &text[..end]
 }
 
 impl Signature {
     /// Reads the signature of `func.func ... @main(...)` from StableHLO text.
     pub fn from_stablehlo(text: &str) -> Result<Self> {
-        let start = text
-            .find("@main(")
-            .ok_or_else(|| sig_err("no `@main(` function in the program".into()))?;
+        let start = text.find("@main(").ok_or_else(|| sig_err("no `@main(` function in the program".into()))?;
         let after = &text[start + "@main".len()..];
         let (args, rest) = bracketed(after, '(', ')')
             .ok_or_else(|| sig_err("unbalanced parentheses in the @main argument list".into()))?;
-        Ok(Signature {
-            inputs: parse_list(args)?,
-            outputs: parse_results(rest)?,
-        })
+        Ok(Signature { inputs: parse_list(args)?, outputs: parse_results(rest)? })
     }
 
     /// Parses the Display form, `(types) -> (types)`.
     pub fn parse_function_type(text: &str) -> Result<Self> {
         let text = text.trim();
-        let (args, rest) = bracketed(text, '(', ')')
-            .ok_or_else(|| sig_err(format!("`{}` is not a function type", head(text))))?;
-        Ok(Signature {
-            inputs: parse_list(args)?,
-            outputs: parse_results(rest)?,
-        })
+        let (args, rest) =
+            bracketed(text, '(', ')').ok_or_else(|| sig_err(format!("`{}` is not a function type", head(text))))?;
+        Ok(Signature { inputs: parse_list(args)?, outputs: parse_results(rest)? })
     }
 }
 
@@ -222,14 +197,8 @@ mod tests {
     fn parses_main_with_attributes_and_result_list() {
         let text = r#"module @m { func.func public @main(%arg0: tensor<4x3xf32> {tf.aliasing_output = 0 : i32}, %b: tensor<f32>, %c: tensor<2xi1>) -> (tensor<4xbf16> {jax.result_info = "a, b"}, tensor<ui8>) { return } }"#;
         let sig = Signature::from_stablehlo(text).unwrap();
-        assert_eq!(
-            sig.to_string(),
-            "(tensor<4x3xf32>, tensor<f32>, tensor<2xi1>) -> (tensor<4xbf16>, tensor<ui8>)"
-        );
-        assert_eq!(
-            Signature::parse_function_type(&sig.to_string()).unwrap(),
-            sig
-        );
+        assert_eq!(sig.to_string(), "(tensor<4x3xf32>, tensor<f32>, tensor<2xi1>) -> (tensor<4xbf16>, tensor<ui8>)");
+        assert_eq!(Signature::parse_function_type(&sig.to_string()).unwrap(), sig);
     }
 
     #[test]
@@ -240,9 +209,7 @@ mod tests {
 
     #[test]
     fn rejects_dynamic_and_unknown() {
-        assert!(
-            Signature::from_stablehlo("func.func @main(%a: tensor<?xf32>) -> tensor<f32>").is_err()
-        );
+        assert!(Signature::from_stablehlo("func.func @main(%a: tensor<?xf32>) -> tensor<f32>").is_err());
         assert!(Signature::from_stablehlo("func.func @main(%a: tensor<2xc64>)").is_err());
         assert!(Signature::from_stablehlo("func.func @other()").is_err());
     }

@@ -135,8 +135,9 @@ fn eviction_keeps_the_directory_under_its_bound_dropping_the_least_recent() -> a
 
     // Room for two entries.
     let c = cache(dir.path(), 2 * entry + entry / 2, false);
-    let keys: Vec<CompileKey> =
-        (0..4).map(|i| CompileKey::new(format!("e{i}").as_bytes(), &client, &CompileOptions::default()).unwrap()).collect();
+    let keys: Vec<CompileKey> = (0..4)
+        .map(|i| CompileKey::new(format!("e{i}").as_bytes(), &client, &CompileOptions::default()).unwrap())
+        .collect();
     for k in &keys {
         c.store(k, &exe, INFO)?;
         // Modification times order the entries; keep them apart.
@@ -178,7 +179,9 @@ fn concurrent_writers_and_readers_only_ever_see_whole_entries() -> anyhow::Resul
     });
     let stats = cache(dir.path(), 1 << 30, false).stats()?;
     assert_eq!(stats.entries, 5, "{stats:?}");
-    let leftovers = std::fs::read_dir(dir.path())?.filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with(".tmp")).count();
+    let leftovers = std::fs::read_dir(dir.path())?
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with(".tmp"))
+        .count();
     assert_eq!(leftovers, 0, "temp files left behind");
     Ok(())
 }

@@ -50,29 +50,14 @@ fn donated_buffer_is_reused_and_not_leaked() -> anyhow::Result<()> {
 fn replicated_donation_consumes_every_replica_argument() -> anyhow::Result<()> {
     let _turn = COUNTER.lock().unwrap_or_else(|e| e.into_inner());
     let client = cpu_client(2);
-    let exe = client.compile(
-        ADD_ONE_ALIASED,
-        &CompileOptions {
-            num_replicas: 2,
-            ..Default::default()
-        },
-    )?;
+    let exe = client.compile(ADD_ONE_ALIASED, &CompileOptions { num_replicas: 2, ..Default::default() })?;
     let devices = client.devices();
-    let mut states = devices
-        .iter()
-        .map(|d| client.buffer_from_host(&[0.0f32; 4], &[4], d))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut states =
+        devices.iter().map(|d| client.buffer_from_host(&[0.0f32; 4], &[4], d)).collect::<Result<Vec<_>, _>>()?;
     let live = live_buffer_count();
     for _ in 0..5 {
-        let args = states
-            .into_iter()
-            .map(|b| vec![ExecArg::Donated(b)])
-            .collect();
-        states = exe
-            .execute_replicated(args)?
-            .into_iter()
-            .map(|mut o| o.remove(0))
-            .collect();
+        let args = states.into_iter().map(|b| vec![ExecArg::Donated(b)]).collect();
+        states = exe.execute_replicated(args)?.into_iter().map(|mut o| o.remove(0)).collect();
         assert_eq!(live_buffer_count(), live);
     }
     for (state, device) in states.iter().zip(&devices) {

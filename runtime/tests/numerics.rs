@@ -9,10 +9,7 @@ use kiln_runtime::{CompileOptions, ElementType, ExecArg};
 fn dot_general_tanh_matches_f64() -> anyhow::Result<()> {
     let client = cpu_client(1);
     let exe = client.compile(DOT_TANH, &CompileOptions::default())?;
-    assert_eq!(
-        exe.signature().to_string(),
-        "(tensor<4x3xf32>, tensor<3x5xf32>) -> (tensor<4x5xf32>)"
-    );
+    assert_eq!(exe.signature().to_string(), "(tensor<4x3xf32>, tensor<3x5xf32>) -> (tensor<4x5xf32>)");
     let device = &client.devices()[0];
     let mut rng = XorShift::new(0x5eed);
     for _ in 0..3 {
@@ -48,31 +45,18 @@ module @all_reduce attributes {mhlo.num_replicas = 4 : i32} {
   }
 }
 "#;
-    let exe = client.compile(
-        program,
-        &CompileOptions {
-            num_replicas: 4,
-            ..CompileOptions::default()
-        },
-    )?;
+    let exe = client.compile(program, &CompileOptions { num_replicas: 4, ..CompileOptions::default() })?;
     assert_eq!(exe.num_replicas(), 4);
     let mut rng = XorShift::new(42);
     let inputs: Vec<Vec<f32>> = (0..4).map(|_| rng.vec_f32(8)).collect();
     let devices = client.devices();
-    let buffers = inputs
-        .iter()
-        .zip(&devices)
-        .map(|(x, d)| client.buffer_from_host(x, &[8], d))
-        .collect::<Result<Vec<_>, _>>()?;
+    let buffers =
+        inputs.iter().zip(&devices).map(|(x, d)| client.buffer_from_host(x, &[8], d)).collect::<Result<Vec<_>, _>>()?;
     let args = buffers.iter().map(|b| vec![ExecArg::Borrowed(b)]).collect();
     let outputs = exe.execute_replicated(args)?;
     assert_eq!(outputs.len(), 4);
-    let want: Vec<f64> = (0..8)
-        .map(|i| inputs.iter().map(|x| f64::from(x[i])).sum())
-        .collect();
-    let scale: Vec<f64> = (0..8)
-        .map(|i| inputs.iter().map(|x| f64::from(x[i]).abs()).sum())
-        .collect();
+    let want: Vec<f64> = (0..8).map(|i| inputs.iter().map(|x| f64::from(x[i])).sum()).collect();
+    let scale: Vec<f64> = (0..8).map(|i| inputs.iter().map(|x| f64::from(x[i]).abs()).sum()).collect();
     for (replica, out) in outputs.iter().enumerate() {
         assert_eq!(out[0].device(), devices[replica]);
         let err = max_rel_err(&out[0].to_vec::<f32>()?, &want, &scale);

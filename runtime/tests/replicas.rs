@@ -10,8 +10,7 @@ mod common;
 
 use kiln_runtime::replicas::{cpu_replica_plan, gpu_replica_plan, MAX_CPU_DEVICES};
 use kiln_runtime::{
-    ClientOptions, CountProblem, GpuInfo, GpuProbe, PjrtDevice, ReplicaEnv, ReplicaSource,
-    RuntimeError,
+    ClientOptions, CountProblem, GpuInfo, GpuProbe, PjrtDevice, ReplicaEnv, ReplicaSource, RuntimeError,
 };
 
 fn h100(ordinal: usize) -> GpuInfo {
@@ -24,10 +23,7 @@ fn h100(ordinal: usize) -> GpuInfo {
 }
 
 fn gpus(n: usize) -> GpuProbe {
-    GpuProbe::Found {
-        driver_version: Some((13, 0)),
-        gpus: (0..n).map(h100).collect(),
-    }
+    GpuProbe::Found { driver_version: Some((13, 0)), gpus: (0..n).map(h100).collect() }
 }
 
 fn no_driver() -> GpuProbe {
@@ -69,13 +65,7 @@ fn gpu_unset_uses_every_visible_gpu() {
 fn gpu_count_within_the_visible_gpus_is_taken() {
     let plan = gpu_replica_plan(Some("1"), gpus(2)).unwrap();
     assert_eq!(plan.replicas, 1);
-    assert_eq!(
-        plan.source,
-        ReplicaSource::Env {
-            var: "GPU_NUM_DEVICES",
-            value: "1".into()
-        }
-    );
+    assert_eq!(plan.source, ReplicaSource::Env { var: "GPU_NUM_DEVICES", value: "1".into() });
     assert_eq!(plan.source.to_string(), "GPU_NUM_DEVICES=1");
     assert_eq!(gpu_replica_plan(Some(" 2 "), gpus(2)).unwrap().replicas, 2);
 }
@@ -124,12 +114,7 @@ fn gpu_count_that_is_not_a_number_is_refused() {
 fn gpu_errors_keep_their_structure() {
     let err = gpu_replica_plan(Some("4"), gpus(2)).unwrap_err();
     match err {
-        RuntimeError::BadDeviceCount {
-            var,
-            value,
-            problem,
-            ..
-        } => {
+        RuntimeError::BadDeviceCount { var, value, problem, .. } => {
             assert_eq!(var, "GPU_NUM_DEVICES");
             assert_eq!(value, "4");
             assert_eq!(problem, CountProblem::TooMany { available: 2 });
@@ -156,10 +141,7 @@ fn without_a_driver_the_error_says_so() {
 
 #[test]
 fn a_driver_without_gpus_or_failing_is_named() {
-    let empty = GpuProbe::Found {
-        driver_version: Some((13, 0)),
-        gpus: vec![],
-    };
+    let empty = GpuProbe::Found { driver_version: Some((13, 0)), gpus: vec![] };
     assert_eq!(
         gpu_error(None, empty.clone()),
         "PJRT_DEVICE=CUDA with GPU_NUM_DEVICES unset uses every visible GPU as a replica, but \
@@ -172,7 +154,8 @@ fn a_driver_without_gpus_or_failing_is_named() {
     );
     let failed = GpuProbe::DriverFailed {
         call: "cuInit",
-        error: "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: system has unsupported display driver / cuda driver combination".into(),
+        error: "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: system has unsupported display driver / cuda driver combination"
+            .into(),
     };
     assert_eq!(
         gpu_error(Some("1"), failed),
@@ -187,9 +170,7 @@ fn a_driver_without_gpus_or_failing_is_named() {
 #[test]
 fn driver_and_pjrt_disagreeing_is_an_error_with_both_counts() {
     let plan = gpu_replica_plan(Some("1"), gpus(2)).unwrap();
-    let err = plan
-        .check_pjrt_devices(&["[0] NVIDIA H100 80GB HBM3".to_string()])
-        .unwrap_err();
+    let err = plan.check_pjrt_devices(&["[0] NVIDIA H100 80GB HBM3".to_string()]).unwrap_err();
     assert_eq!(
         err.to_string(),
         "the CUDA driver shows 2 GPU(s) ([0] NVIDIA H100 80GB HBM3, [1] NVIDIA H100 80GB HBM3) \
@@ -198,20 +179,13 @@ fn driver_and_pjrt_disagreeing_is_an_error_with_both_counts() {
          same for both, and the plugin built for this driver?)"
     );
     let none: &[String] = &[];
-    assert!(plan
-        .check_pjrt_devices(none)
-        .unwrap_err()
-        .to_string()
-        .contains("exposes 0 device(s) (none)"));
+    assert!(plan.check_pjrt_devices(none).unwrap_err().to_string().contains("exposes 0 device(s) (none)"));
 }
 
 #[test]
 fn driver_and_pjrt_agreeing_passes() {
     let plan = gpu_replica_plan(None, gpus(2)).unwrap();
-    let pjrt = [
-        "[0] NVIDIA H100 80GB HBM3".to_string(),
-        "[1] NVIDIA H100 80GB HBM3".to_string(),
-    ];
+    let pjrt = ["[0] NVIDIA H100 80GB HBM3".to_string(), "[1] NVIDIA H100 80GB HBM3".to_string()];
     plan.check_pjrt_devices(&pjrt).unwrap();
 }
 
@@ -226,10 +200,7 @@ fn cpu_plugin_ignoring_the_count_is_an_error() {
     let four: Vec<String> = (0..4).map(|i| format!("[{i}] cpu")).collect();
     plan.check_pjrt_devices(&four).unwrap();
     // Unset, one replica needs one device, whatever the plugin's default.
-    cpu_replica_plan(None)
-        .unwrap()
-        .check_pjrt_devices(&four)
-        .unwrap();
+    cpu_replica_plan(None).unwrap().check_pjrt_devices(&four).unwrap();
 }
 
 // ---- KILN_CPU_DEVICES ----
@@ -252,10 +223,7 @@ fn cpu_count_sets_the_plugin_option() {
     assert_eq!(plan.client_options.cpu_device_count, Some(4));
     assert_eq!(plan.source.to_string(), "KILN_CPU_DEVICES=4");
     let max = MAX_CPU_DEVICES.to_string();
-    assert_eq!(
-        cpu_replica_plan(Some(&max)).unwrap().replicas,
-        MAX_CPU_DEVICES
-    );
+    assert_eq!(cpu_replica_plan(Some(&max)).unwrap().replicas, MAX_CPU_DEVICES);
 }
 
 #[test]
@@ -264,14 +232,8 @@ fn cpu_bad_counts_name_the_variable_and_value() {
         cpu_error("zero"),
         "KILN_CPU_DEVICES=\"zero\" is not a whole number; the XLA CPU plugin makes 1 to 64 devices"
     );
-    assert_eq!(
-        cpu_error("0"),
-        "KILN_CPU_DEVICES=\"0\" must be at least 1; the XLA CPU plugin makes 1 to 64 devices"
-    );
-    assert_eq!(
-        cpu_error("-4"),
-        "KILN_CPU_DEVICES=\"-4\" must be at least 1; the XLA CPU plugin makes 1 to 64 devices"
-    );
+    assert_eq!(cpu_error("0"), "KILN_CPU_DEVICES=\"0\" must be at least 1; the XLA CPU plugin makes 1 to 64 devices");
+    assert_eq!(cpu_error("-4"), "KILN_CPU_DEVICES=\"-4\" must be at least 1; the XLA CPU plugin makes 1 to 64 devices");
     assert_eq!(
         cpu_error("65"),
         "KILN_CPU_DEVICES=\"65\" asks for more devices than the 64 available; the XLA CPU \
@@ -289,9 +251,7 @@ fn cpu_plans_never_run_the_gpu_probe() {
         cpu_devices: Some("2".into()),
         node: Default::default(),
     };
-    let plan = env
-        .plan(|| panic!("the GPU probe ran for a CPU plan"))
-        .unwrap();
+    let plan = env.plan(|| panic!("the GPU probe ran for a CPU plan")).unwrap();
     assert_eq!(plan.replicas, 2);
 }
 
@@ -304,11 +264,7 @@ fn cuda_plans_use_gpu_num_devices_and_the_probe() {
         node: Default::default(),
     };
     assert_eq!(env.plan(|| gpus(4)).unwrap().replicas, 2);
-    assert!(env
-        .plan(no_driver)
-        .unwrap_err()
-        .to_string()
-        .contains("no CUDA driver found (libcuda.so.1)"));
+    assert!(env.plan(no_driver).unwrap_err().to_string().contains("no CUDA driver found (libcuda.so.1)"));
 }
 
 // ---- the probe and the plugin on this machine ----
@@ -320,12 +276,7 @@ fn the_probe_answers_without_panicking() {
         GpuProbe::NoDriver { library, reason } => {
             assert_eq!(*library, "libcuda.so.1");
             assert!(!reason.is_empty());
-            assert!(
-                probe
-                    .to_string()
-                    .starts_with("no CUDA driver found (libcuda.so.1)"),
-                "{probe}"
-            );
+            assert!(probe.to_string().starts_with("no CUDA driver found (libcuda.so.1)"), "{probe}");
             assert!(!probe.driver_found() && probe.gpus().is_empty());
         }
         GpuProbe::DriverFailed { call, error } => {
@@ -335,10 +286,7 @@ fn the_probe_answers_without_panicking() {
             for (i, g) in gpus.iter().enumerate() {
                 assert_eq!(g.ordinal, i);
                 assert!(!g.name.is_empty() && g.total_bytes > 0, "{g:?}");
-                assert!(
-                    g.free_bytes.is_none_or(|free| free <= g.total_bytes),
-                    "{g:?}"
-                );
+                assert!(g.free_bytes.is_none_or(|free| free <= g.total_bytes), "{g:?}");
             }
         }
     }

@@ -6,10 +6,7 @@ use common::*;
 use half::{bf16, f16};
 use kiln_runtime::{ElementType, NativeType, RuntimeError};
 
-fn typed_round_trip<T: NativeType + PartialEq + std::fmt::Debug>(
-    data: &[T],
-    dims: &[usize],
-) -> anyhow::Result<()> {
+fn typed_round_trip<T: NativeType + PartialEq + std::fmt::Debug>(data: &[T], dims: &[usize]) -> anyhow::Result<()> {
     let client = cpu_client(1);
     let device = &client.devices()[0];
     let buffer = client.buffer_from_host(data, dims, device)?;
@@ -26,15 +23,7 @@ fn every_native_type_round_trips() -> anyhow::Result<()> {
     typed_round_trip(&[1.5f32, -2.25, 3.0, 1e-30, f32::MAX, -0.0], &[2, 3])?;
     typed_round_trip(&[1.5f64, -2.25, std::f64::consts::PI], &[3])?;
     typed_round_trip(&[f16::from_f32(0.5), f16::from_f32(-65504.0)], &[2])?;
-    typed_round_trip(
-        &[
-            bf16::from_f32(1.0),
-            bf16::from_f32(-3.0e38),
-            bf16::from_f32(7.0),
-            bf16::ONE,
-        ],
-        &[2, 2],
-    )?;
+    typed_round_trip(&[bf16::from_f32(1.0), bf16::from_f32(-3.0e38), bf16::from_f32(7.0), bf16::ONE], &[2, 2])?;
     typed_round_trip(&[i32::MIN, -1, 0, i32::MAX], &[4])?;
     typed_round_trip(&[i64::MIN, 42, i64::MAX], &[3, 1])?;
     typed_round_trip(&[-128i8, 0, 127], &[3])?;
@@ -54,9 +43,7 @@ fn every_element_type_round_trips_as_bytes() -> anyhow::Result<()> {
         let bytes: Vec<u8> = if ty == ElementType::Pred {
             (0..6).map(|i| (i % 2) as u8).collect()
         } else {
-            (0..6 * ty.size_in_bytes())
-                .map(|_| (rng.next_u64() % 200) as u8 + 1)
-                .collect()
+            (0..6 * ty.size_in_bytes()).map(|_| (rng.next_u64() % 200) as u8 + 1).collect()
         };
         let buffer = client.buffer_from_bytes(&bytes, ty, &dims, device)?;
         assert_eq!(buffer.element_type(), ty);
@@ -70,44 +57,14 @@ fn every_element_type_round_trips_as_bytes() -> anyhow::Result<()> {
 fn host_length_and_dtype_are_checked() -> anyhow::Result<()> {
     let client = cpu_client(1);
     let device = &client.devices()[0];
-    let err = client
-        .buffer_from_bytes(&[0u8; 7], ElementType::F32, &[2], device)
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            RuntimeError::HostDataLength {
-                expected: 8,
-                got: 7,
-                ..
-            }
-        ),
-        "{err}"
-    );
-    let err = client
-        .buffer_from_host(&[1.0f32, 2.0], &[3], device)
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            RuntimeError::HostDataLength {
-                expected: 12,
-                got: 8,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    let err = client.buffer_from_bytes(&[0u8; 7], ElementType::F32, &[2], device).unwrap_err();
+    assert!(matches!(err, RuntimeError::HostDataLength { expected: 8, got: 7, .. }), "{err}");
+    let err = client.buffer_from_host(&[1.0f32, 2.0], &[3], device).unwrap_err();
+    assert!(matches!(err, RuntimeError::HostDataLength { expected: 12, got: 8, .. }), "{err}");
     let buffer = client.buffer_from_host(&[1.0f32, 2.0], &[2], device)?;
     let err = buffer.to_vec::<i32>().unwrap_err();
     assert!(
-        matches!(
-            err,
-            RuntimeError::DTypeMismatch {
-                requested: ElementType::S32,
-                actual: ElementType::F32
-            }
-        ),
+        matches!(err, RuntimeError::DTypeMismatch { requested: ElementType::S32, actual: ElementType::F32 }),
         "{err}"
     );
     Ok(())

@@ -37,8 +37,7 @@ fn serialize_deserialize_execute_gives_same_result() -> anyhow::Result<()> {
     assert_eq!(restored.signature(), exe.signature());
     assert_eq!(restored.num_outputs(), 1);
     assert_eq!(restored.num_replicas(), 1);
-    let got =
-        restored.execute(&[ExecArg::Borrowed(&x), ExecArg::Borrowed(&w)])?[0].to_vec::<f32>()?;
+    let got = restored.execute(&[ExecArg::Borrowed(&x), ExecArg::Borrowed(&w)])?[0].to_vec::<f32>()?;
     assert_eq!(got, want);
     Ok(())
 }
@@ -46,13 +45,9 @@ fn serialize_deserialize_execute_gives_same_result() -> anyhow::Result<()> {
 #[test]
 fn broken_envelopes_are_typed_errors() {
     let client = cpu_client(1);
-    let err = client
-        .deserialize_executable(b"not an executable", None)
-        .unwrap_err();
+    let err = client.deserialize_executable(b"not an executable", None).unwrap_err();
     assert!(matches!(err, RuntimeError::Deserialize { .. }), "{err}");
-    let err = client
-        .deserialize_executable(b"KILNEXE1\xff\xff", None)
-        .unwrap_err();
+    let err = client.deserialize_executable(b"KILNEXE1\xff\xff", None).unwrap_err();
     assert!(matches!(err, RuntimeError::Deserialize { .. }), "{err}");
     let mut truncated = b"KILNEXE1".to_vec();
     truncated.extend_from_slice(&100u32.to_le_bytes());

@@ -15,11 +15,7 @@ const RSS_BOUND_KIB: u64 = 8 * 1024;
 
 fn rss_kib() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").expect("read /proc/self/statm");
-    let resident_pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .expect("statm field 2");
+    let resident_pages: u64 = statm.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("statm field 2");
     // Linux x86-64 and aarch64 (4 KiB pages) are the supported hosts.
     resident_pages * 4
 }
@@ -56,12 +52,7 @@ func.func public @main(%x: tensor<16xf32>, %y: tensor<16xf32>) -> tensor<16xf32>
     }
     let rss_after = rss_kib();
     let growth = rss_after.saturating_sub(rss_before);
-    eprintln!(
-        "soak: {ITERATIONS} executions, RSS {rss_before} KiB -> {rss_after} KiB (+{growth} KiB)"
-    );
-    assert!(
-        growth < RSS_BOUND_KIB,
-        "RSS grew by {growth} KiB over {ITERATIONS} executions"
-    );
+    eprintln!("soak: {ITERATIONS} executions, RSS {rss_before} KiB -> {rss_after} KiB (+{growth} KiB)");
+    assert!(growth < RSS_BOUND_KIB, "RSS grew by {growth} KiB over {ITERATIONS} executions");
     Ok(())
 }

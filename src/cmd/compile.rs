@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln::compiler::cost::{self, GraphCost, Target};
 use kiln::compiler::composite::{self, Decision, Found};
+use kiln::compiler::cost::{self, GraphCost, Target};
 use kiln::compiler::fusion::FusionPlan;
 use kiln::compiler::pipeline::{self, PipelineOptions, PipelineStats};
 use kiln::compiler::{lower, text, verify, CompileError, LowerOptions, LowerTarget};
@@ -123,7 +123,8 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     verify(&graph).with_context(|| format!("{}: the graph does not verify", path.display()))?;
     super::check_graph_memory(&graph, path, false)?;
     let mut graph = graph;
-    let composites = composite::fuse(&mut graph).with_context(|| format!("finding composites in {}", path.display()))?;
+    let composites =
+        composite::fuse(&mut graph).with_context(|| format!("finding composites in {}", path.display()))?;
     // The module is lowered for the plugin it will be compiled by.
     let cuda = match &args.plugin {
         Some(p) => p.to_string_lossy().contains("cuda"),
@@ -219,7 +220,8 @@ fn compile(
     // plugin is the one discovery will pick.
     let on_cpu = plugin.is_none() && kiln::runtime::PjrtDevice::from_env()? == kiln::runtime::PjrtDevice::Cpu;
     let cpu_device_count = (replicas > 1 && on_cpu).then_some(replicas);
-    let client = Client::new(&ClientOptions { plugin, cpu_device_count, ..ClientOptions::default() }).context("creating the PJRT client")?;
+    let client = Client::new(&ClientOptions { plugin, cpu_device_count, ..ClientOptions::default() })
+        .context("creating the PJRT client")?;
     let devices = client.devices().len();
     if devices < replicas {
         bail!(
@@ -394,7 +396,8 @@ impl Report {
             },
         ];
         for p in &st.passes {
-            let mut line = format!("  pass {:<10} {:>7} -> {:>7} nodes {:>9.2} ms", p.name, p.nodes_in, p.nodes_out, ms(p.time));
+            let mut line =
+                format!("  pass {:<10} {:>7} -> {:>7} nodes {:>9.2} ms", p.name, p.nodes_in, p.nodes_out, ms(p.time));
             if p.changed > 0 {
                 line += &format!(", {} changed", p.changed);
             }
@@ -428,7 +431,13 @@ impl Report {
         }
         for f in &self.composites {
             let replaced: Vec<String> = f.replaced.iter().map(ToString::to_string).collect();
-            lines.push(format!("composite {} at {} replaces {} nodes: {}", f.kind, f.node, replaced.len(), replaced.join(" ")));
+            lines.push(format!(
+                "composite {} at {} replaces {} nodes: {}",
+                f.kind,
+                f.node,
+                replaced.len(),
+                replaced.join(" ")
+            ));
         }
         for d in &self.decisions {
             lines.push(match &d.fused {

@@ -25,8 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use kiln_runtime::distributed::identity::{
-    ENV_ATTEMPT, ENV_COORDINATOR, ENV_COORDINATOR_SERVED, ENV_LOCAL_DEVICES, ENV_NODE_ID, ENV_NUM_NODES,
-    ENV_RUN_ID,
+    ENV_ATTEMPT, ENV_COORDINATOR, ENV_COORDINATOR_SERVED, ENV_LOCAL_DEVICES, ENV_NODE_ID, ENV_NUM_NODES, ENV_RUN_ID,
 };
 use kiln_runtime::distributed::{StoreServer, EXIT_PEER_LOST};
 use nix::sys::signal::{killpg, Signal};
@@ -79,11 +78,7 @@ fn describe(status: ExitStatus) -> String {
 /// The launcher's own exit code for a child's status.
 fn exit_code(status: ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
-    status
-        .code()
-        .filter(|&c| c != 0)
-        .or_else(|| status.signal().map(|s| 128 + s))
-        .unwrap_or(1)
+    status.code().filter(|&c| c != 0).or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(1)
 }
 
 fn signal_group(child: &Child, signal: Signal) {
@@ -100,10 +95,7 @@ pub fn run(args: &LaunchArgs) -> anyhow::Result<i32> {
     let (program, rest) = args.command.split_first().context("no command after --")?;
     let server = StoreServer::bind(&format!("127.0.0.1:{}", args.port)).context("starting the key-value store")?;
     let coordinator = server.local_addr().to_string();
-    let run_id = args
-        .run_id
-        .clone()
-        .unwrap_or_else(|| format!("launch-{}-{}", std::process::id(), unix_ms()));
+    let run_id = args.run_id.clone().unwrap_or_else(|| format!("launch-{}-{}", std::process::id(), unix_ms()));
     let cuda = std::env::var("PJRT_DEVICE").is_ok_and(|v| v.eq_ignore_ascii_case("cuda"));
     let gpus = args.gpus_per_node.or(cuda.then_some(1));
     let stop = Arc::new(AtomicI32::new(0));
@@ -111,10 +103,7 @@ pub fn run(args: &LaunchArgs) -> anyhow::Result<i32> {
     let mut attempt = args.attempt;
     let mut restarts_left = args.restarts;
     loop {
-        eprintln!(
-            "kiln launch: {} processes, store at {coordinator}, run {run_id} attempt {attempt}",
-            args.nodes
-        );
+        eprintln!("kiln launch: {} processes, store at {coordinator}, run {run_id} attempt {attempt}", args.nodes);
         let code = run_attempt(args, program, rest, &coordinator, &run_id, attempt, gpus, &stop)?;
         if code == 0 || stop.load(Ordering::Acquire) != 0 || restarts_left == 0 {
             drop(server);
@@ -227,9 +216,7 @@ fn run_attempt(
 }
 
 fn unix_ms() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis())
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis())
 }
 
 /// Records SIGINT/SIGTERM sent to the launcher in `stop` (the main loop

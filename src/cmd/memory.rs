@@ -9,8 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use kiln::compiler::ir::Graph;
 use kiln::compiler::memory::{
-    liveness, rematerialize, Exhaustive, Greedy, Off, RematBudget, RematOptions, RematPlan, RematStrategy,
-    XlaCpuFusion,
+    liveness, rematerialize, Exhaustive, Greedy, Off, RematBudget, RematOptions, RematPlan, RematStrategy, XlaCpuFusion,
 };
 use kiln::compiler::{lower, LowerOptions};
 use kiln::runtime::{Client, CompileOptions, CompiledMemoryStats};
@@ -46,7 +45,8 @@ pub fn parse_bytes(s: &str) -> anyhow::Result<u64> {
     let t = s.trim();
     // A plain number (`1.5e9`) has no unit; otherwise the unit starts at the
     // first letter.
-    let split = if t.parse::<f64>().is_ok() { t.len() } else { t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len()) };
+    let split =
+        if t.parse::<f64>().is_ok() { t.len() } else { t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len()) };
     let (num, unit) = t.split_at(split);
     let n: f64 = num.trim().parse().with_context(|| format!("`{s}` is not a size (like 2GiB, 512MiB, 1e9)"))?;
     let scale = match unit.trim() {
@@ -105,7 +105,14 @@ pub fn plan_and_compile(
         Strategy::Exhaustive => &Exhaustive,
     };
     let plan = rematerialize(optimized, strategy, &opts).context("planning rematerialization")?;
-    let module = lower(&plan.graph, &LowerOptions { num_replicas: replicas, target: kiln::compiler::LowerTarget::from_platform(client.platform_name()) }).context("lowering the planned graph")?;
+    let module = lower(
+        &plan.graph,
+        &LowerOptions {
+            num_replicas: replicas,
+            target: kiln::compiler::LowerTarget::from_platform(client.platform_name()),
+        },
+    )
+    .context("lowering the planned graph")?;
     let xla_after = client
         .compile(&module, &CompileOptions { num_replicas: replicas, ..CompileOptions::default() })
         .context("compiling the planned graph")?
@@ -180,7 +187,14 @@ impl PlanReport {
             (None, Ok(a)) => lines.push(format!("  XLA temporaries after: {}", mib(a.temp_size_in_bytes as u64))),
         }
         for c in p.choices.iter().take(20) {
-            lines.push(format!("  recompute {} ({}, {}, {} node(s), {} FLOPs)", c.value, c.op, mib(c.bytes), c.recomputed_nodes, c.flops));
+            lines.push(format!(
+                "  recompute {} ({}, {}, {} node(s), {} FLOPs)",
+                c.value,
+                c.op,
+                mib(c.bytes),
+                c.recomputed_nodes,
+                c.flops
+            ));
         }
         if p.choices.len() > 20 {
             lines.push(format!("  ... and {} more", p.choices.len() - 20));
@@ -276,7 +290,10 @@ fn step_graph(model: &AdvisedModel, batch: usize) -> anyhow::Result<(Graph, u64)
             sizes.push(10);
             let m = mlp::Mlp::new(&mut ps, &sizes)?;
             let params = ps.tensors();
-            let x = kiln::Tensor::from_vec((0..batch * 784).map(|i| (i % 251) as f32 / 251.0).collect::<Vec<_>>(), [batch, 784])?;
+            let x = kiln::Tensor::from_vec(
+                (0..batch * 784).map(|i| (i % 251) as f32 / 251.0).collect::<Vec<_>>(),
+                [batch, 784],
+            )?;
             let y = kiln::Tensor::from_vec((0..batch).map(|i| (i % 10) as i32).collect::<Vec<_>>(), [batch])?;
             let g = kiln::capture_graph(|| {
                 let loss = cross_entropy(&m.forward(&x)?, &y, None)?;
@@ -291,7 +308,8 @@ fn step_graph(model: &AdvisedModel, batch: usize) -> anyhow::Result<(Graph, u64)
             let m = gpt::Gpt::new(&mut ps, &cfg)?;
             let params = ps.tensors();
             let n = batch * cfg.seq;
-            let ids = kiln::Tensor::from_vec((0..n).map(|i| (i % cfg.vocab) as i32).collect::<Vec<_>>(), [batch, cfg.seq])?;
+            let ids =
+                kiln::Tensor::from_vec((0..n).map(|i| (i % cfg.vocab) as i32).collect::<Vec<_>>(), [batch, cfg.seq])?;
             let tgt = kiln::Tensor::from_vec((0..n).map(|i| ((i + 1) % cfg.vocab) as i32).collect::<Vec<_>>(), [n])?;
             let g = kiln::capture_graph(|| {
                 let loss = m.loss(&ids, &tgt, true)?;

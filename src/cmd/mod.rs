@@ -3,8 +3,8 @@
 
 pub mod cache;
 pub mod compile;
-pub mod memory;
 pub mod launch;
+pub mod memory;
 pub mod profile;
 
 /// The largest graph text `kiln compile`/`kiln profile` read (1 GiB: a
@@ -18,7 +18,9 @@ pub fn read_graph_text(path: &std::path::Path) -> anyhow::Result<String> {
     use std::io::Read as _;
     let file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
     let mut bytes = Vec::new();
-    file.take(MAX_GRAPH_TEXT_BYTES + 1).read_to_end(&mut bytes).with_context(|| format!("reading {}", path.display()))?;
+    file.take(MAX_GRAPH_TEXT_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("reading {}", path.display()))?;
     if bytes.len() as u64 > MAX_GRAPH_TEXT_BYTES {
         anyhow::bail!("{}: longer than the {MAX_GRAPH_TEXT_BYTES}-byte limit of a graph file", path.display());
     }
@@ -30,14 +32,21 @@ pub fn read_graph_text(path: &std::path::Path) -> anyhow::Result<String> {
 /// (the parsed literal, the StableHLO text, XLA's literal and the compiled
 /// program); with `with_params`, every parameter once more (`kiln profile`
 /// fills them with random data). Sizes use checked arithmetic.
-pub fn check_graph_memory(graph: &kiln::compiler::ir::Graph, path: &std::path::Path, with_params: bool) -> kiln::Result<()> {
+pub fn check_graph_memory(
+    graph: &kiln::compiler::ir::Graph,
+    path: &std::path::Path,
+    with_params: bool,
+) -> kiln::Result<()> {
     use kiln::compiler::ir::Op;
     let constants = graph.nodes().try_fold(0u64, |acc, (_, n)| match &n.op {
         Op::Constant { literal } => acc.checked_add(u64::try_from(literal.bytes().len()).ok()?.checked_mul(4)?),
         _ => Some(acc),
     });
     let params = if with_params {
-        graph.param_types().iter().try_fold(0u64, |acc, t| acc.checked_add(u64::try_from(t.checked_size_in_bytes()?).ok()?))
+        graph
+            .param_types()
+            .iter()
+            .try_fold(0u64, |acc, t| acc.checked_add(u64::try_from(t.checked_size_in_bytes()?).ok()?))
     } else {
         Some(0)
     };

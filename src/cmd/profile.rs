@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln::compiler::ir::{DType, TensorType};
 use kiln::compiler::cost::{self, Target};
+use kiln::compiler::ir::{DType, TensorType};
 use kiln::compiler::{lower, pipeline, text, LowerOptions};
 use kiln::data::{FashionMnist, FASHION_MNIST_DIR};
 use kiln::metrics::{self, Event, Payback};
@@ -155,17 +155,32 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         println!("{:<10} {:>12} {:>16} {:>12}", "phase", "first step", "median (later)", "total");
         for p in &summary {
             let cell = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3} ms"));
-            println!("{:<10} {:>12} {:>16} {:>12}", p.name, cell(p.first_ms), cell(p.median_ms), format!("{:.1} ms", p.total_ms));
+            println!(
+                "{:<10} {:>12} {:>16} {:>12}",
+                p.name,
+                cell(p.first_ms),
+                cell(p.median_ms),
+                format!("{:.1} ms", p.total_ms)
+            );
         }
         if let Some(ms) = step_ms {
             println!("step (later steps, median) {ms:.3} ms, {:.3} GFLOP per step (cost model)", flops_per_step / 1e9);
         }
         match (mfu, &target) {
-            (Some(mfu), Some(t)) => println!("MFU {:.3} of {}'s dense bf16 peak ({:.0} TFLOP/s)", mfu, t.name, t.peak_bf16_flops_per_s / 1e12),
+            (Some(mfu), Some(t)) => println!(
+                "MFU {:.3} of {}'s dense bf16 peak ({:.0} TFLOP/s)",
+                mfu,
+                t.name,
+                t.peak_bf16_flops_per_s / 1e12
+            ),
             _ => println!("MFU n/a on {device_kind} (defined against a GPU's peak)"),
         }
         if let Some(e) = eager {
-            println!("eager baseline: {} steps on the eager backend (candle), median {:.3} ms per step", args.eager_steps, ms(e));
+            println!(
+                "eager baseline: {} steps on the eager backend (candle), median {:.3} ms per step",
+                args.eager_steps,
+                ms(e)
+            );
         }
         if model {
             println!("{m}");
@@ -186,7 +201,9 @@ fn progress(args: &ProfileArgs, len: u64) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(len);
-    bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
     bar
 }
 

@@ -76,7 +76,10 @@ fn skips_non_finite_steps<O: Optimizer>(make: impl Fn(&[Tensor]) -> kiln::Result
         let s = run(bad, &mut ts, &mut opt)?;
         assert_eq!(s.skipped.item()?, 1.0, "step {step} ({bad}) is skipped");
         assert!(!s.grad_norm.item()?.is_finite(), "step {step}: the norm shows it");
-        assert!(bytes(&state_of(&net, &opt))? == after_clean, "step {step} ({bad}): parameters or optimizer state moved");
+        assert!(
+            bytes(&state_of(&net, &opt))? == after_clean,
+            "step {step} ({bad}): parameters or optimizer state moved"
+        );
         // Exact: the factors and the initial scale are powers of two.
         assert_eq!(s.scale.item()?, init * 0.5f64.powi(step - 1), "step {step}: the scale backs off");
         assert_eq!(ts.scaler.as_ref().unwrap().growth_tracker.item()?, 0.0);
@@ -109,7 +112,8 @@ fn injected_inf_and_nan_skip_the_sgd_update_and_back_off() -> anyhow::Result<()>
 fn the_adamw_step_counter_only_counts_applied_updates() -> anyhow::Result<()> {
     let net = Net::new(13)?;
     let mut opt = AdamW::new(&net.ps.tensors(), AdamWConfig::default())?;
-    let mut ts = TrainStep::new(TrainStepOptions { loss_scaling: Some(LossScalerConfig::default()), max_grad_norm: None })?;
+    let mut ts =
+        TrainStep::new(TrainStepOptions { loss_scaling: Some(LossScalerConfig::default()), max_grad_norm: None })?;
     let mut rng = Rng::new(13);
     for factor in [1.0, f32::INFINITY, 1.0, f32::NAN, 1.0] {
         let (x, y) = batch(&mut rng)?;
@@ -156,7 +160,10 @@ fn reference_clip(grads: &[Vec<f64>], max_norm: f64) -> (Vec<Vec<f64>>, f64) {
 }
 
 fn random_grads(rng: &mut Rng) -> Vec<(Vec<f32>, Vec<usize>)> {
-    [vec![7, 5], vec![13], vec![3, 4, 2]].into_iter().map(|s| (rng.uniform_vec(s.iter().product(), -3.0, 3.0), s)).collect()
+    [vec![7, 5], vec![13], vec![3, 4, 2]]
+        .into_iter()
+        .map(|s| (rng.uniform_vec(s.iter().product(), -3.0, 3.0), s))
+        .collect()
 }
 
 #[test]
@@ -329,7 +336,8 @@ fn fmnist() -> FashionMnist {
 fn trains_under(dtype: DType) -> anyhow::Result<mlp::TrainReport> {
     // Compile counts must not depend on an earlier run's persistent cache.
     kiln::set_disk_cache(None)?;
-    let cfg = MlpConfig { hidden: vec![128], epochs: 1, max_steps: Some(300), amp: Some(dtype), ..MlpConfig::default() };
+    let cfg =
+        MlpConfig { hidden: vec![128], epochs: 1, max_steps: Some(300), amp: Some(dtype), ..MlpConfig::default() };
     let report = mlp::train(&fmnist(), &cfg, |_| {})?;
     assert_eq!(report.steps, 300);
     // One train program (step 1 with host-initialised state and every later
@@ -341,7 +349,10 @@ fn trains_under(dtype: DType) -> anyhow::Result<mlp::TrainReport> {
     assert!(last < 0.6 * first, "{dtype}: loss went from {first} to {last}");
     let acc = report.test_accuracy.unwrap_or(0.0);
     assert!(acc >= 0.80, "{dtype}: test accuracy {acc} after 300 steps");
-    eprintln!("{dtype}: loss {first:.4} -> {last:.4}, accuracy {acc:.4}, skipped {}, scale {:?}", report.skipped_steps, report.loss_scale);
+    eprintln!(
+        "{dtype}: loss {first:.4} -> {last:.4}, accuracy {acc:.4}, skipped {}, scale {:?}",
+        report.skipped_steps, report.loss_scale
+    );
     Ok(report)
 }
 
@@ -395,7 +406,10 @@ fn the_tiny_gpt_trains_under_bf16_with_clipping_and_one_compile() -> anyhow::Res
 /// Runs `steps` updates of a fresh `Net` two ways from the same weights and
 /// batches: `grad` + the optimizer's own step, and the full [`TrainStep`]
 /// without AMP; returns both final parameter sets.
-fn plain_and_ordered<O: Optimizer>(make: impl Fn(&[Tensor]) -> kiln::Result<O>, seed: u64) -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
+fn plain_and_ordered<O: Optimizer>(
+    make: impl Fn(&[Tensor]) -> kiln::Result<O>,
+    seed: u64,
+) -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
     let flat = |net: &Net| -> kiln::Result<Vec<f32>> {
         Ok(net.ps.tensors().iter().map(|t| t.to_vec::<f32>()).collect::<kiln::Result<Vec<_>>>()?.concat())
     };
@@ -437,7 +451,11 @@ fn the_ordered_step_without_amp_matches_the_plain_optimizer_step() -> anyhow::Re
 /// `factors[s][r]`; every replica's parameters and skip flags.
 type ReplicaRun = (Vec<Vec<Vec<f32>>>, Vec<Vec<f32>>);
 
-fn run_replicas(replicas: usize, shards: &[Vec<(Vec<f32>, Vec<i32>)>], factors: &[Vec<f32>]) -> anyhow::Result<ReplicaRun> {
+fn run_replicas(
+    replicas: usize,
+    shards: &[Vec<(Vec<f32>, Vec<i32>)>],
+    factors: &[Vec<f32>],
+) -> anyhow::Result<ReplicaRun> {
     kiln::replicas::set_replicas(replicas)?;
     let net = Net::new(30)?;
     let mut opt = AdamW::new(&net.ps.tensors(), AdamWConfig::default())?;
@@ -455,7 +473,8 @@ fn run_replicas(replicas: usize, shards: &[Vec<(Vec<f32>, Vec<i32>)>], factors: 
         kiln::mark_step()?;
         skipped.push(kiln::replicas::replica_values::<f32>(&flag)?.concat());
     }
-    let params = net.ps.tensors().iter().map(kiln::replicas::replica_values::<f32>).collect::<kiln::Result<Vec<_>>>()?;
+    let params =
+        net.ps.tensors().iter().map(kiln::replicas::replica_values::<f32>).collect::<kiln::Result<Vec<_>>>()?;
     Ok((params, skipped))
 }
 
@@ -468,8 +487,12 @@ fn two_replicas_reduce_before_the_check_and_skip_together() -> anyhow::Result<()
     let factors = vec![vec![1.0, 1.0], vec![1.0, f32::INFINITY], vec![1.0, 1.0]];
     // The same batches whole on one replica (its own thread: the replica count
     // is set per thread before any tensor exists).
-    let whole: Vec<Vec<(Vec<f32>, Vec<i32>)>> =
-        steps.iter().map(|s| vec![(s.iter().flat_map(|(x, _)| x.clone()).collect(), s.iter().flat_map(|(_, y)| y.clone()).collect())]).collect();
+    let whole: Vec<Vec<(Vec<f32>, Vec<i32>)>> = steps
+        .iter()
+        .map(|s| {
+            vec![(s.iter().flat_map(|(x, _)| x.clone()).collect(), s.iter().flat_map(|(_, y)| y.clone()).collect())]
+        })
+        .collect();
     let whole_factors: Vec<Vec<f32>> = vec![vec![1.0], vec![f32::INFINITY], vec![1.0]];
     let one = std::thread::spawn(move || run_replicas(1, &whole, &whole_factors).map_err(|e| e.to_string()))
         .join()

@@ -65,7 +65,10 @@ fn layer_errors_name_the_layer() -> anyhow::Result<()> {
             assert_eq!(layer, "LayerNorm(257)");
             // The layer-norm composite checks its operands when recorded.
             assert!(
-                matches!(**source, FrontendError::Compile(kiln::compiler::CompileError::InvalidOperands { op: "layer_norm", .. })),
+                matches!(
+                    **source,
+                    FrontendError::Compile(kiln::compiler::CompileError::InvalidOperands { op: "layer_norm", .. })
+                ),
                 "{source:?}"
             );
         }
@@ -167,7 +170,8 @@ fn cross_entropy_in_f64_with_label_smoothing_matches_the_host() -> anyhow::Resul
     let yt = Tensor::from_vec(labels.clone(), [6])?;
     let opts = CrossEntropyOptions { dtype: Some(DType::F64), label_smoothing: 0.1 };
     let smoothed = nn::cross_entropy_with(&lt, &yt, None, opts)?;
-    let plain64 = nn::cross_entropy_with(&lt, &yt, None, CrossEntropyOptions { dtype: Some(DType::F64), ..Default::default() })?;
+    let plain64 =
+        nn::cross_entropy_with(&lt, &yt, None, CrossEntropyOptions { dtype: Some(DType::F64), ..Default::default() })?;
     assert_eq!(smoothed.dtype(), DType::F64);
     kiln::mark_step()?;
     // f64 throughout: agreement to 1e-12, far beyond what f32 could give.
@@ -254,7 +258,8 @@ fn tensors_convert_to_and_from_candle() -> anyhow::Result<()> {
     assert_eq!(c.dims(), &[3, 4]);
     assert_eq!(c.flatten_all()?.to_vec1::<f32>()?, data);
     // Weights made by candle code, used by kiln.
-    let w = kiln::candle_core::Tensor::from_vec(Rng::new(11).normal_vec(4 * 2), (4, 2), &kiln::candle_core::Device::Cpu)?;
+    let w =
+        kiln::candle_core::Tensor::from_vec(Rng::new(11).normal_vec(4 * 2), (4, 2), &kiln::candle_core::Device::Cpu)?;
     let kw = Tensor::from_candle(&w)?;
     assert_eq!(kw.dims(), &[4, 2]);
     let y = t.matmul(&kw)?;

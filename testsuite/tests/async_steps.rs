@@ -66,4 +66,3 @@ fn async_steps_give_bit_identical_losses_to_sync_ones() -> anyhow::Result<()> {
     kiln::set_max_steps_in_flight(2);
     Ok(())
 }
-

@@ -134,6 +134,12 @@ fn cudnn_lowering_matches_the_plain_lowering() {
         let x = inputs(&g, &mut Rng::new(s ^ dims[2] as u64));
         let (f, p) = (run(&c, &g, LowerTarget::Cuda, &x), run(&c, &g, LowerTarget::Cpu, &x));
         assert_all_close(&format!("cuda: cudnn vs plain causal={causal} {dims:?}"), &f, &p, 0.05, s);
-        assert_all_close(&format!("cuda: cudnn vs interpreter causal={causal} {dims:?}"), &f, &interpret(&g, &x).unwrap(), 0.05, s);
+        assert_all_close(
+            &format!("cuda: cudnn vs interpreter causal={causal} {dims:?}"),
+            &f,
+            &interpret(&g, &x).unwrap(),
+            0.05,
+            s,
+        );
     }
 }

@@ -94,7 +94,10 @@ fn softmax_over_queries(q: &Tensor, k: &Tensor, v: &Tensor) -> kiln::Result<Tens
 }
 
 fn max_rel(a: &[f32], b: &[f32]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| (f64::from(*x) - f64::from(*y)).abs() / f64::from(y.abs()).max(1.0)).fold(0.0, f64::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).abs() / f64::from(y.abs()).max(1.0))
+        .fold(0.0, f64::max)
 }
 
 /// Runs `build` plainly, then again with the rewrite applied; returns the
@@ -142,7 +145,9 @@ fn four_spellings_are_found_and_compute_the_same() -> kiln::Result<()> {
 
 #[test]
 fn near_misses_are_not_found() -> kiln::Result<()> {
-    for (name, build) in [("mask_on_the_wrong_side", mask_on_the_wrong_side as Build), ("softmax_over_queries", softmax_over_queries)] {
+    for (name, build) in
+        [("mask_on_the_wrong_side", mask_on_the_wrong_side as Build), ("softmax_over_queries", softmax_over_queries)]
+    {
         let (found, err) = run(build, false, seed())?;
         assert!(found.is_empty(), "{name}: wrongly found {found:?}");
         assert_eq!(err, 0.0, "{name}: the trace changed");

@@ -29,7 +29,8 @@ fn check(name: &str, shapes: &[&[usize]], lo: f64, hi: f64, f: &F) {
         .map(|s| (0..s.iter().product::<usize>()).map(|_| lo + (hi - lo) * rng.uniform()).collect())
         .collect();
     let loss_at = |xs: &[Vec<f64>], want_grad: bool| -> (f64, Vec<Vec<f64>>) {
-        let ts: Vec<Tensor> = xs.iter().zip(shapes).map(|(x, s)| Tensor::from_vec(x.clone(), s.to_vec()).unwrap()).collect();
+        let ts: Vec<Tensor> =
+            xs.iter().zip(shapes).map(|(x, s)| Tensor::from_vec(x.clone(), s.to_vec()).unwrap()).collect();
         let y = f(&ts).unwrap_or_else(|e| panic!("{name}: {e}"));
         let mut r = Rng::new(7);
         let weights: Vec<f64> = (0..y.elem_count()).map(|_| 0.5 + r.uniform()).collect();
@@ -82,7 +83,16 @@ fn unary_ops() {
 #[test]
 fn binary_ops_with_broadcasting() {
     use kiln::compiler::ir::BinaryOp::*;
-    for (op, lo, hi) in [(Add, -2.0, 2.0), (Sub, -2.0, 2.0), (Mul, -2.0, 2.0), (Div, 0.5, 2.0), (Pow, 0.5, 2.0), (Max, -2.0, 2.0), (Min, -2.0, 2.0), (Rem, 0.3, 2.0)] {
+    for (op, lo, hi) in [
+        (Add, -2.0, 2.0),
+        (Sub, -2.0, 2.0),
+        (Mul, -2.0, 2.0),
+        (Div, 0.5, 2.0),
+        (Pow, 0.5, 2.0),
+        (Max, -2.0, 2.0),
+        (Min, -2.0, 2.0),
+        (Rem, 0.3, 2.0),
+    ] {
         check(op.name(), &[&[2, 3], &[3]], lo, hi, &move |x| x[0].binary(op, &x[1]));
     }
 }

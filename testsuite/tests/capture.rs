@@ -41,11 +41,7 @@ fn batches(n: usize, rows: usize) -> Vec<(Tensor, Tensor, Tensor)> {
                 .map(|r| (0..10).max_by(|&a, &b| x[r * 32 + a].total_cmp(&x[r * 32 + b])).expect("10") as i32)
                 .collect();
             let lr = 1e-2 * (1.0 - i as f32 / (2 * n) as f32);
-            (
-                Tensor::from_vec(x, [rows, 32]).expect("x"),
-                Tensor::from_vec(y, [rows]).expect("y"),
-                Tensor::scalar(lr),
-            )
+            (Tensor::from_vec(x, [rows, 32]).expect("x"), Tensor::from_vec(y, [rows]).expect("y"), Tensor::scalar(lr))
         })
         .collect()
 }

@@ -61,7 +61,13 @@ fn the_disk_cache_serves_a_cleared_memory_cache_and_replaces_damaged_entries() -
 }
 
 /// One SGD step of a linear classifier on a batch of `b` random images.
-fn train_step(model: &Linear, opt: &mut Sgd, params: &[Tensor], b: usize, rng: &mut Rng) -> anyhow::Result<kiln::StepReport> {
+fn train_step(
+    model: &Linear,
+    opt: &mut Sgd,
+    params: &[Tensor],
+    b: usize,
+    rng: &mut Rng,
+) -> anyhow::Result<kiln::StepReport> {
     let x = Tensor::from_vec(rng.uniform_vec(b * 784, 0.0, 1.0), [b, 784])?.with_name("images");
     let labels: Vec<i32> = (0..b).map(|_| (rng.next_u64() % 10) as i32).collect();
     let y = Tensor::from_vec(labels, [b])?.with_name("labels");
@@ -87,7 +93,16 @@ fn a_changed_batch_size_is_explained_naming_the_inputs_and_shapes() -> anyhow::R
     // The partial last batch of an epoch.
     let r = train_step(&model, &mut opt, &params, 24, &mut rng)?;
     let text = r.recompile.expect("a smaller batch is a recompile");
-    for want in ["input 'images'", "tensor<32x784xf32>", "tensor<24x784xf32>", "input 'labels'", "tensor<32xi32>", "tensor<24xi32>", "LastBatch::Drop", "LastBatch::Pad"] {
+    for want in [
+        "input 'images'",
+        "tensor<32x784xf32>",
+        "tensor<24x784xf32>",
+        "input 'labels'",
+        "tensor<32xi32>",
+        "tensor<24xi32>",
+        "LastBatch::Drop",
+        "LastBatch::Pad",
+    ] {
         assert!(text.contains(want), "missing {want:?} in: {text}");
     }
     let after = metrics::snapshot();

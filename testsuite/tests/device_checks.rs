@@ -40,7 +40,10 @@ fn cross_entropy_with_label_10_names_the_op_value_and_range() -> anyhow::Result<
 fn cross_entropy_with_label_minus_one_names_the_value() -> anyhow::Result<()> {
     let err = cross_entropy_step(vec![-1, 2, 5, -1, 7])?.expect_err("label -1");
     assert!(
-        matches!(err, FrontendError::IndexOutOfRange { op: "cross_entropy", value: -1, bound: 10, count: 2, total: 5, .. }),
+        matches!(
+            err,
+            FrontendError::IndexOutOfRange { op: "cross_entropy", value: -1, bound: 10, count: 2, total: 5, .. }
+        ),
         "{err:?}"
     );
     assert!(err.to_string().contains("label -1 is out of range [0, 10)"), "{err}");
@@ -66,7 +69,10 @@ fn an_embedding_id_out_of_range_names_the_layer() -> anyhow::Result<()> {
     let err = kiln::mark_step().and_then(|_| y.item()).expect_err("id 8 of a vocabulary of 8");
     match &err {
         FrontendError::IndexOutOfRange { op, layer, what, value, bound, count, total, .. } => {
-            assert_eq!((*op, layer.as_deref(), *what, *value, *bound, *count, *total), ("gather", Some("wte"), "index", 8, 8, 1, 6));
+            assert_eq!(
+                (*op, layer.as_deref(), *what, *value, *bound, *count, *total),
+                ("gather", Some("wte"), "index", 8, 8, 1, 6)
+            );
         }
         other => panic!("expected IndexOutOfRange, got {other:?}"),
     }

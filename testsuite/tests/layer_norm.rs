@@ -85,7 +85,9 @@ fn composite_matches_its_expansion_and_xla() {
             let dev = &c.devices()[0];
             let bufs: Vec<_> = x
                 .iter()
-                .map(|l| c.buffer_from_bytes(l.bytes(), kiln::element_type(l.ty().dtype), l.ty().shape.dims(), dev).unwrap())
+                .map(|l| {
+                    c.buffer_from_bytes(l.bytes(), kiln::element_type(l.ty().dtype), l.ty().shape.dims(), dev).unwrap()
+                })
                 .collect();
             let args: Vec<ExecArg> = bufs.iter().map(ExecArg::Borrowed).collect();
             let got: Vec<Literal> = exe
@@ -126,7 +128,11 @@ fn backward_matches_finite_differences() {
             plus[param] = Literal::from_f64s(DType::F64, x[param].ty().shape.clone(), &p).unwrap();
             minus[param] = Literal::from_f64s(DType::F64, x[param].ty().shape.clone(), &m).unwrap();
             let fd = (loss(&plus) - loss(&minus)) / (2.0 * h);
-            assert!((fd - analytic[i]).abs() <= 1e-5 * fd.abs().max(1.0), "param {param}[{i}]: fd {fd} vs {} (seed {s})", analytic[i]);
+            assert!(
+                (fd - analytic[i]).abs() <= 1e-5 * fd.abs().max(1.0),
+                "param {param}[{i}]: fd {fd} vs {} (seed {s})",
+                analytic[i]
+            );
         }
     }
 }

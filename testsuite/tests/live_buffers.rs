@@ -28,4 +28,3 @@ fn live_buffers_stay_flat_over_1000_steps() -> anyhow::Result<()> {
     assert!((got - expect).abs() < 1e-3, "{got} vs {expect}");
     Ok(())
 }
-

@@ -119,7 +119,8 @@ fn frontend_loss_and_gradients_match_explicit_logits() -> kiln::Result<()> {
     assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "loss {a} vs {b} (seed {s})");
     for (x, y) in gf.iter().zip(&gp) {
         let (x, y) = (x.to_vec::<f32>()?, y.to_vec::<f32>()?);
-        let e = x.iter().zip(&y).map(|(p, q)| f64::from((p - q).abs()) / f64::from(q.abs()).max(1.0)).fold(0.0, f64::max);
+        let e =
+            x.iter().zip(&y).map(|(p, q)| f64::from((p - q).abs()) / f64::from(q.abs()).max(1.0)).fold(0.0, f64::max);
         assert!(e <= 1e-5, "gradient differs by {e} (seed {s})");
     }
     Ok(())

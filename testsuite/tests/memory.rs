@@ -3,9 +3,7 @@
 //! the step computes do not change.
 
 use kiln::compiler::ir::{Graph, Literal, Op};
-use kiln::compiler::memory::{
-    peak_memory, rematerialize, Exhaustive, Greedy, RematBudget, RematOptions, XlaCpuFusion,
-};
+use kiln::compiler::memory::{peak_memory, rematerialize, Exhaustive, Greedy, RematBudget, RematOptions, XlaCpuFusion};
 use kiln::compiler::{interpret, lower, pipeline, LowerOptions};
 use kiln::models::{gpt, mlp};
 use kiln::nn::{cross_entropy, ParamStore};
@@ -89,10 +87,15 @@ fn the_peak_model_predicts_xla_memory_within_15_percent() -> anyhow::Result<()> 
     // written, so its temp figure alone is not a peak; arguments + outputs +
     // temps is what the step holds at once, against the model's peak.
     let client = Client::new(&ClientOptions::default())?;
-    for (name, g) in [("mlp b128", mlp_step(&[256, 128], 128)?), ("mlp b1024", mlp_step(&[1024, 1024], 1024)?), ("gpt tiny", gpt_tiny_step()?)] {
+    for (name, g) in [
+        ("mlp b128", mlp_step(&[256, 128], 128)?),
+        ("mlp b1024", mlp_step(&[1024, 1024], 1024)?),
+        ("gpt tiny", gpt_tiny_step()?),
+    ] {
         let p = peak_memory(&g, &XlaCpuFusion);
         let m = xla_stats(&client, &g)?;
-        let xla = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes) as f64;
+        let xla =
+            (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes) as f64;
         let predicted = p.peak_bytes as f64;
         let err = (predicted - xla).abs() / xla;
         eprintln!(
@@ -176,7 +179,12 @@ fn greedy_meets_every_budget_the_exact_plan_meets_on_the_tiny_gpt() -> anyhow::R
         let greedy = rematerialize(&g, &Greedy, &opts)?;
         eprintln!(
             "budget {frac}: exact met {} +{} FLOPs peak {}; greedy met {} +{} FLOPs peak {}",
-            exact.met, exact.extra_flops, exact.after.peak_bytes, greedy.met, greedy.extra_flops, greedy.after.peak_bytes
+            exact.met,
+            exact.extra_flops,
+            exact.after.peak_bytes,
+            greedy.met,
+            greedy.extra_flops,
+            greedy.after.peak_bytes
         );
         if exact.met {
             met += 1;

@@ -42,7 +42,8 @@ fn cross_entropy_matches_f64() -> anyhow::Result<()> {
     let mut rng = Rng::new(5);
     let logits = rng.normal_vec(15);
     let labels = vec![4i32, 0, 2];
-    let l = nn::cross_entropy(&Tensor::from_vec(logits.clone(), [3, 5])?, &Tensor::from_vec(labels.clone(), [3])?, None)?;
+    let l =
+        nn::cross_entropy(&Tensor::from_vec(logits.clone(), [3, 5])?, &Tensor::from_vec(labels.clone(), [3])?, None)?;
     let want: f64 = logits
         .chunks(5)
         .zip(&labels)

@@ -22,7 +22,9 @@ thread_local! {
 }
 
 fn client() -> Client {
-    CLIENT.with(|c| c.borrow_mut().get_or_insert_with(|| Client::new(&ClientOptions::default()).expect("CPU plugin")).clone())
+    CLIENT.with(|c| {
+        c.borrow_mut().get_or_insert_with(|| Client::new(&ClientOptions::default()).expect("CPU plugin")).clone()
+    })
 }
 
 fn element_type(d: DType) -> kiln::runtime::ElementType {
@@ -82,7 +84,11 @@ fn assert_close(what: &str, xla: &Literal, reference: &Literal) -> Result<(), Te
 
 /// Builds a graph with `f`, feeds it random inputs and compares XLA with the
 /// interpreter.
-fn parity(what: &str, inputs: Vec<Literal>, f: impl FnOnce(&mut Graph, &[ValueId]) -> Vec<ValueId>) -> Result<(), TestCaseError> {
+fn parity(
+    what: &str,
+    inputs: Vec<Literal>,
+    f: impl FnOnce(&mut Graph, &[ValueId]) -> Vec<ValueId>,
+) -> Result<(), TestCaseError> {
     let mut g = Graph::new();
     let params: Vec<ValueId> = inputs.iter().map(|l| g.parameter(l.ty().clone())).collect();
     let outs = f(&mut g, &params);
@@ -100,7 +106,11 @@ fn lit(dtype: DType, shape: &[usize], rng: &mut Rng, lo: f64, hi: f64) -> Litera
     let vals: Vec<f64> = (0..n)
         .map(|_| {
             let v = lo + (hi - lo) * rng.uniform();
-            if dtype.is_float() { v } else { v.floor() }
+            if dtype.is_float() {
+                v
+            } else {
+                v.floor()
+            }
         })
         .collect();
     Literal::from_f64s(dtype, shape.to_vec(), &vals).unwrap()
@@ -278,12 +288,20 @@ fn rng_bit_generator_reproduces_xla_bits() {
     use kiln::compiler::ir::RngAlgorithm;
     let mut rng = Rng::new(fresh());
     for (algorithm, words) in [(RngAlgorithm::ThreeFry, 2), (RngAlgorithm::Philox, 2), (RngAlgorithm::Philox, 3)] {
-        for (dtype, shape) in [(DType::U32, vec![3, 4]), (DType::U32, vec![5]), (DType::U32, vec![3, 5]), (DType::U64, vec![3]), (DType::U32, vec![])] {
+        for (dtype, shape) in [
+            (DType::U32, vec![3, 4]),
+            (DType::U32, vec![5]),
+            (DType::U32, vec![3, 5]),
+            (DType::U64, vec![3]),
+            (DType::U32, vec![]),
+        ] {
             let state: Vec<u8> = (0..words).flat_map(|_| rng.next_u64().to_le_bytes()).collect();
             let state = Literal::from_bytes(TensorType::new(DType::U64, [words]), state).unwrap();
             let what = format!("{} {dtype} {shape:?}", algorithm.name());
             parity(&what, vec![state], |g, p| {
-                let n = g.add(Op::RngBitGenerator { algorithm, state: p[0], ty: TensorType::new(dtype, shape.clone()) }).unwrap();
+                let n = g
+                    .add(Op::RngBitGenerator { algorithm, state: p[0], ty: TensorType::new(dtype, shape.clone()) })
+                    .unwrap();
                 vec![ValueId::new(n, 0), ValueId::new(n, 1)]
             })
             .unwrap();

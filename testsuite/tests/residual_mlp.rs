@@ -107,8 +107,9 @@ fn batches(n: usize) -> Vec<(Vec<f32>, Vec<i32>)> {
             let y = x
                 .chunks(IN)
                 .map(|row| {
-                    let scores: Vec<f32> =
-                        (0..CLASSES).map(|c| row.iter().enumerate().map(|(i, v)| v * w[i * CLASSES + c]).sum()).collect();
+                    let scores: Vec<f32> = (0..CLASSES)
+                        .map(|c| row.iter().enumerate().map(|(i, v)| v * w[i * CLASSES + c]).sum())
+                        .collect();
                     (0..CLASSES).max_by(|&a, &b| scores[a].total_cmp(&scores[b])).unwrap() as i32
                 })
                 .collect();
@@ -149,7 +150,12 @@ fn module_lists_named_parameters_in_creation_order() -> anyhow::Result<()> {
     assert_eq!(names.len(), 2 + 2 * 6 + 2 + 2);
     assert_eq!(&names[..4], ["stem.weight", "stem.bias", "b0.ln.weight", "b0.ln.bias"]);
     assert_eq!(names.last().map(String::as_str), Some("head.bias"));
-    let elems = IN * WIDTH + WIDTH + 2 * (2 * WIDTH + WIDTH * HIDDEN + HIDDEN + HIDDEN * WIDTH + WIDTH) + 2 * WIDTH + WIDTH * CLASSES + CLASSES;
+    let elems = IN * WIDTH
+        + WIDTH
+        + 2 * (2 * WIDTH + WIDTH * HIDDEN + HIDDEN + HIDDEN * WIDTH + WIDTH)
+        + 2 * WIDTH
+        + WIDTH * CLASSES
+        + CLASSES;
     assert_eq!(model.num_parameters(), elems);
     // Train/eval reaches the dropout layers inside the blocks.
     assert!(model.is_training());
@@ -221,6 +227,9 @@ fn an_error_inside_a_layer_names_the_layer_path() -> anyhow::Result<()> {
     assert!(err.starts_with("LayerNorm(257): "), "{err}");
     // The stem expects 53 features; 50 fail in the matmul, named with the path.
     let err = model.forward(&Tensor::from_vec(vec![0.5f32; 100], [2, 50])?).unwrap_err().to_string();
-    assert_eq!(err, "ResidualMlp: Linear(53 -> 37): matmul: inner dimensions 50 and 53 differ ([2, 50] times [53, 37])");
+    assert_eq!(
+        err,
+        "ResidualMlp: Linear(53 -> 37): matmul: inner dimensions 50 and 53 differ ([2, 50] times [53, 37])"
+    );
     Ok(())
 }

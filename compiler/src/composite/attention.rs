@@ -244,7 +244,8 @@ pub fn match_at(g: &Graph, root: NodeId) -> Result<AttentionMatch, String> {
                     (Some(c), _) if c <= MASKED => (*on_false, false),
                     _ => return Err("select does not mask with a large negative constant".into()),
                 };
-                let table = key_query_table(g, *pred).ok_or("the mask is not a constant [t, s] table over query and key axes")?;
+                let table = key_query_table(g, *pred)
+                    .ok_or("the mask is not a constant [t, s] table over query and key axes")?;
                 let keep: Vec<bool> = table.iter().map(|&p| (p != 0.0) == keep_if).collect();
                 causal = Some(classify_mask(&keep, t, s).ok_or("the mask is not causal (j <= i)")?);
                 inner.push(x.node);
@@ -298,7 +299,14 @@ pub fn match_at(g: &Graph, root: NodeId) -> Result<AttentionMatch, String> {
             return Err(format!("{n} is also used outside the attention"));
         }
     }
-    Ok(AttentionMatch { root, q, k, v: *v, attrs: AttentionAttrs::new(scale, causal.unwrap_or(false)), replaced: inner })
+    Ok(AttentionMatch {
+        root,
+        q,
+        k,
+        v: *v,
+        attrs: AttentionAttrs::new(scale, causal.unwrap_or(false)),
+        replaced: inner,
+    })
 }
 
 /// The broadcast → (reshape) → reduce chain behind a row reduction.

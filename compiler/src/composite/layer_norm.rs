@@ -64,7 +64,13 @@ fn rows(g: &mut Graph, x: ValueId) -> Rows<'_> {
 }
 
 /// `[y, mean, rstd]` of `layer_norm(x, gamma, beta)`, appended to `g`.
-pub(crate) fn expand_forward(g: &mut Graph, x: ValueId, gamma: ValueId, beta: ValueId, eps: f64) -> Result<[ValueId; 3]> {
+pub(crate) fn expand_forward(
+    g: &mut Graph,
+    x: ValueId,
+    gamma: ValueId,
+    beta: ValueId,
+    eps: f64,
+) -> Result<[ValueId; 3]> {
     let dtype = g.ty(x).dtype;
     let mut r = rows(g, x);
     let xf = r.convert(x, r.acc)?;

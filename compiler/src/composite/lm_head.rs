@@ -6,7 +6,9 @@
 //! optimization barriers, so XLA runs them one after another
 //! (`docs/composites.md`).
 
-use crate::ir::{BinaryOp, CompareDir, DType, DotDims, Graph, Literal, Op, ReduceOp, Shape, TensorType, UnaryOp, ValueId};
+use crate::ir::{
+    BinaryOp, CompareDir, DType, DotDims, Graph, Literal, Op, ReduceOp, Shape, TensorType, UnaryOp, ValueId,
+};
 use crate::CompileError;
 
 type Result<T> = std::result::Result<T, CompileError>;
@@ -52,7 +54,15 @@ struct Block {
 /// optimization barrier together with `after` (the previous block's result), so
 /// XLA neither merges the blocks' matmuls back into one nor runs them side by
 /// side: one block's logits are dead before the next block's exist.
-fn block(g: &mut Graph, h: ValueId, w: ValueId, labels: ValueId, start: usize, end: usize, after: Option<ValueId>) -> Result<Block> {
+fn block(
+    g: &mut Graph,
+    h: ValueId,
+    w: ValueId,
+    labels: ValueId,
+    start: usize,
+    end: usize,
+    after: Option<ValueId>,
+) -> Result<Block> {
     let dtype = g.ty(h).dtype;
     let hc = rows(g, h, start, end)?;
     let hc = match after {
@@ -93,7 +103,13 @@ fn concat(g: &mut Graph, parts: Vec<ValueId>) -> Result<ValueId> {
 }
 
 /// `[nll, lse]` of `lm_head_cross_entropy`, appended to `g`.
-pub(crate) fn expand_forward(g: &mut Graph, h: ValueId, w: ValueId, labels: ValueId, chunk: usize) -> Result<[ValueId; 2]> {
+pub(crate) fn expand_forward(
+    g: &mut Graph,
+    h: ValueId,
+    w: ValueId,
+    labels: ValueId,
+    chunk: usize,
+) -> Result<[ValueId; 2]> {
     let n = g.ty(h).shape.dims()[0];
     let (mut nll, mut lse) = (Vec::new(), Vec::new());
     let mut after = None;

@@ -106,8 +106,7 @@ pub fn is_composite(op: &Op) -> bool {
 /// `g` with every composite that `target` cannot run fused replaced by its
 /// plain expansion. Returns `g` unchanged (cloned) when there is none.
 pub fn expand(g: &Graph, target: LowerTarget) -> Result<Graph, CompileError> {
-    let todo: Vec<bool> =
-        g.nodes().map(|(id, n)| is_composite(&n.op) && fusable(g, id, target).is_err()).collect();
+    let todo: Vec<bool> = g.nodes().map(|(id, n)| is_composite(&n.op) && fusable(g, id, target).is_err()).collect();
     if !todo.iter().any(|&t| t) {
         return Ok(g.clone());
     }

@@ -37,7 +37,13 @@ fn literal(ty: &TensorType, values: &[f64]) -> Result<Literal> {
 }
 
 /// Outputs `[out, stats]` of `attention(q, k, v)`.
-pub(crate) fn forward(q: &Literal, k: &Literal, v: &Literal, attrs: AttentionAttrs, outs: &[TensorType]) -> Result<Vec<Literal>> {
+pub(crate) fn forward(
+    q: &Literal,
+    k: &Literal,
+    v: &Literal,
+    attrs: AttentionAttrs,
+    outs: &[TensorType],
+) -> Result<Vec<Literal>> {
     let (bh, t, s, d) = dims(q, k);
     let (qv, kv, vv) = (q.to_f64s(), k.to_f64s(), v.to_f64s());
     let mut out = vec![0.0; bh * t * d];

@@ -12,7 +12,13 @@ fn lit(ty: &TensorType, v: &[f64]) -> Result<Literal> {
 }
 
 /// Outputs `[y, mean, rstd]`.
-pub(crate) fn forward(x: &Literal, gamma: &Literal, beta: &Literal, eps: f64, outs: &[TensorType]) -> Result<Vec<Literal>> {
+pub(crate) fn forward(
+    x: &Literal,
+    gamma: &Literal,
+    beta: &Literal,
+    eps: f64,
+    outs: &[TensorType],
+) -> Result<Vec<Literal>> {
     let (xv, g, b) = (x.to_f64s(), gamma.to_f64s(), beta.to_f64s());
     let d = g.len();
     let rows = if d == 0 { 0 } else { xv.len() / d };

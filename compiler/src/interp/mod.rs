@@ -34,7 +34,11 @@ pub(crate) fn err(op: &'static str, reason: impl Into<String>) -> CompileError {
 /// (a node's `outputs`): what a host backend that runs most ops elsewhere
 /// falls back on (exact integer, pred and RNG semantics). Parameters and
 /// `all_reduce` are not ops of one replica and are refused.
-pub fn interpret_op<'a>(op: &Op, outs: &[crate::ir::TensorType], get: &dyn Fn(ValueId) -> &'a Literal) -> Result<Vec<Literal>, CompileError> {
+pub fn interpret_op<'a>(
+    op: &Op,
+    outs: &[crate::ir::TensorType],
+    get: &dyn Fn(ValueId) -> &'a Literal,
+) -> Result<Vec<Literal>, CompileError> {
     ops::eval(op, outs, get)
 }
 

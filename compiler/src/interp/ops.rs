@@ -39,7 +39,8 @@ pub(crate) fn eval<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'
                 one(floats_to(out, &v))
             } else {
                 let (lo, xs, hi) = (ints(lo), ints(x), ints(hi));
-                let v: Vec<i128> = (0..xs.len()).map(|i| xs[i].max(lo[at_l_i(&lo, i)]).min(hi[at_l_i(&hi, i)])).collect();
+                let v: Vec<i128> =
+                    (0..xs.len()).map(|i| xs[i].max(lo[at_l_i(&lo, i)]).min(hi[at_l_i(&hi, i)])).collect();
                 one(ints_to(out, &v))
             }
         }
@@ -65,7 +66,11 @@ pub(crate) fn eval<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'
             let in_strides = x.ty().shape.strides();
             let out_strides = out.shape.strides();
             one(pick(out, |i| {
-                let src = perm.iter().enumerate().map(|(j, &p)| ((i / out_strides[j]) % out.shape.0[j]) * in_strides[p]).sum();
+                let src = perm
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &p)| ((i / out_strides[j]) % out.shape.0[j]) * in_strides[p])
+                    .sum();
                 (x, src)
             }))
         }
@@ -86,7 +91,9 @@ pub(crate) fn eval<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'
             let in_strides = x.ty().shape.strides();
             let out_strides = out.shape.strides();
             one(pick(out, |i| {
-                let src = (0..out.shape.rank()).map(|j| (st[j] + (i / out_strides[j]) % out.shape.0[j]) * in_strides[j]).sum();
+                let src = (0..out.shape.rank())
+                    .map(|j| (st[j] + (i / out_strides[j]) % out.shape.0[j]) * in_strides[j])
+                    .sum();
                 (x, src)
             }))
         }
@@ -97,8 +104,9 @@ pub(crate) fn eval<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'
             let n = x.ty().dtype.size_in_bytes();
             let (in_strides, u_strides) = (x.ty().shape.strides(), u.ty().shape.strides());
             for k in 0..u.ty().shape.num_elements() {
-                let dst: usize =
-                    (0..u.ty().shape.rank()).map(|j| (st[j] + (k / u_strides[j]) % u.ty().shape.0[j]) * in_strides[j]).sum();
+                let dst: usize = (0..u.ty().shape.rank())
+                    .map(|j| (st[j] + (k / u_strides[j]) % u.ty().shape.0[j]) * in_strides[j])
+                    .sum();
                 bytes[dst * n..(dst + 1) * n].copy_from_slice(&u.bytes()[k * n..(k + 1) * n]);
             }
             one(Literal::from_bytes(out.clone(), bytes)?)
@@ -112,9 +120,16 @@ pub(crate) fn eval<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'
                     let len = p.ty().shape.0[*axis];
                     if c < len {
                         let ps = p.ty().shape.strides();
-                        let src = (0..out.shape.rank())
-                            .map(|j| if j == *axis { c * ps[j] } else { ((i / out_strides[j]) % out.shape.0[j]) * ps[j] })
-                            .sum();
+                        let src =
+                            (0..out.shape.rank())
+                                .map(|j| {
+                                    if j == *axis {
+                                        c * ps[j]
+                                    } else {
+                                        ((i / out_strides[j]) % out.shape.0[j]) * ps[j]
+                                    }
+                                })
+                                .sum();
                         return (*p, src);
                     }
                     c -= len;
@@ -210,23 +225,18 @@ pub(crate) fn eval<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'
         Op::RngBitGenerator { algorithm, state, ty } => super::rng::rng_bit_generator(*algorithm, get(*state), ty),
         Op::OptimizationBarrier { inputs } => Ok(inputs.iter().map(|&v| get(v).clone()).collect()),
         Op::Attention { q, k, v, attrs } => super::attention::forward(get(*q), get(*k), get(*v), *attrs, outs),
-        Op::AttentionGrad { q, k, v, out, stats, dout, attrs } => super::attention::backward(
-            get(*q),
-            get(*k),
-            get(*v),
-            get(*out),
-            get(*stats),
-            get(*dout),
-            *attrs,
-            outs,
-        ),
+        Op::AttentionGrad { q, k, v, out, stats, dout, attrs } => {
+            super::attention::backward(get(*q), get(*k), get(*v), get(*out), get(*stats), get(*dout), *attrs, outs)
+        }
         Op::LayerNorm { x, gamma, beta, eps_bits } => {
             super::layer_norm::forward(get(*x), get(*gamma), get(*beta), f64::from_bits(*eps_bits), outs)
         }
         Op::LayerNormGrad { x, gamma, mean, rstd, dy } => {
             super::layer_norm::backward(get(*x), get(*gamma), get(*mean), get(*rstd), get(*dy), outs)
         }
-        Op::LmHeadCrossEntropy { h, w, labels, chunk: _ } => super::lm_head::forward(get(*h), get(*w), get(*labels), outs),
+        Op::LmHeadCrossEntropy { h, w, labels, chunk: _ } => {
+            super::lm_head::forward(get(*h), get(*w), get(*labels), outs)
+        }
         Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk: _ } => {
             super::lm_head::backward(get(*h), get(*w), get(*labels), get(*lse), get(*dnll), outs)
         }
@@ -234,11 +244,19 @@ pub(crate) fn eval<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'
 }
 
 fn at_l(v: &[f64], i: usize) -> usize {
-    if v.len() == 1 { 0 } else { i }
+    if v.len() == 1 {
+        0
+    } else {
+        i
+    }
 }
 
 fn at_l_i(v: &[i128], i: usize) -> usize {
-    if v.len() == 1 { 0 } else { i }
+    if v.len() == 1 {
+        0
+    } else {
+        i
+    }
 }
 
 /// Builds a literal of `ty` whose element `i` is element `j` of `src` for
@@ -575,8 +593,20 @@ fn reduce(r: ReduceOp, x: &Literal, axes: &[usize], out: &TensorType) -> Literal
             acc[t] = match r {
                 ReduceOp::Sum => acc[t] + v,
                 ReduceOp::Prod => acc[t] * v,
-                ReduceOp::Max => if v.is_nan() || acc[t].is_nan() { f64::NAN } else { acc[t].max(*v) },
-                ReduceOp::Min => if v.is_nan() || acc[t].is_nan() { f64::NAN } else { acc[t].min(*v) },
+                ReduceOp::Max => {
+                    if v.is_nan() || acc[t].is_nan() {
+                        f64::NAN
+                    } else {
+                        acc[t].max(*v)
+                    }
+                }
+                ReduceOp::Min => {
+                    if v.is_nan() || acc[t].is_nan() {
+                        f64::NAN
+                    } else {
+                        acc[t].min(*v)
+                    }
+                }
             };
         }
         return floats_to(out, &acc);
@@ -608,7 +638,9 @@ fn reduce(r: ReduceOp, x: &Literal, axes: &[usize], out: &TensorType) -> Literal
 fn dot(l: &Literal, r: &Literal, d: &DotDims, out: &TensorType) -> Literal {
     let (ls, rs) = (&l.ty().shape, &r.ty().shape);
     let (lst, rst) = (ls.strides(), rs.strides());
-    let free = |rank: usize, b: &[usize], c: &[usize]| (0..rank).filter(|x| !b.contains(x) && !c.contains(x)).collect::<Vec<_>>();
+    let free = |rank: usize, b: &[usize], c: &[usize]| {
+        (0..rank).filter(|x| !b.contains(x) && !c.contains(x)).collect::<Vec<_>>()
+    };
     let (lf, rf) = (free(ls.rank(), &d.lhs_batch, &d.lhs_contract), free(rs.rank(), &d.rhs_batch, &d.rhs_contract));
     // Offsets of every contracting position in lhs and rhs.
     let csizes: Vec<usize> = d.lhs_contract.iter().map(|&a| ls.0[a]).collect();

@@ -113,7 +113,11 @@ fn philox_u32(key: u64, lo: u64, hi: u64, count: usize) -> (Vec<u32>, (u64, u64)
 }
 
 /// Outputs `[new state, bits]` for `state` (u64 words) and output type `ty`.
-pub(crate) fn rng_bit_generator(algorithm: RngAlgorithm, state: &Literal, ty: &TensorType) -> Result<Vec<Literal>, CompileError> {
+pub(crate) fn rng_bit_generator(
+    algorithm: RngAlgorithm,
+    state: &Literal,
+    ty: &TensorType,
+) -> Result<Vec<Literal>, CompileError> {
     let words: Vec<u64> =
         state.bytes().chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
     let n = ty.shape.num_elements();
@@ -140,7 +144,12 @@ pub(crate) fn rng_bit_generator(algorithm: RngAlgorithm, state: &Literal, ty: &T
             let (key, lo, hi, three) = match words[..] {
                 [key, c] => (key, c, key, false),
                 [key, lo, hi] => (key, lo, hi, true),
-                _ => return Err(err("rng_bit_generator", format!("PHILOX needs 2 or 3 state words, got {}", words.len()))),
+                _ => {
+                    return Err(err(
+                        "rng_bit_generator",
+                        format!("PHILOX needs 2 or 3 state words, got {}", words.len()),
+                    ))
+                }
             };
             let count = if wide { 2 * n } else { n };
             let (raw, (nlo, nhi)) = philox_u32(key, lo, hi, count);

@@ -184,13 +184,19 @@ impl Graph {
         for v in op.inputs() {
             self.check_value(op.name(), v)?;
             if v.node >= id {
-                return Err(CompileError::Verify { node: id.to_string(), reason: format!("replacement reads {v}, defined later") });
+                return Err(CompileError::Verify {
+                    node: id.to_string(),
+                    reason: format!("replacement reads {v}, defined later"),
+                });
             }
         }
         let outputs = infer::infer(self, &op)?;
         let old = &self.node(id).outputs;
         if outputs.len() < old.len() || outputs[..old.len()] != old[..] {
-            return Err(CompileError::Verify { node: id.to_string(), reason: "replacement changes the node's result types".into() });
+            return Err(CompileError::Verify {
+                node: id.to_string(),
+                reason: "replacement changes the node's result types".into(),
+            });
         }
         let ix = NodeIndex::new(id.index());
         while let Some(e) = self.g.first_edge(ix, Direction::Incoming) {

@@ -26,7 +26,11 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
     let name = op.name();
     let inputs = op.inputs();
     if inputs.len() != operands.len() {
-        return Err(invalid(name, format!("{} operand types for {} operands", operands.len(), inputs.len()), operands.to_vec()));
+        return Err(invalid(
+            name,
+            format!("{} operand types for {} operands", operands.len(), inputs.len()),
+            operands.to_vec(),
+        ));
     }
     // Every value asked for is one of `inputs`, so the lookup always succeeds;
     // equal values have equal types, so the first match is the right one.
@@ -133,7 +137,11 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
         Op::Reshape { input, shape } => {
             let t = ty(*input);
             if shape.checked_num_elements().is_none() {
-                return Err(invalid(name, format!("the target shape {shape} has more elements than this machine can address"), vec![t]));
+                return Err(invalid(
+                    name,
+                    format!("the target shape {shape} has more elements than this machine can address"),
+                    vec![t],
+                ));
             }
             if t.shape.num_elements() != shape.num_elements() {
                 return Err(CompileError::ReshapeSize {
@@ -212,12 +220,20 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
                     return Err(CompileError::ShapeMismatch { op: name, lhs: f.shape, rhs: t.shape });
                 }
                 dims[*axis] = dims[*axis].checked_add(t.shape.0[*axis]).ok_or_else(|| {
-                    invalid(name, format!("the sizes along axis {axis} overflow"), inputs.iter().map(|&v| ty(v)).collect())
+                    invalid(
+                        name,
+                        format!("the sizes along axis {axis} overflow"),
+                        inputs.iter().map(|&v| ty(v)).collect(),
+                    )
                 })?;
             }
             let out = TensorType::new(f.dtype, Shape(dims));
             if out.checked_size_in_bytes().is_none() {
-                return Err(invalid(name, format!("the result {} has more bytes than this machine can address", out.shape), vec![f]));
+                return Err(invalid(
+                    name,
+                    format!("the result {} has more bytes than this machine can address", out.shape),
+                    vec![f],
+                ));
             }
             one(out)
         }
@@ -263,7 +279,11 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
             }
             let out = TensorType::new(t.dtype, dims);
             if out.checked_size_in_bytes().is_none() {
-                return Err(invalid(name, format!("the result {} has more bytes than this machine can address", out.shape), vec![t, v]));
+                return Err(invalid(
+                    name,
+                    format!("the result {} has more bytes than this machine can address", out.shape),
+                    vec![t, v],
+                ));
             }
             one(out)
         }
@@ -299,9 +319,14 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
                     }
                 }
             }
-            for (a, b) in dims.lhs_batch.iter().zip(&dims.rhs_batch).chain(dims.lhs_contract.iter().zip(&dims.rhs_contract)) {
+            for (a, b) in
+                dims.lhs_batch.iter().zip(&dims.rhs_batch).chain(dims.lhs_contract.iter().zip(&dims.rhs_contract))
+            {
                 if l.shape.0[*a] != r.shape.0[*b] {
-                    return Err(bad(format!("lhs dimension {a} ({}) != rhs dimension {b} ({})", l.shape.0[*a], r.shape.0[*b])));
+                    return Err(bad(format!(
+                        "lhs dimension {a} ({}) != rhs dimension {b} ({})",
+                        l.shape.0[*a], r.shape.0[*b]
+                    )));
                 }
             }
             let mut out: Vec<usize> = dims.lhs_batch.iter().map(|&d| l.shape.0[d]).collect();
@@ -342,7 +367,18 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
                 RngAlgorithm::Philox => s.shape.dims() == [2] || s.shape.dims() == [3],
             };
             if s.dtype != DType::U64 || !words_ok {
-                return Err(invalid(name, format!("state must be u64[2] ({} takes {})", algorithm.name(), match algorithm { RngAlgorithm::ThreeFry => "2 words", RngAlgorithm::Philox => "2 or 3 words" }), vec![s]));
+                return Err(invalid(
+                    name,
+                    format!(
+                        "state must be u64[2] ({} takes {})",
+                        algorithm.name(),
+                        match algorithm {
+                            RngAlgorithm::ThreeFry => "2 words",
+                            RngAlgorithm::Philox => "2 or 3 words",
+                        }
+                    ),
+                    vec![s],
+                ));
             }
             if !matches!(out.dtype, DType::U32 | DType::U64) {
                 return Err(CompileError::UnsupportedDType { op: name, dtype: out.dtype, expected: "u32 or u64" });
@@ -417,7 +453,13 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
 
 /// Checks `h: [n, d]`, `w: [vocab, d]` of one float dtype, integer `labels: [n]`,
 /// `n, chunk >= 1`; returns the per-token type `[n]` f32.
-fn check_lm_head(op: &'static str, h: &TensorType, w: &TensorType, labels: &TensorType, chunk: usize) -> Result<TensorType> {
+fn check_lm_head(
+    op: &'static str,
+    h: &TensorType,
+    w: &TensorType,
+    labels: &TensorType,
+    chunk: usize,
+) -> Result<TensorType> {
     let all = || vec![h.clone(), w.clone(), labels.clone()];
     if !h.dtype.is_float() || w.dtype != h.dtype {
         return Err(invalid(op, "h and w must have one floating-point dtype", all()));
@@ -445,7 +487,13 @@ fn check_layer_norm(op: &'static str, x: &TensorType, gamma: &TensorType) -> Res
 
 /// Checks attention operands `q: [b, h, t, d]`, `k, v: [b, h, s, d]` of one
 /// float dtype (`t == s` when causal) and returns the statistics' type `[b, h, t]` f32.
-fn check_attention(op: &'static str, q: &TensorType, k: &TensorType, v: &TensorType, causal: bool) -> Result<TensorType> {
+fn check_attention(
+    op: &'static str,
+    q: &TensorType,
+    k: &TensorType,
+    v: &TensorType,
+    causal: bool,
+) -> Result<TensorType> {
     let all = || vec![q.clone(), k.clone(), v.clone()];
     if !q.dtype.is_float() {
         return Err(CompileError::UnsupportedDType { op, dtype: q.dtype, expected: "a floating-point type" });
@@ -506,9 +554,18 @@ fn check_index_dtype(op: &'static str, t: &TensorType) -> Result<()> {
     }
 }
 
-fn check_starts(ty: &dyn Fn(ValueId) -> TensorType, op: &'static str, t: &TensorType, starts: &[ValueId]) -> Result<()> {
+fn check_starts(
+    ty: &dyn Fn(ValueId) -> TensorType,
+    op: &'static str,
+    t: &TensorType,
+    starts: &[ValueId],
+) -> Result<()> {
     if starts.len() != t.shape.rank() {
-        return Err(invalid(op, format!("{} start indices for rank {}", starts.len(), t.shape.rank()), vec![t.clone()]));
+        return Err(invalid(
+            op,
+            format!("{} start indices for rank {}", starts.len(), t.shape.rank()),
+            vec![t.clone()],
+        ));
     }
     for &s in starts {
         let st = ty(s);

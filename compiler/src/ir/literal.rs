@@ -26,8 +26,7 @@ impl Literal {
 
     /// A scalar of `dtype` holding `value` converted as `convert` would.
     pub fn scalar(dtype: DType, value: f64) -> Literal {
-        Literal::from_f64s(dtype, Shape::scalar(), &[value])
-            .expect("one value for a scalar is always the right count")
+        Literal::from_f64s(dtype, Shape::scalar(), &[value]).expect("one value for a scalar is always the right count")
     }
 
     /// A tensor of `dtype` whose elements are `values` converted as `convert` would

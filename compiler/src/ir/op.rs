@@ -349,52 +349,145 @@ impl AttentionAttrs {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Op {
     /// The `index`-th input of the program.
-    Parameter { index: u32, ty: TensorType },
-    Constant { literal: Literal },
+    Parameter {
+        index: u32,
+        ty: TensorType,
+    },
+    Constant {
+        literal: Literal,
+    },
     /// Values `0, 1, 2, ...` along `axis`, broadcast over the other dimensions.
-    Iota { ty: TensorType, axis: usize },
-    Unary { op: UnaryOp, input: ValueId },
+    Iota {
+        ty: TensorType,
+        axis: usize,
+    },
+    Unary {
+        op: UnaryOp,
+        input: ValueId,
+    },
     /// Operands have identical types (the frontend broadcasts explicitly).
-    Binary { op: BinaryOp, lhs: ValueId, rhs: ValueId },
-    Compare { dir: CompareDir, lhs: ValueId, rhs: ValueId },
+    Binary {
+        op: BinaryOp,
+        lhs: ValueId,
+        rhs: ValueId,
+    },
+    Compare {
+        dir: CompareDir,
+        lhs: ValueId,
+        rhs: ValueId,
+    },
     /// `pred` is a scalar or has the operands' shape.
-    Select { pred: ValueId, on_true: ValueId, on_false: ValueId },
+    Select {
+        pred: ValueId,
+        on_true: ValueId,
+        on_false: ValueId,
+    },
     /// `min` and `max` are scalars or have the input's shape.
-    Clamp { min: ValueId, input: ValueId, max: ValueId },
-    Convert { input: ValueId, to: DType },
+    Clamp {
+        min: ValueId,
+        input: ValueId,
+        max: ValueId,
+    },
+    Convert {
+        input: ValueId,
+        to: DType,
+    },
     /// Input dimension `i` maps to result dimension `dims[i]`; every mapped
     /// dimension has the input's size or the input's size is 1.
-    BroadcastInDim { input: ValueId, shape: Shape, dims: Vec<usize> },
-    Reshape { input: ValueId, shape: Shape },
+    BroadcastInDim {
+        input: ValueId,
+        shape: Shape,
+        dims: Vec<usize>,
+    },
+    Reshape {
+        input: ValueId,
+        shape: Shape,
+    },
     /// Result dimension `i` is input dimension `perm[i]`.
-    Transpose { input: ValueId, perm: Vec<usize> },
-    Slice { input: ValueId, start: Vec<usize>, limit: Vec<usize>, stride: Vec<usize> },
+    Transpose {
+        input: ValueId,
+        perm: Vec<usize>,
+    },
+    Slice {
+        input: ValueId,
+        start: Vec<usize>,
+        limit: Vec<usize>,
+        stride: Vec<usize>,
+    },
     /// Start indices are scalar integer values, clamped into range as in StableHLO.
-    DynamicSlice { input: ValueId, starts: Vec<ValueId>, sizes: Vec<usize> },
-    DynamicUpdateSlice { input: ValueId, update: ValueId, starts: Vec<ValueId> },
-    Concatenate { inputs: Vec<ValueId>, axis: usize },
+    DynamicSlice {
+        input: ValueId,
+        starts: Vec<ValueId>,
+        sizes: Vec<usize>,
+    },
+    DynamicUpdateSlice {
+        input: ValueId,
+        update: ValueId,
+        starts: Vec<ValueId>,
+    },
+    Concatenate {
+        inputs: Vec<ValueId>,
+        axis: usize,
+    },
     /// `value` is a scalar of the input's dtype. Negative `low`/`high` crop.
-    Pad { input: ValueId, value: ValueId, low: Vec<i64>, high: Vec<i64>, interior: Vec<usize> },
+    Pad {
+        input: ValueId,
+        value: ValueId,
+        low: Vec<i64>,
+        high: Vec<i64>,
+        interior: Vec<usize>,
+    },
     /// Reduces over `axes` (sorted, unique), which disappear from the result.
-    Reduce { op: ReduceOp, input: ValueId, axes: Vec<usize> },
-    DotGeneral { lhs: ValueId, rhs: ValueId, dims: DotDims },
+    Reduce {
+        op: ReduceOp,
+        input: ValueId,
+        axes: Vec<usize>,
+    },
+    DotGeneral {
+        lhs: ValueId,
+        rhs: ValueId,
+        dims: DotDims,
+    },
     /// `operand` indexed along `axis` by the integer tensor `indices`: the result
     /// has shape `operand[..axis] ++ indices ++ operand[axis+1..]` (embedding lookup).
-    Gather { operand: ValueId, indices: ValueId, axis: usize },
+    Gather {
+        operand: ValueId,
+        indices: ValueId,
+        axis: usize,
+    },
     /// The adjoint of `Gather`: `updates` (shaped like the gather's result) are
     /// added into `operand` at the rows named by `indices`; repeated rows accumulate.
-    ScatterAdd { operand: ValueId, indices: ValueId, updates: ValueId, axis: usize },
+    ScatterAdd {
+        operand: ValueId,
+        indices: ValueId,
+        updates: ValueId,
+        axis: usize,
+    },
     /// Outputs: `#0` the new state (same type as `state`), `#1` random bits of `ty`.
-    RngBitGenerator { algorithm: RngAlgorithm, state: ValueId, ty: TensorType },
+    RngBitGenerator {
+        algorithm: RngAlgorithm,
+        state: ValueId,
+        ty: TensorType,
+    },
     /// Outputs equal inputs; stops XLA from moving computation across it.
-    OptimizationBarrier { inputs: Vec<ValueId> },
+    OptimizationBarrier {
+        inputs: Vec<ValueId>,
+    },
     /// Reduction of `input` across all replicas of the program.
-    AllReduce { op: ReduceOp, input: ValueId },
+    AllReduce {
+        op: ReduceOp,
+        input: ValueId,
+    },
     /// Composite scaled-dot-product attention (`docs/composites.md`). `q: [b, h, t, d]`,
     /// `k, v: [b, h, s, d]`, one float dtype. Scores and softmax are computed in f32.
     /// Outputs: `#0` the attention `[b, h, t, d]` in the operands' dtype, `#1` the
     /// softmax statistics: the log-sum-exp of each row of masked scores, `[b, h, t]` f32.
-    Attention { q: ValueId, k: ValueId, v: ValueId, attrs: AttentionAttrs },
+    Attention {
+        q: ValueId,
+        k: ValueId,
+        v: ValueId,
+        attrs: AttentionAttrs,
+    },
     /// The backward of [`Op::Attention`]: from the forward's operands, its output
     /// `out`, its statistics `stats` and the output's cotangent `dout` (all as the
     /// forward had them), outputs `#0` dq, `#1` dk, `#2` dv. Reuses `stats` instead
@@ -413,19 +506,42 @@ pub enum Op {
     /// `x: [..., d]` float, `gamma, beta: [d]` of x's dtype. Outputs: `#0` y
     /// (x's type), `#1` mean and `#2` rstd, `[...]` f32: what the backward reuses.
     /// `eps_bits` is eps's f64 bits (hashable, ordered).
-    LayerNorm { x: ValueId, gamma: ValueId, beta: ValueId, eps_bits: u64 },
+    LayerNorm {
+        x: ValueId,
+        gamma: ValueId,
+        beta: ValueId,
+        eps_bits: u64,
+    },
     /// The backward of [`Op::LayerNorm`] from its saved mean and rstd: outputs
     /// `#0` dx, `#1` dgamma, `#2` dbeta.
-    LayerNormGrad { x: ValueId, gamma: ValueId, mean: ValueId, rstd: ValueId, dy: ValueId },
+    LayerNormGrad {
+        x: ValueId,
+        gamma: ValueId,
+        mean: ValueId,
+        rstd: ValueId,
+        dy: ValueId,
+    },
     /// Composite LM head + softmax cross-entropy (`docs/composites.md`):
     /// `logits = h wᵀ` for `h: [n, d]`, `w: [vocab, d]` (one float dtype), integer
     /// `labels: [n]`. Outputs `#0` the per-token negative log-likelihood and `#1`
     /// the per-token log-sum-exp, `[n]` f32. Lowered in row blocks of `chunk`
     /// tokens, so the `[n, vocab]` logits never exist whole.
-    LmHeadCrossEntropy { h: ValueId, w: ValueId, labels: ValueId, chunk: usize },
+    LmHeadCrossEntropy {
+        h: ValueId,
+        w: ValueId,
+        labels: ValueId,
+        chunk: usize,
+    },
     /// The backward of [`Op::LmHeadCrossEntropy`] from its saved log-sum-exp and
     /// the cotangent `dnll` of the nll: outputs `#0` dh, `#1` dw.
-    LmHeadCrossEntropyGrad { h: ValueId, w: ValueId, labels: ValueId, lse: ValueId, dnll: ValueId, chunk: usize },
+    LmHeadCrossEntropyGrad {
+        h: ValueId,
+        w: ValueId,
+        labels: ValueId,
+        lse: ValueId,
+        dnll: ValueId,
+        chunk: usize,
+    },
 }
 
 impl Op {

@@ -22,11 +22,7 @@ pub(super) fn dense(lit: &Literal) -> String {
     if ty.shape.num_elements() > 0 && lit.is_splat() {
         out.push_str(&element(ty.dtype, &lit.bytes()[..width]));
     } else {
-        let elements: Vec<String> = lit
-            .bytes()
-            .chunks_exact(width)
-            .map(|c| element(ty.dtype, c))
-            .collect();
+        let elements: Vec<String> = lit.bytes().chunks_exact(width).map(|c| element(ty.dtype, c)).collect();
         nested(&mut out, ty.shape.dims(), &elements);
     }
     out.push('>');
@@ -110,41 +106,23 @@ mod tests {
     fn floats_are_exact_and_have_a_point() {
         assert_eq!(text(DType::F32, &[], &[1.0]), "dense<1.0e0>");
         assert_eq!(text(DType::F32, &[], &[0.1]), "dense<1.0e-1>");
-        assert_eq!(
-            text(DType::F32, &[2], &[-0.25, 3.0e7]),
-            "dense<[-2.5e-1, 3.0e7]>"
-        );
+        assert_eq!(text(DType::F32, &[2], &[-0.25, 3.0e7]), "dense<[-2.5e-1, 3.0e7]>");
         assert_eq!(text(DType::F64, &[], &[0.1]), "dense<1.0e-1>");
         assert_eq!(text(DType::F32, &[], &[1.0 / 3.0]), "dense<3.3333334e-1>");
     }
 
     #[test]
     fn non_finite_and_half_floats_are_hex() {
-        assert_eq!(
-            text(DType::F32, &[], &[f64::NEG_INFINITY]),
-            "dense<0xFF800000>"
-        );
-        assert_eq!(
-            text(DType::F64, &[], &[f64::INFINITY]),
-            "dense<0x7FF0000000000000>"
-        );
-        assert_eq!(
-            text(DType::BF16, &[2], &[1.0, -2.0]),
-            "dense<[0x3F80, 0xC000]>"
-        );
+        assert_eq!(text(DType::F32, &[], &[f64::NEG_INFINITY]), "dense<0xFF800000>");
+        assert_eq!(text(DType::F64, &[], &[f64::INFINITY]), "dense<0x7FF0000000000000>");
+        assert_eq!(text(DType::BF16, &[2], &[1.0, -2.0]), "dense<[0x3F80, 0xC000]>");
         assert_eq!(text(DType::F16, &[], &[1.0]), "dense<0x3C00>");
     }
 
     #[test]
     fn nested_lists_follow_the_shape() {
-        assert_eq!(
-            text(DType::S32, &[2, 2], &[1.0, 2.0, 3.0, 4.0]),
-            "dense<[[1, 2], [3, 4]]>"
-        );
-        assert_eq!(
-            text(DType::Pred, &[3], &[1.0, 0.0, 1.0]),
-            "dense<[true, false, true]>"
-        );
+        assert_eq!(text(DType::S32, &[2, 2], &[1.0, 2.0, 3.0, 4.0]), "dense<[[1, 2], [3, 4]]>");
+        assert_eq!(text(DType::Pred, &[3], &[1.0, 0.0, 1.0]), "dense<[true, false, true]>");
         assert_eq!(text(DType::F32, &[2, 0], &[]), "dense<[[], []]>");
     }
 

@@ -12,26 +12,15 @@ use std::fmt::{Display, Write};
 use super::cudnn;
 use super::dense::{dense, identity};
 use super::LowerOptions;
-use crate::ir::{
-    DType, DotDims, Graph, Literal, Node, NodeId, Op, ReduceOp, TensorType, UnaryOp, ValueId,
-};
+use crate::ir::{DType, DotDims, Graph, Literal, Node, NodeId, Op, ReduceOp, TensorType, UnaryOp, ValueId};
 use crate::CompileError;
 
 /// Indentation of the function body.
 const BODY: &str = "    ";
 
 /// Writes the whole module.
-pub(super) fn module(
-    g: &Graph,
-    opts: &LowerOptions,
-    live: &[bool],
-) -> Result<String, CompileError> {
-    let mut e = Emitter {
-        g,
-        num_replicas: opts.num_replicas,
-        names: vec![Vec::new(); g.len()],
-        out: String::new(),
-    };
+pub(super) fn module(g: &Graph, opts: &LowerOptions, live: &[bool]) -> Result<String, CompileError> {
+    let mut e = Emitter { g, num_replicas: opts.num_replicas, names: vec![Vec::new(); g.len()], out: String::new() };
     // MLIR prints attribute dictionaries sorted by name; so do we (JAX's order).
     let _ = writeln!(
         e.out,
@@ -70,19 +59,12 @@ impl Emitter<'_> {
             .param_types()
             .iter()
             .enumerate()
-            .map(
-                |(i, ty)| match g.aliases().iter().find(|a| a.param as usize == i) {
-                    Some(a) => format!("%arg{i}: {ty} {{tf.aliasing_output = {} : i32}}", a.output),
-                    None => format!("%arg{i}: {ty}"),
-                },
-            )
+            .map(|(i, ty)| match g.aliases().iter().find(|a| a.param as usize == i) {
+                Some(a) => format!("%arg{i}: {ty} {{tf.aliasing_output = {} : i32}}", a.output),
+                None => format!("%arg{i}: {ty}"),
+            })
             .collect();
-        let _ = writeln!(
-            self.out,
-            "  func.func public @main({}) -> ({}) {{",
-            args.join(", "),
-            join(g.output_types())
-        );
+        let _ = writeln!(self.out, "  func.func public @main({}) -> ({}) {{", args.join(", "), join(g.output_types()));
     }
 
     fn line(&mut self, text: String) {
@@ -119,11 +101,7 @@ impl Emitter<'_> {
 
     /// `name = stablehlo.constant dense<..> : ty`.
     fn constant(&mut self, name: &str, lit: &Literal) {
-        self.line(format!(
-            "{name} = stablehlo.constant {} : {}",
-            dense(lit),
-            lit.ty()
-        ));
+        self.line(format!("{name} = stablehlo.constant {} : {}", dense(lit), lit.ty()));
     }
 
     fn node(&mut self, id: NodeId, node: &Node) -> Result<(), CompileError> {
@@ -158,11 +136,7 @@ impl Emitter<'_> {
                     res()
                 ));
             }
-            Op::Select {
-                pred,
-                on_true,
-                on_false,
-            } => {
+            Op::Select { pred, on_true, on_false } => {
                 let vals = [*pred, *on_true, *on_false];
                 let text = self.call("stablehlo.select", id, node, &vals);
                 self.line(text);
@@ -193,18 +167,9 @@ impl Emitter<'_> {
                 let x = self.name(*input);
                 let t = self.ty(*input).clone();
                 let def = self.define(id, node);
-                self.line(format!(
-                    "{def} = stablehlo.transpose {x}, dims = {} : ({t}) -> {}",
-                    list(perm),
-                    res()
-                ));
+                self.line(format!("{def} = stablehlo.transpose {x}, dims = {} : ({t}) -> {}", list(perm), res()));
             }
-            Op::Slice {
-                input,
-                start,
-                limit,
-                stride,
-            } => {
+            Op::Slice { input, start, limit, stride } => {
                 let x = self.name(*input);
                 let t = self.ty(*input).clone();
                 let ranges: Vec<String> = (0..start.len())
@@ -214,17 +179,9 @@ impl Emitter<'_> {
                     })
                     .collect();
                 let def = self.define(id, node);
-                self.line(format!(
-                    "{def} = stablehlo.slice {x} [{}] : ({t}) -> {}",
-                    ranges.join(", "),
-                    res()
-                ));
+                self.line(format!("{def} = stablehlo.slice {x} [{}] : ({t}) -> {}", ranges.join(", "), res()));
             }
-            Op::DynamicSlice {
-                input,
-                starts,
-                sizes,
-            } => {
+            Op::DynamicSlice { input, starts, sizes } => {
                 let (starts, start_tys) = self.start_indices(id, starts);
                 let x = self.name(*input);
                 let t = self.ty(*input).clone();
@@ -237,11 +194,7 @@ impl Emitter<'_> {
                     res()
                 ));
             }
-            Op::DynamicUpdateSlice {
-                input,
-                update,
-                starts,
-            } => {
+            Op::DynamicUpdateSlice { input, update, starts } => {
                 let (starts, start_tys) = self.start_indices(id, starts);
                 let (x, u) = (self.name(*input), self.name(*update));
                 let (tx, tu) = (self.ty(*input).clone(), self.ty(*update).clone());
@@ -264,13 +217,7 @@ impl Emitter<'_> {
                     res()
                 ));
             }
-            Op::Pad {
-                input,
-                value,
-                low,
-                high,
-                interior,
-            } => {
+            Op::Pad { input, value, low, high, interior } => {
                 let (x, v) = (self.name(*input), self.name(*value));
                 let (tx, tv) = (self.ty(*input).clone(), self.ty(*value).clone());
                 let def = self.define(id, node);
@@ -306,11 +253,7 @@ impl Emitter<'_> {
                     res()
                 ));
             }
-            Op::Gather {
-                operand,
-                indices,
-                axis,
-            } => {
+            Op::Gather { operand, indices, axis } => {
                 let (x, i) = (self.name(*operand), self.name(*indices));
                 let (tx, ti) = (self.ty(*operand).clone(), self.ty(*indices).clone());
                 let w = Window::new(&tx, &ti, *axis);
@@ -327,22 +270,9 @@ impl Emitter<'_> {
                     res()
                 ));
             }
-            Op::ScatterAdd {
-                operand,
-                indices,
-                updates,
-                axis,
-            } => {
-                let (x, i, u) = (
-                    self.name(*operand),
-                    self.name(*indices),
-                    self.name(*updates),
-                );
-                let (tx, ti, tu) = (
-                    self.ty(*operand).clone(),
-                    self.ty(*indices).clone(),
-                    self.ty(*updates).clone(),
-                );
+            Op::ScatterAdd { operand, indices, updates, axis } => {
+                let (x, i, u) = (self.name(*operand), self.name(*indices), self.name(*updates));
+                let (tx, ti, tu) = (self.ty(*operand).clone(), self.ty(*indices).clone(), self.ty(*updates).clone());
                 let w = Window::new(&tx, &ti, *axis);
                 let def = self.define(id, node);
                 self.line(format!(
@@ -355,11 +285,7 @@ impl Emitter<'_> {
                 self.combiner_region(id, ReduceOp::Sum, tx.dtype);
                 self.line(format!("}}) : ({tx}, {ti}, {tu}) -> {}", res()));
             }
-            Op::RngBitGenerator {
-                algorithm,
-                state,
-                ty,
-            } => {
+            Op::RngBitGenerator { algorithm, state, ty } => {
                 let s = self.name(*state);
                 let ts = self.ty(*state).clone();
                 let def = self.define(id, node);
@@ -421,7 +347,14 @@ impl Emitter<'_> {
                 let call = Self::helper(id, "fmha");
                 self.names[id.index()] = (0..3).map(|i| format!("{call}#{i}")).collect();
                 let bt = |e: &Self, x: ValueId| cudnn::btnh(e.ty(x));
-                let ins = vec![bt(self, *q), bt(self, *k), bt(self, *v), self.ty(*stats).clone(), bt(self, *dout), bt(self, *out)];
+                let ins = vec![
+                    bt(self, *q),
+                    bt(self, *k),
+                    bt(self, *v),
+                    self.ty(*stats).clone(),
+                    bt(self, *dout),
+                    bt(self, *out),
+                ];
                 self.line(format!(
                     "{call}:4 = stablehlo.custom_call @{}({}, {st}, {}, {}) {{api_version = 2 : i32, backend_config = \"{}\", \
                      operand_layouts = [{r4}, {r4}, {r4}, {}, {r4}, {r4}], result_layouts = [{b}, {b}, {b}, {}]}} : ({}) -> ({}, {}, {}, {})",
@@ -447,7 +380,10 @@ impl Emitter<'_> {
             | Op::LmHeadCrossEntropyGrad { .. } => {
                 return Err(CompileError::Verify {
                     node: id.to_string(),
-                    reason: format!("`{}` reached emission: composite::expand replaces it on every target", node.op.name()),
+                    reason: format!(
+                        "`{}` reached emission: composite::expand replaces it on every target",
+                        node.op.name()
+                    ),
                 })
             }
         }
@@ -474,12 +410,7 @@ impl Emitter<'_> {
         let xs: Vec<String> = inputs.iter().map(|&v| self.name(v)).collect();
         let ts: Vec<TensorType> = inputs.iter().map(|&v| self.ty(v).clone()).collect();
         let def = self.define(id, node);
-        format!(
-            "{def} = {mnemonic} {} : ({}) -> {}",
-            xs.join(", "),
-            join(ts),
-            node.outputs[0]
-        )
+        format!("{def} = {mnemonic} {} : ({}) -> {}", xs.join(", "), join(ts), node.outputs[0])
     }
 
     fn unary(&mut self, id: NodeId, node: &Node, op: UnaryOp, input: ValueId) {
@@ -494,12 +425,8 @@ impl Emitter<'_> {
             }
             UnaryOp::Sign if unsigned => {
                 let one = Self::helper(id, "one");
-                let lit = Literal::from_f64s(
-                    t.dtype,
-                    t.shape.clone(),
-                    &vec![1.0; t.shape.num_elements()],
-                )
-                .expect("one value per element");
+                let lit = Literal::from_f64s(t.dtype, t.shape.clone(), &vec![1.0; t.shape.num_elements()])
+                    .expect("one value per element");
                 self.constant(&one, &lit);
                 let def = self.define(id, node);
                 self.line(format!("{def} = stablehlo.minimum {x}, {one} : {t}"));
@@ -559,11 +486,7 @@ impl Emitter<'_> {
     /// all_reduce, closed by the caller's `}) : ...` line.
     fn combiner_region(&mut self, id: NodeId, op: ReduceOp, dtype: DType) {
         let s = TensorType::scalar(dtype);
-        let (a, b, r) = (
-            Self::helper(id, "lhs"),
-            Self::helper(id, "rhs"),
-            Self::helper(id, "acc"),
-        );
+        let (a, b, r) = (Self::helper(id, "lhs"), Self::helper(id, "rhs"), Self::helper(id, "acc"));
         self.line(format!("^bb0({a}: {s}, {b}: {s}):"));
         self.line(format!("  {r} = {} {a}, {b} : {s}", combiner(op, dtype)));
         self.line(format!("  stablehlo.return {r} : {s}"));
@@ -585,10 +508,7 @@ impl Window {
         let ri = indices.shape.rank();
         let r = operand.shape.rank();
         let window_dims = (0..axis).chain(axis + ri..ri + r - 1).collect();
-        Window {
-            window_dims,
-            index_vector_dim: ri,
-        }
+        Window { window_dims, index_vector_dim: ri }
     }
 }
 
@@ -612,31 +532,17 @@ fn comparison_type(dtype: DType) -> &'static str {
 }
 
 fn dot_dims(d: &DotDims) -> String {
-    let contracting = format!(
-        "contracting_dims = {} x {}",
-        list(&d.lhs_contract),
-        list(&d.rhs_contract)
-    );
+    let contracting = format!("contracting_dims = {} x {}", list(&d.lhs_contract), list(&d.rhs_contract));
     if d.lhs_batch.is_empty() {
         contracting
     } else {
-        format!(
-            "batching_dims = {} x {}, {contracting}",
-            list(&d.lhs_batch),
-            list(&d.rhs_batch)
-        )
+        format!("batching_dims = {} x {}, {contracting}", list(&d.lhs_batch), list(&d.rhs_batch))
     }
 }
 
 /// `[a, b, c]`.
 fn list<T: Display>(xs: &[T]) -> String {
-    format!(
-        "[{}]",
-        xs.iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
+    format!("[{}]", xs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))
 }
 
 /// `array<i64: a, b>`, or `array<i64>` when empty.
@@ -644,21 +550,11 @@ fn i64_array(xs: &[usize]) -> String {
     if xs.is_empty() {
         "array<i64>".to_string()
     } else {
-        format!(
-            "array<i64: {}>",
-            xs.iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
+        format!("array<i64: {}>", xs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))
     }
 }
 
 /// `ta, tb, tc`.
 fn join(types: Vec<TensorType>) -> String {
-    types
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
+    types.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
 }

@@ -32,7 +32,12 @@ pub(crate) fn refuse_trapping_division(g: &Graph, live: &[bool]) -> Result<(), C
         }
         let Some(divisor) = constant(g, *rhs) else { continue };
         let values = elements(divisor);
-        let refuse = |reason: String| CompileError::TrappingDivision { op: op.name(), node: format!("%{}", id.index()), dtype, reason };
+        let refuse = |reason: String| CompileError::TrappingDivision {
+            op: op.name(),
+            node: format!("%{}", id.index()),
+            dtype,
+            reason,
+        };
         if let Some(i) = values.iter().position(|&v| v == 0.0) {
             return Err(refuse(format!("the constant divisor is 0 at element {i}")));
         }
@@ -69,6 +74,8 @@ fn signed_min(dtype: DType) -> f64 {
         DType::S8 => f64::from(i8::MIN),
         DType::S32 => f64::from(i32::MIN),
         DType::S64 => i64::MIN as f64,
-        DType::Pred | DType::U8 | DType::U32 | DType::U64 | DType::F16 | DType::BF16 | DType::F32 | DType::F64 => f64::NAN,
+        DType::Pred | DType::U8 | DType::U32 | DType::U64 | DType::F16 | DType::BF16 | DType::F32 | DType::F64 => {
+            f64::NAN
+        }
     }
 }

@@ -152,11 +152,8 @@ pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
     let mut exec_pos = vec![None; n];
     for &id in order.iter().rev() {
         let i = id.index();
-        exec_pos[i] = if materialized[i] {
-            pos[i]
-        } else {
-            users[i].iter().filter_map(|u| exec_pos[u.index()]).max().or(pos[i])
-        };
+        exec_pos[i] =
+            if materialized[i] { pos[i] } else { users[i].iter().filter_map(|u| exec_pos[u.index()]).max().or(pos[i]) };
     }
     let mut buffer_of: Vec<Vec<Option<usize>>> = g.nodes().map(|(_, nd)| vec![None; nd.outputs.len()]).collect();
     let mut buffers: Vec<Buffer> = Vec::new();
@@ -233,7 +230,8 @@ fn share_dying_operands(g: &Graph, buffers: &mut [Buffer]) {
     }
     for k in 0..buffers.len() {
         let (def, bytes, kind) = (buffers[k].def, buffers[k].bytes, buffers[k].kind);
-        if !matches!(kind, BufferKind::Temp | BufferKind::Output) || !writes_in_place(&g.node(buffers[k].value.node).op) {
+        if !matches!(kind, BufferKind::Temp | BufferKind::Output) || !writes_in_place(&g.node(buffers[k].value.node).op)
+        {
             continue;
         }
         let Some(candidates) = dying.get_mut(def) else { continue };

@@ -645,7 +645,8 @@ fn always_true(out: &mut Graph, anchor: ValueId) -> Result<ValueId, CompileError
     let rank = ty.shape.rank();
     let mut x = anchor;
     if rank > 0 {
-        let one = out.value(Op::Slice { input: x, start: vec![0; rank], limit: vec![1; rank], stride: vec![1; rank] })?;
+        let one =
+            out.value(Op::Slice { input: x, start: vec![0; rank], limit: vec![1; rank], stride: vec![1; rank] })?;
         x = out.value(Op::Reshape { input: one, shape: crate::ir::Shape::scalar() })?;
     }
     if !ty.dtype.is_float() {
@@ -724,7 +725,13 @@ mod tests {
         let opts = RematOptions::new(RematBudget::Bytes(before * 3 / 4), &EveryNodeAKernel);
         let greedy = rematerialize(&g, &Greedy, &opts).unwrap();
         let exact = rematerialize(&g, &Exhaustive, &opts).unwrap();
-        assert!(exact.met && greedy.met, "greedy {} exact {} budget {}", greedy.after.peak_bytes, exact.after.peak_bytes, opts_budget(&opts, before));
+        assert!(
+            exact.met && greedy.met,
+            "greedy {} exact {} budget {}",
+            greedy.after.peak_bytes,
+            exact.after.peak_bytes,
+            opts_budget(&opts, before)
+        );
         assert!(exact.extra_flops <= greedy.extra_flops);
     }
 

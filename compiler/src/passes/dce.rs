@@ -62,11 +62,8 @@ fn prune(g: &Graph, keep_params: bool) -> Result<Pruned, CompileError> {
         }
         map[id.index()] = Some(out.add(op)?);
     }
-    let outputs = g
-        .outputs()
-        .iter()
-        .map(|v| ValueId::new(map[v.node.index()].expect("outputs are live"), v.output))
-        .collect();
+    let outputs =
+        g.outputs().iter().map(|v| ValueId::new(map[v.node.index()].expect("outputs are live"), v.output)).collect();
     out.set_outputs(outputs)?;
     for a in g.aliases() {
         if let Some(param) = kept_params.iter().position(|&p| p == a.param) {

@@ -35,7 +35,11 @@ pub fn to_egraph(g: &Graph) -> Result<(EGraph, Vec<Id>), CompileError> {
         if node.outputs.len() == 1 {
             vals.push(vec![class]);
         } else {
-            vals.push((0..node.outputs.len() as u32).map(|i| eg.add(TensorLang::Project { index: i, tuple: [class] })).collect());
+            vals.push(
+                (0..node.outputs.len() as u32)
+                    .map(|i| eg.add(TensorLang::Project { index: i, tuple: [class] }))
+                    .collect(),
+            );
         }
     }
     if let Some(e) = eg.analysis.errors.first() {
@@ -97,9 +101,8 @@ fn choose(eg: &EGraph) -> HashMap<Id, (u128, TensorLang)> {
                 if best.contains_key(&pc) {
                     continue;
                 }
-                let total = egg::Language::children(pn)
-                    .iter()
-                    .fold(own, |acc, &k| acc.saturating_add(best[&eg.find(k)].0));
+                let total =
+                    egg::Language::children(pn).iter().fold(own, |acc, &k| acc.saturating_add(best[&eg.find(k)].0));
                 heap.push(Reverse((total, pc, p)));
             }
         }
@@ -117,7 +120,8 @@ pub fn from_egraph(eg: &EGraph, original: &Graph, roots: &[Id]) -> Result<Graph,
     for &p in original.params() {
         let op = original.node(p).op.clone();
         let v = out.value(op.clone())?;
-        let class = eg.lookup(enode(&op, vec![], p.index() as u32 + 1)).ok_or_else(|| bug("a parameter left the e-graph"))?;
+        let class =
+            eg.lookup(enode(&op, vec![], p.index() as u32 + 1)).ok_or_else(|| bug("a parameter left the e-graph"))?;
         if let Some((_, TensorLang::Op { op: Op::Parameter { index, .. }, .. })) = best.get(&class) {
             if let Op::Parameter { index: mine, .. } = op {
                 if *index == mine {

@@ -53,9 +53,8 @@ impl Language for TensorLang {
                 a == b && ta == tb && ca.len() == cb.len()
             }
             (TensorLang::Project { index: a, .. }, TensorLang::Project { index: b, .. }) => a == b,
-            (TensorLang::Op { .. }, TensorLang::Project { .. }) | (TensorLang::Project { .. }, TensorLang::Op { .. }) => {
-                false
-            }
+            (TensorLang::Op { .. }, TensorLang::Project { .. })
+            | (TensorLang::Project { .. }, TensorLang::Op { .. }) => false,
         }
     }
 

@@ -76,9 +76,15 @@ impl Default for RewriteOptions {
 pub enum StopReason {
     /// No rule changed the e-graph: every equality the rules know is in it.
     Saturated,
-    IterationLimit { iterations: usize },
-    NodeLimit { nodes: usize },
-    TimeLimit { ms: u64 },
+    IterationLimit {
+        iterations: usize,
+    },
+    NodeLimit {
+        nodes: usize,
+    },
+    TimeLimit {
+        ms: u64,
+    },
 }
 
 impl fmt::Display for StopReason {
@@ -163,7 +169,8 @@ pub fn rewrite_with(g: &Graph, opts: &RewriteOptions, rules: &[Rule]) -> Result<
             }
             let mut rule_changed = false;
             for (c, rhs) in matches {
-                let new = rules::add_rhs(&mut eg, &rhs).map_err(|reason| CompileError::Rewrite { rule: rule.name, reason })?;
+                let new = rules::add_rhs(&mut eg, &rhs)
+                    .map_err(|reason| CompileError::Rewrite { rule: rule.name, reason })?;
                 if eg.union(c, new) {
                     *fired.entry(rule.name).or_insert(0) += 1;
                     rule_changed = true;
@@ -216,7 +223,8 @@ mod tests {
         let x = g.parameter(TensorType::new(DType::F32, [2, 3]));
         let t1 = g.value(Op::Transpose { input: x, perm: vec![1, 0] }).unwrap();
         let t2 = g.value(Op::Transpose { input: t1, perm: vec![1, 0] }).unwrap();
-        let one = g.value(Op::Constant { literal: Literal::from_f64s(DType::F32, [2, 3], &[1.0; 6]).unwrap() }).unwrap();
+        let one =
+            g.value(Op::Constant { literal: Literal::from_f64s(DType::F32, [2, 3], &[1.0; 6]).unwrap() }).unwrap();
         let m = g.value(Op::Binary { op: crate::ir::BinaryOp::Mul, lhs: t2, rhs: one }).unwrap();
         let y = g.value(Op::Unary { op: UnaryOp::Tanh, input: m }).unwrap();
         g.set_outputs(vec![y]).unwrap();

@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use half::{bf16, f16};
 
 use crate::ir::{
-    Alias, AttentionAttrs, BinaryOp, CompareDir, DType, DotDims, Graph, Literal, NodeId, Op, ReduceOp, RngAlgorithm, Shape, TensorType,
-    UnaryOp, ValueId,
+    Alias, AttentionAttrs, BinaryOp, CompareDir, DType, DotDims, Graph, Literal, NodeId, Op, ReduceOp, RngAlgorithm,
+    Shape, TensorType, UnaryOp, ValueId,
 };
 use crate::CompileError;
 
@@ -383,7 +383,8 @@ fn float(c: &mut Cursor) -> Result<f64> {
 /// `, scale = <f64>, causal = <bool>` of the attention composites.
 fn attention_attrs(c: &mut Cursor) -> Result<AttentionAttrs> {
     let scale = c.comma_attr("scale", float)?;
-    let causal = c.comma_attr("causal", |c| c.keyword(&[true, false], |b| if b { "true" } else { "false" }, "true or false"))?;
+    let causal =
+        c.comma_attr("causal", |c| c.keyword(&[true, false], |b| if b { "true" } else { "false" }, "true or false"))?;
     Ok(AttentionAttrs::new(scale, causal))
 }
 

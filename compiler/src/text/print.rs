@@ -116,12 +116,9 @@ fn write_node(out: &mut impl Write, id: NodeId, node: &Node) -> fmt::Result {
         Op::Attention { q, k, v, attrs } => {
             write!(out, " {q}, {k}, {v}, scale = {}, causal = {}", attrs.scale(), attrs.causal)?
         }
-        Op::AttentionGrad { q, k, v, out: o, stats, dout, attrs } => write!(
-            out,
-            " {q}, {k}, {v}, {o}, {stats}, {dout}, scale = {}, causal = {}",
-            attrs.scale(),
-            attrs.causal
-        )?,
+        Op::AttentionGrad { q, k, v, out: o, stats, dout, attrs } => {
+            write!(out, " {q}, {k}, {v}, {o}, {stats}, {dout}, scale = {}, causal = {}", attrs.scale(), attrs.causal)?
+        }
         Op::LayerNorm { x, gamma, beta, eps_bits } => {
             write!(out, " {x}, {gamma}, {beta}, eps = {}", f64::from_bits(*eps_bits))?
         }

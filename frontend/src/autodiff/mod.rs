@@ -137,7 +137,12 @@ pub fn fuse_trace() -> Result<Vec<kiln_compiler::composite::Found>> {
 /// The composite ops in the current trace, in node order.
 pub fn trace_composites() -> Vec<Op> {
     crate::context::with(|c| {
-        c.trace.graph.nodes().filter(|(_, n)| kiln_compiler::composite::is_composite(&n.op)).map(|(_, n)| n.op.clone()).collect()
+        c.trace
+            .graph
+            .nodes()
+            .filter(|(_, n)| kiln_compiler::composite::is_composite(&n.op))
+            .map(|(_, n)| n.op.clone())
+            .collect()
     })
 }
 

@@ -48,7 +48,13 @@ fn not_differentiable(b: &Builder, op: &Op, pos: usize) -> FrontendError {
     FrontendError::NotDifferentiable { op: op.name(), operand: pos, ty: b.ty(v) }
 }
 
-pub(crate) fn backward(b: &mut Builder, id: NodeId, op: &Op, outs: &[Option<ValueId>], wants: &[bool]) -> Result<Contributions> {
+pub(crate) fn backward(
+    b: &mut Builder,
+    id: NodeId,
+    op: &Op,
+    outs: &[Option<ValueId>],
+    wants: &[bool],
+) -> Result<Contributions> {
     let y = ValueId::from(id);
     let mut out = Contributions::new();
     for (pos, &w) in wants.iter().enumerate() {

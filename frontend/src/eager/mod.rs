@@ -100,7 +100,9 @@ fn eval_node(graph: &Graph, id: NodeId, bindings: &[Binding], values: &mut [Vec<
             let lit = match storage {
                 Storage::Host(lit) => (**lit).clone(),
                 Storage::HostShards(shards) if shards.len() == 1 => shards[0].clone(),
-                Storage::Device(value) if value.0.len() == 1 => Literal::from_bytes(ty.clone(), value.0[0].to_host_bytes()?)?,
+                Storage::Device(value) if value.0.len() == 1 => {
+                    Literal::from_bytes(ty.clone(), value.0[0].to_host_bytes()?)?
+                }
                 Storage::HostShards(_) | Storage::Device(_) => {
                     return Err(FrontendError::Count {
                         op: "eager",

@@ -7,7 +7,9 @@
 //! here except for scalar bounds and predicates, which XLA allows too.
 
 use candle_core::Tensor as Ct;
-use kiln_compiler::ir::{BinaryOp, CompareDir, DType, DotDims, Graph, Literal, Op, ReduceOp, TensorType, UnaryOp, ValueId};
+use kiln_compiler::ir::{
+    BinaryOp, CompareDir, DType, DotDims, Graph, Literal, Op, ReduceOp, TensorType, UnaryOp, ValueId,
+};
 
 use super::convert::{candle_dtype, candle_err, candle_to_literal, literal_to_candle};
 use super::Value;
@@ -164,7 +166,9 @@ fn eval_candle<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'a Ct
                 UnaryOp::Exp => x.exp(),
                 UnaryOp::Log => x.log(),
                 UnaryOp::Tanh => x.tanh(),
-                UnaryOp::Logistic => x.neg().and_then(|n| n.exp()).and_then(|e| e.affine(1.0, 1.0)).and_then(|d| d.recip()),
+                UnaryOp::Logistic => {
+                    x.neg().and_then(|n| n.exp()).and_then(|e| e.affine(1.0, 1.0)).and_then(|d| d.recip())
+                }
                 UnaryOp::Sqrt => x.sqrt(),
                 UnaryOp::Rsqrt => x.sqrt().and_then(|s| s.recip()),
                 UnaryOp::Sin => x.sin(),
@@ -217,7 +221,9 @@ fn eval_candle<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'a Ct
             let d = candle_dtype(*to).expect("checked by the engine choice");
             one_candle(get(*input).to_dtype(d).map_err(e)?)
         }
-        Op::BroadcastInDim { input, shape, dims } => one_candle(broadcast_in_dim(get(*input), shape.dims(), dims).map_err(e)?),
+        Op::BroadcastInDim { input, shape, dims } => {
+            one_candle(broadcast_in_dim(get(*input), shape.dims(), dims).map_err(e)?)
+        }
         Op::Reshape { input, shape } => one_candle(get(*input).reshape(shape.dims()).map_err(e)?),
         Op::Transpose { input, perm } => one_candle(get(*input).permute(perm.clone()).map_err(e)?),
         Op::Slice { input, start, limit, .. } => {

@@ -44,12 +44,38 @@ pub struct GptConfig {
 impl GptConfig {
     /// Small enough to train on two CPU cores in seconds.
     pub fn tiny(vocab: usize) -> GptConfig {
-        GptConfig { vocab, seq: 32, dim: 64, heads: 4, layers: 2, batch: 16, lr: 3e-3, steps: 300, seed: 0, dropout: 0.0, amp: None, max_grad_norm: None }
+        GptConfig {
+            vocab,
+            seq: 32,
+            dim: 64,
+            heads: 4,
+            layers: 2,
+            batch: 16,
+            lr: 3e-3,
+            steps: 300,
+            seed: 0,
+            dropout: 0.0,
+            amp: None,
+            max_grad_norm: None,
+        }
     }
 
     /// GPT-2 small's shape (BENCHMARKS.md `gpt2-small`): for accelerators.
     pub fn gpt2_small(vocab: usize) -> GptConfig {
-        GptConfig { vocab, seq: 1024, dim: 768, heads: 12, layers: 12, batch: 8, lr: 6e-4, steps: 1000, seed: 0, dropout: 0.0, amp: None, max_grad_norm: None }
+        GptConfig {
+            vocab,
+            seq: 1024,
+            dim: 768,
+            heads: 12,
+            layers: 12,
+            batch: 8,
+            lr: 6e-4,
+            steps: 1000,
+            seed: 0,
+            dropout: 0.0,
+            amp: None,
+            max_grad_norm: None,
+        }
     }
 }
 
@@ -285,9 +311,13 @@ pub fn read_text(path: &Path, seq: usize) -> Result<String> {
     // One byte past the limit tells a file at the limit from a larger one.
     file.take(MAX_TEXT_BYTES + 1).read_to_end(&mut bytes).map_err(io)?;
     if bytes.len() as u64 > MAX_TEXT_BYTES {
-        return Err(FrontendError::Data { path: path.into(), reason: format!("longer than the {MAX_TEXT_BYTES}-byte limit of --text") });
+        return Err(FrontendError::Data {
+            path: path.into(),
+            reason: format!("longer than the {MAX_TEXT_BYTES}-byte limit of --text"),
+        });
     }
-    let text = String::from_utf8(bytes).map_err(|e| FrontendError::Data { path: path.into(), reason: format!("not UTF-8 text: {e}") })?;
+    let text = String::from_utf8(bytes)
+        .map_err(|e| FrontendError::Data { path: path.into(), reason: format!("not UTF-8 text: {e}") })?;
     if text.chars().count() <= seq {
         return Err(FrontendError::Data {
             path: path.into(),
@@ -304,8 +334,12 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
     // `cfg.vocab` pads the embedding past the text's characters (0: no padding).
     let cfg = GptConfig { vocab: vocab.len().max(cfg.vocab), ..cfg.clone() };
     let mut t = GptTrainer::new(vocab.encode(text), &cfg)?;
-    let schedule =
-        WarmupCosine { base_lr: cfg.lr, min_lr: cfg.lr * 0.1, warmup_steps: (cfg.steps / 10).max(1), total_steps: cfg.steps };
+    let schedule = WarmupCosine {
+        base_lr: cfg.lr,
+        min_lr: cfg.lr * 0.1,
+        warmup_steps: (cfg.steps / 10).max(1),
+        total_steps: cfg.steps,
+    };
     let mut report = TrainReport::default();
     let start = Instant::now();
     if t.ordered.is_some() {
@@ -347,7 +381,8 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
             t.step += 1;
             let ms = t0.elapsed().as_secs_f64() * 1e3;
             read(&mut unread, &mut report)?;
-            unread = Some((loss, StepInfo { epoch: 0, step: t.step, steps_total: cfg.steps, loss: f64::NAN, step_ms: ms }));
+            unread =
+                Some((loss, StepInfo { epoch: 0, step: t.step, steps_total: cfg.steps, loss: f64::NAN, step_ms: ms }));
         }
         read(&mut unread, &mut report)?;
     }

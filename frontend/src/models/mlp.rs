@@ -12,9 +12,9 @@ use std::time::Instant;
 
 use kiln_compiler::ir::DType;
 
+use crate::amp;
 use crate::context::{self, Backend};
 use crate::data::{self, Batch, FashionMnist, ImageSet, LastBatch, Prefetcher};
-use crate::amp;
 use crate::error::{FrontendError, Result};
 use crate::nn::{cross_entropy, Linear, Module, ParamStore};
 use crate::optim::{AdamW, AdamWConfig, WarmupCosine};
@@ -281,7 +281,8 @@ impl MlpConfig {
         let mut sizes = vec![data.train.pixels()];
         sizes.extend(&self.hidden);
         sizes.push(10);
-        let params = sizes.windows(2).try_fold(0usize, |acc, w| acc.checked_add(w[0].checked_mul(w[1])?.checked_add(w[1])?));
+        let params =
+            sizes.windows(2).try_fold(0usize, |acc, w| acc.checked_add(w[0].checked_mul(w[1])?.checked_add(w[1])?));
         crate::limits::check_host_bytes(
             format!("the MLP {sizes:?} (weights, gradients and AdamW state)"),
             params.and_then(|p| crate::limits::checked_bytes(&[p, 4], 4)),
@@ -317,7 +318,8 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     let per_epoch = (data.train.len() / (cfg.batch * replicas)) as u64;
     let all_steps = per_epoch.saturating_mul(cfg.epochs as u64);
     let total = cfg.max_steps.unwrap_or(all_steps).min(all_steps);
-    let schedule = WarmupCosine { base_lr: cfg.lr, min_lr: cfg.lr * 0.05, warmup_steps: (total / 20).max(1), total_steps: total };
+    let schedule =
+        WarmupCosine { base_lr: cfg.lr, min_lr: cfg.lr * 0.05, warmup_steps: (total / 20).max(1), total_steps: total };
     let mut report = TrainReport::default();
     let start = Instant::now();
     // A resumed run starts in the epoch (and at the batch) where the saved
@@ -329,12 +331,19 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
             break;
         }
         let seed = Some(cfg.seed ^ epoch as u64);
-        let mut steps = crate::replicas::local_shards(data::replica_batches(data.train.len(), cfg.batch, replicas, seed, LastBatch::Drop))?;
+        let mut steps = crate::replicas::local_shards(data::replica_batches(
+            data.train.len(),
+            cfg.batch,
+            replicas,
+            seed,
+            LastBatch::Drop,
+        ))?;
         let done_in_epoch = (t.step - epoch as u64 * per_epoch) as usize;
         steps.drain(..done_in_epoch.min(steps.len()));
         // Never prefetch past the last step.
         steps.truncate(usize::try_from(total - t.step).unwrap_or(usize::MAX));
-        let checkpoint_due = |step: u64| matches!((&cfg.checkpoint, cfg.checkpoint_every), (Some(_), Some(every)) if step % every == 0);
+        let checkpoint_due =
+            |step: u64| matches!((&cfg.checkpoint, cfg.checkpoint_every), (Some(_), Some(every)) if step % every == 0);
         // Without an ordered step (mixed precision), the step is captured
         // (`compile_step`): traced once per stretch between checkpoints (a
         // checkpoint needs the whole trainer), then replayed with each batch
@@ -384,7 +393,8 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
                     t.step += 1;
                     let ms = t0.elapsed().as_secs_f64() * 1e3;
                     read(&mut unread, &mut report)?;
-                    unread = Some((loss, StepInfo { epoch, step: t.step, steps_total: total, loss: f64::NAN, step_ms: ms }));
+                    unread =
+                        Some((loss, StepInfo { epoch, step: t.step, steps_total: total, loss: f64::NAN, step_ms: ms }));
                     if checkpoint_due(t.step) {
                         save_now = true;
                         break;
@@ -436,7 +446,10 @@ fn prepare_checkpoint(t: &mut Trainer, path: &std::path::Path, cfg: &MlpConfig) 
     let exists = target.exists();
     if cfg.resume {
         if !exists {
-            return Err(FrontendError::Checkpoint { path: path.to_path_buf(), reason: "--resume: no checkpoint to resume from".into() });
+            return Err(FrontendError::Checkpoint {
+                path: path.to_path_buf(),
+                reason: "--resume: no checkpoint to resume from".into(),
+            });
         }
         return t.restore(path);
     }
@@ -447,12 +460,17 @@ fn prepare_checkpoint(t: &mut Trainer, path: &std::path::Path, cfg: &MlpConfig) 
         path: path.to_path_buf(),
         reason: format!("{why}; pass --overwrite to replace it or --resume to continue from it"),
     };
-    let loaded = checkpoint::load(path).map_err(|e| refuse(format!("exists and is not a readable kiln checkpoint ({e})")))?;
+    let loaded =
+        checkpoint::load(path).map_err(|e| refuse(format!("exists and is not a readable kiln checkpoint ({e})")))?;
     for (name, tensor) in t.state() {
         match loaded.tensors.iter().find(|(n, _)| *n == name) {
             Some((_, lit)) if lit.ty() == tensor.ty() => {}
             Some((_, lit)) => {
-                return Err(refuse(format!("holds a checkpoint of another model (tensor {name} is {}, this model's is {})", lit.ty(), tensor.ty())))
+                return Err(refuse(format!(
+                    "holds a checkpoint of another model (tensor {name} is {}, this model's is {})",
+                    lit.ty(),
+                    tensor.ty()
+                )))
             }
             None => return Err(refuse(format!("holds a checkpoint of another model (no tensor {name})"))),
         }
@@ -470,7 +488,14 @@ pub fn compare_eager(data: &FashionMnist, cfg: &MlpConfig, steps: u64) -> Result
 
 /// [`compare_eager`] against `other` instead of the eager backend.
 pub fn compare_with(other: Backend, data: &FashionMnist, cfg: &MlpConfig, steps: u64) -> Result<(Vec<f64>, Vec<f64>)> {
-    let cfg = MlpConfig { max_steps: Some(steps), eval: false, checkpoint: None, checkpoint_every: None, resume: false, ..cfg.clone() };
+    let cfg = MlpConfig {
+        max_steps: Some(steps),
+        eval: false,
+        checkpoint: None,
+        checkpoint_every: None,
+        resume: false,
+        ..cfg.clone()
+    };
     let previous = context::backend();
     let run = |backend| -> Result<Vec<f64>> {
         context::set_backend(backend);

@@ -9,10 +9,10 @@ use crate::error::Result;
 use crate::grad::grad;
 use crate::nn::ParamStore;
 use crate::optim::AdamW;
+use crate::replicas;
 use crate::step::mark_step;
 use crate::tensor::Tensor;
 use crate::train_step::{TrainStep, TrainStepOptions};
-use crate::replicas;
 
 /// The step every built-in loop runs: gradients of `loss`, averaged over
 /// replicas, the update, and `mark_step`; returns the loss averaged over

@@ -12,9 +12,9 @@ use kiln_compiler::ir::{CompareDir, DType, Shape};
 pub use init::HostRng;
 pub use module::{scoped, Dropout, Func, Module, Sequential};
 
-use crate::{amp, scope};
 use crate::error::{FrontendError, Result};
 use crate::tensor::Tensor;
+use crate::{amp, scope};
 
 /// Named parameters in creation order.
 #[derive(Clone, Debug)]
@@ -109,17 +109,24 @@ impl Linear {
     /// point: integer data (raw `u8` pixels) is refused, not converted.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _layer = scope::enter_owner_of(&self.weight, 1);
-        scoped(|| Module::describe(self), || {
-            if !x.dtype().is_float() {
-                return Err(FrontendError::DType { op: "linear", expected: "a floating-point input", got: x.dtype() });
-            }
-            let dtype = amp::compute_dtype(self.weight.dtype());
-            let y = x.to_dtype(dtype)?.matmul(&self.weight)?;
-            match &self.bias {
-                Some(b) => y.add(&b.to_dtype(dtype)?),
-                None => Ok(y),
-            }
-        })
+        scoped(
+            || Module::describe(self),
+            || {
+                if !x.dtype().is_float() {
+                    return Err(FrontendError::DType {
+                        op: "linear",
+                        expected: "a floating-point input",
+                        got: x.dtype(),
+                    });
+                }
+                let dtype = amp::compute_dtype(self.weight.dtype());
+                let y = x.to_dtype(dtype)?.matmul(&self.weight)?;
+                match &self.bias {
+                    Some(b) => y.add(&b.to_dtype(dtype)?),
+                    None => Ok(y),
+                }
+            },
+        )
     }
 }
 
@@ -186,13 +193,16 @@ impl LayerNorm {
     /// backward reuses the saved mean and rstd (`docs/composites.md`).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _layer = scope::enter_owner_of(&self.gamma, 1);
-        scoped(|| Module::describe(self), || {
-            let x = amp::full_precision(x)?;
-            let (gamma, beta) = (self.gamma.to_dtype(x.dtype())?, self.beta.to_dtype(x.dtype())?);
-            let (xv, g, b) = (x.value("layer_norm")?, gamma.value("layer_norm")?, beta.value("layer_norm")?);
-            let op = kiln_compiler::ir::Op::LayerNorm { x: xv, gamma: g, beta: b, eps_bits: self.eps.to_bits() };
-            crate::context::with(|c| c.push(op)).map(Tensor::wrap)
-        })
+        scoped(
+            || Module::describe(self),
+            || {
+                let x = amp::full_precision(x)?;
+                let (gamma, beta) = (self.gamma.to_dtype(x.dtype())?, self.beta.to_dtype(x.dtype())?);
+                let (xv, g, b) = (x.value("layer_norm")?, gamma.value("layer_norm")?, beta.value("layer_norm")?);
+                let op = kiln_compiler::ir::Op::LayerNorm { x: xv, gamma: g, beta: b, eps_bits: self.eps.to_bits() };
+                crate::context::with(|c| c.push(op)).map(Tensor::wrap)
+            },
+        )
     }
 }
 
@@ -223,11 +233,14 @@ impl RmsNorm {
     /// In f32 under autocast.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _layer = scope::enter_owner_of(&self.gamma, 1);
-        scoped(|| Module::describe(self), || {
-            let x = amp::full_precision(x)?;
-            let ms = x.square()?.mean(&[-1], true)?;
-            x.mul(&ms.add_scalar(self.eps)?.rsqrt()?)?.mul(&self.gamma)
-        })
+        scoped(
+            || Module::describe(self),
+            || {
+                let x = amp::full_precision(x)?;
+                let ms = x.square()?.mean(&[-1], true)?;
+                x.mul(&ms.add_scalar(self.eps)?.rsqrt()?)?.mul(&self.gamma)
+            },
+        )
     }
 }
 
@@ -352,14 +365,23 @@ pub fn lm_head_cross_entropy(h: &Tensor, table: &Tensor, labels: &Tensor) -> Res
     if h.rank() != 2 || table.rank() != 2 || labels.rank() != 1 {
         return Err(FrontendError::InvalidArgument {
             op: "lm_head_cross_entropy",
-            reason: format!("h {}, table {} and labels {} must be [n, d], [vocab, d] and [n]", h.ty(), table.ty(), labels.ty()),
+            reason: format!(
+                "h {}, table {} and labels {} must be [n, d], [vocab, d] and [n]",
+                h.ty(),
+                table.ty(),
+                labels.ty()
+            ),
         });
     }
     let dtype = amp::compute_dtype(h.dtype());
     let (h, table) = (h.to_dtype(dtype)?, table.to_dtype(dtype)?);
     // Blocks of at most 256 MiB of f32 logits.
     let chunk = ((256usize << 20) / (4 * table.dims()[0].max(1))).max(1);
-    let (hv, wv, lv) = (h.value("lm_head_cross_entropy")?, table.value("lm_head_cross_entropy")?, labels.value("lm_head_cross_entropy")?);
+    let (hv, wv, lv) = (
+        h.value("lm_head_cross_entropy")?,
+        table.value("lm_head_cross_entropy")?,
+        labels.value("lm_head_cross_entropy")?,
+    );
     let op = kiln_compiler::ir::Op::LmHeadCrossEntropy { h: hv, w: wv, labels: lv, chunk };
     let nll = crate::context::with(|c| c.push(op)).map(Tensor::wrap)?;
     nll.mean_all()

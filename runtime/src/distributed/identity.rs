@@ -65,10 +65,7 @@ pub struct Timeouts {
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Timeouts {
-            startup_ms: 120_000,
-            peer_ms: 10_000,
-        }
+        Timeouts { startup_ms: 120_000, peer_ms: 10_000 }
     }
 }
 
@@ -114,10 +111,7 @@ impl Identity {
             num_nodes: 1,
             coordinator: None,
             serves_store: false,
-            scope: RunScope {
-                run_id: "run".into(),
-                attempt: 0,
-            },
+            scope: RunScope { run_id: "run".into(), attempt: 0 },
             local_devices: None,
             timeouts: Timeouts::default(),
         }
@@ -147,11 +141,7 @@ fn set(v: &Option<String>) -> Option<&str> {
 }
 
 fn bad(var: &'static str, value: &str, expected: &'static str) -> RuntimeError {
-    RuntimeError::BadNodeEnv {
-        var,
-        value: value.to_string(),
-        expected,
-    }
+    RuntimeError::BadNodeEnv { var, value: value.to_string(), expected }
 }
 
 fn parse_u64(var: &'static str, value: &str, expected: &'static str) -> Result<u64> {
@@ -193,9 +183,7 @@ impl NodeEnv {
                     "this process's index, 0 to KILN_NUM_NODES-1 (required when KILN_NUM_NODES > 1)",
                 ))
             }
-            Some(v) => v
-                .parse::<u32>()
-                .map_err(|_| bad(ENV_NODE_ID, v, "a whole number, 0 to KILN_NUM_NODES-1"))?,
+            Some(v) => v.parse::<u32>().map_err(|_| bad(ENV_NODE_ID, v, "a whole number, 0 to KILN_NUM_NODES-1"))?,
         };
         if node_id >= num_nodes {
             return Err(RuntimeError::NodeIdOutOfRange { node_id, num_nodes });
@@ -213,8 +201,7 @@ impl NodeEnv {
         let run_id = match set(&self.run_id) {
             None => "run".to_string(),
             Some(v)
-                if v.len() <= 64
-                    && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')) =>
+                if v.len() <= 64 && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')) =>
             {
                 v.to_string()
             }
@@ -222,9 +209,7 @@ impl NodeEnv {
         };
         let attempt = match set(&self.attempt) {
             None => 0,
-            Some(v) => v
-                .parse::<u32>()
-                .map_err(|_| bad(ENV_ATTEMPT, v, "the restart count, a whole number from 0"))?,
+            Some(v) => v.parse::<u32>().map_err(|_| bad(ENV_ATTEMPT, v, "the restart count, a whole number from 0"))?,
         };
         let local_devices = match set(&self.local_devices) {
             None => None,
@@ -368,19 +353,14 @@ mod tests {
         ];
         for (pairs, var) in cases {
             let err = env(pairs).identity().unwrap_err();
-            assert!(
-                matches!(&err, RuntimeError::BadNodeEnv { var: v, .. } if v == var),
-                "{pairs:?}: {err}"
-            );
+            assert!(matches!(&err, RuntimeError::BadNodeEnv { var: v, .. } if v == var), "{pairs:?}: {err}");
             assert!(err.to_string().contains(var), "{err}");
         }
     }
 
     #[test]
     fn node_id_must_be_below_the_node_count() {
-        let err = env(&[(ENV_NUM_NODES, "2"), (ENV_NODE_ID, "3"), (ENV_COORDINATOR, "h:1")])
-            .identity()
-            .unwrap_err();
+        let err = env(&[(ENV_NUM_NODES, "2"), (ENV_NODE_ID, "3"), (ENV_COORDINATOR, "h:1")]).identity().unwrap_err();
         assert!(matches!(err, RuntimeError::NodeIdOutOfRange { node_id: 3, num_nodes: 2 }), "{err}");
         assert!(err.to_string().contains("0 to 1"), "{err}");
     }

@@ -106,26 +106,12 @@ impl Session {
     /// Connects (and serves, on node 0) and passes the start-up barrier; no
     /// watchdog yet. Most callers want [`join`].
     pub fn start(identity: Identity) -> Result<Session> {
-        let coordinator = identity
-            .coordinator
-            .clone()
-            .ok_or(RuntimeError::MissingCoordinator {
-                num_nodes: identity.num_nodes,
-            })?;
-        let server = if identity.serves_store {
-            Some(StoreServer::bind(&coordinator)?)
-        } else {
-            None
-        };
+        let coordinator =
+            identity.coordinator.clone().ok_or(RuntimeError::MissingCoordinator { num_nodes: identity.num_nodes })?;
+        let server = if identity.serves_store { Some(StoreServer::bind(&coordinator)?) } else { None };
         let tcp = Arc::new(TcpStore::new(&coordinator, IO_TIMEOUT)?);
         let store = Arc::new(Scoped::new(tcp.clone(), &identity.scope));
-        let session = Session {
-            identity,
-            tcp,
-            store,
-            _server: server,
-            finished: Arc::new(AtomicBool::new(false)),
-        };
+        let session = Session { identity, tcp, store, _server: server, finished: Arc::new(AtomicBool::new(false)) };
         session.barrier()?;
         Ok(session)
     }
@@ -224,29 +210,27 @@ impl Session {
         let session = Arc::downgrade(self);
         let interval = self.identity.timeouts.heartbeat_interval();
         let finished = self.finished.clone();
-        let spawned = std::thread::Builder::new()
-            .name("kiln-watchdog".into())
-            .spawn(move || {
-                let mut last_ok = Instant::now();
-                loop {
-                    std::thread::sleep(interval);
-                    if finished.load(Ordering::Acquire) {
-                        return;
-                    }
-                    let Some(s) = session.upgrade() else { return };
-                    let Some(err) = s.watch_once(&mut last_ok) else { continue };
-                    if s.finished.load(Ordering::Acquire) {
-                        return;
-                    }
-                    match &action {
-                        WatchdogAction::Report(f) => {
-                            f(err);
-                            return;
-                        }
-                        WatchdogAction::Exit => end_process(&err),
-                    }
+        let spawned = std::thread::Builder::new().name("kiln-watchdog".into()).spawn(move || {
+            let mut last_ok = Instant::now();
+            loop {
+                std::thread::sleep(interval);
+                if finished.load(Ordering::Acquire) {
+                    return;
                 }
-            });
+                let Some(s) = session.upgrade() else { return };
+                let Some(err) = s.watch_once(&mut last_ok) else { continue };
+                if s.finished.load(Ordering::Acquire) {
+                    return;
+                }
+                match &action {
+                    WatchdogAction::Report(f) => {
+                        f(err);
+                        return;
+                    }
+                    WatchdogAction::Exit => end_process(&err),
+                }
+            }
+        });
         if let Err(err) = spawned {
             tracing::error!(%err, "kiln: cannot start the watchdog thread; a lost peer may hang this node");
         }

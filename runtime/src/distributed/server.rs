@@ -44,10 +44,7 @@ pub struct StoreServer {
 impl StoreServer {
     /// Binds `addr` (`127.0.0.1:0` picks a free port) and starts serving.
     pub fn bind(addr: &str) -> Result<StoreServer> {
-        let unavailable = |reason: String| RuntimeError::KvUnavailable {
-            addr: addr.to_string(),
-            reason,
-        };
+        let unavailable = |reason: String| RuntimeError::KvUnavailable { addr: addr.to_string(), reason };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("kiln-kv-server")
@@ -55,18 +52,11 @@ impl StoreServer {
             .enable_time()
             .build()
             .map_err(|e| unavailable(format!("cannot start the server's runtime: {e}")))?;
-        let listener = runtime
-            .block_on(TcpListener::bind(addr))
-            .map_err(|e| unavailable(format!("cannot listen: {e}")))?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| unavailable(e.to_string()))?;
+        let listener =
+            runtime.block_on(TcpListener::bind(addr)).map_err(|e| unavailable(format!("cannot listen: {e}")))?;
+        let local = listener.local_addr().map_err(|e| unavailable(e.to_string()))?;
         let (version, _) = watch::channel(0u64);
-        let shared = Arc::new(Shared {
-            store: MemoryStore::new(),
-            version,
-            beats: Mutex::new(HashMap::new()),
-        });
+        let shared = Arc::new(Shared { store: MemoryStore::new(), version, beats: Mutex::new(HashMap::new()) });
         let accept_shared = shared.clone();
         runtime.spawn(async move {
             loop {
@@ -89,11 +79,7 @@ impl StoreServer {
             }
         });
         tracing::info!(addr = %local, "kiln key-value store serving");
-        Ok(StoreServer {
-            addr: local,
-            shared,
-            runtime: Some(runtime),
-        })
+        Ok(StoreServer { addr: local, shared, runtime: Some(runtime) })
     }
 
     /// The address it listens on (with the real port when bound to `:0`).
@@ -129,11 +115,7 @@ fn stale(shared: &Shared, prefix: &str, num_nodes: u32, stale_after: Duration) -
     let beats = shared.beats.lock().unwrap_or_else(|p| p.into_inner());
     let now = Instant::now();
     (0..num_nodes)
-        .filter(|&n| {
-            beats
-                .get(&(prefix.to_string(), n))
-                .is_some_and(|&t| now.duration_since(t) > stale_after)
-        })
+        .filter(|&n| beats.get(&(prefix.to_string(), n)).is_some_and(|&t| now.duration_since(t) > stale_after))
         .collect()
 }
 
@@ -187,11 +169,7 @@ async fn answer(req: Request, shared: &Shared) -> (Status, Vec<u8>) {
             let Some((node, num_nodes, stale_ms)) = wire::parse_beat(&payload) else {
                 return (Status::BadRequest, b"BEAT needs 16 bytes".to_vec());
             };
-            shared
-                .beats
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert((key.clone(), node), Instant::now());
+            shared.beats.lock().unwrap_or_else(|p| p.into_inner()).insert((key.clone(), node), Instant::now());
             let nodes = stale(shared, &key, num_nodes, Duration::from_millis(stale_ms));
             (Status::Ok, nodes.iter().flat_map(|n| n.to_le_bytes()).collect())
         }

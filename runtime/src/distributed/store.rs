@@ -85,9 +85,7 @@ impl MemoryStore {
         let mut map = self.lock();
         match map.get(key) {
             Some(old) if **old == *value => Ok(PutOutcome::Unchanged),
-            Some(_) => Err(RuntimeError::KvAlreadyExists {
-                key: key.to_string(),
-            }),
+            Some(_) => Err(RuntimeError::KvAlreadyExists { key: key.to_string() }),
             None => {
                 map.insert(key.to_string(), Arc::from(value));
                 drop(map);
@@ -113,11 +111,7 @@ impl MemoryStore {
             if now >= deadline {
                 return None;
             }
-            map = self
-                .changed
-                .wait_timeout(map, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            map = self.changed.wait_timeout(map, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
         }
     }
 
@@ -139,18 +133,11 @@ impl KeyValueStore for MemoryStore {
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         self.wait_for(key, Instant::now() + timeout)
             .map(|v| v.to_vec())
-            .ok_or_else(|| RuntimeError::KvDeadline {
-                key: key.to_string(),
-                timeout_ms: timeout.as_millis() as u64,
-            })
+            .ok_or_else(|| RuntimeError::KvDeadline { key: key.to_string(), timeout_ms: timeout.as_millis() as u64 })
     }
 
     fn try_get(&self, key: &str) -> Result<Vec<u8>> {
-        self.lookup(key)
-            .map(|v| v.to_vec())
-            .ok_or_else(|| RuntimeError::KvNotFound {
-                key: key.to_string(),
-            })
+        self.lookup(key).map(|v| v.to_vec()).ok_or_else(|| RuntimeError::KvNotFound { key: key.to_string() })
     }
 }
 
@@ -179,10 +166,7 @@ pub struct Scoped<S> {
 
 impl<S: KeyValueStore> Scoped<S> {
     pub fn new(inner: S, scope: &RunScope) -> Scoped<S> {
-        Scoped {
-            inner,
-            prefix: scope.prefix(),
-        }
+        Scoped { inner, prefix: scope.prefix() }
     }
 
     pub fn inner(&self) -> &S {
@@ -194,20 +178,11 @@ impl<S: KeyValueStore> Scoped<S> {
     }
 
     fn unscoped(&self, err: RuntimeError) -> RuntimeError {
-        let strip = |key: String| {
-            key.strip_prefix(&self.prefix)
-                .map(str::to_string)
-                .unwrap_or(key)
-        };
+        let strip = |key: String| key.strip_prefix(&self.prefix).map(str::to_string).unwrap_or(key);
         match err {
             RuntimeError::KvNotFound { key } => RuntimeError::KvNotFound { key: strip(key) },
-            RuntimeError::KvDeadline { key, timeout_ms } => RuntimeError::KvDeadline {
-                key: strip(key),
-                timeout_ms,
-            },
-            RuntimeError::KvAlreadyExists { key } => {
-                RuntimeError::KvAlreadyExists { key: strip(key) }
-            }
+            RuntimeError::KvDeadline { key, timeout_ms } => RuntimeError::KvDeadline { key: strip(key), timeout_ms },
+            RuntimeError::KvAlreadyExists { key } => RuntimeError::KvAlreadyExists { key: strip(key) },
             other => other,
         }
     }
@@ -215,21 +190,15 @@ impl<S: KeyValueStore> Scoped<S> {
 
 impl<S: KeyValueStore> KeyValueStore for Scoped<S> {
     fn put(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.inner
-            .put(&self.full(key), value)
-            .map_err(|e| self.unscoped(e))
+        self.inner.put(&self.full(key), value).map_err(|e| self.unscoped(e))
     }
 
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        self.inner
-            .get(&self.full(key), timeout)
-            .map_err(|e| self.unscoped(e))
+        self.inner.get(&self.full(key), timeout).map_err(|e| self.unscoped(e))
     }
 
     fn try_get(&self, key: &str) -> Result<Vec<u8>> {
-        self.inner
-            .try_get(&self.full(key))
-            .map_err(|e| self.unscoped(e))
+        self.inner.try_get(&self.full(key)).map_err(|e| self.unscoped(e))
     }
 }
 

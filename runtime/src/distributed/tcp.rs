@@ -35,11 +35,7 @@ impl TcpStore {
                 addr: addr.to_string(),
                 reason: format!("cannot start the client's runtime: {e}"),
             })?;
-        Ok(TcpStore {
-            addr: addr.to_string(),
-            io_timeout,
-            runtime,
-        })
+        Ok(TcpStore { addr: addr.to_string(), io_timeout, runtime })
     }
 
     pub fn addr(&self) -> &str {
@@ -52,10 +48,7 @@ impl TcpStore {
     }
 
     fn request(&self, req: Request, wait: Duration) -> Result<(Status, Vec<u8>)> {
-        let unavailable = |reason: String| RuntimeError::KvUnavailable {
-            addr: self.addr.clone(),
-            reason,
-        };
+        let unavailable = |reason: String| RuntimeError::KvUnavailable { addr: self.addr.clone(), reason };
         let limit = self.io_timeout + wait;
         let addr = self.addr.clone();
         let io_timeout = self.io_timeout;
@@ -77,20 +70,14 @@ impl TcpStore {
     }
 
     fn protocol(&self, reason: String) -> RuntimeError {
-        RuntimeError::KvProtocol {
-            addr: self.addr.clone(),
-            reason,
-        }
+        RuntimeError::KvProtocol { addr: self.addr.clone(), reason }
     }
 
     fn expect_value(&self, key: &str, status: Status, bytes: Vec<u8>, timeout_ms: u64) -> Result<Vec<u8>> {
         match status {
             Status::Ok => Ok(bytes),
             Status::NotFound => Err(RuntimeError::KvNotFound { key: key.to_string() }),
-            Status::Deadline => Err(RuntimeError::KvDeadline {
-                key: key.to_string(),
-                timeout_ms,
-            }),
+            Status::Deadline => Err(RuntimeError::KvDeadline { key: key.to_string(), timeout_ms }),
             Status::AlreadyExists => Err(self.protocol(format!("a read of {key:?} answered ALREADY_EXISTS"))),
             Status::BadRequest => Err(self.protocol(String::from_utf8_lossy(&bytes).into_owned())),
         }
@@ -106,10 +93,7 @@ impl TcpStore {
         };
         let (status, bytes) = self.request(req, Duration::ZERO)?;
         match status {
-            Status::Ok => Ok(bytes
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect()),
+            Status::Ok => Ok(bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
             other => Err(self.protocol(format!("BEAT answered {other:?}"))),
         }
     }
@@ -117,38 +101,25 @@ impl TcpStore {
 
 impl KeyValueStore for TcpStore {
     fn put(&self, key: &str, value: &[u8]) -> Result<()> {
-        let req = Request {
-            op: Op::Put,
-            key: key.to_string(),
-            payload: value.to_vec(),
-        };
+        let req = Request { op: Op::Put, key: key.to_string(), payload: value.to_vec() };
         match self.request(req, Duration::ZERO)? {
             (Status::Ok, _) => Ok(()),
             (Status::AlreadyExists, _) => Err(RuntimeError::KvAlreadyExists { key: key.to_string() }),
-            (status, bytes) => Err(self.protocol(format!(
-                "PUT {key:?} answered {status:?}: {}",
-                String::from_utf8_lossy(&bytes)
-            ))),
+            (status, bytes) => {
+                Err(self.protocol(format!("PUT {key:?} answered {status:?}: {}", String::from_utf8_lossy(&bytes))))
+            }
         }
     }
 
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         let timeout_ms = timeout.as_millis() as u64;
-        let req = Request {
-            op: Op::Get,
-            key: key.to_string(),
-            payload: timeout_ms.to_le_bytes().to_vec(),
-        };
+        let req = Request { op: Op::Get, key: key.to_string(), payload: timeout_ms.to_le_bytes().to_vec() };
         let (status, bytes) = self.request(req, timeout)?;
         self.expect_value(key, status, bytes, timeout_ms)
     }
 
     fn try_get(&self, key: &str) -> Result<Vec<u8>> {
-        let req = Request {
-            op: Op::TryGet,
-            key: key.to_string(),
-            payload: Vec::new(),
-        };
+        let req = Request { op: Op::TryGet, key: key.to_string(), payload: Vec::new() };
         let (status, bytes) = self.request(req, Duration::ZERO)?;
         self.expect_value(key, status, bytes, 0)
     }

@@ -85,14 +85,13 @@ async fn read_len<R: AsyncRead + Unpin>(r: &mut R, max: usize, what: &str) -> st
 
 pub async fn read_request<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Request> {
     let op = r.read_u8().await?;
-    let op = Op::from_u8(op).ok_or_else(|| {
-        std::io::Error::new(std::io::ErrorKind::InvalidData, format!("unknown op {op}"))
-    })?;
+    let op = Op::from_u8(op)
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("unknown op {op}")))?;
     let key_len = read_len(r, MAX_KEY_BYTES, "key").await?;
     let mut key = vec![0; key_len];
     r.read_exact(&mut key).await?;
-    let key = String::from_utf8(key)
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "key is not UTF-8"))?;
+    let key =
+        String::from_utf8(key).map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "key is not UTF-8"))?;
     let len = read_len(r, MAX_VALUE_BYTES, "value").await?;
     let mut payload = vec![0; len];
     r.read_exact(&mut payload).await?;
@@ -112,9 +111,8 @@ pub async fn write_request<W: AsyncWrite + Unpin>(w: &mut W, req: &Request) -> s
 
 pub async fn read_response<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<(Status, Vec<u8>)> {
     let status = r.read_u8().await?;
-    let status = Status::from_u8(status).ok_or_else(|| {
-        std::io::Error::new(std::io::ErrorKind::InvalidData, format!("unknown status {status}"))
-    })?;
+    let status = Status::from_u8(status)
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("unknown status {status}")))?;
     let len = read_len(r, MAX_VALUE_BYTES, "response").await?;
     let mut bytes = vec![0; len];
     r.read_exact(&mut bytes).await?;

@@ -69,9 +69,7 @@ impl Api {
         let registry = REGISTRY.get_or_init(|| Mutex::new(BTreeMap::new()));
         // A panic while holding the lock cannot leave the map inconsistent
         // (insert is the only mutation), so a poisoned lock is still usable.
-        let mut loaded = registry
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut loaded = registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(api) = loaded.get(&key) {
             return Ok(api);
         }
@@ -86,26 +84,17 @@ impl Api {
         // SAFETY: loading a library runs its initializers. The path was chosen
         // by the user or by plugin discovery as a PJRT plugin; there is no way
         // to load native code without trusting it.
-        let library = unsafe { Library::new(path) }.map_err(|source| RuntimeError::PluginLoad {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let library = unsafe { Library::new(path) }
+            .map_err(|source| RuntimeError::PluginLoad { path: path.to_path_buf(), source })?;
         type GetPjrtApi = unsafe extern "C" fn() -> *const ffi::PJRT_Api;
         // SAFETY: `GetPjrtApi` is declared by the PJRT C API as
         // `const PJRT_Api* GetPjrtApi(void)`, matching `GetPjrtApi` above.
-        let get_api = unsafe { library.get::<GetPjrtApi>(b"GetPjrtApi\0") }.map_err(|_| {
-            RuntimeError::MissingSymbol {
-                path: path.to_path_buf(),
-                symbol: "GetPjrtApi",
-            }
-        })?;
+        let get_api = unsafe { library.get::<GetPjrtApi>(b"GetPjrtApi\0") }
+            .map_err(|_| RuntimeError::MissingSymbol { path: path.to_path_buf(), symbol: "GetPjrtApi" })?;
         // SAFETY: calling the plugin's entry point; it takes no arguments.
         let table = unsafe { get_api() };
         if table.is_null() {
-            return Err(RuntimeError::MissingSymbol {
-                path: path.to_path_buf(),
-                symbol: "GetPjrtApi (returned null)",
-            });
+            return Err(RuntimeError::MissingSymbol { path: path.to_path_buf(), symbol: "GetPjrtApi (returned null)" });
         }
         // SAFETY: every PJRT API version starts its table with `struct_size`,
         // `extension_start` and `pjrt_api_version`; only that prefix is read
@@ -129,12 +118,7 @@ impl Api {
             });
         }
         tracing::debug!(path = %path.display(), ?version, "loaded PJRT plugin");
-        Ok(Api {
-            table,
-            path: path.to_path_buf(),
-            version,
-            _library: library,
-        })
+        Ok(Api { table, path: path.to_path_buf(), version, _library: library })
     }
 
     fn initialize(&self) -> Result<()> {
@@ -204,11 +188,7 @@ impl Api {
             None => 2,
         };
         self.destroy_error(err);
-        Err(RuntimeError::Pjrt {
-            function,
-            code: PjrtErrorCode::from_raw(code),
-            message,
-        })
+        Err(RuntimeError::Pjrt { function, code: PjrtErrorCode::from_raw(code), message })
     }
 
     fn destroy_error(&self, err: *mut ffi::PJRT_Error) {

@@ -16,11 +16,7 @@ use cudarc::driver::{result, sys, DriverError};
 use libloading::Library;
 
 /// The CUDA driver's library, by the soname the NVIDIA driver installs.
-pub const CUDA_DRIVER_LIBRARY: &str = if cfg!(windows) {
-    "nvcuda.dll"
-} else {
-    "libcuda.so.1"
-};
+pub const CUDA_DRIVER_LIBRARY: &str = if cfg!(windows) { "nvcuda.dll" } else { "libcuda.so.1" };
 
 static DRIVER: OnceLock<Result<Library, String>> = OnceLock::new();
 
@@ -51,10 +47,7 @@ pub(crate) fn driver_version() -> Option<(i32, i32)> {
     // is valid for the whole call and may be called before `cuInit`; the
     // driver library was opened by `open_cuda_driver` before the probe runs.
     let status = unsafe { sys::cuDriverGetVersion(&mut version) };
-    status
-        .result()
-        .ok()
-        .map(|()| (version / 1000, (version % 1000) / 10))
+    status.result().ok().map(|()| (version / 1000, (version % 1000) / 10))
 }
 
 /// Total memory of `device` in bytes.

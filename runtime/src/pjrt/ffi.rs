@@ -121,12 +121,7 @@ pub type PJRT_KeyValue_ValueDeleter = Option<unsafe extern "C" fn(value: *mut c_
 // PJRT_HostBufferSemantics values.
 pub const PJRT_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES: c_int = 1;
 
-pjrt_struct!(PJRT_Api_Version {
-    struct_size: usize,
-    extension_start: Ext,
-    major_version: c_int,
-    minor_version: c_int,
-});
+pjrt_struct!(PJRT_Api_Version { struct_size: usize, extension_start: Ext, major_version: c_int, minor_version: c_int });
 
 pjrt_struct!(PJRT_Error_Destroy_Args { struct_size: usize, extension_start: Ext, error: *mut PJRT_Error });
 pjrt_struct!(PJRT_Error_Message_Args {
@@ -166,10 +161,7 @@ pub union NamedValueUnion {
     pub bool_value: bool,
 }
 
-pjrt_struct!(PJRT_Plugin_Initialize_Args {
-    struct_size: usize,
-    extension_start: Ext
-});
+pjrt_struct!(PJRT_Plugin_Initialize_Args { struct_size: usize, extension_start: Ext });
 
 pjrt_struct!(PJRT_Event_Destroy_Args { struct_size: usize, extension_start: Ext, event: *mut PJRT_Event });
 pjrt_struct!(PJRT_Event_Await_Args { struct_size: usize, extension_start: Ext, event: *mut PJRT_Event });

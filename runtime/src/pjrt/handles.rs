@@ -71,9 +71,7 @@ impl RawClient {
                     }
                     OptionValue::Int64List(list) => {
                         nv.type_ = ffi::PJRT_NAMED_VALUE_INT64_LIST;
-                        nv.value = ffi::NamedValueUnion {
-                            int64_array_value: list.as_ptr(),
-                        };
+                        nv.value = ffi::NamedValueUnion { int64_array_value: list.as_ptr() };
                         nv.value_size = list.len();
                     }
                 }
@@ -89,11 +87,7 @@ impl RawClient {
         }
         // `named`, the strings and lists it points into, and `kv` outlive the call.
         pjrt_call!(api, PJRT_Client_Create, &mut args)?;
-        Ok(RawClient {
-            api,
-            ptr: non_null(api, "PJRT_Client_Create", args.client)?,
-            _kv: kv,
-        })
+        Ok(RawClient { api, ptr: non_null(api, "PJRT_Client_Create", args.client)?, _kv: kv })
     }
 
     /// This process's index in a multi-process client (0 otherwise).
@@ -109,11 +103,7 @@ impl RawClient {
         let mut args = ffi::PJRT_Client_Devices_Args::zeroed();
         args.client = self.ptr.as_ptr();
         pjrt_call!(self.api, PJRT_Client_Devices, &mut args)?;
-        Ok(copy_slice(args.devices, args.num_devices)
-            .into_iter()
-            .filter_map(NonNull::new)
-            .map(RawDevice)
-            .collect())
+        Ok(copy_slice(args.devices, args.num_devices).into_iter().filter_map(NonNull::new).map(RawDevice).collect())
     }
 
     pub(crate) fn platform_name(&self) -> Result<String> {
@@ -127,13 +117,11 @@ impl RawClient {
         let mut args = ffi::PJRT_Client_AddressableDevices_Args::zeroed();
         args.client = self.ptr.as_ptr();
         pjrt_call!(self.api, PJRT_Client_AddressableDevices, &mut args)?;
-        Ok(
-            copy_slice(args.addressable_devices, args.num_addressable_devices)
-                .into_iter()
-                .filter_map(NonNull::new)
-                .map(RawDevice)
-                .collect(),
-        )
+        Ok(copy_slice(args.addressable_devices, args.num_addressable_devices)
+            .into_iter()
+            .filter_map(NonNull::new)
+            .map(RawDevice)
+            .collect())
     }
 
     /// Copies `bytes` (dense, row-major) to a new buffer on `device` and waits
@@ -155,20 +143,13 @@ impl RawClient {
         args.device = device.0.as_ptr();
         // `bytes` stays borrowed until the done event below has completed.
         pjrt_call!(self.api, PJRT_Client_BufferFromHostBuffer, &mut args)?;
-        let buffer = RawBuffer {
-            api: self.api,
-            ptr: non_null(self.api, "PJRT_Client_BufferFromHostBuffer", args.buffer)?,
-        };
+        let buffer =
+            RawBuffer { api: self.api, ptr: non_null(self.api, "PJRT_Client_BufferFromHostBuffer", args.buffer)? };
         RawEvent::from_ptr(self.api, args.done_with_host_buffer).map_or(Ok(()), |e| e.wait())?;
         Ok(buffer)
     }
 
-    pub(crate) fn compile(
-        &self,
-        code: &str,
-        format: &str,
-        options: &[u8],
-    ) -> Result<RawLoadedExecutable> {
+    pub(crate) fn compile(&self, code: &str, format: &str, options: &[u8]) -> Result<RawLoadedExecutable> {
         let mut program = ffi::PJRT_Program::zeroed();
         // The plugin only reads `code` during Compile (the C field is not const).
         program.code = code.as_ptr().cast_mut().cast::<c_char>();
@@ -181,10 +162,7 @@ impl RawClient {
         args.compile_options = options.as_ptr().cast::<c_char>();
         args.compile_options_size = options.len();
         pjrt_call!(self.api, PJRT_Client_Compile, &mut args)?;
-        Ok(RawLoadedExecutable {
-            api: self.api,
-            ptr: non_null(self.api, "PJRT_Client_Compile", args.executable)?,
-        })
+        Ok(RawLoadedExecutable { api: self.api, ptr: non_null(self.api, "PJRT_Client_Compile", args.executable)? })
     }
 
     pub(crate) fn deserialize_and_load(&self, bytes: &[u8]) -> Result<RawLoadedExecutable> {
@@ -195,11 +173,7 @@ impl RawClient {
         pjrt_call!(self.api, PJRT_Executable_DeserializeAndLoad, &mut args)?;
         Ok(RawLoadedExecutable {
             api: self.api,
-            ptr: non_null(
-                self.api,
-                "PJRT_Executable_DeserializeAndLoad",
-                args.loaded_executable,
-            )?,
+            ptr: non_null(self.api, "PJRT_Executable_DeserializeAndLoad", args.loaded_executable)?,
         })
     }
 }
@@ -334,11 +308,7 @@ impl RawBuffer {
         let mut args = ffi::PJRT_Buffer_Device_Args::zeroed();
         args.buffer = self.ptr.as_ptr();
         pjrt_call!(self.api, PJRT_Buffer_Device, &mut args)?;
-        Ok(RawDevice(non_null(
-            self.api,
-            "PJRT_Buffer_Device",
-            args.device,
-        )?))
+        Ok(RawDevice(non_null(self.api, "PJRT_Buffer_Device", args.device)?))
     }
 
     pub(crate) fn on_device_size_in_bytes(&self) -> Result<usize> {
@@ -394,29 +364,19 @@ impl RawLoadedExecutable {
         pjrt_call!(self.api, PJRT_LoadedExecutable_GetExecutable, &mut args)?;
         Ok(RawExecutable {
             api: self.api,
-            ptr: non_null(
-                self.api,
-                "PJRT_LoadedExecutable_GetExecutable",
-                args.executable,
-            )?,
+            ptr: non_null(self.api, "PJRT_LoadedExecutable_GetExecutable", args.executable)?,
         })
     }
 
     pub(crate) fn addressable_devices(&self) -> Result<Vec<RawDevice>> {
         let mut args = ffi::PJRT_LoadedExecutable_AddressableDevices_Args::zeroed();
         args.executable = self.ptr.as_ptr();
-        pjrt_call!(
-            self.api,
-            PJRT_LoadedExecutable_AddressableDevices,
-            &mut args
-        )?;
-        Ok(
-            copy_slice(args.addressable_devices, args.num_addressable_devices)
-                .into_iter()
-                .filter_map(NonNull::new)
-                .map(RawDevice)
-                .collect(),
-        )
+        pjrt_call!(self.api, PJRT_LoadedExecutable_AddressableDevices, &mut args)?;
+        Ok(copy_slice(args.addressable_devices, args.num_addressable_devices)
+            .into_iter()
+            .filter_map(NonNull::new)
+            .map(RawDevice)
+            .collect())
     }
 
     /// Enqueues a run on every device of the executable: `arguments[device][arg]`,
@@ -438,16 +398,11 @@ impl RawLoadedExecutable {
     ) -> Result<(Vec<Vec<RawBuffer>>, Vec<RawEvent>)> {
         let num_devices = arguments.len();
         let num_args = arguments.first().map_or(0, Vec::len);
-        let arg_ptrs: Vec<Vec<*mut ffi::PJRT_Buffer>> = arguments
-            .iter()
-            .map(|list| list.iter().map(|b| b.ptr.as_ptr()).collect())
-            .collect();
-        let arg_lists: Vec<*const *mut ffi::PJRT_Buffer> =
-            arg_ptrs.iter().map(|l| l.as_ptr()).collect();
-        let mut out_ptrs: Vec<Vec<*mut ffi::PJRT_Buffer>> =
-            vec![vec![ptr::null_mut(); num_outputs]; num_devices];
-        let out_lists: Vec<*mut *mut ffi::PJRT_Buffer> =
-            out_ptrs.iter_mut().map(|l| l.as_mut_ptr()).collect();
+        let arg_ptrs: Vec<Vec<*mut ffi::PJRT_Buffer>> =
+            arguments.iter().map(|list| list.iter().map(|b| b.ptr.as_ptr()).collect()).collect();
+        let arg_lists: Vec<*const *mut ffi::PJRT_Buffer> = arg_ptrs.iter().map(|l| l.as_ptr()).collect();
+        let mut out_ptrs: Vec<Vec<*mut ffi::PJRT_Buffer>> = vec![vec![ptr::null_mut(); num_outputs]; num_devices];
+        let out_lists: Vec<*mut *mut ffi::PJRT_Buffer> = out_ptrs.iter_mut().map(|l| l.as_mut_ptr()).collect();
         let mut events: Vec<*mut ffi::PJRT_Event> = vec![ptr::null_mut(); num_devices];
 
         let mut options = ffi::PJRT_ExecuteOptions::zeroed();
@@ -472,25 +427,16 @@ impl RawLoadedExecutable {
 
         // Take ownership of everything the plugin returned before checking
         // anything, so that an error path frees all of it.
-        let events: Vec<RawEvent> = events
-            .into_iter()
-            .filter_map(|e| RawEvent::from_ptr(self.api, e))
-            .collect();
+        let events: Vec<RawEvent> = events.into_iter().filter_map(|e| RawEvent::from_ptr(self.api, e)).collect();
         let outputs: Vec<Vec<Option<RawBuffer>>> = out_ptrs
             .into_iter()
-            .map(|list| {
-                list.into_iter()
-                    .map(|p| NonNull::new(p).map(|ptr| RawBuffer { api: self.api, ptr }))
-                    .collect()
-            })
+            .map(|list| list.into_iter().map(|p| NonNull::new(p).map(|ptr| RawBuffer { api: self.api, ptr })).collect())
             .collect();
         let outputs = outputs
             .into_iter()
             .map(|list| {
                 list.into_iter()
-                    .map(|b| {
-                        b.ok_or_else(|| null_handle(self.api, "PJRT_LoadedExecutable_Execute"))
-                    })
+                    .map(|b| b.ok_or_else(|| null_handle(self.api, "PJRT_LoadedExecutable_Execute")))
                     .collect()
             })
             .collect::<Result<Vec<Vec<RawBuffer>>>>()?;
@@ -539,14 +485,8 @@ impl RawExecutable {
         let mut args = ffi::PJRT_Executable_Fingerprint_Args::zeroed();
         args.executable = self.ptr.as_ptr();
         match pjrt_call!(self.api, PJRT_Executable_Fingerprint, &mut args) {
-            Ok(()) => Ok(Some(copy_string(
-                args.executable_fingerprint,
-                args.executable_fingerprint_size,
-            ))),
-            Err(RuntimeError::Pjrt {
-                code: PjrtErrorCode::Unimplemented,
-                ..
-            }) => Ok(None),
+            Ok(()) => Ok(Some(copy_string(args.executable_fingerprint, args.executable_fingerprint_size))),
+            Err(RuntimeError::Pjrt { code: PjrtErrorCode::Unimplemented, .. }) => Ok(None),
             Err(err) => Err(err),
         }
     }
@@ -577,10 +517,7 @@ impl RawExecutable {
         args.executable = self.ptr.as_ptr();
         pjrt_call!(self.api, PJRT_Executable_Serialize, &mut args)?;
         let bytes = copy_bytes(args.serialized_bytes, args.serialized_bytes_size);
-        if let (Some(deleter), false) = (
-            args.serialized_executable_deleter,
-            args.serialized_executable.is_null(),
-        ) {
+        if let (Some(deleter), false) = (args.serialized_executable_deleter, args.serialized_executable.is_null()) {
             // SAFETY: the plugin handed us `serialized_executable` together
             // with its deleter; it is freed once, after the bytes were copied.
             unsafe { deleter(args.serialized_executable) };

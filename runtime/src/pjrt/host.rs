@@ -22,11 +22,7 @@ pub(crate) fn values_from_bytes<T: NativeType>(bytes: &[u8]) -> Vec<T> {
     // `count * size_of::<T>()` bytes, all from `bytes`, and every bit pattern
     // is a valid `T`, so the first `count` elements are initialized.
     unsafe {
-        std::ptr::copy_nonoverlapping(
-            bytes.as_ptr(),
-            out.as_mut_ptr().cast::<u8>(),
-            count * std::mem::size_of::<T>(),
-        );
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.as_mut_ptr().cast::<u8>(), count * std::mem::size_of::<T>());
         out.set_len(count);
     }
     out

@@ -94,11 +94,11 @@ pub(crate) unsafe extern "C" fn delete_value(value: *mut c_char) {
 /// The PJRT code for a store error.
 fn code_of(err: &RuntimeError) -> c_int {
     match err {
-        RuntimeError::KvNotFound { .. } => 5,       // NOT_FOUND
-        RuntimeError::KvDeadline { .. } => 4,       // DEADLINE_EXCEEDED
-        RuntimeError::KvAlreadyExists { .. } => 6,  // ALREADY_EXISTS
-        RuntimeError::KvUnavailable { .. } => 14,   // UNAVAILABLE
-        RuntimeError::KvProtocol { .. } => 13,      // INTERNAL
+        RuntimeError::KvNotFound { .. } => 5,      // NOT_FOUND
+        RuntimeError::KvDeadline { .. } => 4,      // DEADLINE_EXCEEDED
+        RuntimeError::KvAlreadyExists { .. } => 6, // ALREADY_EXISTS
+        RuntimeError::KvUnavailable { .. } => 14,  // UNAVAILABLE
+        RuntimeError::KvProtocol { .. } => 13,     // INTERNAL
         _ => 13,
     }
 }
@@ -122,10 +122,7 @@ unsafe fn make_error(callback_error: *mut ffi::PJRT_CallbackError, code: c_int, 
 /// Reads the store behind `user_arg`.
 unsafe fn store<'a>(user_arg: *mut c_void) -> Result<&'a UserArg, RuntimeError> {
     if user_arg.is_null() {
-        return Err(RuntimeError::KvProtocol {
-            addr: "PJRT callback".into(),
-            reason: "user_arg is null".into(),
-        });
+        return Err(RuntimeError::KvProtocol { addr: "PJRT callback".into(), reason: "user_arg is null".into() });
     }
     // SAFETY: kiln sets user_arg to a `*const UserArg` owned by the
     // RawClient, which outlives every callback of its PJRT client.

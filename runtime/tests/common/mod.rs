@@ -39,19 +39,13 @@ impl XorShift {
 
 /// The installed CPU plugin, found the way the runtime finds it.
 pub fn cpu_plugin() -> PathBuf {
-    kiln_runtime::plugin::find_plugin(
-        kiln_runtime::PjrtDevice::Cpu,
-        &kiln_runtime::plugin::python_site_dirs(),
-    )
-    .expect("the CPU PJRT plugin must be installed for these tests")
+    kiln_runtime::plugin::find_plugin(kiln_runtime::PjrtDevice::Cpu, &kiln_runtime::plugin::python_site_dirs())
+        .expect("the CPU PJRT plugin must be installed for these tests")
 }
 
 /// The directory holding `pjrt_c_api.h` next to the CPU plugin.
 pub fn pjrt_header_dir() -> PathBuf {
-    cpu_plugin()
-        .parent()
-        .expect("plugin has a parent dir")
-        .join("include")
+    cpu_plugin().parent().expect("plugin has a parent dir").join("include")
 }
 
 pub fn cpu_client(devices: usize) -> Client {

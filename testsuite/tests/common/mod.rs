@@ -35,7 +35,11 @@ impl Rng {
         (0..n)
             .map(|_| {
                 let v = (lo + (hi - lo) * self.uniform()) as f32;
-                if v == 0.0 { 0.125 } else { v }
+                if v == 0.0 {
+                    0.125
+                } else {
+                    v
+                }
             })
             .collect()
     }

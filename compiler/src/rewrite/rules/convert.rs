@@ -19,7 +19,11 @@ pub fn rules() -> Vec<Rule> {
         // convert(convert(x: A, B), A) = x when A -> B is lossless.
         Rule { name: "convert-roundtrip", algebra: "convert(convert(x: A -> B) -> A) = x, A ⊂ B", find: roundtrip },
         // convert(convert(x: A, B), C) = convert(x, C) when A -> B is lossless.
-        Rule { name: "convert-chain", algebra: "convert(convert(x: A -> B) -> C) = convert(x: A -> C), A ⊂ B", find: chain },
+        Rule {
+            name: "convert-chain",
+            algebra: "convert(convert(x: A -> B) -> C) = convert(x: A -> C), A ⊂ B",
+            find: chain,
+        },
         // convert(m(x)) = m(convert(x)) for data movement m (transpose, reshape,
         // broadcast, slice): conversion is per element, movement moves elements.
         // Both directions are added; extraction keeps the cheaper (narrow types
@@ -94,7 +98,10 @@ fn through_movement(eg: &EGraph, op: &Op, kids: &[Id]) -> Vec<Rhs> {
         Op::Convert { to, .. } => ops(eg, kids[0])
             .filter(|(inner, _)| is_movement(inner))
             .map(|(inner, k)| {
-                Rhs::node(inner.clone(), vec![Rhs::node(Op::Convert { input: hole(), to: *to }, vec![Rhs::Class(k[0])])])
+                Rhs::node(
+                    inner.clone(),
+                    vec![Rhs::node(Op::Convert { input: hole(), to: *to }, vec![Rhs::Class(k[0])])],
+                )
             })
             .collect(),
         // m(convert(x)) -> convert(m(x))

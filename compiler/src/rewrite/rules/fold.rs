@@ -117,7 +117,9 @@ fn fold_splats(eg: &EGraph, op: &Op, kids: &[Id]) -> Option<Rhs> {
     }
     let get = |v: ValueId| -> &Literal { &scalars[v.output as usize] };
     let value = eval_op(op, &outs, &get).ok()?.pop()?;
-    let full = crate::ir::infer::infer_types(op, &kids.iter().map(|&k| eg[k].data.ty().cloned()).collect::<Option<Vec<_>>>()?).ok()?;
+    let full =
+        crate::ir::infer::infer_types(op, &kids.iter().map(|&k| eg[k].data.ty().cloned()).collect::<Option<Vec<_>>>()?)
+            .ok()?;
     let constant = Rhs::node(Op::Constant { literal: value }, vec![]);
     if full[0].shape.rank() == 0 {
         return Some(constant);

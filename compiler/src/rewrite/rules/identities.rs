@@ -27,7 +27,11 @@ pub fn rules() -> Vec<Rule> {
         // identity transpose, broadcast to the same shape in order, the full
         // slice, a reduction over no axes, concatenate of one operand, pad by
         // nothing.
-        Rule { name: "noop-movement", algebra: "reshape/transpose/broadcast/slice/pad/concat/reduce that keeps x = x", find: noop },
+        Rule {
+            name: "noop-movement",
+            algebra: "reshape/transpose/broadcast/slice/pad/concat/reduce that keeps x = x",
+            find: noop,
+        },
     ]
 }
 
@@ -107,7 +111,10 @@ fn noop(eg: &crate::rewrite::EGraph, op: &Op, kids: &[Id]) -> Vec<Rhs> {
         Op::Reduce { axes, .. } => axes.is_empty(),
         Op::Concatenate { inputs, .. } => inputs.len() == 1,
         Op::Pad { low, high, interior, .. } => {
-            low.iter().all(|&x| x == 0) && high.iter().all(|&x| x == 0) && interior.iter().all(|&x| x == 0) && r == low.len()
+            low.iter().all(|&x| x == 0)
+                && high.iter().all(|&x| x == 0)
+                && interior.iter().all(|&x| x == 0)
+                && r == low.len()
         }
         _ => false,
     };

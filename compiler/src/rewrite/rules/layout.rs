@@ -15,16 +15,32 @@ use crate::rewrite::EGraph;
 pub fn rules() -> Vec<Rule> {
     vec![
         // transpose(transpose(x, p), q) = transpose(x, r) with r[i] = p[q[i]].
-        Rule { name: "transpose-transpose", algebra: "transpose(transpose(x, p), q) = transpose(x, p∘q)", find: transpose_transpose },
+        Rule {
+            name: "transpose-transpose",
+            algebra: "transpose(transpose(x, p), q) = transpose(x, p∘q)",
+            find: transpose_transpose,
+        },
         // reshape(reshape(x, s1), s2) = reshape(x, s2): row-major order is kept by both.
-        Rule { name: "reshape-reshape", algebra: "reshape(reshape(x, s1), s2) = reshape(x, s2)", find: reshape_reshape },
+        Rule {
+            name: "reshape-reshape",
+            algebra: "reshape(reshape(x, s1), s2) = reshape(x, s2)",
+            find: reshape_reshape,
+        },
         // broadcast(broadcast(x, s1, d1), s2, d2) = broadcast(x, s2, d2∘d1).
-        Rule { name: "broadcast-broadcast", algebra: "bcast(bcast(x, s1, d1), s2, d2) = bcast(x, s2, d2∘d1)", find: broadcast_broadcast },
+        Rule {
+            name: "broadcast-broadcast",
+            algebra: "bcast(bcast(x, s1, d1), s2, d2) = bcast(x, s2, d2∘d1)",
+            find: broadcast_broadcast,
+        },
         // reshape or transpose of a broadcast scalar is the broadcast scalar.
         Rule { name: "move-splat", algebra: "reshape/transpose(bcast(scalar)) = bcast(scalar)", find: move_splat },
         // dot(transpose(a, p), b, dims) = dot(a, b, dims mapped through p) when the
         // free dimensions keep their order (and the same for the rhs).
-        Rule { name: "transpose-into-dot", algebra: "dot(transpose(a, p), b, d) = dot(a, b, p(d))", find: transpose_into_dot },
+        Rule {
+            name: "transpose-into-dot",
+            algebra: "dot(transpose(a, p), b, d) = dot(a, b, p(d))",
+            find: transpose_into_dot,
+        },
     ]
 }
 
@@ -45,7 +61,9 @@ fn reshape_reshape(eg: &EGraph, op: &Op, kids: &[Id]) -> Vec<Rhs> {
     let Op::Reshape { shape, .. } = op else { return vec![] };
     ops(eg, kids[0])
         .filter_map(|(inner, k)| match inner {
-            Op::Reshape { .. } => Some(Rhs::node(Op::Reshape { input: hole(), shape: shape.clone() }, vec![Rhs::Class(k[0])])),
+            Op::Reshape { .. } => {
+                Some(Rhs::node(Op::Reshape { input: hole(), shape: shape.clone() }, vec![Rhs::Class(k[0])]))
+            }
             _ => None,
         })
         .collect()
@@ -57,7 +75,10 @@ fn broadcast_broadcast(eg: &EGraph, op: &Op, kids: &[Id]) -> Vec<Rhs> {
         .filter_map(|(inner, k)| match inner {
             Op::BroadcastInDim { dims: d1, .. } => {
                 let dims: Vec<usize> = d1.iter().map(|&i| d2[i]).collect();
-                Some(Rhs::node(Op::BroadcastInDim { input: hole(), shape: shape.clone(), dims }, vec![Rhs::Class(k[0])]))
+                Some(Rhs::node(
+                    Op::BroadcastInDim { input: hole(), shape: shape.clone(), dims },
+                    vec![Rhs::Class(k[0])],
+                ))
             }
             _ => None,
         })
@@ -87,7 +108,8 @@ fn move_splat(eg: &EGraph, op: &Op, kids: &[Id]) -> Vec<Rhs> {
 /// Dimension numbers for one side after looking through `transpose(x, perm)`:
 /// `None` when the side's free dimensions would change order.
 fn through(perm: &[usize], batch: &[usize], contract: &[usize]) -> Option<(Vec<usize>, Vec<usize>)> {
-    let free: Vec<usize> = (0..perm.len()).filter(|d| !batch.contains(d) && !contract.contains(d)).map(|d| perm[d]).collect();
+    let free: Vec<usize> =
+        (0..perm.len()).filter(|d| !batch.contains(d) && !contract.contains(d)).map(|d| perm[d]).collect();
     if free.windows(2).any(|w| w[0] > w[1]) {
         return None;
     }

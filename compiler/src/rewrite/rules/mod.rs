@@ -54,12 +54,8 @@ impl Rhs {
 }
 
 /// The rule sets, by name, in the order the runner applies them.
-pub const RULE_SETS: [(&str, fn() -> Vec<Rule>); 4] = [
-    ("identities", identities::rules),
-    ("layout", layout::rules),
-    ("convert", convert::rules),
-    ("fold", fold::rules),
-];
+pub const RULE_SETS: [(&str, fn() -> Vec<Rule>); 4] =
+    [("identities", identities::rules), ("layout", layout::rules), ("convert", convert::rules), ("fold", fold::rules)];
 
 /// The rules of the named sets (all when `None`).
 pub fn select(names: Option<&[String]>) -> Result<Vec<Rule>, CompileError> {
