@@ -95,8 +95,8 @@ pub fn join(identity: &Identity) -> Result<Arc<Session>> {
 /// What the watchdog does when it finds a lost peer.
 #[derive(Clone)]
 pub enum WatchdogAction {
-    /// Print the error and exit with [`EXIT_PEER_LOST`] (abort after
-    /// [`EXIT_GRACE`] if exit hangs).
+    /// Print the error and exit with [`EXIT_PEER_LOST`] at once (no
+    /// destructors).
     Exit,
     /// Hand the error to a callback and stop watching (tests).
     Report(Arc<dyn Fn(RuntimeError) + Send + Sync>),
@@ -268,17 +268,17 @@ impl Session {
     }
 }
 
-/// Prints `err`, then exits with [`EXIT_PEER_LOST`]; a second thread aborts
-/// the process if exit has not finished within [`EXIT_GRACE`] (a plugin
-/// destructor waiting on a dead collective).
+/// Prints `err`, then ends the process with [`EXIT_PEER_LOST`] at once,
+/// without exit handlers or destructors: after a peer died, a plugin
+/// destructor can wait forever on the collective it shared with it (seen on
+/// two H200s: `exit` hung past [`EXIT_GRACE`] and the old guard aborted, 134).
 fn end_process(err: &RuntimeError) -> ! {
+    use std::io::Write as _;
     eprintln!("kiln: error: {err}");
     tracing::error!(%err, "kiln: ending this node");
-    let _ = std::thread::Builder::new().name("kiln-exit-guard".into()).spawn(|| {
-        std::thread::sleep(EXIT_GRACE);
-        std::process::abort();
-    });
-    std::process::exit(EXIT_PEER_LOST)
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    crate::pjrt::exit_immediately(EXIT_PEER_LOST)
 }
 
 /// Marks this process's session (if any) finished: call at the end of a

@@ -19,6 +19,14 @@ pub(crate) use api::Api;
 pub use api::REQUIRED_API_VERSION;
 pub use cuda::CUDA_DRIVER_LIBRARY;
 
+/// Ends the process with `code` at once: no exit handlers, no static
+/// destructors (a plugin's may block on a collective whose peer is dead).
+pub(crate) fn exit_immediately(code: i32) -> ! {
+    // SAFETY: `_exit` takes no pointers, is async-signal-safe and never
+    // returns; skipping the process's destructors is what it is for.
+    unsafe { libc::_exit(code) }
+}
+
 /// Sizes and field offsets of every `#[repr(C)]` struct kiln declares, for the
 /// test that compares them with the installed `pjrt_c_api.h`.
 pub fn declared_layouts() -> &'static [ffi::StructLayout] {
