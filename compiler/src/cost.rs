@@ -458,7 +458,7 @@ fn dot_flops(l: &TensorType, r: &TensorType, dims: &DotDims) -> u64 {
     [batch, m, n, k].into_iter().fold(2u64, u64::saturating_mul)
 }
 
-fn is_transcendental_unary(op: UnaryOp) -> bool {
+pub(crate) fn is_transcendental_unary(op: UnaryOp) -> bool {
     match op {
         UnaryOp::Exp
         | UnaryOp::Log

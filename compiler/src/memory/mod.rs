@@ -32,7 +32,7 @@ pub use remat::{
     EXHAUSTIVE_MAX_CANDIDATES,
 };
 
-use crate::ir::{BinaryOp, Graph, NodeId, Op, UnaryOp};
+use crate::ir::{BinaryOp, Graph, NodeId, Op};
 
 /// Which values reach memory: the one question liveness asks of a fusion plan.
 ///
@@ -129,20 +129,7 @@ fn absorbs(op: &Op) -> bool {
 /// Ops XLA does not duplicate into several consumers.
 fn expensive(op: &Op) -> bool {
     match op {
-        Op::Unary { op, .. } => match op {
-            UnaryOp::Exp
-            | UnaryOp::Log
-            | UnaryOp::Log1p
-            | UnaryOp::Expm1
-            | UnaryOp::Tanh
-            | UnaryOp::Logistic
-            | UnaryOp::Sqrt
-            | UnaryOp::Rsqrt
-            | UnaryOp::Sin
-            | UnaryOp::Cos
-            | UnaryOp::Erf => true,
-            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Sign | UnaryOp::Not => false,
-        },
+        Op::Unary { op, .. } => crate::cost::is_transcendental_unary(*op),
         Op::Binary { op, .. } => match op {
             BinaryOp::Div | BinaryOp::Pow | BinaryOp::Rem => true,
             BinaryOp::Add
