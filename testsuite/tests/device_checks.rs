@@ -183,7 +183,9 @@ fn anomaly_mode_names_the_first_non_finite_op_and_its_layer() -> anyhow::Result<
     let model2 = Mlp::new(&mut ps2, &[6, 8, 3])?;
     kiln::set_detect_anomaly(true);
     let loss = cross_entropy(&model2.forward(&x)?, &y, None)?;
-    let r = kiln::mark_step();
+    // Steps are asynchronous: the check's error comes at the step's
+    // completion, which `sync` waits for.
+    let r = kiln::mark_step().and_then(|_| kiln::sync());
     kiln::set_detect_anomaly(false);
     let err = r.expect_err("NaN input");
     match &err {
@@ -200,7 +202,7 @@ fn anomaly_mode_names_the_first_non_finite_op_and_its_layer() -> anyhow::Result<
     kiln::set_detect_anomaly(true);
     let x_ok = Tensor::from_vec(Rng::new(10).normal_vec(4 * 6), [4, 6])?;
     let loss = cross_entropy(&model2.forward(&x_ok)?, &y, None)?;
-    let r = kiln::mark_step();
+    let r = kiln::mark_step().and_then(|_| kiln::sync());
     kiln::set_detect_anomaly(false);
     r?;
     assert!(loss.item()?.is_finite());
@@ -212,7 +214,7 @@ fn anomaly_mode_finds_a_nan_made_inside_the_step() -> anyhow::Result<()> {
     let x = Tensor::from_vec(vec![1.0f32, -2.0, 3.0], [3])?;
     kiln::set_detect_anomaly(true);
     let y = x.exp()?.log()?.mul_scalar(2.0)?.sqrt()?.sum_all()?;
-    let r = kiln::mark_step();
+    let r = kiln::mark_step().and_then(|_| kiln::sync());
     kiln::set_detect_anomaly(false);
     let err = r.expect_err("sqrt of -4");
     assert!(matches!(&err, FrontendError::NonFinite { op: "sqrt", layer: None, count: 1, .. }), "{err:?}");
