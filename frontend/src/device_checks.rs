@@ -140,15 +140,8 @@ fn setting(cell: &'static std::thread::LocalKey<Cell<Option<bool>>>, var: &'stat
     if let Some(v) = cell.with(Cell::get) {
         return Ok(v);
     }
-    let v = match std::env::var(var) {
-        Err(_) => default,
-        Ok(s) => match s.trim().to_ascii_lowercase().as_str() {
-            "" => default,
-            "1" | "on" | "true" | "yes" => true,
-            "0" | "off" | "false" | "no" => false,
-            _ => return Err(FrontendError::BadEnv { var, value: s, expected: "1, 0, on, off, true or false" }),
-        },
-    };
+    // The one boolean parser every kiln variable goes through.
+    let v = kiln_runtime::env::bool_var(var)?.unwrap_or(default);
     cell.with(|c| c.set(Some(v)));
     Ok(v)
 }
