@@ -20,8 +20,11 @@ deps:
 run: deps
 	$(CARGO) run --release --bin kiln -- train mlp --epochs 8
 
-# The whole test suite (release: some tests train), after checking the layout.
+# The whole test suite (release: some tests train), after checking the layout and
+# the lints (clippy, warnings as errors).
 test: deps
 	@if $(CARGO) fmt --version >/dev/null 2>&1; then $(CARGO) fmt --all --check; \
 		else echo "rustfmt is not installed: the layout check is skipped"; fi
+	@if $(CARGO) clippy --version >/dev/null 2>&1; then $(CARGO) clippy --workspace --all-targets -- -D warnings; \
+		else echo "clippy is not installed: the lint check is skipped"; fi
 	$(CARGO) test --workspace --release

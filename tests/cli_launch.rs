@@ -17,7 +17,7 @@ fn kiln() -> Command {
 fn alive(pid: &str) -> bool {
     // A zombie still has /proc/<pid>; its state is Z.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| !s.split_whitespace().nth(2).is_some_and(|state| state == "Z"))
+        .map(|s| s.split_whitespace().nth(2).is_none_or(|state| state != "Z"))
         .unwrap_or(false)
 }
 

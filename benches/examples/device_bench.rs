@@ -248,7 +248,7 @@ fn run_compile(out: &mut Out) -> Res<()> {
         read_only: false,
     }))?;
     let x = Tensor::randn(DType::F32, [64, 784])?;
-    let y = Tensor::from_vec((0..64).map(|i| (i % 10) as i32).collect::<Vec<_>>(), [64])?;
+    let y = Tensor::from_vec((0..64i32).map(|i| i % 10).collect::<Vec<_>>(), [64])?;
     let lr = Tensor::scalar(1e-3f32);
     kiln::mark_step()?;
     let inputs = [x, y, lr];
@@ -306,7 +306,7 @@ fn main() -> Res<()> {
     if args.first().map(String::as_str) == Some("profile-mlp4096") {
         let n: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(20);
         let x = Tensor::randn(DType::F32, [4096, 784])?;
-        let y = Tensor::from_vec((0..4096).map(|i| (i * 7 % 10) as i32).collect::<Vec<_>>(), [4096])?;
+        let y = Tensor::from_vec((0..4096i32).map(|i| i * 7 % 10).collect::<Vec<_>>(), [4096])?;
         let inputs = [x, y, Tensor::scalar(1e-3f32)];
         kiln::mark_step()?;
         let mut m = mlp()?;

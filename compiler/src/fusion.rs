@@ -259,14 +259,14 @@ pub fn plan_fusion(g: &Graph) -> FusionPlan {
     // Renumber groups densely in order of first node.
     let mut dense: std::collections::HashMap<GroupId, GroupId> = std::collections::HashMap::new();
     let mut groups: Vec<Vec<NodeId>> = Vec::new();
-    for i in 0..n {
+    for (i, g) in group.iter_mut().enumerate().take(n) {
         let next = GroupId(dense.len() as u32);
-        let d = *dense.entry(group[i]).or_insert(next);
+        let d = *dense.entry(*g).or_insert(next);
         if d.0 as usize == groups.len() {
             groups.push(Vec::new());
         }
         groups[d.0 as usize].push(NodeId::from_index(i));
-        group[i] = d;
+        *g = d;
     }
     let mut memory_bytes = vec![0u64; n];
     let mut output_bytes = vec![0u64; n];

@@ -455,7 +455,7 @@ fn parse_errors_name_their_line() {
         ("  %2 = reshape %0 : tensor<4294967296x4294967296xf32>", 2, "is too large"),
         ("  %2 = constant dense<1.0> : tensor<2xf32", 2, "missing `>`"),
         ("  %2 = constant dense<0x1ffff> : tensor<f16>", 2, "`0x1ffff` is not a valid f16 value"),
-        ("  %2:2 = rng_bit_generator PHILOX %0 : (tensor<2xf32>, tensor<2xf32>)", 2, "state must be u64"),
+        ("  %2:2 = rng_bit_generator PHILOX %0 : (tensor<2xf32>, tensor<2xf32>)", 2, "state must be ui64"),
         ("  %2 = compare XX %0, %0 : tensor<2xi1>", 2, "unknown comparison direction `XX`"),
         ("  %2 = dot_general %0, %0, batch = [] y [], contract = [0] x [0] : tensor<f32>", 2, "expected `x`"),
         ("  %2 = \u{e9}xp %0 : tensor<2xf32>", 2, "expected an identifier"),

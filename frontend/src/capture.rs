@@ -185,7 +185,7 @@ where
     pub fn call(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         // Ops recorded outside the step run first, so every tensor the plan
         // reads is ready.
-        if context::with(|c| c.trace.graph.len() > 0) {
+        if context::with(|c| !c.trace.graph.is_empty()) {
             mark_step()?;
         }
         let guard = self.guard(inputs)?;
@@ -347,7 +347,7 @@ fn check(plan: &Plan, inputs: &[Tensor]) -> std::result::Result<Vec<Binding>, St
         if plan.entry.donated[i] {
             // The tensor's reference and `storage` above: nothing else holds it.
             let holders = match &storage {
-                Storage::Device(v) => std::sync::Arc::strong_count(v),
+                Storage::Device(v) => Rc::strong_count(v),
                 Storage::Host(l) => std::sync::Arc::strong_count(l),
                 Storage::HostShards(s) => std::sync::Arc::strong_count(s),
             };

@@ -290,10 +290,8 @@ impl Prefetcher {
     pub fn sharded(set: Arc<ImageSet>, steps: Vec<Vec<Batch>>, depth: usize) -> Result<Prefetcher> {
         let replicas = crate::replicas::num_replicas()?;
         if let Some(bad) = steps.iter().find(|s| s.len() != replicas) {
-            return Err(FrontendError::InvalidArgument {
-                op: "prefetch",
-                reason: format!("a step has {} batches for {replicas} replicas", bad.len()),
-            });
+            let expected = format!("{replicas} replicas (one batch per replica in each step)");
+            return Err(FrontendError::Count { op: "prefetch", what: "batches", expected, got: bad.len() });
         }
         if context::backend() != Backend::Pjrt {
             return Ok(Prefetcher { set, steps: steps.into_iter(), rx: None, worker: None });

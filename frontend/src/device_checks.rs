@@ -350,7 +350,7 @@ pub(crate) fn verify(sealed: Option<Sealed>) -> Result<()> {
     Err(FrontendError::NonFinite {
         op: site.op,
         value: site.value.to_string(),
-        ty: site.ty.clone(),
+        ty: Box::new(site.ty.clone()),
         layer: site.layer.as_deref().map(str::to_string),
         count: counts[first] as u64,
         operands: site.operands.iter().map(describe).collect::<Vec<_>>().join("; "),

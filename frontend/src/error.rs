@@ -28,8 +28,20 @@ pub enum FrontendError {
     ReadDType { tensor: DType, requested: DType },
     #[error("{op}: the tensor was recorded in a step or lowering that has ended without running it")]
     StaleTensor { op: &'static str },
+    /// A one-off misuse that no structured variant below describes.
     #[error("{op}: {reason}")]
     InvalidArgument { op: &'static str, reason: String },
+    /// An operand of the wrong rank, with the layout the op expects
+    /// (`q f32[2, 8] must be rank 4: [batch, heads, seq, head_dim]`).
+    #[error("{op}: {what} {got} must be rank {expected}: {layout}")]
+    OperandRank { op: &'static str, what: &'static str, got: TensorType, expected: usize, layout: &'static str },
+    /// A step argument whose per-replica values do not match the step's
+    /// replica count.
+    #[error(
+        "{op}: {what} holds values for {got} replicas but the step runs on {expected}: set the replica count \
+         before creating tensors"
+    )]
+    ReplicaCount { op: &'static str, what: String, got: usize, expected: usize },
     /// An error raised inside a layer's forward, naming the layer
     /// (`LayerNorm(257): mul: shapes ... do not broadcast`); nested layers
     /// nest.
@@ -53,9 +65,10 @@ pub enum FrontendError {
     NoGradient { index: usize, ty: TensorType },
     #[error("{op}: expected a rank-{expected} tensor, got {got}")]
     Rank { op: &'static str, expected: usize, got: TensorType },
-    /// Two tensors that must have the same type do not.
+    /// Two tensors that must have the same type do not. (The types are boxed,
+    /// as in `NonFinite`, to keep every `Result` of the crate small.)
     #[error("{op}: {what} is {got}, expected {expected}")]
-    TypeMismatch { op: &'static str, what: String, expected: TensorType, got: TensorType },
+    TypeMismatch { op: &'static str, what: String, expected: Box<TensorType>, got: Box<TensorType> },
     /// Two lists (parameters and gradients, shards and replicas) of different lengths.
     #[error("{op}: {got} {what} for {expected}")]
     Count { op: &'static str, what: &'static str, expected: String, got: usize },
@@ -125,12 +138,21 @@ pub enum FrontendError {
         max: i64,
     },
     /// Anomaly mode: the first op of the step whose output held NaN or ±inf.
+    /// `ty` is boxed: the variant would otherwise be the crate's largest and
+    /// make every `Result` of the crate carry it.
     #[error(
         "anomaly: {op} {value} ({ty}){} produced {count} non-finite values (NaN or ±inf), the first op of the \
          step to do so; its operands: {operands}",
         in_layer(.layer)
     )]
-    NonFinite { op: &'static str, value: String, ty: TensorType, layer: Option<String>, count: u64, operands: String },
+    NonFinite {
+        op: &'static str,
+        value: String,
+        ty: Box<TensorType>,
+        layer: Option<String>,
+        count: u64,
+        operands: String,
+    },
 }
 
 /// ` in layer NAME` when the layer is known.

@@ -140,11 +140,10 @@ impl Executor {
         }
         let n = match std::env::var("KILN_MAX_STEPS_IN_FLIGHT") {
             Err(_) => DEFAULT_MAX_IN_FLIGHT,
-            Ok(v) => v.trim().parse::<usize>().map_err(|_| FrontendError::InvalidArgument {
-                op: "mark_step",
-                reason: format!(
-                    "KILN_MAX_STEPS_IN_FLIGHT={v:?} is not a count of steps (0 runs every step synchronously)"
-                ),
+            Ok(v) => v.trim().parse::<usize>().map_err(|_| FrontendError::BadEnv {
+                var: "KILN_MAX_STEPS_IN_FLIGHT",
+                value: v.clone(),
+                expected: "a count of steps (0 runs every step synchronously)",
             })?,
         };
         self.max_in_flight = Some(n);
@@ -314,15 +313,16 @@ fn run_pjrt(entry: &CacheEntry, bindings: Vec<Binding>, step: u64, hooks: Vec<Ho
     // Host data is uploaded once (to every replica's device); the tensor then
     // refers to the device copy, so later steps reuse it.
     let t_upload = Instant::now();
-    let mut owned: Vec<Arc<DeviceValue>> = Vec::with_capacity(bindings.len());
+    let mut owned: Vec<Rc<DeviceValue>> = Vec::with_capacity(bindings.len());
     for (i, b) in bindings.into_iter().enumerate() {
-        let mismatch = |got: usize| FrontendError::InvalidArgument {
+        let mismatch = |got: usize| FrontendError::ReplicaCount {
             op: "mark_step",
-            reason: format!(
-                "argument {i} ({}) holds values for {got} replicas but the step runs on {replicas}: \
-                 set the replica count before creating tensors",
+            what: format!(
+                "argument {i} ({})",
                 b.tensor.upgrade().map_or_else(|| "a dropped tensor".to_string(), |t| t.ty.to_string())
             ),
+            got,
+            expected: replicas,
         };
         if let Some(got) = b.storage.replicas().filter(|&n| n != replicas) {
             return Err(mismatch(got));
@@ -330,10 +330,10 @@ fn run_pjrt(entry: &CacheEntry, bindings: Vec<Binding>, step: u64, hooks: Vec<Ho
         let value = match &b.storage {
             Storage::Device(value) => value.clone(),
             Storage::Host(lit) => {
-                Arc::new(upload(&client, devices.get_or_insert_with(|| exe.replica_devices()), |_| lit)?)
+                Rc::new(upload(&client, devices.get_or_insert_with(|| exe.replica_devices()), |_| lit)?)
             }
             Storage::HostShards(shards) => {
-                Arc::new(upload(&client, devices.get_or_insert_with(|| exe.replica_devices()), |r| &shards[r])?)
+                Rc::new(upload(&client, devices.get_or_insert_with(|| exe.replica_devices()), |r| &shards[r])?)
             }
         };
         if !matches!(b.storage, Storage::Device(_)) {
@@ -354,12 +354,12 @@ fn run_pjrt(entry: &CacheEntry, bindings: Vec<Binding>, step: u64, hooks: Vec<Ho
     metrics::span("upload", t_upload);
     // Donated buffers are moved in: the step's bindings held the last reference
     // (checked when the alias was added), so `try_unwrap` succeeds.
-    let mut slots: Vec<Option<Arc<DeviceValue>>> = owned.into_iter().map(Some).collect();
+    let mut slots: Vec<Option<Rc<DeviceValue>>> = owned.into_iter().map(Some).collect();
     let mut moved: Vec<Option<std::vec::IntoIter<Buffer>>> = (0..slots.len()).map(|_| None).collect();
     for (i, &d) in entry.donated.iter().enumerate() {
         if d {
             let arc = slots[i].take().expect("each argument taken once");
-            let value = Arc::try_unwrap(arc).map_err(|_| FrontendError::InvalidArgument {
+            let value = Rc::try_unwrap(arc).map_err(|_| FrontendError::InvalidArgument {
                 op: "mark_step",
                 reason: format!("parameter {i} was marked for donation but is still shared"),
             })?;
@@ -395,7 +395,7 @@ fn run_pjrt(entry: &CacheEntry, bindings: Vec<Binding>, step: u64, hooks: Vec<Ho
             outputs[o].push(buf);
         }
     }
-    Ok(outputs.into_iter().map(|bufs| Storage::Device(Arc::new(DeviceValue(bufs, Some(run.clone()))))).collect())
+    Ok(outputs.into_iter().map(|bufs| Storage::Device(Rc::new(DeviceValue(bufs, Some(run.clone()))))).collect())
 }
 
 /// Uploads `value(r)` to replica `r`'s device, for every replica.
@@ -449,10 +449,8 @@ fn run_reference(graph: &Graph, bindings: Vec<Binding>) -> Result<Vec<Storage>> 
     let mut inputs: Vec<Vec<Literal>> = vec![Vec::with_capacity(bindings.len()); replicas];
     for (b, ty) in bindings.iter().zip(types) {
         if let Some(got) = b.storage.replicas().filter(|&n| n != replicas) {
-            return Err(FrontendError::InvalidArgument {
-                op: "mark_step",
-                reason: format!("an argument ({ty}) holds values for {got} replicas but the step runs on {replicas}"),
-            });
+            let what = format!("an argument ({ty})");
+            return Err(FrontendError::ReplicaCount { op: "mark_step", what, got, expected: replicas });
         }
         for (r, list) in inputs.iter_mut().enumerate() {
             list.push(match &b.storage {

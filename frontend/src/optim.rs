@@ -29,8 +29,8 @@ fn check(params: &[Tensor], grads: &[Tensor]) -> Result<()> {
             return Err(FrontendError::TypeMismatch {
                 op: "optimizer",
                 what: format!("the gradient of parameter {i}"),
-                expected: p.ty().clone(),
-                got: g.ty().clone(),
+                expected: p.ty().clone().into(),
+                got: g.ty().clone().into(),
             });
         }
         if p.dtype() != DType::F32 {
@@ -124,10 +124,9 @@ impl AdamW {
         }
         let c = self.config;
         if lr.ty() != &kiln_compiler::ir::TensorType::scalar(DType::F32) {
-            return Err(FrontendError::InvalidArgument {
-                op: "adamw",
-                reason: format!("the learning rate must be an f32 scalar, got {}", lr.ty()),
-            });
+            let (expected, got) =
+                (Box::new(kiln_compiler::ir::TensorType::scalar(DType::F32)), Box::new(lr.ty().clone()));
+            return Err(FrontendError::TypeMismatch { op: "adamw", what: "the learning rate".into(), expected, got });
         }
         let t = self.t.add_scalar(1.0)?;
         // Bias corrections 1 - beta^t, computed in-graph from the counter.

@@ -133,13 +133,20 @@ pub fn from_shards<T: Element>(shards: Vec<Vec<T>>, shape: impl Into<Shape>) -> 
 pub(crate) fn from_literal_shards(literals: Vec<Literal>) -> Result<Tensor> {
     let n = num_replicas()?;
     let Some(ty) = literals.first().map(|l| l.ty().clone()) else {
-        return Err(FrontendError::InvalidArgument { op: "from_shards", reason: "no shards".into() });
+        return Err(FrontendError::Empty { op: "from_shards", what: "shard" });
     };
-    if literals.len() != n || literals.iter().any(|l| l.ty() != &ty) {
-        return Err(FrontendError::InvalidArgument {
+    if literals.len() != n {
+        return Err(FrontendError::Count {
             op: "from_shards",
-            reason: format!("{} shards for {n} replicas, all of type {ty}", literals.len()),
+            what: "shards",
+            expected: format!("{n} replicas"),
+            got: literals.len(),
         });
+    }
+    if let Some((r, l)) = literals.iter().enumerate().find(|(_, l)| l.ty() != &ty) {
+        let what = format!("shard {r}");
+        let (expected, got) = (Box::new(ty), Box::new(l.ty().clone()));
+        return Err(FrontendError::TypeMismatch { op: "from_shards", what, expected, got });
     }
     let storage = if n == 1 {
         Storage::Host(std::sync::Arc::new(literals.into_iter().next().expect("one shard")))

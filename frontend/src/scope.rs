@@ -98,8 +98,7 @@ pub(crate) fn layer_of(epoch: u64, index: usize) -> Option<Rc<str>> {
     SPANS.with(|s| {
         s.borrow()
             .iter()
-            .filter(|sp| sp.epoch == epoch && sp.start <= index && sp.end.map_or(true, |e| index < e))
-            .last()
+            .rfind(|sp| sp.epoch == epoch && sp.start <= index && sp.end.is_none_or(|e| index < e))
             .map(|sp| sp.name.clone())
     })
 }

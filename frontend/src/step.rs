@@ -131,7 +131,7 @@ fn add_donations(trace: &mut Trace, receivers: &[Vec<Rc<Inner>>]) -> Result<()> 
         // else will hold, so step 1 (host-initialised state) compiles to the same
         // program as every later step (device state).
         let sole_holder = match &b.storage {
-            Storage::Device(value) => Arc::strong_count(value) == 1,
+            Storage::Device(value) => Rc::strong_count(value) == 1,
             Storage::Host(lit) => Arc::strong_count(lit) == 1,
             Storage::HostShards(shards) => Arc::strong_count(shards) == 1,
         };

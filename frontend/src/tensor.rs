@@ -106,12 +106,12 @@ impl Tensor {
         };
         let ty = TensorType::new(step::dtype_of(first.element_type()), first.dims());
         if let Some((r, b)) = buffers.iter().enumerate().find(|(_, b)| b.arg_type() != first.arg_type()) {
-            return Err(FrontendError::InvalidArgument {
-                op: "from_replica_buffers",
-                reason: format!("replica {r}'s buffer is {}, replica 0's {}", b.arg_type(), first.arg_type()),
-            });
+            let got = TensorType::new(step::dtype_of(b.element_type()), b.dims());
+            let what = format!("replica {r}'s buffer");
+            let (expected, got) = (Box::new(ty), Box::new(got));
+            return Err(FrontendError::TypeMismatch { op: "from_replica_buffers", what, expected, got });
         }
-        Ok(Tensor::wrap(Inner::new(ty, State::Ready(Storage::Device(Arc::new(DeviceValue(buffers, None)))))))
+        Ok(Tensor::wrap(Inner::new(ty, State::Ready(Storage::Device(Rc::new(DeviceValue(buffers, None)))))))
     }
 
     pub fn from_literal(literal: Literal) -> Tensor {
@@ -304,8 +304,8 @@ impl Tensor {
             return Err(FrontendError::TypeMismatch {
                 op: "assign",
                 what: "the assigned value".into(),
-                expected: self.ty().clone(),
-                got: value.ty().clone(),
+                expected: self.ty().clone().into(),
+                got: value.ty().clone().into(),
             });
         }
         let new_state = match &*value.inner.state.borrow() {
@@ -471,7 +471,7 @@ impl Tensor {
     /// `cond ? on_true : on_false`, all three broadcast to a common shape.
     pub fn where_cond(cond: &Tensor, on_true: &Tensor, on_false: &Tensor) -> Result<Tensor> {
         if cond.dtype() != DType::Pred {
-            return Err(FrontendError::DType { op: "where", expected: "pred", got: cond.dtype() });
+            return Err(FrontendError::DType { op: "where", expected: "i1", got: cond.dtype() });
         }
         let (on_true, on_false) = promote_pair(on_true, on_false)?;
         let shape = broadcast_shape("where", cond.shape(), on_true.shape())?;
@@ -785,10 +785,10 @@ impl Tensor {
 pub(crate) fn broadcast_shape(op: &'static str, a: &Shape, b: &Shape) -> Result<Shape> {
     let n = a.rank().max(b.rank());
     let mut out = vec![0; n];
-    for i in 0..n {
+    for (i, o) in out.iter_mut().enumerate() {
         let da = if i + a.rank() >= n { a.0[i + a.rank() - n] } else { 1 };
         let db = if i + b.rank() >= n { b.0[i + b.rank() - n] } else { 1 };
-        out[i] = match (da, db) {
+        *o = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
             (x, 1) => x,

@@ -45,7 +45,7 @@ pub(crate) enum Storage {
     /// per-replica generator state).
     HostShards(Arc<Vec<Literal>>),
     /// One device buffer per replica, in replica order.
-    Device(Arc<DeviceValue>),
+    Device(Rc<DeviceValue>),
 }
 
 impl Storage {

@@ -253,23 +253,6 @@ fn plot(path: &Path, before: &Graph, after: &Graph) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_parse_with_units() {
-        assert_eq!(parse_bytes("2GiB").unwrap(), 2 << 30);
-        assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
-        assert_eq!(parse_bytes("1.5e9").unwrap(), 1_500_000_000);
-        assert_eq!(parse_bytes("0").unwrap(), 0);
-        assert!(parse_bytes("2 parsecs").is_err());
-        assert!(parse_bytes("-1").is_err());
-        assert_eq!(parse_budget("50%").unwrap(), RematBudget::FractionOfPeak(0.5));
-        assert!(parse_budget("0%").is_err());
-    }
-}
-
 /// What `kiln profile <model> --max-batch` sizes.
 pub enum AdvisedModel {
     Mlp { hidden: Vec<usize> },
@@ -389,4 +372,21 @@ pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json:
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_bytes("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("1.5e9").unwrap(), 1_500_000_000);
+        assert_eq!(parse_bytes("0").unwrap(), 0);
+        assert!(parse_bytes("2 parsecs").is_err());
+        assert!(parse_bytes("-1").is_err());
+        assert_eq!(parse_budget("50%").unwrap(), RematBudget::FractionOfPeak(0.5));
+        assert!(parse_budget("0%").is_err());
+    }
 }

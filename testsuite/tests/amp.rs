@@ -267,7 +267,7 @@ fn autocast_lowers_bf16_matmuls_and_an_f32_loss() -> anyhow::Result<()> {
     let y = Tensor::from_vec(vec![3i32, 1], [2])?;
     let text = kiln::lower(|| {
         let loss = amp::autocast(DType::BF16, || nn::cross_entropy(&lin.forward(&x)?, &y, None))?;
-        let grads = kiln::grad(&loss, &[lin.weight.clone()])?;
+        let grads = kiln::grad(&loss, std::slice::from_ref(&lin.weight))?;
         assert_eq!(grads[0].dtype(), DType::F32, "the master weight's gradient is f32");
         Ok(vec![loss, grads[0].clone()])
     })?;
@@ -481,7 +481,7 @@ fn run_replicas(
 #[test]
 fn two_replicas_reduce_before_the_check_and_skip_together() -> anyhow::Result<()> {
     let mut rng = Rng::new(31);
-    let mut shard = || -> (Vec<f32>, Vec<i32>) { (rng.normal_vec(30), (0..5).map(|i| (i * 7 % 3) as i32).collect()) };
+    let mut shard = || -> (Vec<f32>, Vec<i32>) { (rng.normal_vec(30), (0..5).map(|i| i * 7 % 3).collect()) };
     let steps: Vec<Vec<(Vec<f32>, Vec<i32>)>> = (0..3).map(|_| vec![shard(), shard()]).collect();
     // Step 2: only replica 1's loss is inf.
     let factors = vec![vec![1.0, 1.0], vec![1.0, f32::INFINITY], vec![1.0, 1.0]];

@@ -122,6 +122,37 @@ fn common_argument_errors_are_structured() -> anyhow::Result<()> {
     Ok(())
 }
 
+#[test]
+fn argument_errors_name_what_value_and_expectation() -> anyhow::Result<()> {
+    let q = Tensor::from_vec(Rng::new(2).normal_vec(24), [2, 3, 4])?;
+    let e = nn::scaled_dot_product_attention(&q, &q, &q, true).unwrap_err();
+    assert!(matches!(e, FrontendError::OperandRank { what: "q", expected: 4, .. }), "{e:?}");
+    let msg = format!("scaled_dot_product_attention: q {} must be rank 4: [batch, heads, seq, head_dim]", q.ty());
+    assert_eq!(e.to_string(), msg);
+
+    let h = Tensor::from_vec(Rng::new(3).normal_vec(8), [2, 4])?;
+    let table = Tensor::from_vec(Rng::new(4).normal_vec(4), [4])?;
+    let e = nn::lm_head_cross_entropy(&h, &table, &Tensor::from_vec(vec![1i32, 0], [2])?).unwrap_err();
+    let msg = format!("lm_head_cross_entropy: table {} must be rank 2: [vocab, d]", table.ty());
+    assert_eq!(e.to_string(), msg);
+
+    let w = Tensor::from_vec(Rng::new(5).normal_vec(3), [3])?;
+    let mut opt = AdamW::new(std::slice::from_ref(&w), AdamWConfig::default())?;
+    let lr = Tensor::from_vec(vec![0.1f64], [])?;
+    let e = opt.step_lr(std::slice::from_ref(&w), std::slice::from_ref(&w), &lr).unwrap_err();
+    assert!(matches!(e, FrontendError::TypeMismatch { op: "adamw", .. }), "{e:?}");
+    assert_eq!(e.to_string(), format!("adamw: the learning rate is {}, expected tensor<f32>", lr.ty()));
+
+    let e =
+        FrontendError::ReplicaCount { op: "mark_step", what: "argument 0 (tensor<3xf32>)".into(), got: 2, expected: 4 };
+    assert_eq!(
+        e.to_string(),
+        "mark_step: argument 0 (tensor<3xf32>) holds values for 2 replicas but the step runs on 4: set the replica count \
+         before creating tensors"
+    );
+    Ok(())
+}
+
 // ---- layers -----------------------------------------------------------------
 
 /// erf by its Taylor series (converges fast for |x| < 3), independent of kiln.
@@ -212,7 +243,7 @@ fn eager_values_are_readable_mid_step_without_cutting_it() -> anyhow::Result<()>
         assert_eq!(after.forced_syncs, before.forced_syncs);
         // ... and gradients through it still work in the same step.
         let loss = h.tanh()?.sum_all()?;
-        let g = kiln::grad(&loss, &[lin.weight.clone()])?.remove(0);
+        let g = kiln::grad(&loss, std::slice::from_ref(&lin.weight))?.remove(0);
         let l = loss.item()?;
         let want: f64 = hv.iter().map(|&v| f64::from(v).tanh()).sum();
         assert!((l - want).abs() <= 1e-5 * want.abs().max(1.0), "{l} vs {want}");

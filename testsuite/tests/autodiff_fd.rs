@@ -188,7 +188,7 @@ fn unused_inputs_get_zeros_and_bad_losses_are_errors() -> anyhow::Result<()> {
     let g = kiln::grad(&loss, &[a.clone(), b.clone()])?;
     kiln::mark_step()?;
     assert_eq!(g[1].to_vec::<f64>()?, vec![0.0, 0.0]);
-    let err = kiln::grad(&a.exp()?, &[a.clone()]).unwrap_err();
+    let err = kiln::grad(&a.exp()?, std::slice::from_ref(&a)).unwrap_err();
     assert!(matches!(err, kiln::FrontendError::LossNotScalar { .. }), "{err}");
     Ok(())
 }
@@ -230,7 +230,7 @@ fn convert_passes_the_cotangent_back_in_the_input_dtype() -> anyhow::Result<()> 
     let x = Tensor::from_vec(vec![0.25f64, -1.5, 2.0], [3])?;
     let r = Tensor::from_vec(vec![3.0f32, -0.5, 0.125], [3])?;
     let loss = x.to_dtype(DType::F32)?.mul(&r)?.sum_all()?;
-    let g = kiln::grad(&loss, &[x.clone()])?;
+    let g = kiln::grad(&loss, std::slice::from_ref(&x))?;
     kiln::mark_step()?;
     assert_eq!(g[0].dtype(), DType::F64);
     assert_eq!(g[0].to_vec::<f64>()?, vec![3.0, -0.5, 0.125]);

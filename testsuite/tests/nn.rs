@@ -80,11 +80,11 @@ fn sgd_with_momentum_matches_the_recurrence() -> anyhow::Result<()> {
     let (w0, target) = (Rng::new(1).normal_vec(6), Rng::new(2).normal_vec(6));
     let w = Tensor::from_vec(w0.clone(), [6])?;
     let t = Tensor::from_vec(target.clone(), [6])?;
-    let mut opt = Sgd::new(&[w.clone()], 0.9, 0.0)?;
+    let mut opt = Sgd::new(std::slice::from_ref(&w), 0.9, 0.0)?;
     for _ in 0..5 {
         let loss = w.sub(&t)?.square()?.sum_all()?;
-        let g = kiln::grad(&loss, &[w.clone()])?;
-        opt.step(&[w.clone()], &g, 0.05)?;
+        let g = kiln::grad(&loss, std::slice::from_ref(&w))?;
+        opt.step(std::slice::from_ref(&w), &g, 0.05)?;
         kiln::mark_step()?;
     }
     let (mut wv, mut buf): (Vec<f64>, Vec<f64>) = (w0.iter().map(|&v| v.into()).collect(), vec![0.0; 6]);
@@ -105,12 +105,12 @@ fn adamw_matches_the_reference_update() -> anyhow::Result<()> {
     let w = Tensor::from_vec(w0.clone(), [5])?;
     let t = Tensor::from_vec(target.clone(), [5])?;
     let cfg = AdamWConfig { weight_decay: 0.1, ..AdamWConfig::default() };
-    let mut opt = AdamW::new(&[w.clone()], cfg)?;
+    let mut opt = AdamW::new(std::slice::from_ref(&w), cfg)?;
     let lr = 0.01;
     for _ in 0..4 {
         let loss = w.sub(&t)?.square()?.sum_all()?;
-        let g = kiln::grad(&loss, &[w.clone()])?;
-        opt.step(&[w.clone()], &g, lr)?;
+        let g = kiln::grad(&loss, std::slice::from_ref(&w))?;
+        opt.step(std::slice::from_ref(&w), &g, lr)?;
         kiln::mark_step()?;
     }
     let mut wv: Vec<f64> = w0.iter().map(|&v| v.into()).collect();

@@ -76,7 +76,7 @@ pub fn fusable(g: &Graph, id: NodeId, target: LowerTarget) -> Result<(), String>
         return Err(format!("cuDNN flash attention takes bf16 or f16, not {}", t.dtype));
     }
     let d = t.shape.dims()[3];
-    if !d.is_multiple_of(8) || d > 128 {
+    if d % 8 != 0 || d > 128 {
         return Err(format!("cuDNN flash attention needs a head size that is a multiple of 8 up to 128, not {d}"));
     }
     Ok(())

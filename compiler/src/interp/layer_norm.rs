@@ -21,7 +21,7 @@ pub(crate) fn forward(
 ) -> Result<Vec<Literal>> {
     let (xv, g, b) = (x.to_f64s(), gamma.to_f64s(), beta.to_f64s());
     let d = g.len();
-    let rows = if d == 0 { 0 } else { xv.len() / d };
+    let rows = xv.len().checked_div(d).unwrap_or(0);
     let (mut y, mut mean, mut rstd) = (vec![0.0; xv.len()], vec![0.0; rows], vec![0.0; rows]);
     for r in 0..rows {
         let row = &xv[r * d..(r + 1) * d];

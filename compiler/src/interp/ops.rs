@@ -167,16 +167,16 @@ pub(crate) fn eval<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'
             one(pick(out, |i| {
                 let coord = |j: usize| (i / out_strides[j]) % out.shape.0[j];
                 let mut src = 0;
-                for j in 0..*axis {
-                    src += coord(j) * in_strides[j];
+                for (j, s) in in_strides.iter().enumerate().take(*axis) {
+                    src += coord(j) * s;
                 }
                 let istr = Shape::from(&out.shape.0[*axis..*axis + ir]).strides();
                 let flat: usize = (0..ir).map(|k| coord(axis + k) * istr[k]).sum();
                 // XLA clamps gather start indices into range.
                 let row = idx[flat].clamp(0, xs.0[*axis] as i128 - 1) as usize;
                 src += row * in_strides[*axis];
-                for j in axis + 1..xs.rank() {
-                    src += coord(j + ir - 1) * in_strides[j];
+                for (j, s) in in_strides.iter().enumerate().take(xs.rank()).skip(axis + 1) {
+                    src += coord(j + ir - 1) * s;
                 }
                 (x, src)
             }))
@@ -196,11 +196,11 @@ pub(crate) fn eval<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'
                     return None;
                 }
                 let mut dst = row as usize * x_strides[*axis];
-                for j in 0..*axis {
-                    dst += coord(j) * x_strides[j];
+                for (j, s) in x_strides.iter().enumerate().take(*axis) {
+                    dst += coord(j) * s;
                 }
-                for j in axis + 1..xs.rank() {
-                    dst += coord(j + ir - 1) * x_strides[j];
+                for (j, s) in x_strides.iter().enumerate().take(xs.rank()).skip(axis + 1) {
+                    dst += coord(j + ir - 1) * s;
                 }
                 Some(dst)
             };

@@ -2,23 +2,40 @@
 //!
 //! `DType` is closed: every pass, the interpreter and the lowering match on it
 //! exhaustively, so adding a type fails to compile wherever it needs handling.
+//!
+//! Each dtype has one user-visible name, its StableHLO spelling (`i32`, `ui8`,
+//! `i1`, `bf16`: Rust's names for the integers and floats it shares): `Display`,
+//! `Debug` (so an `unwrap` or `{:?}` of an error shows the same word), the text
+//! form of the graph and every error use it. The variants keep XLA's
+//! `PrimitiveType` names (`S32`), which only Rust code sees.
 
 use std::fmt;
 
-/// Element type of a tensor value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Element type of a tensor value; each variant's doc gives the name it prints
+/// as (see the module docs).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
-    /// Boolean (`i1` in StableHLO).
+    /// Boolean, `i1`.
     Pred,
+    /// `i8`.
     S8,
+    /// `i32`.
     S32,
+    /// `i64`.
     S64,
+    /// `ui8`.
     U8,
+    /// `ui32`.
     U32,
+    /// `ui64`.
     U64,
+    /// `f16`.
     F16,
+    /// `bf16`.
     BF16,
+    /// `f32`.
     F32,
+    /// `f64`.
     F64,
 }
 
@@ -93,5 +110,29 @@ impl DType {
 impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.mlir_name())
+    }
+}
+
+/// The same name as `Display`: a user reading a panic or a `{:?}` of an error
+/// (`ReadDType { tensor: i32, requested: f32 }`) sees the word the messages use.
+impl fmt::Debug for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.mlir_name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DType;
+
+    #[test]
+    fn each_dtype_prints_one_name_that_parses_back() {
+        assert_eq!(DType::S32.to_string(), "i32");
+        assert_eq!(format!("{:?}", DType::S32), "i32");
+        assert_eq!(format!("{:?}", Some(DType::Pred)), "Some(i1)");
+        for d in DType::ALL {
+            assert_eq!(format!("{d:?}"), d.to_string());
+            assert_eq!(DType::from_mlir_name(&d.to_string()), Some(d));
+        }
     }
 }

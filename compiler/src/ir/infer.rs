@@ -57,7 +57,7 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
                 let expected = if u.float_only() {
                     "a floating-point type"
                 } else if *u == UnaryOp::Not {
-                    "pred or an integer type"
+                    "i1 or an integer type"
                 } else {
                     "a numeric type"
                 };
@@ -72,7 +72,7 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
                 return Err(CompileError::UnsupportedDType {
                     op: name,
                     dtype: l.dtype,
-                    expected: "pred or an integer type",
+                    expected: "i1 or an integer type",
                 });
             }
             if !b.is_logical() && l.dtype == DType::Pred {
@@ -89,7 +89,7 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
             let (p, t, f) = (ty(*pred), ty(*on_true), ty(*on_false));
             same_type(name, &t, &f)?;
             if p.dtype != DType::Pred {
-                return Err(CompileError::UnsupportedDType { op: name, dtype: p.dtype, expected: "pred" });
+                return Err(CompileError::UnsupportedDType { op: name, dtype: p.dtype, expected: "i1" });
             }
             if p.shape.rank() != 0 && p.shape != t.shape {
                 return Err(CompileError::ShapeMismatch { op: name, lhs: p.shape, rhs: t.shape });
@@ -370,7 +370,7 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
                 return Err(invalid(
                     name,
                     format!(
-                        "state must be u64[2] ({} takes {})",
+                        "state must be ui64 of shape [2] ({} takes {})",
                         algorithm.name(),
                         match algorithm {
                             RngAlgorithm::ThreeFry => "2 words",
@@ -381,7 +381,7 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
                 ));
             }
             if !matches!(out.dtype, DType::U32 | DType::U64) {
-                return Err(CompileError::UnsupportedDType { op: name, dtype: out.dtype, expected: "u32 or u64" });
+                return Err(CompileError::UnsupportedDType { op: name, dtype: out.dtype, expected: "ui32 or ui64" });
             }
             Ok(smallvec::smallvec![s, out.clone()])
         }

@@ -319,7 +319,7 @@ impl Emitter<'_> {
             // (`composite::expand` replaced the others by plain ops).
             Op::Attention { q, k, v, attrs } => {
                 let (tq, s) = (self.ty(*q).clone(), self.ty(*k).shape.dims()[2]);
-                let xs = self.to_btnh(id, &[("q", *q), ("k", *k), ("v", *v)]);
+                let xs = self.transpose_to_btnh(id, &[("q", *q), ("k", *k), ("v", *v)]);
                 let call = Self::helper(id, "fmha");
                 self.names[id.index()] = vec![format!("{call}#0"), format!("{call}#1")];
                 let ins: Vec<TensorType> = [*q, *k, *v].iter().map(|&x| cudnn::btnh(self.ty(x))).collect();
@@ -341,8 +341,8 @@ impl Emitter<'_> {
             }
             Op::AttentionGrad { q, k, v, out, stats, dout, attrs } => {
                 let (tq, s) = (self.ty(*q).clone(), self.ty(*k).shape.dims()[2]);
-                let xs = self.to_btnh(id, &[("q", *q), ("k", *k), ("v", *v)]);
-                let go = self.to_btnh(id, &[("dout", *dout), ("out", *out)]);
+                let xs = self.transpose_to_btnh(id, &[("q", *q), ("k", *k), ("v", *v)]);
+                let go = self.transpose_to_btnh(id, &[("dout", *dout), ("out", *out)]);
                 let st = self.name(*stats);
                 let call = Self::helper(id, "fmha");
                 self.names[id.index()] = (0..3).map(|i| format!("{call}#{i}")).collect();
@@ -391,7 +391,7 @@ impl Emitter<'_> {
     }
 
     /// Transposes BNTH operands to BTNH for the cuDNN calls; returns their names.
-    fn to_btnh(&mut self, id: NodeId, xs: &[(&str, ValueId)]) -> Vec<String> {
+    fn transpose_to_btnh(&mut self, id: NodeId, xs: &[(&str, ValueId)]) -> Vec<String> {
         xs.iter()
             .map(|&(role, x)| {
                 let (name, t) = (self.name(x), self.ty(x).clone());

@@ -246,7 +246,8 @@ impl RematStrategy for Exhaustive {
         cands.sort_by_key(|c| c.value);
         let base_flops = cost::graph_cost(g).total.flops;
         // (meets budget, extra flops, peak) of the best subset so far.
-        let mut best: Option<((bool, u64, u64), Graph, Vec<RematChoice>)> = None;
+        type Best = ((bool, u64, u64), Graph, Vec<RematChoice>);
+        let mut best: Option<Best> = None;
         for mask in 0u32..(1u32 << cands.len()) {
             let mut cur = g.clone();
             let mut choices = Vec::new();

@@ -104,7 +104,7 @@ impl Tensor {
         let lit = self.to_literal()?;
         literal_to_candle(&lit)?.ok_or(FrontendError::DType {
             op: "to_candle",
-            expected: "a dtype candle has (not s8 or u64)",
+            expected: "a dtype candle has (not i8 or ui64)",
             got: self.dtype(),
         })
     }

@@ -130,10 +130,7 @@ pub(crate) fn read_pending(trace: &Trace, t: &Rc<Inner>) -> Result<Option<Vec<u8
         let v = &mut table.values[value.node.index()][value.output as usize];
         Ok(Some(ops::host(v, &t.ty)?.bytes().to_vec()))
     })
-    .map(|b| {
-        metrics::update(|m| m.reads += 1);
-        b
-    })
+    .inspect(|_| metrics::update(|m| m.reads += 1))
 }
 
 /// The outputs of the trace with `epoch` (already caught up by the caller)

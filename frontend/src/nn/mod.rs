@@ -362,16 +362,13 @@ pub fn cross_entropy_with(
 /// never exist whole. Matmuls in the autocast dtype inside a scope, the softmax
 /// in f32.
 pub fn lm_head_cross_entropy(h: &Tensor, table: &Tensor, labels: &Tensor) -> Result<Tensor> {
-    if h.rank() != 2 || table.rank() != 2 || labels.rank() != 1 {
-        return Err(FrontendError::InvalidArgument {
-            op: "lm_head_cross_entropy",
-            reason: format!(
-                "h {}, table {} and labels {} must be [n, d], [vocab, d] and [n]",
-                h.ty(),
-                table.ty(),
-                labels.ty()
-            ),
-        });
+    for (what, t, expected, layout) in
+        [("h", h, 2, "[n, d]"), ("table", table, 2, "[vocab, d]"), ("labels", labels, 1, "[n]")]
+    {
+        if t.rank() != expected {
+            let op = "lm_head_cross_entropy";
+            return Err(FrontendError::OperandRank { op, what, got: t.ty().clone(), expected, layout });
+        }
     }
     let dtype = amp::compute_dtype(h.dtype());
     let (h, table) = (h.to_dtype(dtype)?, table.to_dtype(dtype)?);
@@ -460,9 +457,12 @@ impl Module for CausalSelfAttention {
 /// attention, elsewhere as plain ops; the backward reuses the softmax statistics.
 pub fn scaled_dot_product_attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor> {
     if q.rank() != 4 {
-        return Err(FrontendError::InvalidArgument {
+        return Err(FrontendError::OperandRank {
             op: "scaled_dot_product_attention",
-            reason: format!("q {} must be [batch, heads, seq, head_dim]", q.ty()),
+            what: "q",
+            got: q.ty().clone(),
+            expected: 4,
+            layout: "[batch, heads, seq, head_dim]",
         });
     }
     let dtype = amp::compute_dtype(q.dtype());

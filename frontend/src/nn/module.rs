@@ -104,9 +104,12 @@ pub trait Module {
     }
 }
 
+/// What [`walk`] calls on each module: its own parameters and mode flag.
+type Visit<'a> = dyn FnMut(Vec<Tensor>, Option<&Cell<bool>>) + 'a;
+
 /// Depth-first, parents before children: each module's own parameters and
 /// mode flag.
-fn walk<M: Module + ?Sized>(m: &M, f: &mut dyn FnMut(Vec<Tensor>, Option<&Cell<bool>>)) {
+fn walk<M: Module + ?Sized>(m: &M, f: &mut Visit<'_>) {
     f(m.own_parameters(), m.mode_flag());
     for c in m.children() {
         walk(c, f);

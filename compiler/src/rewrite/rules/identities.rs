@@ -84,7 +84,8 @@ fn add_zero(eg: &crate::rewrite::EGraph, op: &Op, kids: &[Id]) -> Vec<Rhs> {
 fn neg_neg(eg: &crate::rewrite::EGraph, op: &Op, kids: &[Id]) -> Vec<Rhs> {
     match op {
         Op::Unary { op: UnaryOp::Neg, .. } => super::ops(eg, kids[0])
-            .filter_map(|(inner, k)| matches!(inner, Op::Unary { op: UnaryOp::Neg, .. }).then(|| Rhs::Class(k[0])))
+            .filter(|(inner, _)| matches!(inner, Op::Unary { op: UnaryOp::Neg, .. }))
+            .map(|(_, k)| Rhs::Class(k[0]))
             .collect(),
         _ => vec![],
     }

@@ -53,8 +53,11 @@ impl Rhs {
     }
 }
 
+/// A rule set: its name and the function that builds its rules.
+type RuleSet = (&'static str, fn() -> Vec<Rule>);
+
 /// The rule sets, by name, in the order the runner applies them.
-pub const RULE_SETS: [(&str, fn() -> Vec<Rule>); 4] =
+pub const RULE_SETS: [RuleSet; 4] =
     [("identities", identities::rules), ("layout", layout::rules), ("convert", convert::rules), ("fold", fold::rules)];
 
 /// The rules of the named sets (all when `None`).
