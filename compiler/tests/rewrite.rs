@@ -53,7 +53,8 @@ fn step() -> impl Strategy<Value = Step> {
         (any::<usize>(), any::<u8>()).prop_map(|(a, m)| Step::Reduce(a, m)),
         (any::<u8>(), any::<u8>()).prop_map(|(x, y)| Step::Folded(x, y)),
         (any::<usize>(), any::<u8>()).prop_map(|(a, v)| Step::Softmax(a, v)),
-        (any::<usize>(), any::<usize>(), any::<usize>(), any::<bool>()).prop_map(|(a, b, c, t)| Step::SharedDots(a, b, c, t)),
+        (any::<usize>(), any::<usize>(), any::<usize>(), any::<bool>())
+            .prop_map(|(a, b, c, t)| Step::SharedDots(a, b, c, t)),
     ]
 }
 
@@ -242,9 +243,14 @@ fn build(steps: &[Step]) -> Graph {
                     continue;
                 }
                 let k = xt.shape.dims()[1];
-                let mut dot = |g: &mut Graph, n: usize| {
+                let dot = |g: &mut Graph, n: usize| {
                     let w = g.parameter(TensorType::new(xt.dtype, if t { [n, k] } else { [k, n] }));
-                    let dims = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![usize::from(t)] };
+                    let dims = DotDims {
+                        lhs_batch: vec![],
+                        rhs_batch: vec![],
+                        lhs_contract: vec![1],
+                        rhs_contract: vec![usize::from(t)],
+                    };
                     g.value(Op::DotGeneral { lhs: x, rhs: w, dims }).unwrap()
                 };
                 let d1 = dot(&mut g, 1 + b % 3);
@@ -602,9 +608,9 @@ fn golden_matmul_keeps_products_apart_for_few_rows() {
 fn golden_matmul_keeps_products_apart_when_slices_feed_matmuls() {
     // 8192 rows, but each product feeds another matmul: every slice would be
     // a copy of 12.6 MB, which outweighs the reads saved.
-    let text = qkv(8192).replace("tanh %4", "dot_general %4, %1, batch = [] x [], contract = [1] x [0]").replace(
-        "tanh %5",
-        "dot_general %5, %2, batch = [] x [], contract = [1] x [0]",
-    ).replace("tanh %6", "dot_general %6, %3, batch = [] x [], contract = [1] x [0]");
+    let text = qkv(8192)
+        .replace("tanh %4", "dot_general %4, %1, batch = [] x [], contract = [1] x [0]")
+        .replace("tanh %5", "dot_general %5, %2, batch = [] x [], contract = [1] x [0]")
+        .replace("tanh %6", "dot_general %6, %3, batch = [] x [], contract = [1] x [0]");
     assert_eq!(golden("matmul", &text), unrewritten(&text));
 }

@@ -179,11 +179,12 @@ fn pays(g: &Graph, dots: &[NodeId]) -> Result<bool, CompileError> {
         // A slice feeding anything but fusible consumers is its own copy.
         let fused = !g.outputs().iter().any(|v| v.node == d)
             && g.users(d).iter().all(|&u| {
-            matches!(kind(&g.node(u).op), FusionKind::Elementwise | FusionKind::Reduction | FusionKind::Movement)
-        });
+                matches!(kind(&g.node(u).op), FusionKind::Elementwise | FusionKind::Reduction | FusionKind::Movement)
+            });
         if !fused {
             let out_ty = &node.outputs[0];
-            slices = slices.saturating_add(2 * out_ty.shape.num_elements() as u64 * out_ty.dtype.size_in_bytes() as u64);
+            slices =
+                slices.saturating_add(2 * out_ty.shape.num_elements() as u64 * out_ty.dtype.size_in_bytes() as u64);
         }
     }
     let (Some(lhs_ty), Some(dims)) = (lhs_ty, dims) else { return Ok(false) };
@@ -199,4 +200,57 @@ fn pays(g: &Graph, dots: &[NodeId]) -> Result<bool, CompileError> {
     let cat_cost = op_cost(&cat_op, &rhs_types, &[scratch.ty(cat).clone()]).bytes();
     let prod_cost = op_cost(&prod_op, &[lhs_ty, scratch.ty(cat).clone()], &[scratch.ty(prod).clone()]).bytes();
     Ok(prod_cost.saturating_add(cat_cost).saturating_add(slices) < apart)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{TensorType, UnaryOp};
+
+    fn dot(g: &mut Graph, x: ValueId, w: ValueId) -> ValueId {
+        g.value(Op::DotGeneral { lhs: x, rhs: w, dims: DotDims::matmul() }).unwrap()
+    }
+
+    #[test]
+    fn a_weight_defined_after_the_first_product_stays_apart() {
+        // w2 = tanh(x · w1)ᵀ-shaped: it depends on the first product, so
+        // merging it in would make a cycle; only the independent w3 joins.
+        let mut g = Graph::new();
+        let x = g.parameter(TensorType::new(DType::F32, [4, 4]));
+        let w1 = g.parameter(TensorType::new(DType::F32, [4, 4]));
+        let w3 = g.parameter(TensorType::new(DType::F32, [4, 2]));
+        let d1 = dot(&mut g, x, w1);
+        let w2 = g.value(Op::Unary { op: UnaryOp::Tanh, input: d1 }).unwrap();
+        let d2 = dot(&mut g, x, w2);
+        let d3 = dot(&mut g, x, w3);
+        g.set_outputs(vec![d2, d3]).unwrap();
+        let (out, merged) = merge_matmuls(&g, MergeDecision::Always).unwrap();
+        crate::verify(&out).unwrap();
+        assert_eq!(merged, 1);
+        let dots = out.nodes().filter(|(_, n)| matches!(n.op, Op::DotGeneral { .. })).count();
+        assert_eq!(dots, 2, "{}", crate::text::print(&out));
+    }
+
+    #[test]
+    fn the_cost_model_counts_output_slices_as_copies() {
+        // Two [8192, 768] x [768, 768] products that are program outputs: each
+        // slice is a copy of 25 MB, more than the 25 MB read of x saved.
+        let mut g = Graph::new();
+        let x = g.parameter(TensorType::new(DType::BF16, [8192, 768]));
+        let w1 = g.parameter(TensorType::new(DType::BF16, [768, 768]));
+        let w2 = g.parameter(TensorType::new(DType::BF16, [768, 768]));
+        let (d1, d2) = (dot(&mut g, x, w1), dot(&mut g, x, w2));
+        g.set_outputs(vec![d1, d2]).unwrap();
+        assert_eq!(merge_matmuls(&g, MergeDecision::CostModel).unwrap().1, 0);
+        // The same products feeding tanh: the slices fuse, and merging pays.
+        let mut g2 = Graph::new();
+        let x = g2.parameter(TensorType::new(DType::BF16, [8192, 768]));
+        let w1 = g2.parameter(TensorType::new(DType::BF16, [768, 768]));
+        let w2 = g2.parameter(TensorType::new(DType::BF16, [768, 768]));
+        let (d1, d2) = (dot(&mut g2, x, w1), dot(&mut g2, x, w2));
+        let t1 = g2.value(Op::Unary { op: UnaryOp::Tanh, input: d1 }).unwrap();
+        let t2 = g2.value(Op::Unary { op: UnaryOp::Tanh, input: d2 }).unwrap();
+        g2.set_outputs(vec![t1, t2]).unwrap();
+        assert_eq!(merge_matmuls(&g2, MergeDecision::CostModel).unwrap().1, 1);
+    }
 }
