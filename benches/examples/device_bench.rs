@@ -195,7 +195,9 @@ fn run_chain(out: &mut Out) -> Res<()> {
     Ok(())
 }
 
-fn run_gpt(out: &mut Out) -> Res<()> {
+/// gpt2-small bf16 (captured): timed into `out`, or, with `profile: Some(n)`,
+/// `n` steps and nothing else (for a kernel profiler).
+fn run_gpt(out: &mut Out, profile: Option<usize>) -> Res<()> {
     let cfg = GptConfig { amp: Some(DType::BF16), ..GptConfig::gpt2_small(50304) };
     let mut ps = ParamStore::new(0);
     let model = Gpt::new(&mut ps, &cfg)?;
@@ -213,6 +215,14 @@ fn run_gpt(out: &mut Out) -> Res<()> {
         opt.step_lr(&params, &grads, &i[2])?;
         Ok(vec![loss])
     });
+    if let Some(n) = profile {
+        for _ in 0..n {
+            step.call(&inputs)?;
+        }
+        kiln::sync()?;
+        println!("profile-gpt: {n} steps");
+        return Ok(());
+    }
     let t = Instant::now();
     step.call(&inputs)?;
     kiln::sync()?;
@@ -318,6 +328,11 @@ fn main() -> Res<()> {
         println!("profile-mlp4096: {n} steps");
         return Ok(());
     }
+    // `profile-gpt N`: N captured gpt2-small steps and nothing else.
+    if args.first().map(String::as_str) == Some("profile-gpt") {
+        let n: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(20);
+        return run_gpt(&mut out, Some(n));
+    }
     if want("compile") {
         run_compile(&mut out)?;
     }
@@ -329,7 +344,7 @@ fn main() -> Res<()> {
         run_chain(&mut out)?;
     }
     if want("gpt") {
-        run_gpt(&mut out)?;
+        run_gpt(&mut out, None)?;
     }
     if let Some(dir) = std::env::var_os("OUT") {
         std::fs::write(std::path::Path::new(&dir).join("kiln.json"), serde_json::to_string_pretty(&out.0)?)?;

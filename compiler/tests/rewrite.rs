@@ -6,7 +6,8 @@
 
 use kiln_compiler::ir::{BinaryOp, DType, DotDims, Graph, Literal, Op, ReduceOp, Shape, TensorType, UnaryOp, ValueId};
 use kiln_compiler::pipeline::{run, PipelineOptions};
-use kiln_compiler::rewrite::{enode, holed, rewrite, to_op, RewriteOptions, RULE_SETS};
+use kiln_compiler::rewrite::rules::matmul::{merge_matmuls, MergeDecision};
+use kiln_compiler::rewrite::{enode, holed, rewrite, to_op, RewriteOptions, GRAPH_RULE_SETS, RULE_SETS};
 use kiln_compiler::text::{parse, print};
 use kiln_compiler::{interpret, verify};
 use proptest::prelude::*;
@@ -27,6 +28,11 @@ enum Step {
     Dot(usize, usize, bool, bool),
     Reduce(usize, u8),
     Folded(u8, u8),
+    /// Pieces of a softmax / log-softmax over the last axis, spelled one of
+    /// several ways.
+    Softmax(usize, u8),
+    /// Two or three products of one lhs (merge candidates).
+    SharedDots(usize, usize, usize, bool),
 }
 
 const DTYPES: [DType; 4] = [DType::F32, DType::BF16, DType::F16, DType::F64];
@@ -46,6 +52,9 @@ fn step() -> impl Strategy<Value = Step> {
         (any::<usize>(), any::<usize>(), any::<bool>(), any::<bool>()).prop_map(|(a, b, x, y)| Step::Dot(a, b, x, y)),
         (any::<usize>(), any::<u8>()).prop_map(|(a, m)| Step::Reduce(a, m)),
         (any::<u8>(), any::<u8>()).prop_map(|(x, y)| Step::Folded(x, y)),
+        (any::<usize>(), any::<u8>()).prop_map(|(a, v)| Step::Softmax(a, v)),
+        (any::<usize>(), any::<usize>(), any::<usize>(), any::<bool>())
+            .prop_map(|(a, b, c, t)| Step::SharedDots(a, b, c, t)),
     ]
 }
 
@@ -191,6 +200,70 @@ fn build(steps: &[Step]) -> Graph {
                     g.value(Op::Constant { literal: Literal::from_f64s(DType::F32, [3], &[3.0; 3]).unwrap() }).unwrap();
                 Op::Binary { op: BinaryOp::Mul, lhs: s, rhs: three }
             }
+            Step::Softmax(a, v) => {
+                let x = pick(a);
+                let ty = g.ty(x).clone();
+                let rank = ty.shape.rank();
+                if rank == 0 || !ty.dtype.is_float() {
+                    continue;
+                }
+                let last = rank - 1;
+                let keep: Vec<usize> = (0..last).collect();
+                let row = |g: &mut Graph, op: ReduceOp, x: ValueId| {
+                    let r = g.value(Op::Reduce { op, input: x, axes: vec![last] }).unwrap();
+                    g.value(Op::BroadcastInDim { input: r, shape: ty.shape.clone(), dims: keep.clone() }).unwrap()
+                };
+                let m = row(&mut g, ReduceOp::Max, x);
+                // The shift as x - m or as x + (-m).
+                let z = if v & 1 == 0 {
+                    g.value(Op::Binary { op: BinaryOp::Sub, lhs: x, rhs: m }).unwrap()
+                } else {
+                    let n = g.value(Op::Unary { op: UnaryOp::Neg, input: m }).unwrap();
+                    g.value(Op::Binary { op: BinaryOp::Add, lhs: n, rhs: x }).unwrap()
+                };
+                let e = g.value(Op::Unary { op: UnaryOp::Exp, input: z }).unwrap();
+                let s = row(&mut g, ReduceOp::Sum, e);
+                match v / 2 % 4 {
+                    0 => Op::Binary { op: BinaryOp::Div, lhs: e, rhs: s },
+                    // log-softmax with the log of the broadcast sum.
+                    1 => {
+                        let l = g.value(Op::Unary { op: UnaryOp::Log, input: s }).unwrap();
+                        Op::Binary { op: BinaryOp::Sub, lhs: z, rhs: l }
+                    }
+                    // The max of the broadcast max (a second pass over the row).
+                    2 => Op::Reduce { op: ReduceOp::Max, input: m, axes: vec![last] },
+                    // Two broadcast rows combined elementwise.
+                    _ => Op::Binary { op: BinaryOp::Mul, lhs: m, rhs: s },
+                }
+            }
+            Step::SharedDots(a, b, c, t) => {
+                let x = pick(a);
+                let xt = g.ty(x).clone();
+                if xt.shape.rank() != 2 {
+                    continue;
+                }
+                let k = xt.shape.dims()[1];
+                let dot = |g: &mut Graph, n: usize| {
+                    let w = g.parameter(TensorType::new(xt.dtype, if t { [n, k] } else { [k, n] }));
+                    let dims = DotDims {
+                        lhs_batch: vec![],
+                        rhs_batch: vec![],
+                        lhs_contract: vec![1],
+                        rhs_contract: vec![usize::from(t)],
+                    };
+                    g.value(Op::DotGeneral { lhs: x, rhs: w, dims }).unwrap()
+                };
+                let d1 = dot(&mut g, 1 + b % 3);
+                vals.push(d1);
+                if c % 2 == 0 {
+                    let d3 = dot(&mut g, 2);
+                    vals.push(d3);
+                }
+                let d2 = dot(&mut g, 1 + c % 4);
+                let d2t = g.ty(d2).clone();
+                let two = scalar_bcast(&mut g, &d2t, 2.0);
+                Op::Binary { op: BinaryOp::Mul, lhs: d2, rhs: two }
+            }
         };
         if let Ok(v) = g.value(op) {
             vals.push(v);
@@ -257,7 +330,12 @@ proptest! {
         let want = interpret(&g, &x).unwrap();
         let got = interpret(&out.graph, &x).unwrap();
         assert_close(&want, &got, &print(&g));
-        prop_assert!(out.graph.len() <= g.len());
+        // The graph never grows, except by one node for each op moved below a
+        // broadcast that something else still reads (extraction costs trees,
+        // so it cannot see that the broadcast stays).
+        let fired = out.stats.rules_fired();
+        let moved = ["unary-below-broadcast", "binary-below-broadcast"].iter().map(|r| fired.get(r).copied().unwrap_or(0)).sum::<usize>();
+        prop_assert!(out.graph.len() <= g.len() + moved, "{} -> {} nodes, {moved} moved", g.len(), out.graph.len());
     }
 
     /// Each rule set alone keeps the program's values.
@@ -266,12 +344,25 @@ proptest! {
         let g = build(&steps);
         let x = inputs(&g, seed);
         let want = interpret(&g, &x).unwrap();
-        for (name, _) in RULE_SETS {
+        for name in RULE_SETS.iter().map(|(n, _)| *n).chain(GRAPH_RULE_SETS) {
             let opts = RewriteOptions { rule_sets: Some(vec![name.to_string()]), ..RewriteOptions::default() };
             let out = rewrite(&g, &opts).unwrap();
             verify(&out.graph).unwrap();
             assert_close(&want, &interpret(&out.graph, &x).unwrap(), name);
         }
+    }
+
+    /// Merging products that share their lhs (every eligible group, whatever
+    /// the cost model says) keeps the program's values.
+    #[test]
+    fn merging_matmuls_keeps_values(steps in prop::collection::vec(step(), 1..30), seed in any::<u64>()) {
+        let g = build(&steps);
+        let (merged, n) = merge_matmuls(&g, MergeDecision::Always).unwrap();
+        verify(&merged).unwrap();
+        let x = inputs(&g, seed);
+        assert_close(&interpret(&g, &x).unwrap(), &interpret(&merged, &x).unwrap(), &print(&g));
+        let dots = |g: &Graph| g.nodes().filter(|(_, n)| matches!(n.op, Op::DotGeneral { .. })).count();
+        prop_assert_eq!(dots(&merged) + n, dots(&g));
     }
 
     /// `Op -> e-node -> Op` gives back the op, operands and attributes alike;
@@ -296,6 +387,13 @@ proptest! {
         let x = inputs(&g, seed);
         prop_assert_eq!(interpret(&g, &x).unwrap(), interpret(&out.graph, &x).unwrap());
     }
+}
+
+/// `text` through the e-graph with no rule (extraction alone: the order a
+/// rewrite that changed nothing prints).
+fn unrewritten(text: &str) -> String {
+    let opts = RewriteOptions { rule_sets: Some(vec![]), ..RewriteOptions::default() };
+    print(&rewrite(&parse(text).unwrap(), &opts).unwrap().graph)
 }
 
 /// Runs one rule set on `text` and prints the result.
@@ -421,4 +519,98 @@ fn golden_fold() {
       return %3, %5
     }
     ");
+}
+
+#[test]
+fn golden_softmax() {
+    let out = golden(
+        "softmax",
+        "graph(%0: tensor<4x8xf32>) {
+  %1 = reduce max %0, axes = [1] : tensor<4xf32>
+  %2 = broadcast_in_dim %1, dims = [0] : tensor<4x8xf32>
+  %3 = neg %2 : tensor<4x8xf32>
+  %4 = add %0, %3 : tensor<4x8xf32>
+  %5 = exp %4 : tensor<4x8xf32>
+  %6 = reduce sum %5, axes = [1] : tensor<4xf32>
+  %7 = broadcast_in_dim %6, dims = [0] : tensor<4x8xf32>
+  %8 = log %7 : tensor<4x8xf32>
+  %9 = sub %4, %8 : tensor<4x8xf32>
+  %10 = sub %0, %2 : tensor<4x8xf32>
+  %11 = reduce max %2, axes = [1] : tensor<4xf32>
+  %12 = mul %2, %7 : tensor<4x8xf32>
+  return %9, %10, %11, %12
+}",
+    );
+    // x + (-m) and x - m meet in one subtraction; the log moves below the
+    // broadcast (on [4], not [4x8]); max over the broadcast axis is the row
+    // max; the product of two broadcast rows is a broadcast product.
+    insta::assert_snapshot!(out, @r"
+    graph(%0: tensor<4x8xf32>) {
+      %1 = reduce max %0, axes = [1] : tensor<4xf32>
+      %2 = broadcast_in_dim %1, dims = [0] : tensor<4x8xf32>
+      %3 = sub %0, %2 : tensor<4x8xf32>
+      %4 = exp %3 : tensor<4x8xf32>
+      %5 = reduce sum %4, axes = [1] : tensor<4xf32>
+      %6 = log %5 : tensor<4xf32>
+      %7 = broadcast_in_dim %6, dims = [0] : tensor<4x8xf32>
+      %8 = sub %3, %7 : tensor<4x8xf32>
+      %9 = mul %1, %5 : tensor<4xf32>
+      %10 = broadcast_in_dim %9, dims = [0] : tensor<4x8xf32>
+      return %8, %3, %1, %10
+    }
+    ");
+}
+
+/// `%0` (`[rows, 768]`) times three `[768, 768]` weights, each product feeding
+/// an elementwise op (a fusible consumer of the slice).
+fn qkv(rows: usize) -> String {
+    format!(
+        "graph(%0: tensor<{rows}x768xbf16>, %1: tensor<768x768xbf16>, %2: tensor<768x768xbf16>, %3: tensor<768x768xbf16>) {{
+  %4 = dot_general %0, %1, batch = [] x [], contract = [1] x [0] : tensor<{rows}x768xbf16>
+  %5 = dot_general %0, %2, batch = [] x [], contract = [1] x [0] : tensor<{rows}x768xbf16>
+  %6 = dot_general %0, %3, batch = [] x [], contract = [1] x [0] : tensor<{rows}x768xbf16>
+  %7 = tanh %4 : tensor<{rows}x768xbf16>
+  %8 = tanh %5 : tensor<{rows}x768xbf16>
+  %9 = tanh %6 : tensor<{rows}x768xbf16>
+  return %7, %8, %9
+}}"
+    )
+}
+
+#[test]
+fn golden_matmul_merges_when_rows_outnumber_the_weights() {
+    // 8192 rows (batch 8 x seq 1024): reading x once saves 2 x 12.6 MB, the
+    // weights' concatenation costs 2 x 3.5 MB, the slices fuse into tanh.
+    insta::assert_snapshot!(golden("matmul", &qkv(8192)), @r"
+    graph(%0: tensor<8192x768xbf16>, %1: tensor<768x768xbf16>, %2: tensor<768x768xbf16>, %3: tensor<768x768xbf16>) {
+      %4 = concatenate %1, %2, %3, axis = 1 : tensor<768x2304xbf16>
+      %5 = dot_general %0, %4, batch = [] x [], contract = [1] x [0] : tensor<8192x2304xbf16>
+      %6 = slice %5, start = [0, 0], limit = [8192, 768], stride = [1, 1] : tensor<8192x768xbf16>
+      %7 = slice %5, start = [0, 768], limit = [8192, 1536], stride = [1, 1] : tensor<8192x768xbf16>
+      %8 = slice %5, start = [0, 1536], limit = [8192, 2304], stride = [1, 1] : tensor<8192x768xbf16>
+      %9 = tanh %6 : tensor<8192x768xbf16>
+      %10 = tanh %7 : tensor<8192x768xbf16>
+      %11 = tanh %8 : tensor<8192x768xbf16>
+      return %9, %10, %11
+    }
+    ");
+}
+
+#[test]
+fn golden_matmul_keeps_products_apart_for_few_rows() {
+    // 64 rows: x is 98 KB, the weights 1.2 MB each; the concatenation would
+    // cost more than the reads saved, so the graph is unchanged.
+    let text = qkv(64);
+    assert_eq!(golden("matmul", &text), unrewritten(&text));
+}
+
+#[test]
+fn golden_matmul_keeps_products_apart_when_slices_feed_matmuls() {
+    // 8192 rows, but each product feeds another matmul: every slice would be
+    // a copy of 12.6 MB, which outweighs the reads saved.
+    let text = qkv(8192)
+        .replace("tanh %4", "dot_general %4, %1, batch = [] x [], contract = [1] x [0]")
+        .replace("tanh %5", "dot_general %5, %2, batch = [] x [], contract = [1] x [0]")
+        .replace("tanh %6", "dot_general %6, %3, batch = [] x [], contract = [1] x [0]");
+    assert_eq!(golden("matmul", &text), unrewritten(&text));
 }

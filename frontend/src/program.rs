@@ -135,16 +135,28 @@ pub(crate) struct Obtained {
     pub explanation: Option<String>,
 }
 
+/// The pipeline's options: the default passes, or `KILN_PASSES` when set (a
+/// comma-separated list of pass names, `none` for no pass: the same step with
+/// the optimizer off, for measuring it), then the memory limit's remat pass.
+fn pipeline_options() -> Result<pipeline::PipelineOptions> {
+    let mut opts = pipeline::PipelineOptions::default();
+    if let Some(v) = std::env::var_os("KILN_PASSES").filter(|v| !v.is_empty()) {
+        let v = v.to_string_lossy();
+        opts.passes = v.split(',').map(str::trim).filter(|p| !p.is_empty() && *p != "none").map(String::from).collect();
+        // An unknown name is the pipeline's typed error, before any work.
+        for p in &opts.passes {
+            pipeline::pass(p)?;
+        }
+    }
+    Ok(opts.with_memory_limit(crate::memory_limit()))
+}
+
 /// The program of `graph` (a closed raw trace fed by `bindings`), compiled
 /// with `replicas` replicas.
 pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, replicas: usize) -> Result<Obtained> {
     let mut dump = crate::dump::Dump::from_env();
     let t = Instant::now();
-    let out = pipeline::run(
-        graph,
-        &pipeline::PipelineOptions::default().with_memory_limit(crate::memory_limit()),
-        &mut |p, g| dump.observe(p, g),
-    )?;
+    let out = pipeline::run(graph, &pipeline_options()?, &mut |p, g| dump.observe(p, g))?;
     metrics::update(|m| m.record_pipeline(&out.stats, t.elapsed()));
     dump.finish()?;
     let pipeline::Optimized { graph: optimized, pruned, .. } = out;

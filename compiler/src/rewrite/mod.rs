@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 pub use analysis::{ClassData, TypeAnalysis};
 pub use lang::{enode, holed, needs_token, to_op, TensorLang};
-pub use rules::{Rhs, Rule, RULE_SETS};
+pub use rules::{Rhs, Rule, GRAPH_RULE_SETS, RULE_SETS};
 
 use crate::ir::Graph;
 use crate::CompileError;
@@ -121,7 +121,17 @@ pub struct Rewritten {
 /// equivalent graph.
 pub fn rewrite(g: &Graph, opts: &RewriteOptions) -> Result<Rewritten, CompileError> {
     let rules = rules::select(opts.rule_sets.as_deref())?;
-    rewrite_with(g, opts, &rules)
+    let mut out = rewrite_with(g, opts, &rules)?;
+    if rules::selects_graph_rule(opts.rule_sets.as_deref(), "matmul") {
+        let started = Instant::now();
+        let (graph, merged) = rules::matmul::merge_matmuls(&out.graph, rules::matmul::MergeDecision::CostModel)?;
+        if merged > 0 {
+            out.report.rules_fired.insert("merge-matmuls", merged);
+        }
+        out.graph = graph;
+        out.report.time += started.elapsed();
+    }
+    Ok(out)
 }
 
 /// Rewrites `g` with the given rules (`opts.rule_sets` is ignored): the

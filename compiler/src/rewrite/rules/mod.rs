@@ -15,6 +15,8 @@ mod convert;
 mod fold;
 mod identities;
 mod layout;
+pub mod matmul;
+mod softmax;
 
 use egg::Id;
 
@@ -56,26 +58,45 @@ impl Rhs {
 /// A rule set: its name and the function that builds its rules.
 type RuleSet = (&'static str, fn() -> Vec<Rule>);
 
-/// The rule sets, by name, in the order the runner applies them.
-pub const RULE_SETS: [RuleSet; 4] =
-    [("identities", identities::rules), ("layout", layout::rules), ("convert", convert::rules), ("fold", fold::rules)];
+/// The e-graph rule sets, by name, in the order the runner applies them.
+pub const RULE_SETS: [RuleSet; 5] = [
+    ("identities", identities::rules),
+    ("layout", layout::rules),
+    ("convert", convert::rules),
+    ("fold", fold::rules),
+    ("softmax", softmax::rules),
+];
 
-/// The rules of the named sets (all when `None`).
+/// Rule sets that rewrite the extracted graph instead of the e-graph (their
+/// decision is about several nodes at once; see [`matmul`]), applied after
+/// extraction in this order.
+pub const GRAPH_RULE_SETS: [&str; 1] = ["matmul"];
+
+/// The e-graph rules of the named sets (all when `None`); a name of a graph
+/// rule set selects no e-graph rule.
 pub fn select(names: Option<&[String]>) -> Result<Vec<Rule>, CompileError> {
     let Some(names) = names else {
         return Ok(RULE_SETS.iter().flat_map(|(_, f)| f()).collect());
     };
     let mut out = Vec::new();
     for n in names {
+        if GRAPH_RULE_SETS.contains(&n.as_str()) {
+            continue;
+        }
         let Some((_, f)) = RULE_SETS.iter().find(|(name, _)| name == n) else {
             return Err(CompileError::UnknownPass {
                 name: format!("rule set {n}"),
-                known: RULE_SETS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "),
+                known: RULE_SETS.iter().map(|(n, _)| *n).chain(GRAPH_RULE_SETS).collect::<Vec<_>>().join(", "),
             });
         };
         out.extend(f());
     }
     Ok(out)
+}
+
+/// Whether the graph rule set `name` is selected (all are when `None`).
+pub fn selects_graph_rule(names: Option<&[String]>, name: &str) -> bool {
+    names.is_none_or(|ns| ns.iter().any(|n| n == name))
 }
 
 /// Adds `rhs` to the e-graph; a new node that needs a token is a rule bug.
