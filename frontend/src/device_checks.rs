@@ -322,7 +322,12 @@ pub(crate) fn verify(sealed: Option<Sealed>) -> Result<()> {
     let Some(sealed) = sealed else { return Ok(()) };
     let t = std::time::Instant::now();
     let replicas = match sealed.copies {
-        Some(copies) => copies.into_iter().map(kiln_runtime::HostCopy::wait).collect::<kiln_runtime::Result<Vec<_>>>().map(|b| s64s(&b)).map_err(FrontendError::from),
+        Some(copies) => copies
+            .into_iter()
+            .map(kiln_runtime::HostCopy::wait)
+            .collect::<kiln_runtime::Result<Vec<_>>>()
+            .map(|b| s64s(&b))
+            .map_err(FrontendError::from),
         None => read_s64(&sealed.flags),
     };
     crate::metrics::span("device_checks_read", t);
@@ -396,5 +401,8 @@ fn read_s64(t: &Tensor) -> Result<Vec<Vec<i64>>> {
 
 /// Every replica's bytes as s64 values.
 fn s64s(bytes: &[Vec<u8>]) -> Vec<Vec<i64>> {
-    bytes.iter().map(|b| b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()).collect()
+    bytes
+        .iter()
+        .map(|b| b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
+        .collect()
 }

@@ -368,7 +368,10 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
     let mut clock = super::StepClock::default();
     let mut captured = captured_step(&t.model, t.params.tensors(), &mut t.opt, t.ordered.as_mut(), cfg.amp);
     let mut unread: Option<(Vec<Tensor>, u64)> = None;
-    let mut read = |unread: &mut Option<(Vec<Tensor>, u64)>, report: &mut TrainReport, clock: &mut super::StepClock| -> Result<()> {
+    let mut read = |unread: &mut Option<(Vec<Tensor>, u64)>,
+                    report: &mut TrainReport,
+                    clock: &mut super::StepClock|
+     -> Result<()> {
         if let Some((outputs, step)) = unread.take() {
             let out = super::read_outcome(&outputs)?;
             let ms = clock.completed();

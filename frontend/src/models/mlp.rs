@@ -372,7 +372,10 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
         // from one completion to the next.
         let mut batches = Prefetcher::sharded(data.train.clone(), steps, 2)?;
         let mut unread: Option<(Vec<Tensor>, u64)> = None;
-        let mut read = |unread: &mut Option<(Vec<Tensor>, u64)>, report: &mut TrainReport, clock: &mut super::StepClock| -> Result<()> {
+        let mut read = |unread: &mut Option<(Vec<Tensor>, u64)>,
+                        report: &mut TrainReport,
+                        clock: &mut super::StepClock|
+         -> Result<()> {
             if let Some((outputs, step)) = unread.take() {
                 let out = super::read_outcome(&outputs)?;
                 let ms = clock.completed();
