@@ -82,6 +82,17 @@ fn boolean_variables_refuse_values_that_are_not_booleans() {
     assert_eq!(json(&out)["steps"], 2);
 }
 
+/// `KILN_PASSES` picks the pipeline's passes for the library's steps: `none`
+/// trains as the default list does; an unknown name is refused before any work.
+#[test]
+fn kiln_passes_selects_the_pipeline_and_refuses_unknown_names() {
+    let out = kiln().env("KILN_PASSES", "none").args(["train", "mlp", "--max-steps", "2", "--json"]).output().unwrap();
+    assert_eq!(json(&out)["steps"], 2);
+    let err =
+        refused(&kiln().env("KILN_PASSES", "cse,bogus").args(["train", "mlp", "--max-steps", "1"]).output().unwrap());
+    assert!(err.contains("bogus"), "{err}");
+}
+
 // ---- data ----
 
 /// Writes `bytes` gzip'd to `path`.

@@ -2,7 +2,7 @@
 //! of `../shared/bench/peers.py`, timed the way it times its peers (warm-up,
 //! then the median over `reps` of `iters` steps ended by a device sync).
 //!
-//! `device_bench [mlp] [chain] [gpt] [compile]` (all when none); prints one line
+//! `device_bench [mlp | mlp64 | mlp4096] [chain] [gpt] [compile]` (all when none); prints one line
 //! per figure and writes `$OUT/kiln.json` (when `OUT` is set) as a list of
 //! `{work, system, ms, ...}` like the peers' `baseline.json`.
 
@@ -16,8 +16,9 @@ use serde_json::{json, Value};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-/// Median ms per call over `reps` runs of `iters` calls, each run ended by a sync.
-fn bench(mut f: impl FnMut() -> Res<()>, warm: usize, iters: usize, reps: usize) -> Res<f64> {
+/// Median ms per call over `reps` runs of `iters` calls, each run ended by a
+/// sync; also every run's figure (a spread between calls shows there first).
+fn bench(mut f: impl FnMut() -> Res<()>, warm: usize, iters: usize, reps: usize) -> Res<(f64, Vec<f64>)> {
     for _ in 0..warm {
         f()?;
     }
@@ -31,8 +32,15 @@ fn bench(mut f: impl FnMut() -> Res<()>, warm: usize, iters: usize, reps: usize)
         kiln::sync()?;
         ts.push(t.elapsed().as_secs_f64() * 1e3 / iters as f64);
     }
+    let runs = ts.clone();
     ts.sort_by(f64::total_cmp);
-    Ok(ts[ts.len() / 2])
+    Ok((ts[ts.len() / 2], runs))
+}
+
+/// `extra` with the runs of [`bench`] added.
+fn with_runs(mut extra: Value, runs: &[f64]) -> Value {
+    extra["runs_ms"] = json!(runs.iter().map(|r| (r * 1e4).round() / 1e4).collect::<Vec<_>>());
+    extra
 }
 
 struct Out(Vec<Value>);
@@ -109,7 +117,7 @@ fn run_mlp(out: &mut Out, batch: usize) -> Res<()> {
     kiln::mark_step()?;
     let inputs = [x, y, lr];
     let mut m = mlp()?;
-    let ms = bench(
+    let (ms, runs) = bench(
         || {
             mlp_step(&mut m, &inputs)?;
             kiln::mark_step()?;
@@ -127,10 +135,10 @@ fn run_mlp(out: &mut Out, batch: usize) -> Res<()> {
         },
         20,
     )?;
-    out.rec(&work, "kiln-traced", ms, extra);
+    out.rec(&work, "kiln-traced", ms, with_runs(extra, &runs));
     let mut m = mlp()?;
     let mut step = kiln::compile_step(|i: &[Tensor]| mlp_step(&mut m, i));
-    let ms = bench(
+    let (ms, runs) = bench(
         || {
             step.call(&inputs)?;
             Ok(())
@@ -146,7 +154,7 @@ fn run_mlp(out: &mut Out, batch: usize) -> Res<()> {
         },
         20,
     )?;
-    out.rec(&work, "kiln-captured", ms, extra);
+    out.rec(&work, "kiln-captured", ms, with_runs(extra, &runs));
     Ok(())
 }
 
@@ -161,7 +169,7 @@ fn chain(x: &Tensor) -> kiln::Result<Tensor> {
 fn run_chain(out: &mut Out) -> Res<()> {
     let x = Tensor::randn(DType::F32, [1024])?;
     kiln::mark_step()?;
-    let ms = bench(
+    let (ms, runs) = bench(
         || {
             let y = chain(&x)?;
             kiln::mark_step()?;
@@ -172,10 +180,10 @@ fn run_chain(out: &mut Out) -> Res<()> {
         20,
         5,
     )?;
-    out.rec("chain1k", "kiln-traced", ms, json!({}));
+    out.rec("chain1k", "kiln-traced", ms, with_runs(json!({}), &runs));
     let inputs = [x];
     let mut step = kiln::compile_step(|i: &[Tensor]| Ok(vec![chain(&i[0])?]));
-    let ms = bench(
+    let (ms, runs) = bench(
         || {
             step.call(&inputs)?;
             Ok(())
@@ -191,7 +199,7 @@ fn run_chain(out: &mut Out) -> Res<()> {
         },
         20,
     )?;
-    out.rec("chain1k", "kiln-captured", ms, extra);
+    out.rec("chain1k", "kiln-captured", ms, with_runs(extra, &runs));
     Ok(())
 }
 
@@ -227,7 +235,7 @@ fn run_gpt(out: &mut Out, profile: Option<usize>) -> Res<()> {
     step.call(&inputs)?;
     kiln::sync()?;
     let first = t.elapsed().as_secs_f64() * 1e3;
-    let ms = bench(
+    let (ms, runs) = bench(
         || {
             step.call(&inputs)?;
             Ok(())
@@ -243,7 +251,7 @@ fn run_gpt(out: &mut Out, profile: Option<usize>) -> Res<()> {
         },
         5,
     )?;
-    let mut extra = extra;
+    let mut extra = with_runs(extra, &runs);
     extra["first_step_ms"] = json!(first);
     out.rec("gpt2-small", "kiln-captured", ms, extra);
     Ok(())
@@ -311,12 +319,19 @@ fn main() -> Res<()> {
         client.event_functions()
     );
     kiln::set_client(client);
-    // `profile-mlp4096 N`: N captured mlp-b4096 steps and nothing else, for a
-    // kernel profiler (not part of the default set).
-    if args.first().map(String::as_str) == Some("profile-mlp4096") {
-        let n: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(20);
-        let x = Tensor::randn(DType::F32, [4096, 784])?;
-        let y = Tensor::from_vec((0..4096i32).map(|i| i * 7 % 10).collect::<Vec<_>>(), [4096])?;
+    // `profile-mlp BATCH N` (`profile-mlp4096 N`: batch 4096): N captured
+    // MLP steps and nothing else, for a kernel profiler (not part of the
+    // default set).
+    let profile_batch = match args.first().map(String::as_str) {
+        Some("profile-mlp4096") => Some(4096),
+        Some("profile-mlp") => Some(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(4096)),
+        _ => None,
+    };
+    if let Some(batch) = profile_batch {
+        let steps_arg = if args[0] == "profile-mlp" { 2 } else { 1 };
+        let n: usize = args.get(steps_arg).and_then(|a| a.parse().ok()).unwrap_or(20);
+        let x = Tensor::randn(DType::F32, [batch, 784])?;
+        let y = Tensor::from_vec((0..batch).map(|i| (i * 7 % 10) as i32).collect::<Vec<_>>(), [batch])?;
         let inputs = [x, y, Tensor::scalar(1e-3f32)];
         kiln::mark_step()?;
         let mut m = mlp()?;
@@ -325,7 +340,7 @@ fn main() -> Res<()> {
             step.call(&inputs)?;
         }
         kiln::sync()?;
-        println!("profile-mlp4096: {n} steps");
+        println!("profile-mlp b{batch}: {n} steps");
         return Ok(());
     }
     // `profile-gpt N`: N captured gpt2-small steps and nothing else.
@@ -336,8 +351,10 @@ fn main() -> Res<()> {
     if want("compile") {
         run_compile(&mut out)?;
     }
-    if want("mlp") {
+    if want("mlp") || want("mlp64") {
         run_mlp(&mut out, 64)?;
+    }
+    if want("mlp") || want("mlp4096") {
         run_mlp(&mut out, 4096)?;
     }
     if want("chain") {

@@ -82,6 +82,10 @@ pub(crate) struct Sealed {
     flags: Tensor,
     index: Vec<IndexSite>,
     anomaly: Vec<AnomalySite>,
+    /// The flags' copy to the host, started when the step was enqueued (one
+    /// per replica), so that reading them at the step's completion does not
+    /// pay a device-to-host round trip on the host's path.
+    copies: Option<Vec<kiln_runtime::HostCopy>>,
 }
 
 impl Sealed {
@@ -91,9 +95,17 @@ impl Sealed {
     }
 
     /// The same checks, read from `flags` (a captured step's replay returns
-    /// its own flag output).
+    /// its own flag output). When `flags` is on the device (the step was just
+    /// enqueued), its copy to the host starts now; a copy that cannot start
+    /// leaves the read to [`verify`].
     pub(crate) fn rebind(&self, flags: Tensor) -> Sealed {
-        Sealed { flags, index: self.index.clone(), anomaly: self.anomaly.clone() }
+        let copies = match &*flags.inner.state.borrow() {
+            State::Ready(Storage::Device(value)) => {
+                value.0.iter().map(|b| b.start_to_host_bytes()).collect::<kiln_runtime::Result<Vec<_>>>().ok()
+            }
+            State::Ready(Storage::Host(_) | Storage::HostShards(_)) | State::Pending { .. } => None,
+        };
+        Sealed { flags, index: self.index.clone(), anomaly: self.anomaly.clone(), copies }
     }
 }
 
@@ -237,7 +249,7 @@ fn seal_trace() -> Result<Option<Sealed>> {
     }
     let flags = Tensor::cat(&parts, 0)?;
     drop(parts);
-    Ok(Some(Sealed { flags, index: registered.into_iter().map(|r| r.site).collect(), anomaly: sites }))
+    Ok(Some(Sealed { flags, index: registered.into_iter().map(|r| r.site).collect(), anomaly: sites, copies: None }))
 }
 
 /// Every floating-point value recorded so far in the trace, in recording order.
@@ -302,7 +314,15 @@ fn count_non_finite(x: &Tensor) -> Result<Tensor> {
 pub(crate) fn verify(sealed: Option<Sealed>) -> Result<()> {
     let Some(sealed) = sealed else { return Ok(()) };
     let t = std::time::Instant::now();
-    let replicas = read_s64(&sealed.flags);
+    let replicas = match sealed.copies {
+        Some(copies) => copies
+            .into_iter()
+            .map(kiln_runtime::HostCopy::wait)
+            .collect::<kiln_runtime::Result<Vec<_>>>()
+            .map(|b| s64s(&b))
+            .map_err(FrontendError::from),
+        None => read_s64(&sealed.flags),
+    };
     crate::metrics::span("device_checks_read", t);
     let replicas = replicas?;
     let n = replicas.len() as u64;
@@ -369,8 +389,13 @@ fn read_s64(t: &Tensor) -> Result<Vec<Vec<i64>>> {
         Storage::HostShards(shards) => shards.iter().map(|l| l.bytes().to_vec()).collect(),
         Storage::Device(value) => value.0.iter().map(|b| b.to_host_bytes()).collect::<kiln_runtime::Result<_>>()?,
     };
-    Ok(bytes
+    Ok(s64s(&bytes))
+}
+
+/// Every replica's bytes as s64 values.
+fn s64s(bytes: &[Vec<u8>]) -> Vec<Vec<i64>> {
+    bytes
         .iter()
         .map(|b| b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
-        .collect())
+        .collect()
 }

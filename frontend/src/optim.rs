@@ -40,12 +40,24 @@ fn check(params: &[Tensor], grads: &[Tensor]) -> Result<()> {
     Ok(())
 }
 
+/// A learning rate given as a tensor must be an f32 scalar.
+fn check_lr(op: &'static str, lr: &Tensor) -> Result<()> {
+    if lr.ty() != &kiln_compiler::ir::TensorType::scalar(DType::F32) {
+        let (expected, got) = (Box::new(kiln_compiler::ir::TensorType::scalar(DType::F32)), Box::new(lr.ty().clone()));
+        return Err(FrontendError::TypeMismatch { op, what: "the learning rate".into(), expected, got });
+    }
+    Ok(())
+}
+
 /// What [`crate::train_step::TrainStep`] needs of an optimizer: to record its
 /// update, and to name every tensor that update assigns over besides the
 /// parameters, so a skipped step can restore them all.
 pub trait Optimizer {
     /// Records one update of `params` with `grads` at learning rate `lr`.
     fn step(&mut self, params: &[Tensor], grads: &[Tensor], lr: f64) -> Result<()>;
+    /// [`Optimizer::step`] with the learning rate as an f32 scalar tensor (an
+    /// input of a captured step, so a schedule changes it without retracing).
+    fn step_lr(&mut self, params: &[Tensor], grads: &[Tensor], lr: &Tensor) -> Result<()>;
     /// Every state tensor `step` assigns (moments, buffers, counters), by name.
     fn state(&self) -> Vec<(String, Tensor)>;
 }
@@ -53,6 +65,9 @@ pub trait Optimizer {
 impl Optimizer for AdamW {
     fn step(&mut self, params: &[Tensor], grads: &[Tensor], lr: f64) -> Result<()> {
         AdamW::step(self, params, grads, lr)
+    }
+    fn step_lr(&mut self, params: &[Tensor], grads: &[Tensor], lr: &Tensor) -> Result<()> {
+        AdamW::step_lr(self, params, grads, lr)
     }
     fn state(&self) -> Vec<(String, Tensor)> {
         AdamW::state(self)
@@ -62,6 +77,9 @@ impl Optimizer for AdamW {
 impl Optimizer for Sgd {
     fn step(&mut self, params: &[Tensor], grads: &[Tensor], lr: f64) -> Result<()> {
         Sgd::step(self, params, grads, lr)
+    }
+    fn step_lr(&mut self, params: &[Tensor], grads: &[Tensor], lr: &Tensor) -> Result<()> {
+        Sgd::step_lr(self, params, grads, lr)
     }
     fn state(&self) -> Vec<(String, Tensor)> {
         Sgd::state(self)
@@ -123,11 +141,7 @@ impl AdamW {
             });
         }
         let c = self.config;
-        if lr.ty() != &kiln_compiler::ir::TensorType::scalar(DType::F32) {
-            let (expected, got) =
-                (Box::new(kiln_compiler::ir::TensorType::scalar(DType::F32)), Box::new(lr.ty().clone()));
-            return Err(FrontendError::TypeMismatch { op: "adamw", what: "the learning rate".into(), expected, got });
-        }
+        check_lr("adamw", lr)?;
         let t = self.t.add_scalar(1.0)?;
         // Bias corrections 1 - beta^t, computed in-graph from the counter.
         let bc1 = Tensor::full(c.beta1, DType::F32, [])?.pow(&t)?.neg()?.add_scalar(1.0)?;
@@ -174,12 +188,17 @@ impl Sgd {
     }
 
     pub fn step(&mut self, params: &[Tensor], grads: &[Tensor], lr: f64) -> Result<()> {
+        self.step_lr(params, grads, &Tensor::scalar(lr as f32))
+    }
+
+    /// [`Sgd::step`] with the learning rate as an f32 scalar tensor.
+    pub fn step_lr(&mut self, params: &[Tensor], grads: &[Tensor], lr: &Tensor) -> Result<()> {
         check(params, grads)?;
-        let lr = Tensor::scalar(lr as f32);
+        check_lr("sgd", lr)?;
         for ((p, g), b) in params.iter().zip(grads).zip(&self.buf) {
             let g = if self.weight_decay != 0.0 { g.add(&p.mul_scalar(self.weight_decay)?)? } else { g.clone() };
             let b_new = b.mul_scalar(self.momentum)?.add(&g)?;
-            p.assign(&p.sub(&b_new.mul(&lr)?)?)?;
+            p.assign(&p.sub(&b_new.mul(lr)?)?)?;
             b.assign(&b_new)?;
         }
         Ok(())

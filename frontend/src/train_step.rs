@@ -89,6 +89,19 @@ impl TrainStep {
         opt: &mut O,
         lr: f64,
     ) -> Result<StepStats> {
+        self.record_lr(loss, params, opt, &Tensor::scalar(lr as f32))
+    }
+
+    /// [`TrainStep::record`] with the learning rate as an f32 scalar tensor:
+    /// what a captured step (`kiln::compile_step`) passes as an input, so a
+    /// schedule changes it without retracing.
+    pub fn record_lr<O: Optimizer>(
+        &mut self,
+        loss: &Tensor,
+        params: &[Tensor],
+        opt: &mut O,
+        lr: &Tensor,
+    ) -> Result<StepStats> {
         if loss.rank() != 0 {
             return Err(FrontendError::LossNotScalar { ty: loss.ty().clone() });
         }
@@ -127,7 +140,7 @@ impl TrainStep {
         // 6. Update, kept only when clean.
         let state: Vec<Tensor> = params.iter().cloned().chain(opt.state().into_iter().map(|(_, t)| t)).collect();
         let before = state.iter().map(Tensor::snapshot).collect::<Result<Vec<_>>>()?;
-        opt.step(params, &grads, lr)?;
+        opt.step_lr(params, &grads, lr)?;
         for (t, old) in state.iter().zip(&before) {
             t.assign(&Tensor::where_cond(&clean, t, old)?)?;
         }

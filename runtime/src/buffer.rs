@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::client::{Client, Device};
 use crate::element_type::{from_bytes, ElementType, NativeType};
 use crate::error::{Result, RuntimeError};
-use crate::pjrt::handles::RawBuffer;
+use crate::pjrt::handles::{PendingHostCopy, RawBuffer};
 use crate::signature::ArgType;
 
 static LIVE_BUFFERS: AtomicUsize = AtomicUsize::new(0);
@@ -90,6 +90,14 @@ impl Buffer {
         self.raw.to_host()
     }
 
+    /// Starts the copy of [`Buffer::to_host_bytes`] and returns at once: the
+    /// plugin copies once the buffer is defined (after the step in flight that
+    /// produces it), and [`HostCopy::wait`] then finds the bytes ready
+    /// instead of paying the copy's round trip.
+    pub fn start_to_host_bytes(&self) -> Result<HostCopy> {
+        Ok(HostCopy(self.raw.start_to_host()?))
+    }
+
     /// Copies the buffer to the host as `T`, which must match its element type.
     pub fn to_vec<T: NativeType>(&self) -> Result<Vec<T>> {
         if T::TYPE != self.ty {
@@ -106,6 +114,23 @@ impl Buffer {
             });
         }
         Ok(from_bytes(&bytes))
+    }
+}
+
+/// A copy to the host in flight ([`Buffer::start_to_host_bytes`]). Dropping
+/// it unread waits for the copy.
+pub struct HostCopy(PendingHostCopy);
+
+impl HostCopy {
+    /// Waits for the copy (if it has not finished) and returns the bytes.
+    pub fn wait(self) -> Result<Vec<u8>> {
+        self.0.wait()
+    }
+}
+
+impl fmt::Debug for HostCopy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("HostCopy")
     }
 }
 

@@ -33,7 +33,7 @@ pub mod plugin_logs;
 pub mod replicas;
 pub mod signature;
 
-pub use buffer::{live_buffer_count, Buffer};
+pub use buffer::{live_buffer_count, Buffer, HostCopy};
 pub use cache::{CacheStats, CompileKey, DiskCache, DiskCacheConfig, EntryInfo, Lookup};
 pub use client::{Client, ClientOptions, Device, DistributedOptions, GlobalDevice};
 pub use compile_options::CompileOptions;

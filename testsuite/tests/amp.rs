@@ -512,3 +512,86 @@ fn two_replicas_reduce_before_the_check_and_skip_together() -> anyhow::Result<()
     }
     Ok(())
 }
+
+/// The ordered step the capture tests train with: a scale high enough to
+/// overflow f16 gradients at first and a short growth interval, so the run
+/// skips, backs off and grows; clipping on.
+fn eventful_ordered_step() -> kiln::Result<TrainStep> {
+    TrainStep::new(TrainStepOptions {
+        loss_scaling: Some(LossScalerConfig { init_scale: 2f64.powi(24), growth_interval: 4, ..Default::default() }),
+        max_grad_norm: Some(0.5),
+    })
+}
+
+fn state_bytes(state: Vec<(String, Tensor)>) -> kiln::Result<Vec<(String, Vec<u8>)>> {
+    state.into_iter().map(|(n, t)| Ok((n, t.to_literal()?.bytes().to_vec()))).collect()
+}
+
+#[test]
+fn the_captured_mlp_step_with_loss_scaling_and_clipping_is_bit_identical_to_the_traced_one() -> anyhow::Result<()> {
+    let data = fmnist();
+    let cfg = MlpConfig { hidden: vec![64], amp: Some(DType::F16), ..MlpConfig::default() };
+    let batches = kiln::data::batches(data.train.len(), 64, Some(5), kiln::data::LastBatch::Drop);
+    let steps = 24;
+    // A learning rate that changes every step (an input of the captured step).
+    let lr = |n: usize| 2e-3 * (1.0 + n as f64) / 10.0;
+    let mut traced = Trainer::new(784, 10, &cfg)?;
+    traced.ordered = Some(eventful_ordered_step()?);
+    let mut want = Vec::new();
+    for (n, b) in batches[..steps].iter().enumerate() {
+        want.push(traced.train_step(&data.train, b, lr(n))?.to_bits());
+    }
+    let mut captured = Trainer::new(784, 10, &cfg)?;
+    captured.ordered = Some(eventful_ordered_step()?);
+    let (mut got, mut skipped) = (Vec::new(), 0);
+    {
+        let c = &mut captured;
+        let mut step = mlp::captured_step(&c.model, c.params.tensors(), &mut c.opt, c.ordered.as_mut(), c.amp);
+        for (n, b) in batches[..steps].iter().enumerate() {
+            let (x, y) = kiln::data::image_batch(&data.train, b)?;
+            let out = step.call(&[x, y, Tensor::scalar(lr(n) as f32)])?;
+            assert_eq!(out.len(), 2, "loss and the skip flag");
+            got.push(out[0].item()?.to_bits());
+            skipped += u64::from(out[1].item()? != 0.0);
+        }
+        assert_eq!((step.traces(), step.replays()), (1, steps as u64 - 1), "{:?}", step.last_retrace());
+    }
+    assert_eq!(got, want, "losses, as f64 bits");
+    assert_eq!(skipped, traced.skipped);
+    assert!(skipped > 0 && skipped < steps as u64, "the run skipped {skipped} of {steps} updates");
+    assert!(state_bytes(captured.state())? == state_bytes(traced.state())?, "the training states differ");
+    Ok(())
+}
+
+#[test]
+fn the_captured_gpt_step_with_bf16_and_clipping_is_bit_identical_to_the_traced_one() -> anyhow::Result<()> {
+    let text = gpt::read_text(std::path::Path::new("/usr/share/common-licenses/Apache-2.0"), 32)?;
+    let vocab = gpt::CharVocab::new(&text);
+    let cfg = GptConfig { amp: Some(DType::BF16), max_grad_norm: Some(0.05), ..GptConfig::tiny(vocab.len()) };
+    let steps = 6;
+    let lr = |n: usize| 1e-3 * (1.0 + n as f64);
+    let mut traced = gpt::GptTrainer::new(vocab.encode(&text), &cfg)?;
+    let mut want = Vec::new();
+    for n in 0..steps {
+        want.push(traced.train_step(lr(n))?.to_bits());
+    }
+    // The same windows: the sampler depends on the seed alone.
+    let mut sampler = gpt::GptTrainer::new(vocab.encode(&text), &cfg)?;
+    let batches = (0..steps).map(|_| sampler.next_batch()).collect::<kiln::Result<Vec<_>>>()?;
+    drop(sampler);
+    let mut captured = gpt::GptTrainer::new(vocab.encode(&text), &cfg)?;
+    let mut got = Vec::new();
+    {
+        let c = &mut captured;
+        let mut step = gpt::captured_step(&c.model, c.params.tensors(), &mut c.opt, c.ordered.as_mut(), cfg.amp);
+        for (n, (x, y)) in batches.into_iter().enumerate() {
+            let out = step.call(&[x, y, Tensor::scalar(lr(n) as f32)])?;
+            got.push(out[0].item()?.to_bits());
+            assert_eq!(out[1].item()?, 0.0, "bf16 steps are clean");
+        }
+        assert_eq!((step.traces(), step.replays()), (1, steps as u64 - 1), "{:?}", step.last_retrace());
+    }
+    assert_eq!(got, want, "losses, as f64 bits");
+    assert!(state_bytes(captured.state())? == state_bytes(traced.state())?, "the training states differ");
+    Ok(())
+}

@@ -114,3 +114,41 @@ fn corrupt_or_truncated_checkpoints_are_refused_and_change_nothing() -> anyhow::
     assert_eq!(std::fs::read_dir(dir.path())?.count(), 3, "no temp files left behind");
     Ok(())
 }
+
+#[test]
+fn mlp_step_times_cover_the_steps_run_not_just_their_enqueue() -> anyhow::Result<()> {
+    // Steps are asynchronous: a captured call returns once the step is
+    // enqueued, and the device work is waited for when the loss is read.
+    // Step times taken from one completion to the next contain every
+    // execute call and every wait of the loop; enqueue times contain none of
+    // the waits, which on this MLP are most of the step.
+    let data = fmnist();
+    let cfg = MlpConfig {
+        hidden: vec![512, 512],
+        batch: 256,
+        epochs: 1,
+        max_steps: Some(30),
+        eval: false,
+        ..MlpConfig::default()
+    };
+    let before = kiln::metrics::snapshot();
+    let report = mlp::train(&data, &cfg, |_| {})?;
+    let after = kiln::metrics::snapshot();
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let execute = ms(after.execute_time - before.execute_time);
+    let wait = ms(after.device_wait_time - before.device_wait_time);
+    let steps: f64 = report.step_ms.iter().sum();
+    eprintln!(
+        "step times {steps:.2} ms (median {:.3}), execute {execute:.2} ms, device waits {wait:.2} ms, loop {:.2} ms",
+        report.step_ms_median(),
+        report.train_seconds * 1e3
+    );
+    assert_eq!(report.step_ms.len(), 30);
+    assert!(
+        steps >= execute + wait,
+        "step times add up to {steps:.2} ms, less than the {execute:.2} ms of execute calls and {wait:.2} ms of device waits"
+    );
+    // And no more than the loop's wall time: nothing is counted twice.
+    assert!(steps <= report.train_seconds * 1e3, "step times {steps:.2} ms, loop {:.2} s", report.train_seconds);
+    Ok(())
+}

@@ -271,6 +271,25 @@ impl GptTrainer {
     }
 }
 
+/// The GPT's training step captured (`kiln::compile_step`): inputs `[tokens,
+/// targets, lr]` (`lr` an f32 scalar), outputs the loss averaged over replicas
+/// and, with an ordered step (mixed precision or clipping), whether the update
+/// was skipped. Replays are bit-identical to [`GptTrainer::train_step`] on the
+/// same batch; the borrows are of the trainer's fields, so the loop keeps its
+/// sampler and step counter.
+pub fn captured_step<'a>(
+    model: &'a Gpt,
+    params: Vec<Tensor>,
+    opt: &'a mut AdamW,
+    mut ordered: Option<&'a mut TrainStep>,
+    amp: Option<DType>,
+) -> crate::capture::CompiledStep<impl FnMut(&[Tensor]) -> Result<Vec<Tensor>> + 'a> {
+    crate::capture::compile_step(move |i: &[Tensor]| {
+        let loss = amp::autocast_if(amp, || model.loss(&i[0], &i[1], true))?;
+        super::record_update(ordered.as_deref_mut(), &params, opt, &loss, &i[2])
+    })
+}
+
 /// Random windows of `data` (see [`GptTrainer::next_batch`]).
 fn sample_batch(data: &[i32], sampler: &mut HostRng, cfg: &GptConfig) -> Result<(Tensor, Tensor)> {
     let (b, t) = (cfg.batch, cfg.seq);
@@ -342,53 +361,41 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
     };
     let mut report = TrainReport::default();
     let start = Instant::now();
-    if t.ordered.is_some() {
-        while t.step < cfg.steps {
-            let t0 = Instant::now();
-            let loss = t.train_step(schedule.lr(t.step))?;
-            let ms = t0.elapsed().as_secs_f64() * 1e3;
-            report.losses.push(loss);
+    // The step is captured (`compile_step`), with or without an ordered step:
+    // traced once, replayed with each batch and learning rate; the loss of
+    // step n is read after step n+1 is enqueued, and steps are timed from one
+    // completion (that read) to the next.
+    let mut clock = super::StepClock::default();
+    let mut captured = captured_step(&t.model, t.params.tensors(), &mut t.opt, t.ordered.as_mut(), cfg.amp);
+    let mut unread: Option<(Vec<Tensor>, u64)> = None;
+    let mut read = |unread: &mut Option<(Vec<Tensor>, u64)>,
+                    report: &mut TrainReport,
+                    clock: &mut super::StepClock|
+     -> Result<()> {
+        if let Some((outputs, step)) = unread.take() {
+            let out = super::read_outcome(&outputs)?;
+            let ms = clock.completed();
+            report.skipped_steps += u64::from(out.skipped);
+            report.losses.push(out.loss);
             report.step_ms.push(ms);
-            on_step(&StepInfo { epoch: 0, step: t.step, steps_total: cfg.steps, loss, step_ms: ms });
+            on_step(&StepInfo { epoch: 0, step, steps_total: cfg.steps, loss: out.loss, step_ms: ms });
         }
-    } else {
-        // Without an ordered step the step is captured (`compile_step`): traced
-        // once, replayed with each batch and learning rate; the loss of step n
-        // is read after step n+1 is enqueued.
-        let params = t.params.tensors();
-        let (model, opt, amp) = (&t.model, &mut t.opt, cfg.amp);
-        let mut captured = crate::capture::compile_step(move |i: &[Tensor]| {
-            let loss = amp::autocast_if(amp, || model.loss(&i[0], &i[1], true))?;
-            let grads = crate::replicas::all_reduce_mean(&crate::grad::grad(&loss, &params)?)?;
-            opt.step_lr(&params, &grads, &i[2])?;
-            Ok(vec![crate::replicas::all_reduce_mean(std::slice::from_ref(&loss))?.remove(0)])
-        });
-        let mut unread: Option<(Tensor, StepInfo)> = None;
-        let mut read = |unread: &mut Option<(Tensor, StepInfo)>, report: &mut TrainReport| -> Result<()> {
-            if let Some((loss, mut info)) = unread.take() {
-                info.loss = loss.item()?;
-                report.losses.push(info.loss);
-                report.step_ms.push(info.step_ms);
-                on_step(&info);
-            }
-            Ok(())
-        };
-        while t.step < cfg.steps {
-            let t0 = Instant::now();
-            let (x, y) = sample_batch(&t.data, &mut t.sampler, &t.cfg)?;
-            let lr = Tensor::scalar(schedule.lr(t.step) as f32);
-            let loss = captured.call(&[x, y, lr])?.remove(0);
-            t.step += 1;
-            let ms = t0.elapsed().as_secs_f64() * 1e3;
-            read(&mut unread, &mut report)?;
-            unread =
-                Some((loss, StepInfo { epoch: 0, step: t.step, steps_total: cfg.steps, loss: f64::NAN, step_ms: ms }));
-        }
-        read(&mut unread, &mut report)?;
+        Ok(())
+    };
+    while t.step < cfg.steps {
+        clock.start();
+        let (x, y) = sample_batch(&t.data, &mut t.sampler, &t.cfg)?;
+        let lr = Tensor::scalar(schedule.lr(t.step) as f32);
+        let outputs = captured.call(&[x, y, lr])?;
+        t.step += 1;
+        read(&mut unread, &mut report, &mut clock)?;
+        unread = Some((outputs, t.step));
     }
+    read(&mut unread, &mut report, &mut clock)?;
+    drop(captured);
+    t.skipped += report.skipped_steps;
     report.train_seconds = start.elapsed().as_secs_f64();
     report.steps = t.step;
-    report.skipped_steps = t.skipped;
     report.loss_scale = t.ordered.as_ref().and_then(|o| o.scaler.as_ref()).map(|s| s.scale.item()).transpose()?;
     crate::executor::sync()?;
     report.count_since(&before);

@@ -253,6 +253,24 @@ impl Trainer {
     }
 }
 
+/// The MLP's training step captured (`kiln::compile_step`): inputs `[x, y,
+/// lr]` (`lr` an f32 scalar), outputs the loss averaged over replicas and,
+/// with an ordered step (`ordered`), whether the update was skipped. Replays
+/// are bit-identical to [`Trainer::train_step_on`]; the borrows are of the
+/// trainer's fields, so the loop keeps its step counter.
+pub fn captured_step<'a>(
+    model: &'a Mlp,
+    params: Vec<Tensor>,
+    opt: &'a mut AdamW,
+    mut ordered: Option<&'a mut TrainStep>,
+    amp: Option<DType>,
+) -> crate::capture::CompiledStep<impl FnMut(&[Tensor]) -> Result<Vec<Tensor>> + 'a> {
+    crate::capture::compile_step(move |i: &[Tensor]| {
+        let loss = amp::autocast_if(amp, || cross_entropy(&model.forward(&i[0])?, &i[1], None))?;
+        super::record_update(ordered.as_deref_mut(), &params, opt, &loss, &i[2])
+    })
+}
+
 impl MlpConfig {
     /// Refuses settings that cannot train before anything is allocated or
     /// compiled: a zero batch or width, a learning rate that is not a finite
@@ -321,6 +339,7 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     let schedule =
         WarmupCosine { base_lr: cfg.lr, min_lr: cfg.lr * 0.05, warmup_steps: (total / 20).max(1), total_steps: total };
     let mut report = TrainReport::default();
+    let mut clock = super::StepClock::default();
     let start = Instant::now();
     // A resumed run starts in the epoch (and at the batch) where the saved
     // step left off; the shuffle of every epoch depends only on the seed.
@@ -344,70 +363,52 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
         steps.truncate(usize::try_from(total - t.step).unwrap_or(usize::MAX));
         let checkpoint_due =
             |step: u64| matches!((&cfg.checkpoint, cfg.checkpoint_every), (Some(_), Some(every)) if step % every == 0);
-        // Without an ordered step (mixed precision), the step is captured
-        // (`compile_step`): traced once per stretch between checkpoints (a
-        // checkpoint needs the whole trainer), then replayed with each batch
-        // and learning rate. The loss of step n is read after step n+1 is
-        // enqueued, so reading it does not stall the device.
-        if t.ordered.is_some() {
-            for item in Prefetcher::sharded(data.train.clone(), steps, 2)? {
-                let (_, x, y) = item?;
-                let t0 = Instant::now();
-                let loss = t.train_step_on(&x, &y, schedule.lr(t.step))?;
-                let ms = t0.elapsed().as_secs_f64() * 1e3;
-                report.losses.push(loss);
+        // The step is captured (`compile_step`): traced once per stretch
+        // between checkpoints (a checkpoint needs the whole trainer), then
+        // replayed with each batch and learning rate, with or without an
+        // ordered step (mixed precision). The loss of step n is read after
+        // step n+1 is enqueued, so reading it does not stall the device; the
+        // read is where step n is known complete, and `clock` times steps
+        // from one completion to the next.
+        let mut batches = Prefetcher::sharded(data.train.clone(), steps, 2)?;
+        let mut unread: Option<(Vec<Tensor>, u64)> = None;
+        let mut read = |unread: &mut Option<(Vec<Tensor>, u64)>,
+                        report: &mut TrainReport,
+                        clock: &mut super::StepClock|
+         -> Result<()> {
+            if let Some((outputs, step)) = unread.take() {
+                let out = super::read_outcome(&outputs)?;
+                let ms = clock.completed();
+                report.skipped_steps += u64::from(out.skipped);
+                report.losses.push(out.loss);
                 report.step_ms.push(ms);
-                on_step(&StepInfo { epoch, step: t.step, steps_total: total, loss, step_ms: ms });
-                if checkpoint_due(t.step) {
-                    t.save(cfg.checkpoint.as_ref().expect("checked by checkpoint_due"))?;
-                    saved_at = Some(t.step);
-                }
+                on_step(&StepInfo { epoch, step, steps_total: total, loss: out.loss, step_ms: ms });
             }
-        } else {
-            let mut batches = Prefetcher::sharded(data.train.clone(), steps, 2)?;
-            let mut unread: Option<(Tensor, StepInfo)> = None;
-            let mut read = |unread: &mut Option<(Tensor, StepInfo)>, report: &mut TrainReport| -> Result<()> {
-                if let Some((loss, mut info)) = unread.take() {
-                    info.loss = loss.item()?;
-                    report.losses.push(info.loss);
-                    report.step_ms.push(info.step_ms);
-                    on_step(&info);
-                }
-                Ok(())
-            };
-            loop {
-                let params = t.params.tensors();
-                let (model, opt, amp) = (&t.model, &mut t.opt, t.amp);
-                let mut captured = crate::capture::compile_step(move |i: &[Tensor]| {
-                    let loss = amp::autocast_if(amp, || cross_entropy(&model.forward(&i[0])?, &i[1], None))?;
-                    let grads = crate::replicas::all_reduce_mean(&crate::grad::grad(&loss, &params)?)?;
-                    opt.step_lr(&params, &grads, &i[2])?;
-                    Ok(vec![crate::replicas::all_reduce_mean(std::slice::from_ref(&loss))?.remove(0)])
-                });
-                let mut save_now = false;
-                for item in batches.by_ref() {
-                    let (_, x, y) = item?;
-                    let t0 = Instant::now();
-                    let lr = Tensor::scalar(schedule.lr(t.step) as f32);
-                    let loss = captured.call(&[x, y, lr])?.remove(0);
-                    t.step += 1;
-                    let ms = t0.elapsed().as_secs_f64() * 1e3;
-                    read(&mut unread, &mut report)?;
-                    unread =
-                        Some((loss, StepInfo { epoch, step: t.step, steps_total: total, loss: f64::NAN, step_ms: ms }));
-                    if checkpoint_due(t.step) {
-                        save_now = true;
-                        break;
-                    }
-                }
-                drop(captured);
-                read(&mut unread, &mut report)?;
-                if !save_now {
+            Ok(())
+        };
+        loop {
+            let mut captured = captured_step(&t.model, t.params.tensors(), &mut t.opt, t.ordered.as_mut(), t.amp);
+            let mut save_now = false;
+            for item in batches.by_ref() {
+                let (_, x, y) = item?;
+                clock.start();
+                let lr = Tensor::scalar(schedule.lr(t.step) as f32);
+                let outputs = captured.call(&[x, y, lr])?;
+                t.step += 1;
+                read(&mut unread, &mut report, &mut clock)?;
+                unread = Some((outputs, t.step));
+                if checkpoint_due(t.step) {
+                    save_now = true;
                     break;
                 }
-                t.save(cfg.checkpoint.as_ref().expect("checked by checkpoint_due"))?;
-                saved_at = Some(t.step);
             }
+            drop(captured);
+            read(&mut unread, &mut report, &mut clock)?;
+            if !save_now {
+                break;
+            }
+            t.save(cfg.checkpoint.as_ref().expect("checked by checkpoint_due"))?;
+            saved_at = Some(t.step);
         }
         if t.step >= total {
             break 'epochs;
@@ -429,7 +430,7 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     // run is called done.
     crate::executor::sync()?;
     report.steps = t.step;
-    report.skipped_steps = t.skipped;
+    t.skipped += report.skipped_steps;
     report.loss_scale = t.ordered.as_ref().and_then(|o| o.scaler.as_ref()).map(|s| s.scale.item()).transpose()?;
     report.count_since(&before);
     Ok(report)

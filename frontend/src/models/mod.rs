@@ -2,6 +2,8 @@
 
 pub mod mlp;
 
+use std::time::Instant;
+
 use kiln_compiler::ir::DType;
 
 use crate::amp::LossScalerConfig;
@@ -60,6 +62,70 @@ pub(crate) fn run_step(
             let stats = ts.step(loss, &params.tensors(), opt, lr)?;
             Ok(StepOutcome { loss: stats.loss.item()?, skipped: stats.skipped.item()? != 0.0 })
         }
+    }
+}
+
+/// The update of a built-in loop's captured step (`kiln::compile_step`), after
+/// the forward that produced `loss`: the plain update of [`update_and_step`] or
+/// the ordered step, at the learning rate `lr` (an f32 scalar input of the
+/// step), without `mark_step`. Returns the loss averaged over replicas and,
+/// with an ordered step, whether the update was skipped ([`read_outcome`]
+/// reads them). Records what [`run_step`] records, so replays are
+/// bit-identical to traced steps.
+pub(crate) fn record_update(
+    ordered: Option<&mut TrainStep>,
+    params: &[Tensor],
+    opt: &mut AdamW,
+    loss: &Tensor,
+    lr: &Tensor,
+) -> Result<Vec<Tensor>> {
+    match ordered {
+        None => {
+            let grads = replicas::all_reduce_mean(&grad(loss, params)?)?;
+            opt.step_lr(params, &grads, lr)?;
+            Ok(vec![replicas::all_reduce_mean(std::slice::from_ref(loss))?.remove(0)])
+        }
+        Some(ts) => {
+            let stats = ts.record_lr(loss, params, opt, lr)?;
+            Ok(vec![stats.loss, stats.skipped])
+        }
+    }
+}
+
+/// Reads what [`record_update`] returned, once its step has run (waiting for it
+/// if it has not).
+pub(crate) fn read_outcome(outputs: &[Tensor]) -> Result<StepOutcome> {
+    let loss = outputs.first().map(Tensor::item).transpose()?.unwrap_or(f64::NAN);
+    let skipped = outputs.get(1).map(Tensor::item).transpose()?.is_some_and(|s| s != 0.0);
+    Ok(StepOutcome { loss, skipped })
+}
+
+/// Step times of a loop whose steps run asynchronously, completion to
+/// completion: a step's time runs from the completion of the step before it
+/// (seen when that step's loss was read) to its own, the first step's from
+/// its start. Timing the enqueue instead would report host time only, since
+/// `mark_step` and a captured call return before the step has run. Host and
+/// device time both count, so a run's step times add up to its wall time from
+/// the first step's start to the last step's completion, and a step's time is
+/// the loop's period whichever side is the bottleneck.
+#[derive(Debug, Default)]
+pub(crate) struct StepClock {
+    last: Option<Instant>,
+}
+
+impl StepClock {
+    /// A step is about to be enqueued; only the run's first start counts.
+    pub(crate) fn start(&mut self) {
+        self.last.get_or_insert_with(Instant::now);
+    }
+
+    /// The step read last has completed (its loss was just read): its time in
+    /// milliseconds.
+    pub(crate) fn completed(&mut self) -> f64 {
+        let now = Instant::now();
+        let ms = self.last.map_or(0.0, |last| now.saturating_duration_since(last).as_secs_f64() * 1e3);
+        self.last = Some(now);
+        ms
     }
 }
 

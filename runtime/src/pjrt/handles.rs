@@ -320,6 +320,13 @@ impl RawBuffer {
 
     /// Copies the buffer to a new host vector (dense, row-major) and waits.
     pub(crate) fn to_host(&self) -> Result<Vec<u8>> {
+        self.start_to_host()?.wait()
+    }
+
+    /// Enqueues the copy of the buffer to a new host vector and returns at
+    /// once; the plugin runs it once the buffer is defined (after the step that
+    /// produces it), without the host waiting for that.
+    pub(crate) fn start_to_host(&self) -> Result<PendingHostCopy> {
         let mut query = ffi::PJRT_Buffer_ToHostBuffer_Args::zeroed();
         query.src = self.ptr.as_ptr();
         pjrt_call!(self.api, PJRT_Buffer_ToHostBuffer, &mut query)?;
@@ -329,10 +336,38 @@ impl RawBuffer {
         args.src = self.ptr.as_ptr();
         args.dst = host.as_mut_ptr().cast();
         args.dst_size = host.len();
-        // `host` is not touched until the event below has completed.
+        // `host`'s heap block (which moving the Vec does not move) is not
+        // touched or freed until the event has completed (PendingHostCopy).
         pjrt_call!(self.api, PJRT_Buffer_ToHostBuffer, &mut args)?;
-        RawEvent::from_ptr(self.api, args.event).map_or(Ok(()), |e| e.wait())?;
-        Ok(host)
+        Ok(PendingHostCopy { host, event: RawEvent::from_ptr(self.api, args.event) })
+    }
+}
+
+/// A copy to the host in flight ([`RawBuffer::start_to_host`]): owns the
+/// destination until the plugin's event says the copy is done; dropping it
+/// unawaited waits first, so the plugin never writes into freed memory.
+pub(crate) struct PendingHostCopy {
+    host: Vec<u8>,
+    event: Option<RawEvent>,
+}
+
+impl PendingHostCopy {
+    /// Waits for the copy and returns the bytes.
+    pub(crate) fn wait(mut self) -> Result<Vec<u8>> {
+        if let Some(event) = self.event.take() {
+            event.wait()?;
+        }
+        Ok(std::mem::take(&mut self.host))
+    }
+}
+
+impl Drop for PendingHostCopy {
+    fn drop(&mut self) {
+        if let Some(event) = self.event.take() {
+            if let Err(err) = event.wait() {
+                tracing::warn!(%err, "a copy to the host failed before its result was read");
+            }
+        }
     }
 }
 
