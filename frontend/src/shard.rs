@@ -391,10 +391,12 @@ pub fn plan_for(mesh: &Mesh, env: &kiln_runtime::ReplicaEnv) -> Result<kiln_runt
         }
     }
     let n = mesh.size().to_string();
+    // Only the variable of the selected plugin (the other one is warned about).
+    let cpu = env.device == kiln_runtime::PjrtDevice::Cpu;
     let sized = kiln_runtime::ReplicaEnv {
         device: env.device,
-        gpu_num_devices: Some(n.clone()),
-        cpu_devices: Some(n),
+        gpu_num_devices: if cpu { env.gpu_num_devices.clone() } else { Some(n.clone()) },
+        cpu_devices: if cpu { Some(n) } else { env.cpu_devices.clone() },
         node: env.node.clone(),
     };
     let mut plan = sized.plan(kiln_runtime::gpu::probe_gpus)?;
