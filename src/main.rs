@@ -299,11 +299,29 @@ fn train_gpt(path: &std::path::Path, cfg: &gpt::GptConfig, json: bool) -> anyhow
         bar.set_message(format!("loss {:.4} step {:.1} ms", s.loss, s.step_ms));
     })?;
     bar.finish_and_clear();
+    // Sequences per step over every device (replicas draw `batch` each; under
+    // a mesh `batch` is already the global batch and there is one replica).
+    let global_batch = cfg.batch * kiln::replicas::global_replicas()?;
+    let tokens_per_second = (global_batch * cfg.seq) as f64 / (report.step_ms_median() / 1e3);
+    // XLA's plan for the largest program (the train step), for one device.
+    let step_memory = kiln::shard::program_memory_stats()?.into_iter().max_by_key(|m| m.argument_size_in_bytes);
+    let mesh = kiln::shard::mesh()?;
     if json {
         println!(
             "{}",
             json!({
                 "model": "gpt",
+                "mesh": mesh.as_ref().map(ToString::to_string),
+                "global_batch": global_batch,
+                "seq": cfg.seq,
+                "tokens_per_second": tokens_per_second,
+                "device_memory": step_memory.map(|m| json!({
+                    "argument_bytes": m.argument_size_in_bytes,
+                    "output_bytes": m.output_size_in_bytes,
+                    "alias_bytes": m.alias_size_in_bytes,
+                    "temp_bytes": m.temp_size_in_bytes,
+                    "peak_bytes": m.peak_memory_in_bytes,
+                })),
                 "amp": cfg.amp.map(|d| d.to_string()),
                 "skipped_steps": report.skipped_steps,
                 "loss_scale": report.loss_scale,
