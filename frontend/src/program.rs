@@ -185,14 +185,20 @@ pub(crate) fn obtain(
     let compile_opts = match &partitioned {
         // One replica × the mesh's devices, device d of the mesh on the
         // client's d-th device.
-        Some(p) => CompileOptions {
-            num_replicas: 1,
-            num_partitions: p.module.num_partitions,
-            device_assignment: Some(vec![client.global_devices()[..p.module.num_partitions]
-                .iter()
-                .map(|d| i64::from(d.id))
-                .collect()]),
-        },
+        Some(p) => {
+            let devices = client.global_devices().get(..p.module.num_partitions).ok_or_else(|| {
+                crate::FrontendError::MeshDevices {
+                    mesh: format!("of {} devices", p.module.num_partitions),
+                    mesh_devices: p.module.num_partitions,
+                    setting: format!("the client's {} devices", client.global_devices().len()),
+                }
+            })?;
+            CompileOptions {
+                num_replicas: 1,
+                num_partitions: p.module.num_partitions,
+                device_assignment: Some(vec![devices.iter().map(|d| i64::from(d.id)).collect()]),
+            }
+        }
         None => CompileOptions { num_replicas: replicas, device_assignment, ..CompileOptions::default() },
     };
     let fp = fingerprint(&optimized);

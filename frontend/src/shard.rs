@@ -846,8 +846,14 @@ mod tests {
         let s = Sharding::split(3, 0, "data").with(1, "model");
         let shard = s.slice(&lit, &m, 4).unwrap();
         let got: Vec<f32> = shard.bytes().chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
-        let want: Vec<f32> =
-            (2..4).flat_map(|r| (2..4).flat_map(move |c| (0..2).map(move |k| data[r * 12 + c * 2 + k]))).collect();
+        let mut want = Vec::new();
+        for r in 2..4 {
+            for c in 2..4 {
+                for k in 0..2 {
+                    want.push(data[r * 12 + c * 2 + k]);
+                }
+            }
+        }
         assert_eq!(got, want);
     }
 
