@@ -126,6 +126,13 @@ enum Model {
         /// Rematerialize so each step's predicted peak fits SIZE (`2GiB`, `512MiB`, bytes).
         #[arg(long, value_name = "SIZE")]
         memory_limit: Option<String>,
+        /// Spread the step over the devices (KILN_CPU_DEVICES / GPU_NUM_DEVICES):
+        /// `dp` (replicas, the default), `fsdp` (parameters and optimizer state
+        /// split over a `data` axis), `tp=N` (Megatron tensor parallelism over
+        /// N devices, the rest data parallel), `fsdp,tp=N`. The batch is per
+        /// data-parallel rank, as with replicas.
+        #[arg(long, value_name = "SPEC")]
+        shard: Option<String>,
         /// End with one JSON object (for scripts).
         #[arg(long)]
         json: bool,
@@ -225,10 +232,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             train_mlp(&cfg, &data, compare_eager, json)
         }
         Command::Train {
-            model: Model::Gpt { text, config, steps, vocab, seed, amp, max_grad_norm, memory_limit, json },
+            model: Model::Gpt { text, config, steps, vocab, seed, amp, max_grad_norm, memory_limit, shard, json },
         } => {
             set_memory_limit(memory_limit.as_deref())?;
-            let base = config.config();
+            let mut base = config.config();
+            if let Some(spec) = &shard {
+                // Under a mesh the config's batch is the global one: keep
+                // `batch` per data-parallel rank, as replicas draw it.
+                base.batch *= set_shard(spec)?;
+            }
             let cfg = gpt::GptConfig {
                 steps: steps.unwrap_or(base.steps),
                 vocab: vocab.unwrap_or(0),
@@ -238,6 +250,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 ..base
             };
             train_gpt(&text, &cfg, json)
+        }
+    }
+}
+
+/// `--shard SPEC`: sets the mesh and policy (none for `dp`); returns the
+/// data-parallel degree (the mesh's `data` axis, 1 without one).
+fn set_shard(spec: &str) -> anyhow::Result<usize> {
+    let env = kiln::runtime::ReplicaEnv::from_env()?;
+    let devices = env.plan(kiln::runtime::probe_gpus)?.replicas;
+    match kiln::shard::parse_shard_flag(spec, devices)? {
+        None => Ok(1),
+        Some((mesh, policy)) => {
+            let data = mesh.axis_size(kiln::shard::DATA).unwrap_or(1);
+            eprintln!("kiln: mesh {mesh} ({} devices), {policy:?}", mesh.size());
+            kiln::shard::set_mesh(mesh)?;
+            kiln::shard::set_policy(Some(policy));
+            Ok(data)
         }
     }
 }
@@ -270,11 +299,29 @@ fn train_gpt(path: &std::path::Path, cfg: &gpt::GptConfig, json: bool) -> anyhow
         bar.set_message(format!("loss {:.4} step {:.1} ms", s.loss, s.step_ms));
     })?;
     bar.finish_and_clear();
+    // Sequences per step over every device (replicas draw `batch` each; under
+    // a mesh `batch` is already the global batch and there is one replica).
+    let global_batch = cfg.batch * kiln::replicas::global_replicas()?;
+    let tokens_per_second = (global_batch * cfg.seq) as f64 / (report.step_ms_median() / 1e3);
+    // XLA's plan for the largest program (the train step), for one device.
+    let step_memory = kiln::shard::program_memory_stats()?.into_iter().max_by_key(|m| m.argument_size_in_bytes);
+    let mesh = kiln::shard::mesh()?;
     if json {
         println!(
             "{}",
             json!({
                 "model": "gpt",
+                "mesh": mesh.as_ref().map(ToString::to_string),
+                "global_batch": global_batch,
+                "seq": cfg.seq,
+                "tokens_per_second": tokens_per_second,
+                "device_memory": step_memory.map(|m| json!({
+                    "argument_bytes": m.argument_size_in_bytes,
+                    "output_bytes": m.output_size_in_bytes,
+                    "alias_bytes": m.alias_size_in_bytes,
+                    "temp_bytes": m.temp_size_in_bytes,
+                    "peak_bytes": m.peak_memory_in_bytes,
+                })),
                 "amp": cfg.amp.map(|d| d.to_string()),
                 "skipped_steps": report.skipped_steps,
                 "loss_scale": report.loss_scale,
@@ -354,6 +401,16 @@ fn devices(json: bool) -> anyhow::Result<()> {
         errors.push(msg);
     }
     let show_gpus = env.device == PjrtDevice::Cuda || probe.driver_found();
+    // KILN_MESH, checked against the device count the environment sets.
+    let mesh = kiln::shard::Mesh::from_env()
+        .and_then(|m| match m {
+            Some(m) => kiln::shard::plan_for(&m, &env).map(|_| Some(m)),
+            None => Ok(None),
+        })
+        .map_err(|e| e.to_string());
+    if let Err(e) = &mesh {
+        errors.push(e.clone());
+    }
 
     if json {
         let (platform, plugin, list) = match &client {
@@ -384,6 +441,11 @@ fn devices(json: bool) -> anyhow::Result<()> {
                 "plugin": plugin,
                 "devices": list,
                 "gpu_probe": {"driver": driver, "driver_version": driver_version, "summary": probe.to_string(), "gpus": gpus},
+                "mesh": mesh.as_ref().ok().and_then(|m| m.as_ref()).map(|m| json!({
+                    "spec": m.to_string(),
+                    "devices": m.size(),
+                    "axes": m.axes().iter().map(|(n, s)| json!({"name": n, "size": s})).collect::<Vec<_>>(),
+                })),
                 "replicas": checked.as_ref().ok().map(|p| p.replicas),
                 "replicas_source": checked.as_ref().ok().map(|p| p.source.to_string()),
                 "errors": errors,
@@ -415,6 +477,11 @@ fn devices(json: bool) -> anyhow::Result<()> {
                 }
                 other => println!("GPUs: {other}"),
             }
+        }
+        match &mesh {
+            Ok(Some(m)) => println!("mesh: {m} ({} devices, {})", m.size(), kiln::shard::ENV_MESH),
+            Ok(None) => println!("mesh: none (set {} to partition, e.g. data=2,model=2)", kiln::shard::ENV_MESH),
+            Err(_) => println!("mesh: refused (error below)"),
         }
         match &checked {
             Ok(p) => println!("replicas: {} ({})", p.replicas, p.source),

@@ -647,3 +647,33 @@ fn snapshot_every_op_kind() -> Result<()> {
     }
     Ok(())
 }
+
+// ---------------------------------------------------------------- SPMD shardings
+
+#[test]
+fn shardings_annotate_main_and_set_the_partition_count() -> Result<()> {
+    let mut g = softmax_graph()?;
+    g.add_alias(Alias { param: 0, output: 0 })?;
+    let shardings = kiln_compiler::ModuleShardings {
+        num_partitions: 4,
+        params: vec!["{devices=[4,1]0,1,2,3}".into()],
+        outputs: vec!["{devices=[4,1]0,1,2,3}".into()],
+    };
+    let text = lower(&g, &LowerOptions { shardings: Some(shardings.clone()), ..LowerOptions::default() })?;
+    assert!(text.starts_with("module @kiln attributes {mhlo.num_partitions = 4 : i32, mhlo.num_replicas = 1 : i32}"));
+    // Argument attributes sorted by name, as MLIR prints them.
+    assert!(
+        text.contains(
+            "%arg0: tensor<4x3xf32> {mhlo.sharding = \"{devices=[4,1]0,1,2,3}\", tf.aliasing_output = 0 : i32}"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("-> (tensor<4x3xf32> {mhlo.sharding = \"{devices=[4,1]0,1,2,3}\"})"), "{text}");
+    // Without shardings the text is what it always was.
+    assert!(!lower(&g, &LowerOptions::default())?.contains("mhlo.sharding"));
+    // One sharding per parameter and per output, or a named error.
+    let short = kiln_compiler::ModuleShardings { outputs: vec![], ..shardings };
+    let err = lower(&g, &LowerOptions { shardings: Some(short), ..LowerOptions::default() }).unwrap_err();
+    assert!(err.to_string().contains("1 parameter and 0 output shardings for 1 parameters and 1 outputs"), "{err}");
+    Ok(())
+}

@@ -42,6 +42,26 @@ pub enum FrontendError {
          before creating tensors"
     )]
     ReplicaCount { op: &'static str, what: String, got: usize, expected: usize },
+    /// A mesh spec that is not a mesh (`data=2,model=2`).
+    #[error("mesh {spec:?}: {reason}")]
+    BadMesh { spec: String, reason: String },
+    /// A mesh whose device count differs from the one the environment sets.
+    #[error("mesh {mesh} has {mesh_devices} devices but {setting} gives another count: make them agree")]
+    MeshDevices { mesh: String, mesh_devices: usize, setting: String },
+    /// A sharded dimension its mesh axis does not divide.
+    #[error(
+        "sharding {tensor}: dimension {dim} (size {size}) is not divisible by mesh axis {axis} (size {axis_size})"
+    )]
+    ShardNotDivisible { tensor: String, ty: TensorType, dim: usize, size: usize, axis: String, axis_size: usize },
+    /// A sharding naming an axis the mesh does not have.
+    #[error("sharding {tensor}: the mesh {mesh} has no axis {axis}")]
+    UnknownMeshAxis { tensor: String, axis: String, mesh: String },
+    /// A sharding that does not fit its tensor (rank, an axis used twice).
+    #[error("sharding {tensor}: {reason}")]
+    BadSharding { tensor: String, reason: String },
+    /// A shard policy naming a parameter the store does not have.
+    #[error("shard policy {policy}: the parameter store has no {name}")]
+    UnknownShardParam { policy: String, name: String },
     /// An error raised inside a layer's forward, naming the layer
     /// (`LayerNorm(257): mul: shapes ... do not broadcast`); nested layers
     /// nest.

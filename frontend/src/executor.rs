@@ -91,6 +91,11 @@ pub(crate) struct Executor {
     /// How many replicas every step runs on and how the client is made:
     /// from the environment on first use, or set by [`crate::replicas`].
     pub plan: Option<ReplicaPlan>,
+    /// The device mesh steps are partitioned over (`crate::shard`); `None`:
+    /// replicas only.
+    pub mesh: Option<crate::shard::Mesh>,
+    /// The policy built-in models shard their parameters by under a mesh.
+    pub policy: Option<crate::shard::PolicyKind>,
     /// Unfinished steps, oldest first.
     in_flight: VecDeque<Rc<StepRun>>,
     /// `None`: read `KILN_MAX_STEPS_IN_FLIGHT` on first use.
@@ -105,6 +110,8 @@ impl Executor {
             backend: Backend::Pjrt,
             client: None,
             plan: None,
+            mesh: None,
+            policy: None,
             in_flight: VecDeque::new(),
             max_in_flight: None,
             hooks: Vec::new(),
@@ -115,6 +122,13 @@ impl Executor {
     /// `KILN_CPU_DEVICES` on first use, unless set explicitly.
     pub fn plan(&mut self) -> Result<&ReplicaPlan> {
         if self.plan.is_none() {
+            if let Some(mesh) = crate::shard::Mesh::from_env()? {
+                let plan = crate::shard::plan_for(&mesh, &kiln_runtime::ReplicaEnv::from_env()?)?;
+                tracing::info!(%mesh, "kiln: device mesh from KILN_MESH");
+                self.plan = Some(plan);
+                self.mesh = Some(mesh);
+                return Ok(self.plan.as_ref().expect("set above"));
+            }
             let plan = kiln_runtime::replicas::replica_plan_from_env()?;
             if plan.replicas > 1 {
                 tracing::info!(replicas = plan.replicas, source = ?plan.source, "kiln: data-parallel replicas");
@@ -327,8 +341,15 @@ fn run_pjrt(entry: &CacheEntry, bindings: Vec<Binding>, step: u64, hooks: Vec<Ho
         if let Some(got) = b.storage.replicas().filter(|&n| n != replicas) {
             return Err(mismatch(got));
         }
+        let layout = entry.program.layout.as_ref().map(|l| (&l.mesh, &l.params[i]));
         let value = match &b.storage {
             Storage::Device(value) => value.clone(),
+            // Under a mesh each device gets its shard of host data.
+            Storage::Host(lit) if layout.is_some_and(|(_, s)| !s.is_replicated()) => {
+                let (mesh, sharding) = layout.expect("checked by the guard");
+                let shards = (0..replicas).map(|d| sharding.slice(lit, mesh, d)).collect::<Result<Vec<_>>>()?;
+                Arc::new(upload(&client, devices.get_or_insert_with(|| exe.replica_devices()), |d| &shards[d])?)
+            }
             Storage::Host(lit) => {
                 Rc::new(upload(&client, devices.get_or_insert_with(|| exe.replica_devices()), |_| lit)?)
             }
@@ -383,7 +404,9 @@ fn run_pjrt(entry: &CacheEntry, bindings: Vec<Binding>, step: u64, hooks: Vec<Ho
     metrics::update(|m| {
         m.executions += 1;
         m.execute_time += t.elapsed();
-        m.flops_executed += entry.program.flops * replicas as f64;
+        // A partitioned program's FLOPs are the whole step's (global shapes).
+        let copies = if entry.program.layout.is_some() { 1 } else { replicas };
+        m.flops_executed += entry.program.flops * copies as f64;
     });
     metrics::span("execute", t);
     let run = Rc::new(StepRun { step, done: RefCell::new(Some(done)), hooks: RefCell::new(hooks) });

@@ -31,6 +31,7 @@ mod program;
 pub mod random;
 pub mod replicas;
 pub mod scope;
+pub mod shard;
 mod step;
 mod tensor;
 mod trace;

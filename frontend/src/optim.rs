@@ -11,8 +11,14 @@ use kiln_compiler::ir::DType;
 use crate::error::{FrontendError, Result};
 use crate::tensor::Tensor;
 
+/// Zeros on the host, in `t`'s sharding (optimizer state is split where its
+/// parameter is: FSDP shards the state with the parameters).
 fn zeros_like_host(t: &Tensor) -> Result<Tensor> {
-    Tensor::from_vec(vec![0f32; t.elem_count()], t.shape().clone())
+    let z = Tensor::from_vec(vec![0f32; t.elem_count()], t.shape().clone())?;
+    if let Some(s) = t.sharding() {
+        z.set_sharding(s)?;
+    }
+    Ok(z)
 }
 
 fn check(params: &[Tensor], grads: &[Tensor]) -> Result<()> {

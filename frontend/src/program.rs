@@ -117,6 +117,15 @@ pub(crate) struct Program {
     /// FLOPs of one execution on one replica (the cost model's count of the
     /// optimized program): what MFU is computed from.
     pub flops: f64,
+    /// Under a mesh: the mesh and the layout of each parameter (what host
+    /// data is sliced by on upload).
+    pub layout: Option<Layout>,
+}
+
+/// How a partitioned program's parameters lie on the mesh's devices.
+pub(crate) struct Layout {
+    pub mesh: crate::shard::Mesh,
+    pub params: Vec<crate::shard::Sharding>,
 }
 
 impl Program {
@@ -153,7 +162,13 @@ fn pipeline_options() -> Result<pipeline::PipelineOptions> {
 
 /// The program of `graph` (a closed raw trace fed by `bindings`), compiled
 /// with `replicas` replicas.
-pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, replicas: usize) -> Result<Obtained> {
+pub(crate) fn obtain(
+    graph: &Graph,
+    bindings: &[Binding],
+    out_shardings: Option<&[crate::shard::Sharding]>,
+    client: &Client,
+    replicas: usize,
+) -> Result<Obtained> {
     let mut dump = crate::dump::Dump::from_env();
     let t = Instant::now();
     let out = pipeline::run(graph, &pipeline_options()?, &mut |p, g| dump.observe(p, g))?;
@@ -162,8 +177,15 @@ pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, repli
     let pipeline::Optimized { graph: optimized, pruned, .. } = out;
     let donated =
         (0..pruned.kept_params.len()).map(|i| pruned.graph.aliases().iter().any(|a| a.param as usize == i)).collect();
-    let lower_opts =
-        LowerOptions { num_replicas: replicas, target: LowerTarget::from_platform(client.platform_name()) };
+    let partitioned = match (crate::shard::active_mesh(), out_shardings) {
+        (Some(mesh), Some(outs)) => Some(partition(&mesh, &pruned, &optimized, bindings, outs)?),
+        _ => None,
+    };
+    let lower_opts = LowerOptions {
+        num_replicas: replicas,
+        target: LowerTarget::from_platform(client.platform_name()),
+        shardings: partitioned.as_ref().map(|p| p.module.clone()),
+    };
     // Across processes every node must agree on which replica runs where:
     // replica r on the r-th global device, spelled out (in one process the
     // plugin's default is the same and keeps existing cache keys).
@@ -172,12 +194,36 @@ pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, repli
     } else {
         None
     };
-    let compile_opts = CompileOptions { num_replicas: replicas, device_assignment, ..CompileOptions::default() };
+    let compile_opts = match &partitioned {
+        // One replica × the mesh's devices, device d of the mesh on the
+        // client's d-th device.
+        Some(p) => {
+            let devices = client.global_devices().get(..p.module.num_partitions).ok_or_else(|| {
+                crate::FrontendError::MeshDevices {
+                    mesh: format!("of {} devices", p.module.num_partitions),
+                    mesh_devices: p.module.num_partitions,
+                    setting: format!("the client's {} devices", client.global_devices().len()),
+                }
+            })?;
+            CompileOptions {
+                num_replicas: 1,
+                num_partitions: p.module.num_partitions,
+                device_assignment: Some(vec![devices.iter().map(|d| i64::from(d.id)).collect()]),
+            }
+        }
+        None => CompileOptions { num_replicas: replicas, device_assignment, ..CompileOptions::default() },
+    };
     let fp = fingerprint(&optimized);
     let mut program_id = Vec::with_capacity(64);
     program_id.extend_from_slice(&fp.0);
     program_id.extend_from_slice(BUILD_FINGERPRINT.as_bytes());
     program_id.extend_from_slice(&(replicas as u64).to_le_bytes());
+    if let Some(p) = &partitioned {
+        for text in p.module.params.iter().chain(&p.module.outputs) {
+            program_id.extend_from_slice(text.as_bytes());
+            program_id.push(0);
+        }
+    }
     let key = CompileKey::new(&program_id, client, &compile_opts)?;
     let nodes = pruned.graph.len();
 
@@ -245,6 +291,10 @@ pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, repli
             e
         }
     };
+    let (exe, layout) = match partitioned {
+        Some(p) => (exe.with_local_signature(p.local)?, Some(p.layout)),
+        None => (exe, None),
+    };
     if let Some(dir) = context::with(|c| c.cache.save_graphs_dir()) {
         let path = dir.join(format!("step-{}.kiln", &fp.to_string()[..16]));
         std::fs::create_dir_all(&dir).map_err(|source| crate::FrontendError::Io { path: dir.clone(), source })?;
@@ -255,12 +305,72 @@ pub(crate) fn obtain(graph: &Graph, bindings: &[Binding], client: &Client, repli
         crate::warnings::show_once(crate::warnings::Warning::Recompile, || text.clone());
         metrics::explain(text.clone());
     }
-    let program =
-        Rc::new(Program { exe, graph: pruned.graph.clone(), flops: kiln_compiler::cost::graph_flops(&optimized) });
+    let program = Rc::new(Program {
+        exe,
+        graph: pruned.graph.clone(),
+        flops: kiln_compiler::cost::graph_flops(&optimized),
+        layout,
+    });
     context::with(|c| {
         c.cache.programs.insert(key, program.clone());
         c.cache.history.push(program.clone());
     });
     let entry = CacheEntry { program, kept_params: pruned.kept_params, donated, nodes };
     Ok(Obtained { entry, compiled, explanation })
+}
+
+/// What partitioning a program over a mesh needs: the module's sharding
+/// texts, one device's signature, and the parameters' layouts.
+struct Partitioned {
+    module: kiln_compiler::ModuleShardings,
+    local: kiln_runtime::Signature,
+    layout: Layout,
+}
+
+/// The shardings of `optimized`'s parameters (their tensors', replicated when
+/// unset) and outputs (`outs`, from the receivers), checked against `mesh`
+/// before anything compiles.
+fn partition(
+    mesh: &crate::shard::Mesh,
+    pruned: &kiln_compiler::passes::Pruned,
+    optimized: &Graph,
+    bindings: &[Binding],
+    outs: &[crate::shard::Sharding],
+) -> Result<Partitioned> {
+    use crate::shard::Sharding;
+    let param_types = optimized.param_types();
+    let output_types = optimized.output_types();
+    let mut params = Vec::with_capacity(param_types.len());
+    for (ty, &raw) in param_types.iter().zip(&pruned.kept_params) {
+        let t = bindings[raw as usize].tensor.upgrade();
+        let s = t.as_ref().map_or_else(|| Sharding::replicated(ty.shape.dims().len()), |t| crate::shard::of(t));
+        let name = t
+            .as_ref()
+            .and_then(|t| t.name.borrow().as_deref().map(str::to_string))
+            .unwrap_or_else(|| format!("parameter {raw}"));
+        s.check(&format!("{name} ({ty})"), ty, mesh)?;
+        params.push(s);
+    }
+    if outs.len() != output_types.len() {
+        return Err(crate::FrontendError::InvalidArgument {
+            op: "mark_step",
+            reason: format!("{} output layouts for {} outputs", outs.len(), output_types.len()),
+        });
+    }
+    for (i, (s, ty)) in outs.iter().zip(&output_types).enumerate() {
+        s.check(&format!("output {i} ({ty})"), ty, mesh)?;
+    }
+    let arg = |ty: &kiln_compiler::ir::TensorType, s: &Sharding| {
+        kiln_runtime::ArgType::new(crate::step::element_type(ty.dtype), &s.local_dims(ty.shape.dims(), mesh))
+    };
+    let local = kiln_runtime::Signature {
+        inputs: param_types.iter().zip(&params).map(|(t, s)| arg(t, s)).collect(),
+        outputs: output_types.iter().zip(outs).map(|(t, s)| arg(t, s)).collect(),
+    };
+    let module = kiln_compiler::ModuleShardings {
+        num_partitions: mesh.size(),
+        params: params.iter().map(|s| s.hlo(mesh)).collect(),
+        outputs: outs.iter().map(|s| s.hlo(mesh)).collect(),
+    };
+    Ok(Partitioned { module, local, layout: Layout { mesh: mesh.clone(), params } })
 }

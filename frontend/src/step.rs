@@ -78,8 +78,11 @@ struct Closed {
     bindings: Vec<Binding>,
     /// For each output, the tensors that receive it.
     receivers: Vec<Vec<Rc<Inner>>>,
-    /// Key of the trace as recorded (see [`Trace::raw_key`]).
+    /// Key of the trace as recorded (see [`Trace::raw_key`]), with the
+    /// layouts under a mesh.
     key: u64,
+    /// Under a mesh, each output's layout (`crate::shard`).
+    out_shardings: Option<Vec<crate::shard::Sharding>>,
 }
 
 /// Closes `trace`: its live pending tensors become outputs.
@@ -112,8 +115,9 @@ fn close(mut trace: Trace, donate: bool) -> Result<Option<Closed>> {
     if donate {
         add_donations(&mut trace, &receivers)?;
     }
-    let key = trace.raw_key();
-    Ok(Some(Closed { graph: trace.graph, bindings: trace.bindings, receivers, key }))
+    let out_shardings = crate::shard::output_shardings(&receivers);
+    let key = trace.raw_key() ^ crate::shard::layout_key(&trace.bindings, out_shardings.as_deref());
+    Ok(Some(Closed { graph: trace.graph, bindings: trace.bindings, receivers, key, out_shardings }))
 }
 
 /// Prunes dead code; returns the program and the bindings that feed it.
@@ -216,13 +220,13 @@ fn cut(t0: Instant) -> Result<Option<CutStep>> {
         m.trace_time += t0.elapsed();
     });
     let step = metrics::steps();
-    let Closed { graph, bindings, receivers, key } = closed;
+    let Closed { graph, bindings, receivers, key, out_shardings } = closed;
     let mut report = StepReport { outputs: receivers.len(), ..StepReport::default() };
     let param_of = |b: &Binding| (b.tensor.clone(), b.tensor_id);
     // The one place that dispatches on the backend.
     let (results, entry, params) = match backend {
         Backend::Pjrt => {
-            let entry = compiled(&graph, &bindings, key, &mut report)?;
+            let entry = compiled(&graph, &bindings, out_shardings.as_deref(), key, &mut report)?;
             report.nodes = entry.nodes;
             report.donated = entry.donated.iter().filter(|&&d| d).count();
             let bindings = select(bindings, &entry.kept_params);
@@ -263,7 +267,13 @@ fn cut(t0: Instant) -> Result<Option<CutStep>> {
 
 /// The compiled program for `graph`: from the raw-trace cache (the hit path),
 /// or found or built by [`program::obtain`].
-fn compiled(graph: &Graph, bindings: &[Binding], key: u64, report: &mut StepReport) -> Result<Rc<CacheEntry>> {
+fn compiled(
+    graph: &Graph,
+    bindings: &[Binding],
+    out_shardings: Option<&[crate::shard::Sharding]>,
+    key: u64,
+    report: &mut StepReport,
+) -> Result<Rc<CacheEntry>> {
     let hit = context::with(|c| {
         let entry = c.cache.traces.get(&key).cloned();
         if entry.is_some() {
@@ -276,7 +286,7 @@ fn compiled(graph: &Graph, bindings: &[Binding], key: u64, report: &mut StepRepo
         return Ok(entry);
     }
     let client = context::with(|c| c.client())?;
-    let got = program::obtain(graph, bindings, &client, crate::replicas::global_replicas()?)?;
+    let got = program::obtain(graph, bindings, out_shardings, &client, crate::replicas::global_replicas()?)?;
     report.compiled = got.compiled;
     report.recompile = got.explanation;
     let new_program = got.compiled || report.recompile.is_some();

@@ -290,7 +290,11 @@ impl Tensor {
         match storage {
             Storage::Host(lit) => Ok(vec![lit.bytes().to_vec()]),
             Storage::HostShards(shards) => Ok(shards[pick(shards.len())].iter().map(|l| l.bytes().to_vec()).collect()),
-            Storage::Device(value) => crate::executor::download(&value, pick(value.0.len())),
+            Storage::Device(value) => match crate::shard::read_device(&self.inner, &value)? {
+                // Under a mesh the buffers are one value's shards: one value.
+                Some(bytes) => Ok(vec![bytes]),
+                None => crate::executor::download(&value, pick(value.0.len())),
+            },
         }
     }
 
@@ -311,6 +315,11 @@ impl Tensor {
         let new_state = match &*value.inner.state.borrow() {
             State::Ready(s) => State::Ready(s.clone()),
             State::Pending { epoch, value } => State::Pending { epoch: *epoch, value: *value },
+        };
+        // Under a mesh, buffers in another layout come back through the host.
+        let new_state = match new_state {
+            State::Ready(s) => State::Ready(crate::shard::relayout(&value.inner, &self.inner, s)?),
+            pending @ State::Pending { .. } => pending,
         };
         let pending = matches!(new_state, State::Pending { .. });
         crate::lowering::before_assign(&self.inner);

@@ -75,6 +75,8 @@ pub(crate) struct Inner {
     /// A name for messages (recompile explanations): parameters get theirs
     /// from the `ParamStore`, data batches from the loader.
     pub name: RefCell<Option<Rc<str>>>,
+    /// Its layout over the mesh (`None`: replicated); see `crate::shard`.
+    pub sharding: RefCell<Option<crate::shard::Sharding>>,
 }
 
 impl Inner {
@@ -85,6 +87,7 @@ impl Inner {
             state: RefCell::new(state),
             bound: Cell::new(None),
             name: RefCell::new(None),
+            sharding: RefCell::new(None),
         })
     }
 }

@@ -106,6 +106,10 @@ pub struct Executable {
     compiled: RawExecutable,
     client: Client,
     signature: Signature,
+    /// What one device's argument and output buffers look like: the
+    /// signature itself unless the program is SPMD-partitioned, where each
+    /// device holds its shard (set by [`Executable::with_local_signature`]).
+    local_signature: Signature,
     /// Client device index of each replica, in execution order.
     replica_devices: Vec<usize>,
     num_replicas: usize,
@@ -140,12 +144,39 @@ impl Executable {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Executable { raw, compiled, client, signature, replica_devices, num_replicas, num_outputs })
+        let local_signature = signature.clone();
+        Ok(Executable { raw, compiled, client, signature, local_signature, replica_devices, num_replicas, num_outputs })
     }
 
     /// The `@main` signature the program was compiled from.
     pub fn signature(&self) -> &Signature {
         &self.signature
+    }
+
+    /// Declares the per-device argument and output types of an
+    /// SPMD-partitioned program (shards of the global `@main` types); the
+    /// argument checks use them from then on. Refused when the counts differ
+    /// from the global signature's.
+    pub fn with_local_signature(mut self, local: Signature) -> Result<Executable> {
+        if local.inputs.len() != self.signature.inputs.len() {
+            return Err(RuntimeError::ArgCount { expected: self.signature.inputs.len(), got: local.inputs.len() });
+        }
+        if local.outputs.len() != self.signature.outputs.len() {
+            return Err(RuntimeError::OutputCount { expected: self.signature.outputs.len(), got: local.outputs.len() });
+        }
+        self.local_signature = local;
+        Ok(self)
+    }
+
+    /// Per-device argument and output types (the signature unless partitioned).
+    pub fn local_signature(&self) -> &Signature {
+        &self.local_signature
+    }
+
+    /// Devices one execution runs on (replicas × partitions in a single
+    /// process): how many argument lists `execute_replicated` takes.
+    pub fn num_local_devices(&self) -> usize {
+        self.replica_devices.len()
     }
 
     pub fn num_replicas(&self) -> usize {
@@ -223,10 +254,10 @@ impl Executable {
             return Err(RuntimeError::ReplicaCount { expected: replicas, got: args.len() });
         }
         for (replica, list) in args.iter().enumerate() {
-            if list.len() != self.signature.inputs.len() {
-                return Err(RuntimeError::ArgCount { expected: self.signature.inputs.len(), got: list.len() });
+            if list.len() != self.local_signature.inputs.len() {
+                return Err(RuntimeError::ArgCount { expected: self.local_signature.inputs.len(), got: list.len() });
             }
-            for (index, (arg, expected)) in list.iter().zip(&self.signature.inputs).enumerate() {
+            for (index, (arg, expected)) in list.iter().zip(&self.local_signature.inputs).enumerate() {
                 let buffer = arg.buffer();
                 if !buffer.client().same_client(&self.client) {
                     return Err(RuntimeError::ForeignBuffer { index });

@@ -152,7 +152,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
 
     let started = Instant::now();
     let decisions = composite::decisions(&optimized, target);
-    let module = lower(&optimized, &LowerOptions { num_replicas: replicas, target })
+    let module = lower(&optimized, &LowerOptions { num_replicas: replicas, target, shardings: None })
         .with_context(|| format!("lowering {}", path.display()))?;
     let lower_time = started.elapsed();
 

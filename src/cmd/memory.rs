@@ -110,6 +110,7 @@ pub fn plan_and_compile(
         &LowerOptions {
             num_replicas: replicas,
             target: kiln::compiler::LowerTarget::from_platform(client.platform_name()),
+            shardings: None,
         },
     )
     .context("lowering the planned graph")?;

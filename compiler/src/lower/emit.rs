@@ -24,10 +24,11 @@ pub(super) fn module(g: &Graph, opts: &LowerOptions, live: &[bool]) -> Result<St
     // MLIR prints attribute dictionaries sorted by name; so do we (JAX's order).
     let _ = writeln!(
         e.out,
-        "module @kiln attributes {{mhlo.num_partitions = 1 : i32, mhlo.num_replicas = {} : i32}} {{",
+        "module @kiln attributes {{mhlo.num_partitions = {} : i32, mhlo.num_replicas = {} : i32}} {{",
+        opts.shardings.as_ref().map_or(1, |s| s.num_partitions),
         opts.num_replicas
     );
-    e.signature();
+    e.signature(opts.shardings.as_ref());
     for (id, node) in g.nodes() {
         if live[id.index()] || matches!(node.op, Op::Parameter { .. }) {
             e.node(id, node)?;
@@ -53,18 +54,39 @@ struct Emitter<'g> {
 }
 
 impl Emitter<'_> {
-    fn signature(&mut self) {
+    fn signature(&mut self, shardings: Option<&super::ModuleShardings>) {
         let g = self.g;
         let args: Vec<String> = g
             .param_types()
             .iter()
             .enumerate()
-            .map(|(i, ty)| match g.aliases().iter().find(|a| a.param as usize == i) {
-                Some(a) => format!("%arg{i}: {ty} {{tf.aliasing_output = {} : i32}}", a.output),
-                None => format!("%arg{i}: {ty}"),
+            .map(|(i, ty)| {
+                // Attributes sorted by name, as MLIR prints them.
+                let mut attrs = Vec::new();
+                if let Some(s) = shardings {
+                    attrs.push(format!("mhlo.sharding = \"{}\"", s.params[i]));
+                }
+                if let Some(a) = g.aliases().iter().find(|a| a.param as usize == i) {
+                    attrs.push(format!("tf.aliasing_output = {} : i32", a.output));
+                }
+                if attrs.is_empty() {
+                    format!("%arg{i}: {ty}")
+                } else {
+                    format!("%arg{i}: {ty} {{{}}}", attrs.join(", "))
+                }
             })
             .collect();
-        let _ = writeln!(self.out, "  func.func public @main({}) -> ({}) {{", args.join(", "), join(g.output_types()));
+        let results = match shardings {
+            None => join(g.output_types()),
+            Some(s) => g
+                .output_types()
+                .iter()
+                .zip(&s.outputs)
+                .map(|(ty, sh)| format!("{ty} {{mhlo.sharding = \"{sh}\"}}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        };
+        let _ = writeln!(self.out, "  func.func public @main({}) -> ({}) {{", args.join(", "), results);
     }
 
     fn line(&mut self, text: String) {

@@ -40,6 +40,23 @@ pub struct LowerOptions {
     /// The backend the module is for: composites lower to fused kernels only
     /// where the target has them ([`crate::composite::expand`]).
     pub target: LowerTarget,
+    /// SPMD partitioning: `None` is one partition. `Some` writes
+    /// `mhlo.num_partitions` and an `mhlo.sharding` on every argument and
+    /// result of `@main`; XLA's SPMD partitioner does the rest.
+    pub shardings: Option<ModuleShardings>,
+}
+
+/// The shardings of a partitioned module, in XLA's HLO sharding text
+/// (`{replicated}`, `{devices=[4,1]0,1,2,3}`, `... last_tile_dim_replicate}`):
+/// the lowering writes them as given; the frontend derives them from its mesh.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ModuleShardings {
+    /// Partitions (devices) per replica; at least 1.
+    pub num_partitions: usize,
+    /// One per graph parameter, in order.
+    pub params: Vec<String>,
+    /// One per graph output, in order.
+    pub outputs: Vec<String>,
 }
 
 /// The XLA backend a module is lowered for.
@@ -62,7 +79,7 @@ impl LowerTarget {
 
 impl Default for LowerOptions {
     fn default() -> Self {
-        LowerOptions { num_replicas: 1, target: LowerTarget::Cpu }
+        LowerOptions { num_replicas: 1, target: LowerTarget::Cpu, shardings: None }
     }
 }
 
@@ -73,6 +90,24 @@ pub fn lower(g: &Graph, opts: &LowerOptions) -> Result<String, CompileError> {
             node: "module".to_string(),
             reason: "num_replicas must be at least 1".to_string(),
         });
+    }
+    if let Some(sh) = &opts.shardings {
+        let bad = if sh.num_partitions == 0 {
+            Some("num_partitions must be at least 1".to_string())
+        } else if sh.params.len() != g.param_types().len() || sh.outputs.len() != g.outputs().len() {
+            Some(format!(
+                "{} parameter and {} output shardings for {} parameters and {} outputs",
+                sh.params.len(),
+                sh.outputs.len(),
+                g.param_types().len(),
+                g.outputs().len()
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = bad {
+            return Err(CompileError::Verify { node: "module".to_string(), reason });
+        }
     }
     // Composites the target cannot run fused become plain ops first.
     let expanded = crate::composite::expand(g, opts.target)?;

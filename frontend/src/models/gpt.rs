@@ -227,6 +227,9 @@ impl GptTrainer {
         }
         let mut params = ParamStore::new(cfg.seed);
         let model = Gpt::new(&mut params, cfg)?;
+        // Under a mesh, the policy set for the run (`--shard`) before the
+        // optimizer state is made from the parameters.
+        crate::shard::apply_active(&params)?;
         let opt = AdamW::new(&params.tensors(), AdamWConfig { weight_decay: 0.1, beta2: 0.99, ..Default::default() })?;
         random::manual_seed(cfg.seed);
         let ordered = super::ordered_step(cfg.amp, cfg.max_grad_norm)?;
@@ -310,10 +313,14 @@ fn sample_batch(data: &[i32], sampler: &mut HostRng, cfg: &GptConfig) -> Result<
             ys.push(y);
         }
     }
-    Ok((
+    let (x, y) = (
         crate::replicas::from_shards(xs, [b, t])?.with_name("tokens"),
         crate::replicas::from_shards(ys, [b * t])?.with_name("targets"),
-    ))
+    );
+    // Under a mesh the batch splits over its `data` axis.
+    crate::shard::shard_batch(&x)?;
+    crate::shard::shard_batch(&y)?;
+    Ok((x, y))
 }
 
 /// Reads a text file for training, with errors naming the path.

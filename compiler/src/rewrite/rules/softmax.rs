@@ -55,7 +55,7 @@ fn add_neg(eg: &EGraph, op: &Op, kids: &[Id]) -> Vec<Rhs> {
         Rhs::node(Op::Binary { op: BinaryOp::Sub, lhs: hole(), rhs: hole() }, vec![Rhs::Class(x), Rhs::Class(y)])
     };
     let negated = |c: Id| -> Vec<Id> {
-        ops(eg, c).filter_map(|(inner, k)| matches!(inner, Op::Unary { op: UnaryOp::Neg, .. }).then(|| k[0])).collect()
+        ops(eg, c).filter(|(inner, _)| matches!(inner, Op::Unary { op: UnaryOp::Neg, .. })).map(|(_, k)| k[0]).collect()
     };
     let mut out: Vec<Rhs> = negated(kids[1]).into_iter().map(|y| sub(kids[0], y)).collect();
     out.extend(negated(kids[0]).into_iter().map(|y| sub(kids[1], y)));
