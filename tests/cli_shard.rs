@@ -82,7 +82,7 @@ fn bad_shard_specs_are_named_errors() {
         let out = train(&[("KILN_CPU_DEVICES", "2")], &text, spec);
         assert!(!out.status.success(), "{spec} was accepted");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(spec.split(',').last().unwrap()) || err.contains("dp"), "{spec}: {err}");
+        assert!(err.contains(spec.split(',').next_back().unwrap()) || err.contains("dp"), "{spec}: {err}");
         assert!(!err.contains("panicked"), "{err}");
     }
 }

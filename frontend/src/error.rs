@@ -50,9 +50,9 @@ pub enum FrontendError {
     MeshDevices { mesh: String, mesh_devices: usize, setting: String },
     /// A sharded dimension its mesh axis does not divide.
     #[error(
-        "sharding {tensor}: dimension {dim} (size {size}) is not divisible by mesh axis {axis} (size {axis_size})"
+        "sharding {tensor} ({ty}): dimension {dim} (size {size}) is not divisible by mesh axis {axis} (size {axis_size})"
     )]
-    ShardNotDivisible { tensor: String, ty: TensorType, dim: usize, size: usize, axis: String, axis_size: usize },
+    ShardNotDivisible { tensor: String, ty: Box<TensorType>, dim: usize, size: usize, axis: String, axis_size: usize },
     /// A sharding naming an axis the mesh does not have.
     #[error("sharding {tensor}: the mesh {mesh} has no axis {axis}")]
     UnknownMeshAxis { tensor: String, axis: String, mesh: String },

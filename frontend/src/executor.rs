@@ -348,7 +348,7 @@ fn run_pjrt(entry: &CacheEntry, bindings: Vec<Binding>, step: u64, hooks: Vec<Ho
             Storage::Host(lit) if layout.is_some_and(|(_, s)| !s.is_replicated()) => {
                 let (mesh, sharding) = layout.expect("checked by the guard");
                 let shards = (0..replicas).map(|d| sharding.slice(lit, mesh, d)).collect::<Result<Vec<_>>>()?;
-                Arc::new(upload(&client, devices.get_or_insert_with(|| exe.replica_devices()), |d| &shards[d])?)
+                Rc::new(upload(&client, devices.get_or_insert_with(|| exe.replica_devices()), |d| &shards[d])?)
             }
             Storage::Host(lit) => {
                 Rc::new(upload(&client, devices.get_or_insert_with(|| exe.replica_devices()), |_| lit)?)

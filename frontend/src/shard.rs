@@ -215,7 +215,7 @@ impl Sharding {
             if dims[d] % size != 0 {
                 return Err(FrontendError::ShardNotDivisible {
                     tensor: tensor.to_string(),
-                    ty: ty.clone(),
+                    ty: Box::new(ty.clone()),
                     dim: d,
                     size: dims[d],
                     axis: axis.clone(),
