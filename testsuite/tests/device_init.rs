@@ -143,7 +143,7 @@ fn one_program_per_model_structure_whatever_the_seed() -> anyhow::Result<()> {
 }
 
 #[test]
-fn the_init_program_reads_only_the_seed() -> anyhow::Result<()> {
+fn the_init_program_reads_only_a_key_and_scales_per_parameter() -> anyhow::Result<()> {
     on_thread(1, || {
         let text = kiln::lower(|| {
             let mut ps = ParamStore::with_placement(5, InitPlacement::Device);
@@ -151,9 +151,12 @@ fn the_init_program_reads_only_the_seed() -> anyhow::Result<()> {
             Ok(ps.tensors())
         })?;
         let main = text.lines().find(|l| l.contains("func.func public @main")).expect("a main function");
-        let args = main.matches("%arg").count();
-        assert_eq!(args, 1, "one argument, the seed: {main}");
-        assert!(main.contains("tensor<ui64>"), "{main}");
+        let sig = &main[..main.find("->").expect("a result list")];
+        // Four uniform parameters (two weights, two biases): a u64 key, and
+        // lo and hi - lo in f64, each a scalar; no data of any shape.
+        assert_eq!(sig.matches("%arg").count(), 12, "{main}");
+        assert_eq!(sig.matches("tensor<ui64>").count(), 4, "{main}");
+        assert_eq!(sig.matches("tensor<f64>").count(), 8, "{main}");
         Ok(())
     })
 }
@@ -166,7 +169,7 @@ fn a_store_of_given_tensors_has_nothing_to_initialise() -> anyhow::Result<()> {
         assert!(!ps.materialize()?);
         let spec = &ps.specs()[0];
         assert_eq!(spec.init, kiln::nn::Init::Given);
-        let err = kiln::nn::init_value(&Tensor::scalar(0u64), spec).unwrap_err().to_string();
+        let err = kiln::nn::init_value(0, spec).unwrap_err().to_string();
         assert!(err.contains("w"), "{err}");
         Ok(())
     })

@@ -35,9 +35,7 @@ pub struct ParamStore {
     /// Draws of the seed's stream taken so far.
     draws: u64,
     placement: InitPlacement,
-    /// The init program's seed parameter (device placement), made once so
-    /// every parameter reads the same one.
-    seed: Tensor,
+    seed: u64,
 }
 
 impl ParamStore {
@@ -57,7 +55,7 @@ impl ParamStore {
             specs: Vec::new(),
             draws: 0,
             placement,
-            seed: device_init::seed_tensor(seed),
+            seed,
         }
     }
 
@@ -109,7 +107,7 @@ impl ParamStore {
                 let spec = ParamSpec { name: name.to_string(), shape, init, first_draw: self.draws };
                 // The host generator stays in step with the stream.
                 self.rng.skip(init.draws_per_element().wrapping_mul(spec.shape.num_elements() as u64));
-                init_value(&self.seed, &spec)?
+                init_value(self.seed, &spec)?
             }
         };
         self.register(name.to_string(), t, init)
