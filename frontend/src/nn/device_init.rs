@@ -30,9 +30,9 @@
 //!   host) and its scale (`std`, or `lo` and `hi - lo`) are scalar parameters
 //!   of the program (24 or 16 bytes uploaded per parameter, nothing else).
 //!   Parameters of one shape and kind are then the same computation on other
-//!   scalars: XLA's GPU backend compiles their fusions once and reuses the
-//!   kernel (with the offsets and scales as constants, gpt2-small's init
-//!   program took 17.5 s to compile on an H100, one kernel per parameter).
+//!   scalars, meant to let XLA's GPU backend reuse one kernel for them; on
+//!   the H100 that did not shorten gpt2-small's first compile (17.5 s with
+//!   constants, 18–24 s with inputs: `docs/init.md`).
 //! - Nothing here reads a device or cuts a step: it only records.
 
 use kiln_compiler::ir::{BinaryOp, DType, Literal, Op, Shape, TensorType};
