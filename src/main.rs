@@ -336,6 +336,8 @@ fn train_gpt(path: &std::path::Path, cfg: &gpt::GptConfig, json: bool) -> anyhow
                 "first_step_ms": report.step_ms.first(),
                 "step_ms_median": report.step_ms_median(),
                 "train_seconds": report.train_seconds,
+                "init": report.init.map(init_name),
+                "setup_ms": report.setup_seconds * 1e3,
             })
         );
     } else {
@@ -351,6 +353,14 @@ fn train_gpt(path: &std::path::Path, cfg: &gpt::GptConfig, json: bool) -> anyhow
         print_amp(cfg.amp, &report);
     }
     Ok(())
+}
+
+/// `host` or `device`, as `KILN_INIT` spells it.
+fn init_name(p: kiln::nn::InitPlacement) -> &'static str {
+    match p {
+        kiln::nn::InitPlacement::Host => "host",
+        kiln::nn::InitPlacement::Device => "device",
+    }
 }
 
 /// One line on mixed precision, when it was on.
@@ -553,6 +563,8 @@ fn train_mlp(cfg: &MlpConfig, dir: &PathBuf, compare: Option<u64>, json: bool) -
                 "first_step_ms": report.step_ms.first(),
                 "step_ms_median": report.step_ms_median(),
                 "train_seconds": report.train_seconds,
+                "init": report.init.map(init_name),
+                "setup_ms": report.setup_seconds * 1e3,
             })
         );
     } else {

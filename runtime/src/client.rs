@@ -18,6 +18,7 @@ use crate::distributed::StoreHandle;
 use crate::element_type::{as_bytes, ElementType, NativeType};
 use crate::error::{Result, RuntimeError};
 use crate::executable::Executable;
+use crate::gpu_memory::MemoryFraction;
 use crate::pjrt::handles::{OptionValue, RawClient, RawDevice};
 use crate::pjrt::Api;
 use crate::plugin;
@@ -37,6 +38,13 @@ pub struct ClientOptions {
     pub visible_devices: Option<Vec<usize>>,
     /// This process's place in a run of several; `None` is one process.
     pub distributed: Option<DistributedOptions>,
+    /// The share of each GPU the CUDA plugin's allocator may take
+    /// (`memory_fraction`); `None` leaves the plugin's 75%. Set it only for
+    /// the CUDA plugin (`crate::gpu_memory`).
+    pub memory_fraction: Option<MemoryFraction>,
+    /// Whether the CUDA allocator reserves its fraction at start
+    /// (`preallocate`); `None` leaves the plugin's default (it does).
+    pub preallocate: Option<bool>,
 }
 
 /// The client-creation inputs of a multi-process run.
@@ -101,6 +109,35 @@ impl fmt::Debug for Client {
     }
 }
 
+/// The plugin's create options for `options`, by the names and types the
+/// plugins read (`cpu_device_count`; the CUDA plugin's `visible_devices`,
+/// `memory_fraction` as a float, `preallocate` as a bool; `node_id` and
+/// `num_nodes` for several processes). Only what is set is sent.
+pub(crate) fn create_options(options: &ClientOptions) -> Result<Vec<(String, OptionValue)>> {
+    let to_i64 = |what: &str, n: usize| {
+        i64::try_from(n).map_err(|_| RuntimeError::CompileOptions { message: format!("{what} {n} is too large") })
+    };
+    let mut create_options = Vec::new();
+    if let Some(count) = options.cpu_device_count {
+        create_options.push(("cpu_device_count".to_string(), OptionValue::Int64(to_i64("cpu_device_count", count)?)));
+    }
+    if let Some(list) = &options.visible_devices {
+        let list = list.iter().map(|&d| to_i64("visible device", d)).collect::<Result<Vec<_>>>()?;
+        create_options.push(("visible_devices".to_string(), OptionValue::Int64List(list)));
+    }
+    if let Some(f) = options.memory_fraction {
+        create_options.push(("memory_fraction".to_string(), OptionValue::Float(f.get())));
+    }
+    if let Some(p) = options.preallocate {
+        create_options.push(("preallocate".to_string(), OptionValue::Bool(p)));
+    }
+    if let Some(d) = options.distributed.as_ref().filter(|d| d.num_nodes > 1) {
+        create_options.push(("node_id".to_string(), OptionValue::Int64(i64::from(d.node_id))));
+        create_options.push(("num_nodes".to_string(), OptionValue::Int64(i64::from(d.num_nodes))));
+    }
+    Ok(create_options)
+}
+
 impl Client {
     /// Loads the plugin (once per process) and creates a client.
     pub fn new(options: &ClientOptions) -> Result<Client> {
@@ -116,23 +153,8 @@ impl Client {
         };
         let path = plugin::resolve_plugin(options.plugin.as_deref())?;
         let api = Api::load(&path)?;
-        let to_i64 = |what: &str, n: usize| {
-            i64::try_from(n).map_err(|_| RuntimeError::CompileOptions { message: format!("{what} {n} is too large") })
-        };
-        let mut create_options = Vec::new();
-        if let Some(count) = options.cpu_device_count {
-            create_options
-                .push(("cpu_device_count".to_string(), OptionValue::Int64(to_i64("cpu_device_count", count)?)));
-        }
-        if let Some(list) = &options.visible_devices {
-            let list = list.iter().map(|&d| to_i64("visible device", d)).collect::<Result<Vec<_>>>()?;
-            create_options.push(("visible_devices".to_string(), OptionValue::Int64List(list)));
-        }
+        let create_options = create_options(options)?;
         let num_nodes = options.distributed.as_ref().map_or(1, |d| d.num_nodes);
-        if let Some(d) = options.distributed.as_ref().filter(|d| d.num_nodes > 1) {
-            create_options.push(("node_id".to_string(), OptionValue::Int64(i64::from(d.node_id))));
-            create_options.push(("num_nodes".to_string(), OptionValue::Int64(i64::from(d.num_nodes))));
-        }
         let raw = RawClient::create(api, &create_options, kv)?;
         let platform_name = raw.platform_name()?;
         if num_nodes > 1 && platform_name == "cpu" {
@@ -336,5 +358,41 @@ impl Eq for Device {}
 impl fmt::Debug for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Device({}, id={}, {})", self.client.platform_name(), self.id(), self.kind())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(options: &[(String, OptionValue)]) -> Vec<&str> {
+        options.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    #[test]
+    fn nothing_set_sends_nothing() {
+        assert!(create_options(&ClientOptions::default()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn gpu_options_travel_with_the_names_and_types_the_cuda_plugin_reads() {
+        let options = ClientOptions {
+            visible_devices: Some(vec![0, 2]),
+            memory_fraction: Some(MemoryFraction::new(0.3).unwrap()),
+            preallocate: Some(false),
+            ..ClientOptions::default()
+        };
+        let encoded = create_options(&options).unwrap();
+        assert_eq!(names(&encoded), ["visible_devices", "memory_fraction", "preallocate"]);
+        assert!(matches!(&encoded[0].1, OptionValue::Int64List(l) if l == &[0, 2]));
+        assert!(matches!(encoded[1].1, OptionValue::Float(f) if f == 0.3f32));
+        assert!(matches!(encoded[2].1, OptionValue::Bool(false)));
+    }
+
+    #[test]
+    fn the_cpu_device_count_is_an_int64() {
+        let encoded = create_options(&ClientOptions { cpu_device_count: Some(4), ..ClientOptions::default() }).unwrap();
+        assert_eq!(names(&encoded), ["cpu_device_count"]);
+        assert!(matches!(encoded[0].1, OptionValue::Int64(4)));
     }
 }

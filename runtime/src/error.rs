@@ -249,6 +249,9 @@ pub enum RuntimeError {
     #[error("environment variable {var}={value:?} is not a boolean; expected {expected}")]
     BadBoolEnv { var: &'static str, value: String, expected: &'static str },
 
+    #[error("{var}={value:?} is not a fraction of GPU memory; expected a number in (0, 1]")]
+    BadMemoryFraction { var: &'static str, value: String },
+
     #[error("environment variable {var}={value:?} is not valid; expected {expected}")]
     BadCacheEnv { var: &'static str, value: String, expected: &'static str },
 

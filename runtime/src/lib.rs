@@ -9,6 +9,8 @@
 //! - [`gpu`] probes the CUDA driver for GPUs (names, memory); [`replicas`]
 //!   turns `GPU_NUM_DEVICES` / `KILN_CPU_DEVICES` into a replica count and
 //!   client options;
+//! - [`gpu_memory`] is how much of each GPU the CUDA plugin takes
+//!   (`KILN_GPU_MEMORY_FRACTION`, `KILN_GPU_PREALLOCATE`);
 //! - [`distributed`] is several processes in one run: identity from
 //!   `KILN_NUM_NODES`/`KILN_NODE_ID`/`KILN_COORDINATOR`, the key-value store
 //!   PJRT asks for, the start-up barrier and the lost-peer watchdog;
@@ -27,6 +29,7 @@ pub mod env;
 pub mod error;
 pub mod executable;
 pub mod gpu;
+pub mod gpu_memory;
 pub mod pjrt;
 pub mod plugin;
 pub mod plugin_logs;
@@ -41,6 +44,7 @@ pub use element_type::{ElementType, NativeType};
 pub use error::{CountProblem, DevicesFound, PjrtErrorCode, Result, RuntimeError};
 pub use executable::{CompiledMemoryStats, Completion, ExecArg, Executable};
 pub use gpu::{probe_gpus, GpuInfo, GpuProbe};
+pub use gpu_memory::{GpuMemory, MemoryFraction};
 pub use plugin::PjrtDevice;
 pub use replicas::{replica_plan_from_env, ReplicaEnv, ReplicaPlan, ReplicaSource};
 pub use signature::{ArgType, Signature};

@@ -96,8 +96,12 @@ impl ReplicaPlan {
                 let driver_gpus = self.gpus.as_ref().map(GpuProbe::gpu_names).unwrap_or_default();
                 let wanted = self.client_options.visible_devices.as_deref().unwrap_or_default();
                 if wanted.len() != exposed {
+                    let var = match &self.source {
+                        ReplicaSource::Env { var, .. } => *var,
+                        ReplicaSource::AllGpus | ReplicaSource::CpuDefault => distributed::identity::ENV_LOCAL_DEVICES,
+                    };
                     return Err(RuntimeError::GpuCountMismatch {
-                        var: distributed::identity::ENV_LOCAL_DEVICES,
+                        var,
                         driver_gpus: wanted
                             .iter()
                             .map(|&i| driver_gpus.get(i).cloned().unwrap_or_else(|| format!("[{i}] ?")))
@@ -141,6 +145,9 @@ impl ReplicaPlan {
     /// `replicas × num_nodes`.
     pub fn create_client(&self) -> Result<Client> {
         let mut options = self.client_options.clone();
+        if self.device == PjrtDevice::Cuda {
+            crate::gpu_memory::GpuMemory::from_env()?.apply(&mut options);
+        }
         if self.identity.is_distributed() {
             let session = distributed::join(&self.identity)?;
             options.distributed = Some(DistributedOptions {
@@ -291,7 +298,8 @@ pub fn cpu_replica_plan(value: Option<&str>) -> Result<ReplicaPlan> {
 }
 
 /// The CUDA plan for a `GPU_NUM_DEVICES` value (`None` = unset) and what the
-/// GPU probe found.
+/// GPU probe found: a set count opens only the first `N` GPUs
+/// (`visible_devices`), unset opens them all.
 pub fn gpu_replica_plan(value: Option<&str>, probe: GpuProbe) -> Result<ReplicaPlan> {
     let available = probe.gpus().len();
     let (replicas, source) = match set(value) {
@@ -312,11 +320,18 @@ pub fn gpu_replica_plan(value: Option<&str>, probe: GpuProbe) -> Result<ReplicaP
             (n, source)
         }
     };
+    // A count opens only the GPUs it trains on (the plugin's
+    // `visible_devices`): otherwise the plugin opens, and reserves memory on,
+    // every GPU of the host.
+    let visible_devices = match source {
+        ReplicaSource::Env { .. } => Some((0..replicas).collect()),
+        ReplicaSource::AllGpus | ReplicaSource::CpuDefault => None,
+    };
     Ok(ReplicaPlan {
         device: PjrtDevice::Cuda,
         replicas,
         source,
-        client_options: ClientOptions::default(),
+        client_options: ClientOptions { visible_devices, ..ClientOptions::default() },
         gpus: Some(probe),
         identity: Identity::single(),
     })

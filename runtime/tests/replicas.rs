@@ -67,7 +67,10 @@ fn gpu_count_within_the_visible_gpus_is_taken() {
     assert_eq!(plan.replicas, 1);
     assert_eq!(plan.source, ReplicaSource::Env { var: "GPU_NUM_DEVICES", value: "1".into() });
     assert_eq!(plan.source.to_string(), "GPU_NUM_DEVICES=1");
+    // Only the GPU it trains on is opened (and gets memory reserved).
+    assert_eq!(plan.client_options.visible_devices, Some(vec![0]));
     assert_eq!(gpu_replica_plan(Some(" 2 "), gpus(2)).unwrap().replicas, 2);
+    assert_eq!(gpu_replica_plan(Some("2"), gpus(3)).unwrap().client_options.visible_devices, Some(vec![0, 1]));
 }
 
 #[test]
@@ -169,7 +172,7 @@ fn a_driver_without_gpus_or_failing_is_named() {
 
 #[test]
 fn driver_and_pjrt_disagreeing_is_an_error_with_both_counts() {
-    let plan = gpu_replica_plan(Some("1"), gpus(2)).unwrap();
+    let plan = gpu_replica_plan(None, gpus(2)).unwrap();
     let err = plan.check_pjrt_devices(&["[0] NVIDIA H100 80GB HBM3".to_string()]).unwrap_err();
     assert_eq!(
         err.to_string(),
@@ -180,6 +183,17 @@ fn driver_and_pjrt_disagreeing_is_an_error_with_both_counts() {
     );
     let none: &[String] = &[];
     assert!(plan.check_pjrt_devices(none).unwrap_err().to_string().contains("exposes 0 device(s) (none)"));
+}
+
+#[test]
+fn a_count_checks_the_gpus_it_opened() {
+    // GPU_NUM_DEVICES=1 of 2: the plugin opens one GPU, which is right.
+    let plan = gpu_replica_plan(Some("1"), gpus(2)).unwrap();
+    plan.check_pjrt_devices(&["[0] NVIDIA H100 80GB HBM3".to_string()]).unwrap();
+    // A plugin that ignored visible_devices shows two: named by the variable.
+    let two = ["[0] NVIDIA H100 80GB HBM3".to_string(), "[1] NVIDIA H100 80GB HBM3".to_string()];
+    let err = plan.check_pjrt_devices(&two).unwrap_err().to_string();
+    assert!(err.contains("GPU_NUM_DEVICES") && err.contains("exposes 2 device(s)"), "{err}");
 }
 
 #[test]

@@ -16,7 +16,9 @@ use kiln_compiler::ir::DType;
 use crate::amp;
 use crate::error::{FrontendError, Result};
 use crate::models::mlp::{StepInfo, TrainReport};
-use crate::nn::{self, CausalSelfAttention, Embedding, HostRng, LayerNorm, MlpBlock, Module, ParamStore};
+use crate::nn::{
+    self, CausalSelfAttention, Embedding, HostRng, InitPlacement, LayerNorm, MlpBlock, Module, ParamStore,
+};
 use crate::optim::{AdamW, AdamWConfig, WarmupCosine};
 use crate::tensor::Tensor;
 use crate::train_step::TrainStep;
@@ -39,6 +41,9 @@ pub struct GptConfig {
     pub amp: Option<DType>,
     /// Clip the global gradient norm to this. `None`: no clipping.
     pub max_grad_norm: Option<f64>,
+    /// Where parameters are initialised; `None`: `KILN_INIT`, else on the
+    /// devices on the PJRT backend (`super::init_placement`).
+    pub init: Option<InitPlacement>,
 }
 
 impl GptConfig {
@@ -57,6 +62,7 @@ impl GptConfig {
             dropout: 0.0,
             amp: None,
             max_grad_norm: None,
+            init: None,
         }
     }
 
@@ -75,6 +81,7 @@ impl GptConfig {
             dropout: 0.0,
             amp: None,
             max_grad_norm: None,
+            init: None,
         }
     }
 }
@@ -225,11 +232,14 @@ impl GptTrainer {
                 reason: format!("{} characters cannot fill one window of {} + 1", data.len(), cfg.seq),
             });
         }
-        let mut params = ParamStore::new(cfg.seed);
+        let mut params = ParamStore::with_placement(cfg.seed, super::init_placement(cfg.init)?);
         let model = Gpt::new(&mut params, cfg)?;
         // Under a mesh, the policy set for the run (`--shard`) before the
         // optimizer state is made from the parameters.
         crate::shard::apply_active(&params)?;
+        // Then the init program runs (on-device init), producing each
+        // parameter in the sharding just set.
+        params.materialize()?;
         let opt = AdamW::new(&params.tensors(), AdamWConfig { weight_decay: 0.1, beta2: 0.99, ..Default::default() })?;
         random::manual_seed(cfg.seed);
         let ordered = super::ordered_step(cfg.amp, cfg.max_grad_norm)?;
@@ -359,14 +369,16 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
     let vocab = CharVocab::new(text);
     // `cfg.vocab` pads the embedding past the text's characters (0: no padding).
     let cfg = GptConfig { vocab: vocab.len().max(cfg.vocab), ..cfg.clone() };
+    let setup = Instant::now();
     let mut t = GptTrainer::new(vocab.encode(text), &cfg)?;
+    let setup_seconds = setup.elapsed().as_secs_f64();
     let schedule = WarmupCosine {
         base_lr: cfg.lr,
         min_lr: cfg.lr * 0.1,
         warmup_steps: (cfg.steps / 10).max(1),
         total_steps: cfg.steps,
     };
-    let mut report = TrainReport::default();
+    let mut report = TrainReport { setup_seconds, init: Some(t.params.placement()), ..TrainReport::default() };
     let start = Instant::now();
     // The step is captured (`compile_step`), with or without an ordered step:
     // traced once, replayed with each batch and learning rate; the loss of

@@ -16,7 +16,7 @@ use crate::amp;
 use crate::context::{self, Backend};
 use crate::data::{self, Batch, FashionMnist, ImageSet, LastBatch, Prefetcher};
 use crate::error::{FrontendError, Result};
-use crate::nn::{cross_entropy, Linear, Module, ParamStore};
+use crate::nn::{cross_entropy, InitPlacement, Linear, Module, ParamStore};
 use crate::optim::{AdamW, AdamWConfig, WarmupCosine};
 use crate::step::mark_step;
 use crate::tensor::Tensor;
@@ -97,6 +97,9 @@ pub struct MlpConfig {
     /// Mixed precision: matmuls in this dtype (`f16` or `bf16`), master weights
     /// in f32. `None`: everything in f32.
     pub amp: Option<DType>,
+    /// Where parameters are initialised; `None`: `KILN_INIT`, else on the
+    /// devices on the PJRT backend (`super::init_placement`).
+    pub init: Option<InitPlacement>,
 }
 
 impl Default for MlpConfig {
@@ -116,6 +119,7 @@ impl Default for MlpConfig {
             resume: false,
             overwrite: false,
             amp: None,
+            init: None,
         }
     }
 }
@@ -147,6 +151,12 @@ pub struct TrainReport {
     pub skipped_steps: u64,
     /// The loss scale at the end (f16 mixed precision only).
     pub loss_scale: Option<f64>,
+    /// Seconds from the start of the run until the model, its parameters
+    /// (initialised and, on the device placement, computed) and the optimizer
+    /// existed.
+    pub setup_seconds: f64,
+    /// Where the parameters were initialised.
+    pub init: Option<InitPlacement>,
 }
 
 impl TrainReport {
@@ -192,11 +202,12 @@ pub struct Trainer {
 
 impl Trainer {
     pub fn new(pixels: usize, classes: usize, cfg: &MlpConfig) -> Result<Trainer> {
-        let mut params = ParamStore::new(cfg.seed);
+        let mut params = ParamStore::with_placement(cfg.seed, super::init_placement(cfg.init)?);
         let mut sizes = vec![pixels];
         sizes.extend(&cfg.hidden);
         sizes.push(classes);
         let model = Mlp::new(&mut params, &sizes)?;
+        params.materialize()?;
         let opt = AdamW::new(&params.tensors(), AdamWConfig { weight_decay: cfg.weight_decay, ..Default::default() })?;
         random::manual_seed(cfg.seed);
         let ordered = super::ordered_step(cfg.amp, None)?;
@@ -328,7 +339,9 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     // The run's replicas: over several processes each keeps its own shards.
     let replicas = crate::replicas::global_replicas()?;
     cfg.check(data, replicas)?;
+    let setup = Instant::now();
     let mut t = Trainer::new(data.train.pixels(), 10, cfg)?;
+    let setup_seconds = setup.elapsed().as_secs_f64();
     if let Some(path) = &cfg.checkpoint {
         prepare_checkpoint(&mut t, path, cfg)?;
     }
@@ -338,7 +351,7 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     let total = cfg.max_steps.unwrap_or(all_steps).min(all_steps);
     let schedule =
         WarmupCosine { base_lr: cfg.lr, min_lr: cfg.lr * 0.05, warmup_steps: (total / 20).max(1), total_steps: total };
-    let mut report = TrainReport::default();
+    let mut report = TrainReport { setup_seconds, init: Some(t.params.placement()), ..TrainReport::default() };
     let mut clock = super::StepClock::default();
     let start = Instant::now();
     // A resumed run starts in the epoch (and at the batch) where the saved

@@ -7,14 +7,42 @@ use std::time::Instant;
 use kiln_compiler::ir::DType;
 
 use crate::amp::LossScalerConfig;
-use crate::error::Result;
+use crate::error::{FrontendError, Result};
+use crate::executor::Backend;
 use crate::grad::grad;
-use crate::nn::ParamStore;
+use crate::nn::{InitPlacement, ParamStore};
 use crate::optim::AdamW;
 use crate::replicas;
 use crate::step::mark_step;
 use crate::tensor::Tensor;
 use crate::train_step::{TrainStep, TrainStepOptions};
+
+/// Env var: where the built-in models initialise their parameters, `host` or
+/// `device` (see [`init_placement`]).
+pub const ENV_INIT: &str = "KILN_INIT";
+
+/// Where a built-in model initialises: `chosen` when set, else `KILN_INIT`,
+/// else on the devices when steps run through PJRT on an accelerator (the
+/// init program: the same values as host init, nothing uploaded but the
+/// seed), and on the host with the XLA CPU plugin (its devices are host
+/// memory: the init program saves no upload there and costs a compile) and
+/// on the reference and eager backends (which compute on the host anyway).
+pub fn init_placement(chosen: Option<InitPlacement>) -> Result<InitPlacement> {
+    if let Some(p) = chosen {
+        return Ok(p);
+    }
+    if let Some(v) = std::env::var_os(ENV_INIT).filter(|v| !v.is_empty()) {
+        let v = v.to_string_lossy();
+        return InitPlacement::parse(v.trim()).ok_or_else(|| FrontendError::InvalidArgument {
+            op: "init",
+            reason: format!("{ENV_INIT}={v:?} is not a placement; expected host or device"),
+        });
+    }
+    Ok(match crate::context::backend() {
+        Backend::Pjrt if crate::context::with(|c| c.client())?.platform_name() != "cpu" => InitPlacement::Device,
+        Backend::Pjrt | Backend::Reference | Backend::Eager => InitPlacement::Host,
+    })
+}
 
 /// The step every built-in loop runs: gradients of `loss`, averaged over
 /// replicas, the update, and `mark_step`; returns the loss averaged over

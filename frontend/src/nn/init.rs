@@ -1,5 +1,8 @@
 //! Seeded host-side initialisation of parameters.
 //!
+//! `nn::device_init` computes the same values on the devices: it relies on
+//! SplitMix64 being counter-based (draw `k` is a function of `seed + (k+1)·γ`).
+//!
 //! Parameters start as host data drawn from a small counter-free generator
 //! (SplitMix64), so the first training step has the same program as every later
 //! one (host data and device data are both plain parameters): no extra compile
@@ -22,6 +25,12 @@ impl HostRng {
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
+    }
+
+    /// Skips `n` draws (SplitMix64 is counter-based: the state after `n`
+    /// draws is the seed plus `n` increments).
+    pub fn skip(&mut self, n: u64) {
+        self.state = self.state.wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     }
 
     /// Uniform in `[0, 1)` with 53 bits.

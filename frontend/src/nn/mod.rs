@@ -2,13 +2,21 @@
 //!
 //! Layers hold handles to their parameters (clones of the store's tensors), so
 //! an optimizer that assigns new values through the store updates the layers.
-//! Parameters are f32 master weights created from seeded host data.
+//! Parameters are f32 master weights made from the store's seed: on the host
+//! ([`InitPlacement::Host`]) or by a compiled init program on the devices
+//! ([`InitPlacement::Device`], `device_init`), with the same values.
+//!
+//! Invariant: the store's draws form one stream per seed, taken in creation
+//! order; [`ParamSpec::first_draw`] says where each parameter's draws start,
+//! whichever placement made it.
 
+mod device_init;
 mod init;
 mod module;
 
 use kiln_compiler::ir::{CompareDir, DType, Shape};
 
+pub use device_init::{init_value, Init, InitPlacement, ParamSpec};
 pub use init::HostRng;
 pub use module::{scoped, Dropout, Func, Module, Sequential};
 
@@ -21,39 +29,106 @@ use crate::{amp, scope};
 pub struct ParamStore {
     params: Vec<(String, Tensor)>,
     rng: HostRng,
+    /// How each parameter was made, in creation order (`Init::Given` for
+    /// tensors registered with [`ParamStore::add`]).
+    specs: Vec<ParamSpec>,
+    /// Draws of the seed's stream taken so far.
+    draws: u64,
+    placement: InitPlacement,
+    seed: u64,
 }
 
 impl ParamStore {
+    /// A store that initialises on the host.
     pub fn new(seed: u64) -> ParamStore {
-        ParamStore { params: Vec::new(), rng: HostRng::new(seed) }
+        ParamStore::with_placement(seed, InitPlacement::Host)
+    }
+
+    /// A store that initialises where `placement` says. With
+    /// [`InitPlacement::Device`] parameters are recorded as pending values of
+    /// the current step; [`ParamStore::materialize`] runs them as their own
+    /// program (otherwise the first step that reads them computes them).
+    pub fn with_placement(seed: u64, placement: InitPlacement) -> ParamStore {
+        ParamStore { params: Vec::new(), rng: HostRng::new(seed), specs: Vec::new(), draws: 0, placement, seed }
+    }
+
+    pub fn placement(&self) -> InitPlacement {
+        self.placement
+    }
+
+    /// How every parameter was made, in creation order.
+    pub fn specs(&self) -> &[ParamSpec] {
+        &self.specs
     }
 
     /// Registers `t` under `name` (names must be unique).
     pub fn add(&mut self, name: impl Into<String>, t: Tensor) -> Result<Tensor> {
-        let name = name.into();
+        self.register(name.into(), t, Init::Given)
+    }
+
+    fn register(&mut self, name: String, t: Tensor, init: Init) -> Result<Tensor> {
         if self.params.iter().any(|(n, _)| *n == name) {
             return Err(FrontendError::DuplicateName { op: "param", name });
         }
         let t = t.with_name(&name);
+        let first_draw = self.draws;
+        self.draws = self.draws.wrapping_add(init.draws_per_element().wrapping_mul(t.elem_count() as u64));
+        self.specs.push(ParamSpec { name: name.clone(), shape: t.shape().clone(), init, first_draw });
         self.params.push((name, t.clone()));
         Ok(t)
     }
 
+    /// Makes `name` per `init` where this store initialises.
+    fn make(&mut self, name: &str, shape: Shape, init: Init) -> Result<Tensor> {
+        let t = match self.placement {
+            InitPlacement::Host => {
+                let n = shape.num_elements();
+                let data = match init {
+                    Init::Uniform { bound } => self.rng.uniform_vec(n, -bound, bound),
+                    Init::Normal { std } => self.rng.normal_vec(n, std),
+                    Init::Constant { value } => vec![value; n],
+                    Init::Given => {
+                        return Err(FrontendError::InvalidArgument {
+                            op: "param",
+                            reason: format!("{name}: a given tensor is registered with ParamStore::add"),
+                        })
+                    }
+                };
+                Tensor::from_vec(data, shape)?
+            }
+            InitPlacement::Device => {
+                let spec = ParamSpec { name: name.to_string(), shape, init, first_draw: self.draws };
+                // The host generator stays in step with the stream.
+                self.rng.skip(init.draws_per_element().wrapping_mul(spec.shape.num_elements() as u64));
+                init_value(self.seed, &spec)?
+            }
+        };
+        self.register(name.to_string(), t, init)
+    }
+
     pub fn uniform(&mut self, name: &str, shape: impl Into<Shape>, bound: f64) -> Result<Tensor> {
-        let shape = shape.into();
-        let data = self.rng.uniform_vec(shape.num_elements(), -bound, bound);
-        self.add(name, Tensor::from_vec(data, shape)?)
+        self.make(name, shape.into(), Init::Uniform { bound })
     }
 
     pub fn normal(&mut self, name: &str, shape: impl Into<Shape>, std: f64) -> Result<Tensor> {
-        let shape = shape.into();
-        let data = self.rng.normal_vec(shape.num_elements(), std);
-        self.add(name, Tensor::from_vec(data, shape)?)
+        self.make(name, shape.into(), Init::Normal { std })
     }
 
     pub fn constant(&mut self, name: &str, shape: impl Into<Shape>, value: f32) -> Result<Tensor> {
-        let shape = shape.into();
-        self.add(name, Tensor::from_vec(vec![value; shape.num_elements()], shape)?)
+        self.make(name, shape.into(), Init::Constant { value })
+    }
+
+    /// Runs the init program of parameters still pending (device placement)
+    /// as one step, so they are device data before the first training step
+    /// (which then compiles to the program every later step runs). A step
+    /// boundary: anything else pending in the current step runs with it.
+    /// Returns whether a step ran.
+    pub fn materialize(&self) -> Result<bool> {
+        if !self.params.iter().any(|(_, t)| t.is_pending()) {
+            return Ok(false);
+        }
+        crate::step::mark_step()?;
+        Ok(true)
     }
 
     pub fn get(&self, name: &str) -> Option<&Tensor> {

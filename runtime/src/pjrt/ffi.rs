@@ -110,6 +110,8 @@ pub type Unused = Option<unsafe extern "C" fn()>;
 // PJRT_NamedValue_Type values.
 pub const PJRT_NAMED_VALUE_INT64: c_int = 1;
 pub const PJRT_NAMED_VALUE_INT64_LIST: c_int = 2;
+pub const PJRT_NAMED_VALUE_FLOAT: c_int = 3;
+pub const PJRT_NAMED_VALUE_BOOL: c_int = 4;
 
 /// `PJRT_CallbackError`: made by the plugin, handed to the key-value
 /// callbacks (by pointer) so they can return a `PJRT_Error*` it owns.

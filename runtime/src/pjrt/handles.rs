@@ -32,6 +32,8 @@ fn non_null<T>(api: &Api, function: &'static str, ptr: *mut T) -> Result<NonNull
 pub(crate) enum OptionValue {
     Int64(i64),
     Int64List(Vec<i64>),
+    Float(f32),
+    Bool(bool),
 }
 
 /// An owned `PJRT_Client`.
@@ -73,6 +75,16 @@ impl RawClient {
                         nv.type_ = ffi::PJRT_NAMED_VALUE_INT64_LIST;
                         nv.value = ffi::NamedValueUnion { int64_array_value: list.as_ptr() };
                         nv.value_size = list.len();
+                    }
+                    OptionValue::Float(v) => {
+                        nv.type_ = ffi::PJRT_NAMED_VALUE_FLOAT;
+                        nv.value = ffi::NamedValueUnion { float_value: *v };
+                        nv.value_size = 1;
+                    }
+                    OptionValue::Bool(v) => {
+                        nv.type_ = ffi::PJRT_NAMED_VALUE_BOOL;
+                        nv.value = ffi::NamedValueUnion { bool_value: *v };
+                        nv.value_size = 1;
                     }
                 }
                 nv

@@ -1,0 +1,90 @@
+//! Set-up time of a model's parameters: host init against the init program.
+//!
+//! `init_setup [tiny|gpt2-small]...` (both when none). For each config, one
+//! process, with the disk cache the environment sets (`KILN_CACHE=off`: a
+//! cold compile; a filled `KILN_CACHE_DIR`: a disk hit):
+//! - `host`: the parameters as host data, then the upload the first step
+//!   would do (a step moving each parameter to the devices, its compile
+//!   excluded);
+//! - `device cold`: recording the init program, compiling it, running it to
+//!   completion (`kiln::sync`);
+//! - `device warm`: the same with another seed (the program in memory): what
+//!   every later model of the same structure, or a disk-cache hit, pays.
+//!
+//! Prints one line per figure and writes `$OUT/init_setup.json` when `OUT` is
+//! set.
+
+use std::time::Instant;
+
+use kiln::models::gpt::{Gpt, GptConfig};
+use kiln::nn::{InitPlacement, ParamStore};
+use kiln::{metrics, Tensor};
+use serde_json::json;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn build(seed: u64, placement: InitPlacement, cfg: &GptConfig) -> Res<(ParamStore, f64, f64)> {
+    let t = Instant::now();
+    let mut ps = ParamStore::with_placement(seed, placement);
+    Gpt::new(&mut ps, cfg)?;
+    let recorded = t.elapsed().as_secs_f64() * 1e3;
+    ps.materialize()?;
+    kiln::sync()?;
+    Ok((ps, recorded, t.elapsed().as_secs_f64() * 1e3))
+}
+
+fn main() -> Res<()> {
+    // The client exists before anything is timed (its creation, with the
+    // plugin's start, is not set-up of the model).
+    let one = Tensor::scalar(1f32).add_scalar(1.0)?;
+    kiln::mark_step()?;
+    one.item()?;
+    let mut names: Vec<String> = std::env::args().skip(1).collect();
+    if names.is_empty() {
+        names = vec!["tiny".into(), "gpt2-small".into()];
+    }
+    let mut out = Vec::new();
+    for name in &names {
+        let cfg = match name.as_str() {
+            "tiny" => GptConfig::tiny(65),
+            "gpt2-small" => GptConfig::gpt2_small(50304),
+            other => return Err(format!("unknown config {other}: tiny or gpt2-small").into()),
+        };
+        let (host, _, host_ms) = build(1, InitPlacement::Host, &cfg)?;
+        let elements = host.num_elements();
+        // What the first step adds for host data: the upload, measured as a
+        // step that only moves each parameter onto the devices (x + 0), less
+        // that step's compile.
+        let m = metrics::snapshot();
+        let t = Instant::now();
+        for (_, p) in host.iter() {
+            p.assign(&p.add_scalar(0.0)?)?;
+        }
+        kiln::mark_step()?;
+        kiln::sync()?;
+        let upload_compile_ms = (metrics::snapshot().compile_time - m.compile_time).as_secs_f64() * 1e3;
+        let upload_ms = t.elapsed().as_secs_f64() * 1e3 - upload_compile_ms;
+        drop(host);
+        let m0 = metrics::snapshot();
+        let (cold, record_ms, cold_ms) = build(1, InitPlacement::Device, &cfg)?;
+        let m1 = metrics::snapshot();
+        drop(cold);
+        let (warm, _, warm_ms) = build(2, InitPlacement::Device, &cfg)?;
+        drop(warm);
+        let compile_ms = (m1.compile_time - m0.compile_time).as_secs_f64() * 1e3;
+        let disk_hits = m1.disk_hits - m0.disk_hits;
+        println!(
+            "{name:11} {elements:>11} params  host {host_ms:9.1} ms + upload {upload_ms:.1} ms  device cold \
+             {cold_ms:9.1} ms (record {record_ms:.1}, compile {compile_ms:.1}, disk hits {disk_hits})  device warm {warm_ms:9.1} ms"
+        );
+        out.push(json!({
+            "config": name, "params": elements, "host_ms": host_ms, "host_upload_ms": upload_ms,
+            "device_cold_ms": cold_ms,
+            "device_record_ms": record_ms, "device_compile_ms": compile_ms, "device_disk_hits": disk_hits, "device_warm_ms": warm_ms,
+        }));
+    }
+    if let Some(dir) = std::env::var_os("OUT") {
+        std::fs::write(std::path::Path::new(&dir).join("init_setup.json"), serde_json::to_string_pretty(&out)?)?;
+    }
+    Ok(())
+}

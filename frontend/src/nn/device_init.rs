@@ -1,0 +1,240 @@
+//! On-device initialisation: the init program that computes parameters from
+//! the seed where they will live, with the values host init would give.
+//!
+//! Host init ([`super::HostRng`]) draws SplitMix64 outputs in sequence, and
+//! SplitMix64 is counter-based: draw `k` of seed `s` is `mix(s + (k + 1)·γ)`.
+//! A parameter whose draws start at `first_draw` in its store's stream is
+//! therefore a pure elementwise function of the seed and each element's index,
+//! which this module records as ordinary lazy ops (`iota`, wrapping `u64`
+//! arithmetic, the f64 transforms, one conversion to f32). `ParamStore`
+//! records them while a model is built and runs them as one step
+//! ([`super::ParamStore::materialize`]): an ordinary kiln program through the
+//! same pipeline and compile cache as a training step.
+//!
+//! Invariants:
+//! - Value-equal to host init: the integer bits are the same (wrapping `u64`
+//!   `+ * ^` and division by a power of two are exact on both sides); the
+//!   float transform is the host's, op for op in f64, rounded once to f32
+//!   at the end. What may differ is a transcendental's last f64 bit (the
+//!   backend's `log`/`cos` against the host's libm) or a fused multiply-add
+//!   that the backend contracts; either changes the f32 result only when the
+//!   f64 value lies within an ulp of an f32 rounding tie (`docs/init.md`
+//!   gives the measured difference).
+//! - Independent of where it runs: an element depends only on its global
+//!   index, computed from one `iota` per axis times that axis' stride, never
+//!   on a replica or partition id. The same program gives the same values on
+//!   any number of replicas, and a partitioner that splits the result splits
+//!   the iotas with it (no full copy anywhere).
+//! - One program per list of shapes and kinds, not per seed or offset: each
+//!   random parameter's key (`seed + (first_draw + 1)·γ`, computed on the
+//!   host) and its scale (`std`, or `lo` and `hi - lo`) are scalar parameters
+//!   of the program (24 or 16 bytes uploaded per parameter, nothing else).
+//!   Parameters of one shape and kind are then the same computation on other
+//!   scalars, meant to let XLA's GPU backend reuse one kernel for them; on
+//!   the H100 that did not shorten gpt2-small's first compile (17.5 s with
+//!   constants, 18–24 s with inputs: `docs/init.md`).
+//! - Nothing here reads a device or cuts a step: it only records.
+
+use kiln_compiler::ir::{BinaryOp, DType, Literal, Op, Shape, TensorType};
+
+use crate::context;
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+/// SplitMix64's increment (the golden ratio in 64 bits).
+pub(crate) const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+const MIX1: u64 = 0xBF58_476D_1CE4_E5B9;
+const MIX2: u64 = 0x94D0_49BB_1331_11EB;
+
+/// How a parameter's initial value is made.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Init {
+    /// Uniform in `[-bound, bound)`: one draw per element.
+    Uniform { bound: f64 },
+    /// Normal with mean 0 and standard deviation `std` (Box–Muller): two
+    /// draws per element.
+    Normal { std: f64 },
+    /// Every element `value`: no draws.
+    Constant { value: f32 },
+    /// A tensor the caller made ([`super::ParamStore::add`]): no draws.
+    Given,
+}
+
+impl Init {
+    /// Draws of the seed's stream one element takes.
+    pub fn draws_per_element(self) -> u64 {
+        match self {
+            Init::Uniform { .. } => 1,
+            Init::Normal { .. } => 2,
+            Init::Constant { .. } | Init::Given => 0,
+        }
+    }
+}
+
+/// One parameter as its store made it: enough to make it again, anywhere.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParamSpec {
+    pub name: String,
+    pub shape: Shape,
+    pub init: Init,
+    /// Index, in the seed's stream, of the parameter's first draw (elements
+    /// draw in row-major order; a normal element takes draws `2i` and `2i+1`).
+    pub first_draw: u64,
+}
+
+/// Where a [`super::ParamStore`] computes its parameters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum InitPlacement {
+    /// On the host, as data uploaded by the first step (works on every
+    /// backend; the reference and eager backends' only choice).
+    #[default]
+    Host,
+    /// In a compiled init program on the devices: nothing but the seed
+    /// travels from the host.
+    Device,
+}
+
+impl InitPlacement {
+    /// `host` or `device` (the CLI's `--init`).
+    pub fn parse(s: &str) -> Option<InitPlacement> {
+        match s {
+            "host" => Some(InitPlacement::Host),
+            "device" => Some(InitPlacement::Device),
+            _ => None,
+        }
+    }
+}
+
+/// Records `spec`'s initial value (f32 of `spec.shape`) from `seed`.
+pub fn init_value(seed: u64, spec: &ParamSpec) -> Result<Tensor> {
+    let shape = &spec.shape;
+    // The state before the parameter's first draw (SplitMix64 adds γ first).
+    let key = Tensor::from_literal(u64_literal(seed.wrapping_add(spec.first_draw.wrapping_add(1).wrapping_mul(GAMMA))));
+    let input = |v: f64| Tensor::scalar(v).broadcast_to(shape.clone());
+    match spec.init {
+        Init::Uniform { bound } => {
+            let (lo, hi) = (-bound, bound);
+            // Host: `(lo + (hi - lo) * u) as f32`.
+            let u = uniform01(&draws(&key, 1, 0, shape)?)?;
+            u.mul(&input(hi - lo)?)?.add(&input(lo)?)?.to_dtype(DType::F32)
+        }
+        Init::Normal { std } => {
+            // Host Box–Muller: u1 = 1 - uniform(), u2 = uniform(), in that order.
+            let u1 = uniform01(&draws(&key, 2, 0, shape)?)?;
+            let u2 = uniform01(&draws(&key, 2, 1, shape)?)?;
+            let one_minus = Tensor::full(1.0, DType::F64, shape.clone())?.sub(&u1)?;
+            let r = one_minus.log()?.mul_scalar(-2.0)?.sqrt()?;
+            let c = u2.mul_scalar(std::f64::consts::TAU)?.cos()?;
+            r.mul(&c)?.mul(&input(std)?)?.to_dtype(DType::F32)
+        }
+        Init::Constant { value } => Tensor::full(f64::from(value), DType::F32, shape.clone()),
+        Init::Given => Err(crate::FrontendError::InvalidArgument {
+            op: "init_value",
+            reason: format!("parameter {} was given as data; it has no init to run", spec.name),
+        }),
+    }
+}
+
+/// SplitMix64 outputs of draws `first + step·i + lane` for each element `i`
+/// (row-major) of `shape`, from `key = seed + (first + 1)·γ`.
+fn draws(key: &Tensor, step: u64, lane: u64, shape: &Shape) -> Result<Tensor> {
+    // state = seed + (k + 1)·γ with k = first + lane + step·i: the key, a
+    // lane constant and a per-element multiple of the index.
+    let mut state = key.broadcast_to(shape.clone())?;
+    if lane != 0 {
+        state = state.add(&u64_full(lane.wrapping_mul(GAMMA), shape)?)?;
+    }
+    let state = state.add(&linear_index(shape)?.mul(&u64_full(step.wrapping_mul(GAMMA), shape)?)?)?;
+    mix(&state, shape)
+}
+
+/// SplitMix64's output function (shifts right as divisions by powers of two,
+/// which are exact on unsigned integers).
+fn mix(z: &Tensor, shape: &Shape) -> Result<Tensor> {
+    let z = xor_shift(z, 30)?.mul(&u64_full(MIX1, shape)?)?;
+    let z = xor_shift(&z, 27)?.mul(&u64_full(MIX2, shape)?)?;
+    xor_shift(&z, 31)
+}
+
+/// `z ^ (z >> bits)`.
+fn xor_shift(z: &Tensor, bits: u32) -> Result<Tensor> {
+    z.binary(BinaryOp::Xor, &z.binary_scalar(BinaryOp::Div, (1u64 << bits) as f64)?)
+}
+
+/// Host `uniform()`: the top 53 bits as an f64 fraction in `[0, 1)` (exact).
+fn uniform01(z: &Tensor) -> Result<Tensor> {
+    z.binary_scalar(BinaryOp::Div, (1u64 << 11) as f64)?.to_dtype(DType::F64)?.mul_scalar(1.0 / (1u64 << 53) as f64)
+}
+
+/// Each element's row-major index, as `Σ iota_d · stride_d`: elementwise in
+/// every axis, so a split of the result splits this with it.
+fn linear_index(shape: &Shape) -> Result<Tensor> {
+    if shape.rank() == 0 {
+        return u64_full(0, shape);
+    }
+    let strides = shape.strides();
+    let mut index: Option<Tensor> = None;
+    for (axis, &stride) in strides.iter().enumerate() {
+        if shape.dims()[axis] == 1 {
+            continue;
+        }
+        let term = Tensor::iota(DType::U64, shape.clone(), axis)?;
+        let term = if stride == 1 { term } else { term.mul(&u64_full(stride as u64, shape)?)? };
+        index = Some(match index {
+            Some(i) => i.add(&term)?,
+            None => term,
+        });
+    }
+    match index {
+        Some(i) => Ok(i),
+        None => u64_full(0, shape),
+    }
+}
+
+fn u64_literal(v: u64) -> Literal {
+    Literal::from_bytes(TensorType::new(DType::U64, Shape::scalar()), v.to_le_bytes().to_vec())
+        .expect("8 bytes fill a u64 scalar")
+}
+
+/// `v` broadcast to `shape`, as an exact `u64` constant (scalar constants
+/// recorded through `Tensor::full` pass through an f64, which cannot hold
+/// SplitMix64's 64-bit multipliers).
+fn u64_full(v: u64, shape: &Shape) -> Result<Tensor> {
+    let c = context::with(|c| c.push(Op::Constant { literal: u64_literal(v) })).map(Tensor::wrap)?;
+    if shape.rank() == 0 {
+        Ok(c)
+    } else {
+        c.broadcast_to(shape.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::HostRng;
+
+    #[test]
+    fn draws_per_element_match_the_host_transforms() {
+        assert_eq!(Init::Uniform { bound: 1.0 }.draws_per_element(), 1);
+        assert_eq!(Init::Normal { std: 1.0 }.draws_per_element(), 2);
+        assert_eq!(Init::Constant { value: 0.0 }.draws_per_element(), 0);
+    }
+
+    #[test]
+    fn splitmix_is_counter_based_as_the_program_assumes() {
+        // Draw k of seed s is mix(s + (k + 1)·γ): the identity `draws` rests on.
+        let seed = 0x1234_5678_9abc_def0u64;
+        let mut rng = HostRng::new(seed);
+        for k in 0..100u64 {
+            let mut at_k = HostRng::new(seed.wrapping_add(k.wrapping_mul(GAMMA)));
+            assert_eq!(rng.next_u64(), at_k.next_u64(), "draw {k}");
+        }
+    }
+
+    #[test]
+    fn placement_parses_its_two_names_only() {
+        assert_eq!(InitPlacement::parse("host"), Some(InitPlacement::Host));
+        assert_eq!(InitPlacement::parse("device"), Some(InitPlacement::Device));
+        assert_eq!(InitPlacement::parse("gpu"), None);
+    }
+}

@@ -1,0 +1,44 @@
+//! `KILN_INIT`: the built-in models initialise on the host or through the
+//! init program, with the same weights, so the same losses.
+
+use assert_cmd::Command;
+
+const TEXT: &str = "/usr/share/common-licenses/Apache-2.0";
+
+fn train_gpt(init: &str) -> serde_json::Value {
+    let out = Command::cargo_bin("kiln")
+        .expect("the kiln binary is built")
+        .env("KILN_CACHE", "off")
+        .env("KILN_INIT", init)
+        .args(["train", "gpt", "--text", TEXT, "--steps", "5", "--seed", "9", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+}
+
+#[test]
+fn device_init_trains_the_losses_of_host_init() {
+    let host = train_gpt("host");
+    let device = train_gpt("device");
+    assert_eq!((host["init"].as_str(), device["init"].as_str()), (Some("host"), Some("device")));
+    // The same weights and the same step program: bit-identical losses.
+    assert_eq!(host["losses"], device["losses"], "host {host}\ndevice {device}");
+    assert_eq!(device["compiles"].as_u64(), host["compiles"].as_u64().map(|c| c + 1), "the init program: {device}");
+    assert!(device["setup_ms"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn an_unknown_placement_names_the_variable() {
+    let out = Command::cargo_bin("kiln")
+        .unwrap()
+        .env("KILN_CACHE", "off")
+        .env("KILN_INIT", "gpu")
+        .args(["train", "gpt", "--text", TEXT, "--steps", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("KILN_INIT") && err.contains("\"gpu\"") && err.contains("host or device"), "{err}");
+}
