@@ -123,11 +123,11 @@ fn greedy_remat_cuts_xla_temp_bytes_of_the_tiny_gpt() -> anyhow::Result<()> {
         plan.before.temp_peak_bytes,
         plan.after.temp_peak_bytes
     );
-    // Before attention and layer norm became composites this cut was 2.03x
-    // (7.27 -> 3.6 MiB). Remat does not yet clone multi-output composites or
-    // look through their expansion, so today it is 1.08x (6.97 -> 6.44 MB):
-    // an open regression (docs/memory.md), pinned here so it cannot worsen.
-    assert!(after * 100 <= before * 95, "XLA temp {before} -> {after}");
+    // Measured 2026-11-23: 1.33x (6,971,520 -> 5,259,264 B, 20 values) with
+    // anchors found through views and chains of up to 128 nodes; 1.08x
+    // before. The 2x is not reached: the model predicts 1.63x and XLA
+    // schedules the longer recomputations so that they overlap (docs/memory.md).
+    assert!(after * 100 <= before * 80, "XLA temp {before} -> {after}");
     // The fence is what keeps XLA from merging the clones back.
     assert!(plan.graph.nodes().any(|(_, n)| matches!(n.op, Op::OptimizationBarrier { .. })));
     Ok(())
@@ -197,3 +197,4 @@ fn greedy_meets_every_budget_the_exact_plan_meets_on_the_tiny_gpt() -> anyhow::R
     assert!(met >= 2, "the exact plan met only {met} budgets");
     Ok(())
 }
+
