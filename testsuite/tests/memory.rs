@@ -198,7 +198,6 @@ fn greedy_meets_every_budget_the_exact_plan_meets_on_the_tiny_gpt() -> anyhow::R
     Ok(())
 }
 
-
 /// GPT-2 small's shape (b8, T1024, 12 layers, vocabulary 50,304), forward and
 /// gradients, compiled only (no step runs on the CPU): XLA's own temp bytes
 /// with and without the tightest greedy plan.

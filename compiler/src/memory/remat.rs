@@ -595,8 +595,8 @@ fn chain_for(g: &Graph, l: &Liveness, v: ValueId, at: usize, max_nodes: usize) -
                 continue;
             }
             let un = g.node(u.node);
-            let is_leaf = !clonable(&un.op)
-                || (in_memory_at(u) && !matches!(un.op, Op::Constant { .. } | Op::Iota { .. }));
+            let is_leaf =
+                !clonable(&un.op) || (in_memory_at(u) && !matches!(un.op, Op::Constant { .. } | Op::Iota { .. }));
             if is_leaf {
                 leaves.push(u);
             } else {
