@@ -123,11 +123,11 @@ fn greedy_remat_cuts_xla_temp_bytes_of_the_tiny_gpt() -> anyhow::Result<()> {
         plan.before.temp_peak_bytes,
         plan.after.temp_peak_bytes
     );
-    // Before attention and layer norm became composites this cut was 2.03x
-    // (7.27 -> 3.6 MiB). Remat does not yet clone multi-output composites or
-    // look through their expansion, so today it is 1.08x (6.97 -> 6.44 MB):
-    // an open regression (docs/memory.md), pinned here so it cannot worsen.
-    assert!(after * 100 <= before * 95, "XLA temp {before} -> {after}");
+    // Measured 2026-11-23: 1.33x (6,971,520 -> 5,259,264 B, 20 values) with
+    // anchors found through views and chains of up to 128 nodes; 1.08x
+    // before. The 2x is not reached: the model predicts 1.63x and XLA
+    // schedules the longer recomputations so that they overlap (docs/memory.md).
+    assert!(after * 100 <= before * 80, "XLA temp {before} -> {after}");
     // The fence is what keeps XLA from merging the clones back.
     assert!(plan.graph.nodes().any(|(_, n)| matches!(n.op, Op::OptimizationBarrier { .. })));
     Ok(())
@@ -195,5 +195,46 @@ fn greedy_meets_every_budget_the_exact_plan_meets_on_the_tiny_gpt() -> anyhow::R
     // recomputes the scores), the exact plan over 10 candidates meets only the
     // looser budgets here (docs/memory.md).
     assert!(met >= 2, "the exact plan met only {met} budgets");
+    Ok(())
+}
+
+/// GPT-2 small's shape (b8, T1024, 12 layers, vocabulary 50,304), forward and
+/// gradients, compiled only (no step runs on the CPU): XLA's own temp bytes
+/// with and without the tightest greedy plan.
+#[test]
+fn greedy_remat_cuts_xla_temp_bytes_of_gpt2_small() -> anyhow::Result<()> {
+    let cfg = gpt::GptConfig::gpt2_small(50304);
+    let mut ps = ParamStore::new(0);
+    let m = gpt::Gpt::new(&mut ps, &cfg)?;
+    let params = ps.tensors();
+    let n = cfg.batch * cfg.seq;
+    let ids = Tensor::from_vec((0..n).map(|i| (i * 7 % 50304) as i32).collect::<Vec<_>>(), [cfg.batch, cfg.seq])?;
+    let tgt = Tensor::from_vec((0..n).map(|i| (i * 5 % 50304) as i32).collect::<Vec<_>>(), [n])?;
+    let g = kiln::capture_graph(|| {
+        let loss = m.loss(&ids, &tgt, true)?;
+        let mut out = vec![loss.clone()];
+        out.extend(kiln::grad(&loss, &params)?);
+        Ok(out)
+    })?;
+    let g = pipeline::optimize(&g)?.0;
+    let g = kiln::compiler::composite::expand(&g, kiln::compiler::LowerTarget::Cpu)?;
+    let client = Client::new(&ClientOptions::default())?;
+    let plan = rematerialize(&g, &Greedy, &RematOptions::new(RematBudget::Bytes(0), &XlaCpuFusion))?;
+    let (m0, m1) = (xla_stats(&client, &g)?, xla_stats(&client, &plan.graph)?);
+    let peak = |m: &kiln::runtime::CompiledMemoryStats| {
+        m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+    };
+    eprintln!(
+        "gpt2-small: {} recomputed, +{} FLOPs; XLA temp {} -> {}, args + outputs + temps {} -> {}",
+        plan.choices.len(),
+        plan.extra_flops,
+        m0.temp_size_in_bytes,
+        m1.temp_size_in_bytes,
+        peak(&m0),
+        peak(&m1)
+    );
+    // Measured 2026-11-23: temp 16,223,965,184 -> 8,450,478,080 B (1.92x),
+    // peak 1.82x; the 2x is not reached yet (docs/memory.md).
+    assert!(m1.temp_size_in_bytes * 100 <= m0.temp_size_in_bytes * 55, "{m0:?} -> {m1:?}");
     Ok(())
 }

@@ -37,8 +37,10 @@
 //!   same (fenced) inputs, and a barrier passes values through unchanged, so
 //!   the reference interpreter gives bit-identical outputs.
 //! - Parameters, outputs and aliases keep their order and indices.
-//! - Random-bit generators and multi-output nodes are never cloned (a second
-//!   draw would differ); they are leaves.
+//! - Random-bit generators are never cloned (a second draw would differ),
+//!   nor backward composites; they are leaves. A multi-output node (a forward
+//!   composite) is cloned whole, and late readers of any of its outputs read
+//!   the clone's.
 //! - Every change is checked against the peak model: a candidate that does
 //!   not lower the predicted peak (or the number of positions at it) is
 //!   discarded, so the plan never predicts more memory than no plan.
@@ -80,7 +82,7 @@ pub struct RematOptions<'a> {
 
 impl<'a> RematOptions<'a> {
     pub fn new(budget: RematBudget, fusion: &'a dyn Materialization) -> RematOptions<'a> {
-        RematOptions { budget, target: Target::H100_SXM_MEASURED, fusion, max_chain_nodes: 64, only: None }
+        RematOptions { budget, target: Target::H100_SXM_MEASURED, fusion, max_chain_nodes: 128, only: None }
     }
 }
 
@@ -360,43 +362,44 @@ impl Candidate {
     }
 }
 
-/// Whether a node may be cloned: same inputs give the same outputs.
-fn clonable(op: &Op, outputs: usize) -> bool {
-    outputs == 1
-        && match op {
-            // Composites are never recomputed: they are the dear kernels
-            // (attention, the LM head) remat exists to keep.
-            Op::Parameter { .. }
-            | Op::RngBitGenerator { .. }
-            | Op::OptimizationBarrier { .. }
-            | Op::AllReduce { .. }
-            | Op::Attention { .. }
-            | Op::AttentionGrad { .. }
-            | Op::LayerNorm { .. }
-            | Op::LayerNormGrad { .. }
-            | Op::LmHeadCrossEntropy { .. }
-            | Op::LmHeadCrossEntropyGrad { .. } => false,
-            Op::Constant { .. }
-            | Op::Iota { .. }
-            | Op::Unary { .. }
-            | Op::Binary { .. }
-            | Op::Compare { .. }
-            | Op::Select { .. }
-            | Op::Clamp { .. }
-            | Op::Convert { .. }
-            | Op::BroadcastInDim { .. }
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::Slice { .. }
-            | Op::DynamicSlice { .. }
-            | Op::DynamicUpdateSlice { .. }
-            | Op::Concatenate { .. }
-            | Op::Pad { .. }
-            | Op::Reduce { .. }
-            | Op::DotGeneral { .. }
-            | Op::Gather { .. }
-            | Op::ScatterAdd { .. } => true,
-        }
+/// Whether a node may be cloned: same inputs give the same outputs. The
+/// forward composites (attention, layer norm, the LM head's loss) are
+/// deterministic and are cloned whole with every output (attention's
+/// statistics, layer norm's mean and rstd): recomputing a transformer block
+/// means recomputing them, and their price is the cost model's. Their
+/// backward counterparts only ever run once, late; random-bit generators
+/// would draw again.
+fn clonable(op: &Op) -> bool {
+    match op {
+        Op::Parameter { .. }
+        | Op::RngBitGenerator { .. }
+        | Op::OptimizationBarrier { .. }
+        | Op::AllReduce { .. }
+        | Op::AttentionGrad { .. }
+        | Op::LayerNormGrad { .. }
+        | Op::LmHeadCrossEntropyGrad { .. } => false,
+        Op::Attention { .. } | Op::LayerNorm { .. } | Op::LmHeadCrossEntropy { .. } => true,
+        Op::Constant { .. }
+        | Op::Iota { .. }
+        | Op::Unary { .. }
+        | Op::Binary { .. }
+        | Op::Compare { .. }
+        | Op::Select { .. }
+        | Op::Clamp { .. }
+        | Op::Convert { .. }
+        | Op::BroadcastInDim { .. }
+        | Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Slice { .. }
+        | Op::DynamicSlice { .. }
+        | Op::DynamicUpdateSlice { .. }
+        | Op::Concatenate { .. }
+        | Op::Pad { .. }
+        | Op::Reduce { .. }
+        | Op::DotGeneral { .. }
+        | Op::Gather { .. }
+        | Op::ScatterAdd { .. } => true,
+    }
 }
 
 fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Candidate> {
@@ -417,7 +420,7 @@ fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Candidate> {
             }
         }
         let node = g.node(v.node);
-        if !clonable(&node.op, node.outputs.len()) || matches!(node.op, Op::Constant { .. } | Op::Iota { .. }) {
+        if !clonable(&node.op) || matches!(node.op, Op::Constant { .. } | Op::Iota { .. }) {
             continue;
         }
         // Kernels that read the buffer, directly or through fused nodes and
@@ -457,18 +460,10 @@ fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Candidate> {
         }
         // The anchor must be a buffer of its own outside the chain: fencing a
         // fused value would make it a kernel that reads the chain's originals.
-        let anchor = g
-            .node(late_node)
-            .op
-            .inputs()
-            .into_iter()
-            .filter(|a| {
-                !chain.contains(&a.node)
-                    && !view_clones.contains(&a.node)
-                    && l.materialized[a.node.index()]
-                    && l.exec_pos[a.node.index()].is_some_and(|p| p > early_end)
-            })
-            .max_by_key(|a| l.exec_pos[a.node.index()]);
+        // The late kernel often reads its other operand through a view or a
+        // fused producer (a reshaped or transposed cotangent), so those are
+        // looked through to the buffers the late kernel reads.
+        let anchor = anchor_for(g, l, late_node, late_pos, early_end, &chain, &view_clones);
         // Without a fenced leaf and an anchor nothing stops XLA's CSE from
         // merging the clones back (constant-only chains such as masks).
         if leaves.is_empty() || anchor.is_none() {
@@ -504,6 +499,57 @@ fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Candidate> {
         });
     }
     out
+}
+
+/// A buffer the kernel `late` reads (directly, or through fused producers and
+/// reshapes), written after `early_end` and outside the nodes to clone: the
+/// latest such one.
+fn anchor_for(
+    g: &Graph,
+    l: &Liveness,
+    late: NodeId,
+    late_pos: usize,
+    early_end: usize,
+    chain: &[NodeId],
+    view_clones: &[NodeId],
+) -> Option<ValueId> {
+    let mut best: Option<ValueId> = None;
+    let mut stack = g.node(late).op.inputs();
+    let mut seen: Vec<NodeId> = Vec::new();
+    while let Some(a) = stack.pop() {
+        if chain.contains(&a.node) || view_clones.contains(&a.node) || seen.contains(&a.node) {
+            continue;
+        }
+        seen.push(a.node);
+        let i = a.node.index();
+        let view = !l.materialized[i] || matches!(g.node(a.node).op, Op::Reshape { .. });
+        if view {
+            stack.extend(g.node(a.node).op.inputs());
+        } else if l.exec_pos[i].is_some_and(|p| p > early_end)
+            && best.is_none_or(|b| l.exec_pos[b.node.index()] < l.exec_pos[i])
+        {
+            best = Some(a);
+        }
+    }
+    if best.is_some() {
+        return best;
+    }
+    // A late kernel that reads nothing else of the late region (a derivative
+    // factor computed from the activation alone): the barrier waits for the
+    // latest buffer written in the gap instead, one still live at the late
+    // kernel if there is one (no buffer's life is then extended); the peak
+    // model judges the plan with whatever extension remains.
+    let outside = |b: &&super::liveness::Buffer| {
+        b.def > early_end
+            && b.def < late_pos
+            && matches!(b.kind, BufferKind::Temp | BufferKind::Output)
+            && !chain.contains(&b.value.node)
+            && !view_clones.contains(&b.value.node)
+    };
+    let latest = |live_at_late: bool| {
+        l.buffers.iter().filter(outside).filter(|b| !live_at_late || b.last_use >= late_pos).max_by_key(|b| b.def)
+    };
+    latest(true).or_else(|| latest(false)).map(|b| b.value)
 }
 
 /// The kernels reading node `n`'s buffer as `(position, node)`, following
@@ -550,8 +596,8 @@ fn chain_for(g: &Graph, l: &Liveness, v: ValueId, at: usize, max_nodes: usize) -
                 continue;
             }
             let un = g.node(u.node);
-            let is_leaf = !clonable(&un.op, un.outputs.len())
-                || (in_memory_at(u) && !matches!(un.op, Op::Constant { .. } | Op::Iota { .. }));
+            let is_leaf =
+                !clonable(&un.op) || (in_memory_at(u) && !matches!(un.op, Op::Constant { .. } | Op::Iota { .. }));
             if is_leaf {
                 leaves.push(u);
             } else {
@@ -734,6 +780,43 @@ mod tests {
             opts_budget(&opts, before)
         );
         assert!(exact.extra_flops <= greedy.extra_flops);
+    }
+
+    /// A layer-norm composite read early and late: remat clones it whole
+    /// (every output), and the values do not change.
+    #[test]
+    fn a_multi_output_composite_is_cloned_whole() {
+        let mut g = Graph::new();
+        let p = g.parameter(TensorType::new(DType::F32, [16, 64]));
+        let gamma = g.parameter(TensorType::new(DType::F32, [64]));
+        let beta = g.parameter(TensorType::new(DType::F32, [64]));
+        let a = g.value(Op::Unary { op: UnaryOp::Tanh, input: p }).unwrap();
+        let ln = g.add(Op::LayerNorm { x: a, gamma, beta, eps_bits: 1e-5f64.to_bits() }).unwrap();
+        let y = ValueId::new(ln, 0);
+        let mut acts = vec![y];
+        for _ in 0..6 {
+            let last = *acts.last().unwrap();
+            acts.push(g.value(Op::Unary { op: UnaryOp::Tanh, input: last }).unwrap());
+        }
+        let mut ct = g.value(Op::Unary { op: UnaryOp::Exp, input: *acts.last().unwrap() }).unwrap();
+        for &h in acts[..acts.len() - 1].iter().rev() {
+            ct = g.value(Op::Binary { op: crate::ir::BinaryOp::Mul, lhs: ct, rhs: h }).unwrap();
+        }
+        g.set_outputs(vec![ct]).unwrap();
+        let plan = rematerialize(&g, &Greedy, &RematOptions::new(RematBudget::Bytes(0), &EveryNodeAKernel)).unwrap();
+        crate::verify(&plan.graph).unwrap();
+        assert!(plan.after.peak_bytes < plan.before.peak_bytes);
+        let lns = plan.graph.nodes().filter(|(_, n)| matches!(n.op, Op::LayerNorm { .. })).count();
+        assert_eq!(lns, 2, "the composite is recomputed once: {:?}", plan.choices);
+        let x: Vec<Literal> = [(vec![16usize, 64], 0.37), (vec![64], 0.11), (vec![64], 0.23)]
+            .iter()
+            .map(|(shape, k)| {
+                let n: usize = shape.iter().product();
+                Literal::from_f64s(DType::F32, shape.clone(), &(0..n).map(|i| (i as f64 * k).sin()).collect::<Vec<_>>())
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(crate::interpret(&g, &x).unwrap(), crate::interpret(&plan.graph, &x).unwrap());
     }
 
     fn opts_budget(o: &RematOptions, before: u64) -> u64 {
