@@ -14,7 +14,7 @@ D=$(cd "$(dirname "$0")" && pwd)
 K=${KILN_BIN:-$D/kiln}
 [ -x "$K" ] || K=$(cd "$D/../.." && pwd)/target/release/kiln
 MODE=${1:-cuda}
-export KILN_CACHE=off TF_CPP_MIN_LOG_LEVEL=2 NCCL_NVLS_ENABLE=0
+export KILN_CACHE=off TF_CPP_MIN_LOG_LEVEL=2 NCCL_NVLS_ENABLE=0 KILN_GPU_PREALLOCATE=false
 if [ "$MODE" = cpu ]; then
   export PJRT_DEVICE=CPU KILN_CPU_DEVICES=2
   ARGS="train gpt --text README.md --steps 12 --json"

@@ -83,7 +83,19 @@ pub(crate) fn new_program(g: &Graph, names: &[Option<Rc<str>>], history: &[Rc<Pr
 
 fn describe_difference(new: &Node, was: &Node) -> String {
     if new.outputs != was.outputs {
-        return format!("its type was {} and is now {}", was.outputs[0], new.outputs[0]);
+        // Name the output that changed: a multi-output op (rng_bit_generator:
+        // state and bits) may keep its first output's type.
+        let changed = new.outputs.iter().zip(&was.outputs).position(|(n, w)| n != w);
+        return match changed {
+            Some(k) if new.outputs.len() == 1 => {
+                format!("its type was {} and is now {}", was.outputs[k], new.outputs[k])
+            }
+            Some(k) => format!("its output {k} was {} and is now {}", was.outputs[k], new.outputs[k]),
+            None => {
+                let types = |n: &Node| n.outputs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+                format!("its outputs were ({}) and are now ({})", types(was), types(new))
+            }
+        };
     }
     match (&new.op, &was.op) {
         (Op::Constant { literal: n }, Op::Constant { literal: w }) => format!(
@@ -101,5 +113,31 @@ fn short(v: Vec<f64>) -> String {
         [x] => format!("{x}"),
         xs if xs.len() <= 4 => format!("{xs:?}"),
         xs => format!("{} values", xs.len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_compiler::ir::{DType, NodeId, RngAlgorithm, ValueId};
+
+    fn rng(bits: usize) -> Node {
+        let ty = TensorType::new(DType::U32, [bits]);
+        Node {
+            op: Op::RngBitGenerator {
+                algorithm: RngAlgorithm::ThreeFry,
+                state: ValueId::new(NodeId::from_index(0), 0),
+                ty: ty.clone(),
+            },
+            outputs: [TensorType::new(DType::U64, [2]), ty].into_iter().collect(),
+        }
+    }
+
+    /// The H100 harness printed "its type was tensor<2xui64> and is now
+    /// tensor<2xui64>" for an rng_bit_generator whose bits changed size.
+    #[test]
+    fn a_changed_second_output_is_the_one_named() {
+        let text = describe_difference(&rng(64), &rng(4096));
+        assert!(text.contains("output 1 was tensor<4096xui32> and is now tensor<64xui32>"), "{text}");
     }
 }
