@@ -287,7 +287,7 @@ fn plain_attention() -> Graph {
     let half = g.value(Op::Constant { literal: Literal::scalar(DType::F32, 0.5) }).unwrap();
     let half = g.value(Op::BroadcastInDim { input: half, shape: Shape::new(full), dims: vec![] }).unwrap();
     let s = g.value(Op::Binary { op: BinaryOp::Mul, lhs: s, rhs: half }).unwrap();
-    let it = TensorType::new(DType::S32, [4, 4]);
+    let it = TensorType::new(DType::I32, [4, 4]);
     let rows = g.value(Op::Iota { ty: it.clone(), axis: 0 }).unwrap();
     let cols = g.value(Op::Iota { ty: it, axis: 1 }).unwrap();
     let keep = g.value(Op::Compare { dir: kiln::compiler::ir::CompareDir::Le, lhs: cols, rhs: rows }).unwrap();

@@ -208,9 +208,9 @@ pub fn op_cost(op: &Op, operands: &[TensorType], outputs: &[TensorType]) -> Node
                     DType::BF16 | DType::F16 => PeakClass::Bf16Matmul,
                     DType::F32 => PeakClass::Tf32Matmul,
                     DType::Pred
-                    | DType::S8
-                    | DType::S32
-                    | DType::S64
+                    | DType::I8
+                    | DType::I32
+                    | DType::I64
                     | DType::U8
                     | DType::U32
                     | DType::U64

@@ -23,13 +23,13 @@ fn pad_with_crop_and_interior() {
 #[test]
 fn integer_division_and_remainder_truncate() {
     let mut g = Graph::new();
-    let a = g.parameter(TensorType::new(DType::S32, [4]));
-    let b = g.parameter(TensorType::new(DType::S32, [4]));
+    let a = g.parameter(TensorType::new(DType::I32, [4]));
+    let b = g.parameter(TensorType::new(DType::I32, [4]));
     let d = g.value(Op::Binary { op: kiln_compiler::ir::BinaryOp::Div, lhs: a, rhs: b }).unwrap();
     let r = g.value(Op::Binary { op: kiln_compiler::ir::BinaryOp::Rem, lhs: a, rhs: b }).unwrap();
     g.set_outputs(vec![d, r]).unwrap();
     let out =
-        interpret(&g, &[lit(DType::S32, &[4], &[7.0, -7.0, 7.0, 5.0]), lit(DType::S32, &[4], &[2.0, 2.0, -2.0, 0.0])])
+        interpret(&g, &[lit(DType::I32, &[4], &[7.0, -7.0, 7.0, 5.0]), lit(DType::I32, &[4], &[2.0, 2.0, -2.0, 0.0])])
             .unwrap();
     assert_eq!(out[0].to_f64s(), vec![3.0, -3.0, -3.0, -1.0]);
     assert_eq!(out[1].to_f64s(), vec![1.0, -1.0, 1.0, 5.0]);

@@ -105,8 +105,8 @@ fn attention_graph() -> Result<Graph> {
     let scale = scalar(&mut g, DType::F32, 1.0 / (d as f64).sqrt())?;
     let scale = bcast(&mut g, scale, &[b, s, s], &[])?;
     let scores = bin(&mut g, BinaryOp::Mul, scores, scale)?;
-    let row = g.value(Op::Iota { ty: t(DType::S32, &[s, s]), axis: 0 })?;
-    let col = g.value(Op::Iota { ty: t(DType::S32, &[s, s]), axis: 1 })?;
+    let row = g.value(Op::Iota { ty: t(DType::I32, &[s, s]), axis: 0 })?;
+    let col = g.value(Op::Iota { ty: t(DType::I32, &[s, s]), axis: 1 })?;
     let causal = g.value(Op::Compare { dir: CompareDir::Ge, lhs: row, rhs: col })?;
     let causal = bcast(&mut g, causal, &[b, s, s], &[1, 2])?;
     let neg_inf = scalar(&mut g, DType::F32, f64::NEG_INFINITY)?;
@@ -122,7 +122,7 @@ fn attention_graph() -> Result<Graph> {
 fn gather_scatter_graph() -> Result<Graph> {
     let mut g = Graph::new();
     let table = g.parameter(t(DType::F32, &[10, 4]));
-    let ids = g.parameter(t(DType::S32, &[6]));
+    let ids = g.parameter(t(DType::I32, &[6]));
     let grad = g.parameter(t(DType::F32, &[6, 4]));
     let rows = g.value(Op::Gather { operand: table, indices: ids, axis: 0 })?;
     let zero = scalar(&mut g, DType::F32, 0.0)?;
@@ -293,9 +293,9 @@ fn op_cases() -> Vec<(String, usize, Build)> {
     let mut cases: Vec<(String, usize, Build)> = Vec::new();
     let mut add = |name: String, replicas: usize, b: Build| cases.push((name, replicas, b));
 
-    let elementwise_dtypes = [DType::F32, DType::BF16, DType::S32, DType::U32, DType::Pred];
+    let elementwise_dtypes = [DType::F32, DType::BF16, DType::I32, DType::U32, DType::Pred];
     for op in UnaryOp::ALL {
-        for dtype in elementwise_dtypes.into_iter().chain([DType::F64, DType::F16, DType::S8, DType::U64]) {
+        for dtype in elementwise_dtypes.into_iter().chain([DType::F64, DType::F16, DType::I8, DType::U64]) {
             let ok = match op {
                 UnaryOp::Not => !dtype.is_float(),
                 UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign => dtype != DType::Pred,
@@ -314,7 +314,7 @@ fn op_cases() -> Vec<(String, usize, Build)> {
         }
     }
     for op in BinaryOp::ALL {
-        for dtype in elementwise_dtypes.into_iter().chain([DType::U64, DType::S64]) {
+        for dtype in elementwise_dtypes.into_iter().chain([DType::U64, DType::I64]) {
             let ok = if op.is_logical() { !dtype.is_float() } else { dtype != DType::Pred };
             if ok {
                 add(
@@ -343,7 +343,7 @@ fn op_cases() -> Vec<(String, usize, Build)> {
         }
     }
     for op in ReduceOp::ALL {
-        for dtype in [DType::F32, DType::BF16, DType::S32, DType::S64, DType::U64, DType::Pred] {
+        for dtype in [DType::F32, DType::BF16, DType::I32, DType::I64, DType::U64, DType::Pred] {
             add(
                 format!("reduce_{}_{dtype}", op.name()),
                 1,
@@ -356,7 +356,7 @@ fn op_cases() -> Vec<(String, usize, Build)> {
                 }),
             );
         }
-        for dtype in [DType::F32, DType::S32] {
+        for dtype in [DType::F32, DType::I32] {
             add(
                 format!("all_reduce_{}_{dtype}", op.name()),
                 2,
@@ -381,7 +381,7 @@ fn op_cases() -> Vec<(String, usize, Build)> {
             }
             outs.push(g.value(Op::Constant { literal: Literal::from_f64s(DType::F32, [2, 0], &[])? })?);
             let extremes = [i64::MIN, i64::MAX].iter().flat_map(|v| v.to_le_bytes()).collect();
-            outs.push(g.value(Op::Constant { literal: Literal::from_bytes(t(DType::S64, &[2]), extremes)? })?);
+            outs.push(g.value(Op::Constant { literal: Literal::from_bytes(t(DType::I64, &[2]), extremes)? })?);
             Ok(outs)
         }),
     );
@@ -413,9 +413,9 @@ fn op_cases() -> Vec<(String, usize, Build)> {
         "clamp".into(),
         1,
         Box::new(|g| {
-            let x = g.parameter(t(DType::S32, &[2, 3]));
-            let lo = scalar(g, DType::S32, -1.0)?;
-            let hi = g.parameter(t(DType::S32, &[2, 3]));
+            let x = g.parameter(t(DType::I32, &[2, 3]));
+            let lo = scalar(g, DType::I32, -1.0)?;
+            let hi = g.parameter(t(DType::I32, &[2, 3]));
             Ok(vec![g.value(Op::Clamp { min: lo, input: x, max: hi })?])
         }),
     );
@@ -460,10 +460,10 @@ fn op_cases() -> Vec<(String, usize, Build)> {
         Box::new(|g| {
             let x = g.parameter(t(DType::F32, &[4, 6]));
             let u = g.parameter(t(DType::F32, &[2, 3]));
-            let i = g.parameter(t(DType::S32, &[]));
-            let j = g.parameter(t(DType::S32, &[]));
+            let i = g.parameter(t(DType::I32, &[]));
+            let j = g.parameter(t(DType::I32, &[]));
             let k = g.parameter(t(DType::U8, &[]));
-            let l = g.parameter(t(DType::S64, &[]));
+            let l = g.parameter(t(DType::I64, &[]));
             Ok(vec![
                 g.value(Op::DynamicSlice { input: x, starts: vec![i, j], sizes: vec![2, 3] })?,
                 g.value(Op::DynamicSlice { input: x, starts: vec![k, l], sizes: vec![2, 3] })?,
@@ -479,8 +479,8 @@ fn op_cases() -> Vec<(String, usize, Build)> {
             let a = g.parameter(t(DType::F32, &[2, 3, 4]));
             let b = g.parameter(t(DType::F32, &[2, 4, 5]));
             let v = g.parameter(t(DType::F32, &[3]));
-            let m = g.parameter(t(DType::S32, &[3, 4]));
-            let n = g.parameter(t(DType::S32, &[4, 2]));
+            let m = g.parameter(t(DType::I32, &[3, 4]));
+            let n = g.parameter(t(DType::I32, &[4, 2]));
             let batched =
                 DotDims { lhs_batch: vec![0], rhs_batch: vec![0], lhs_contract: vec![2], rhs_contract: vec![1] };
             let outer = DotDims::default();
@@ -491,7 +491,7 @@ fn op_cases() -> Vec<(String, usize, Build)> {
             ])
         }),
     );
-    for (axis, index_dtype) in [(0, DType::S32), (1, DType::U8), (2, DType::S64)] {
+    for (axis, index_dtype) in [(0, DType::I32), (1, DType::U8), (2, DType::I64)] {
         add(
             format!("gather_scatter_axis{axis}_{index_dtype}"),
             1,
@@ -526,7 +526,7 @@ fn op_cases() -> Vec<(String, usize, Build)> {
         1,
         Box::new(|g| {
             let x = g.parameter(t(DType::F32, &[3]));
-            let y = g.parameter(t(DType::S32, &[]));
+            let y = g.parameter(t(DType::I32, &[]));
             let one = g.add(Op::OptimizationBarrier { inputs: vec![x] })?;
             let two = g.add(Op::OptimizationBarrier { inputs: vec![x, y] })?;
             Ok(vec![ValueId::new(one, 0), ValueId::new(two, 0), ValueId::new(two, 1)])
@@ -553,7 +553,7 @@ fn op_cases() -> Vec<(String, usize, Build)> {
         Box::new(|g| {
             let h = g.parameter(t(DType::BF16, &[5, 4]));
             let w = g.parameter(t(DType::BF16, &[7, 4]));
-            let labels = g.parameter(t(DType::S32, &[5]));
+            let labels = g.parameter(t(DType::I32, &[5]));
             let ce = g.add(Op::LmHeadCrossEntropy { h, w, labels, chunk: 2 })?;
             let (nll, lse) = (ValueId::new(ce, 0), ValueId::new(ce, 1));
             let cg = g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll: nll, chunk: 2 })?;

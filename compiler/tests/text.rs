@@ -137,13 +137,13 @@ fn every_op() -> Graph {
     let mut g = Graph::new();
     let x = g.parameter(t(DType::F32, &[2, 3]));
     let y = g.parameter(t(DType::F32, &[2, 3]));
-    let idx = g.parameter(t(DType::S32, &[4]));
+    let idx = g.parameter(t(DType::I32, &[4]));
     let state = g.parameter(t(DType::U64, &[2]));
-    let i = g.parameter(t(DType::S32, &[]));
+    let i = g.parameter(t(DType::I32, &[]));
 
     let c = add(&mut g, Op::Constant { literal: Literal::scalar(DType::F32, 1.5) });
     let v = add(&mut g, Op::Constant { literal: Literal::from_f64s(DType::F32, [3], &[1.0, -2.5, 1e-7]).unwrap() });
-    add(&mut g, Op::Iota { ty: t(DType::S32, &[4, 2]), axis: 1 });
+    add(&mut g, Op::Iota { ty: t(DType::I32, &[4, 2]), axis: 1 });
     for op in UnaryOp::ALL {
         let input = if op == UnaryOp::Not { idx } else { x };
         add(&mut g, Op::Unary { op, input });
@@ -218,7 +218,7 @@ fn composites() -> Graph {
     outs.extend([ValueId::new(lg, 0), ValueId::new(lg, 1)]);
     let h = g.parameter(t(DType::BF16, &[6, 4]));
     let w = g.parameter(t(DType::BF16, &[10, 4]));
-    let labels = g.parameter(t(DType::S32, &[6]));
+    let labels = g.parameter(t(DType::I32, &[6]));
     let ce = g.add(Op::LmHeadCrossEntropy { h, w, labels, chunk: 4 }).unwrap();
     let (nll, lse) = (ValueId::new(ce, 0), ValueId::new(ce, 1));
     let cg = g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll: nll, chunk: 4 }).unwrap();
@@ -347,9 +347,9 @@ fn awkward_constants_round_trip_bit_exactly() {
         (t(DType::F64, &[f64_bits.len()]), f64_bits.iter().flat_map(|b| b.to_le_bytes()).collect()),
         (t(DType::F16, &[f16_bits.len()]), f16_bits.iter().flat_map(|b| b.to_le_bytes()).collect()),
         (t(DType::BF16, &[bf16_bits.len()]), bf16_bits.iter().flat_map(|b| b.to_le_bytes()).collect()),
-        (t(DType::S64, &[3]), [i64::MIN, i64::MAX, (1 << 53) + 1].iter().flat_map(|b| b.to_le_bytes()).collect()),
-        (t(DType::S32, &[2]), [i32::MIN, -1].iter().flat_map(|b| b.to_le_bytes()).collect()),
-        (t(DType::S8, &[2]), vec![0x80, 0x7f]),
+        (t(DType::I64, &[3]), [i64::MIN, i64::MAX, (1 << 53) + 1].iter().flat_map(|b| b.to_le_bytes()).collect()),
+        (t(DType::I32, &[2]), [i32::MIN, -1].iter().flat_map(|b| b.to_le_bytes()).collect()),
+        (t(DType::I8, &[2]), vec![0x80, 0x7f]),
         (t(DType::U8, &[2]), vec![0, 255]),
         (t(DType::U32, &[1, 2]), [u32::MAX, 7].iter().flat_map(|b| b.to_le_bytes()).collect()),
         (t(DType::Pred, &[2, 2]), vec![1, 0, 0, 1]),
@@ -418,7 +418,7 @@ fn empty_graph_round_trips() {
 fn splat_constants_fill_their_type() {
     let g = parse("graph() {\n  %c = constant dense<2> : tensor<2x2xi32>\n  return %c\n}").unwrap();
     let (_, node) = g.nodes().next().unwrap();
-    assert_eq!(node.op, Op::Constant { literal: Literal::from_f64s(DType::S32, [2, 2], &[2.0; 4]).unwrap() });
+    assert_eq!(node.op, Op::Constant { literal: Literal::from_f64s(DType::I32, [2, 2], &[2.0; 4]).unwrap() });
 }
 
 /// Parses `text` and returns the line and reason of its error.
@@ -493,7 +493,7 @@ enum Step {
 }
 
 fn dtype() -> impl Strategy<Value = DType> {
-    prop::sample::select(vec![DType::F32, DType::F16, DType::BF16, DType::F64, DType::S32, DType::S64, DType::Pred])
+    prop::sample::select(vec![DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::Pred])
 }
 
 fn dims() -> impl Strategy<Value = Vec<usize>> {

@@ -223,7 +223,7 @@ mod tests {
         assert_eq!(promote(DType::F16, DType::BF16), Some(DType::F32));
         assert_eq!(promote(DType::F16, DType::F64), Some(DType::F64));
         assert_eq!(promote(DType::BF16, DType::BF16), Some(DType::BF16));
-        assert_eq!(promote(DType::F32, DType::S32), None);
+        assert_eq!(promote(DType::F32, DType::I32), None);
     }
 
     #[test]

@@ -41,9 +41,9 @@ const REPLICA_SEP: &str = "@replica";
 fn st_dtype(d: DType) -> Dtype {
     match d {
         DType::Pred => Dtype::BOOL,
-        DType::S8 => Dtype::I8,
-        DType::S32 => Dtype::I32,
-        DType::S64 => Dtype::I64,
+        DType::I8 => Dtype::I8,
+        DType::I32 => Dtype::I32,
+        DType::I64 => Dtype::I64,
         DType::U8 => Dtype::U8,
         DType::U32 => Dtype::U32,
         DType::U64 => Dtype::U64,
@@ -57,9 +57,9 @@ fn st_dtype(d: DType) -> Dtype {
 fn kiln_dtype(d: Dtype) -> Option<DType> {
     Some(match d {
         Dtype::BOOL => DType::Pred,
-        Dtype::I8 => DType::S8,
-        Dtype::I32 => DType::S32,
-        Dtype::I64 => DType::S64,
+        Dtype::I8 => DType::I8,
+        Dtype::I32 => DType::I32,
+        Dtype::I64 => DType::I64,
         Dtype::U8 => DType::U8,
         Dtype::U32 => DType::U32,
         Dtype::U64 => DType::U64,

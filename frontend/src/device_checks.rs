@@ -184,11 +184,11 @@ pub(crate) fn check_index_range(op: &'static str, what: &'static str, indices: &
         });
     }
     let count = match out_of_range {
-        Some(bad) => bad.to_dtype(DType::S64)?.sum_all()?,
-        None => Tensor::full(0.0, DType::S64, [])?,
+        Some(bad) => bad.to_dtype(DType::I64)?.sum_all()?,
+        None => Tensor::full(0.0, DType::I64, [])?,
     };
-    let min = flat.min(&[0], false)?.to_dtype(DType::S64)?;
-    let max = flat.max(&[0], false)?.to_dtype(DType::S64)?;
+    let min = flat.min(&[0], false)?.to_dtype(DType::I64)?;
+    let max = flat.max(&[0], false)?.to_dtype(DType::I64)?;
     let summary = Tensor::cat(&[count.reshape([1])?, min.reshape([1])?, max.reshape([1])?], 0)?;
     let summary = pending_value(&summary)?;
     let epoch = context::with(|c| c.trace.epoch);
@@ -300,7 +300,7 @@ fn count_non_finite(x: &Tensor) -> Result<Tensor> {
     };
     // NaN compares false, so `!(|x| <= max)` is exactly "not finite".
     let finite = x.abs()?.le(&Tensor::full(max, x.dtype(), [])?)?;
-    let bad = finite.logical_not()?.to_dtype(DType::S64)?;
+    let bad = finite.logical_not()?.to_dtype(DType::I64)?;
     if bad.rank() == 0 {
         Ok(bad)
     } else {

@@ -27,9 +27,9 @@ macro_rules! element {
 
 element!(f32, DType::F32);
 element!(f64, DType::F64);
-element!(i8, DType::S8);
-element!(i32, DType::S32);
-element!(i64, DType::S64);
+element!(i8, DType::I8);
+element!(i32, DType::I32);
+element!(i64, DType::I64);
 element!(u8, DType::U8);
 element!(u32, DType::U32);
 element!(u64, DType::U64);

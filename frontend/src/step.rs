@@ -43,9 +43,9 @@ pub struct StepReport {
 pub fn element_type(d: DType) -> ElementType {
     match d {
         DType::Pred => ElementType::Pred,
-        DType::S8 => ElementType::S8,
-        DType::S32 => ElementType::S32,
-        DType::S64 => ElementType::S64,
+        DType::I8 => ElementType::S8,
+        DType::I32 => ElementType::S32,
+        DType::I64 => ElementType::S64,
         DType::U8 => ElementType::U8,
         DType::U32 => ElementType::U32,
         DType::U64 => ElementType::U64,
@@ -59,9 +59,9 @@ pub fn element_type(d: DType) -> ElementType {
 pub(crate) fn dtype_of(e: ElementType) -> DType {
     match e {
         ElementType::Pred => DType::Pred,
-        ElementType::S8 => DType::S8,
-        ElementType::S32 => DType::S32,
-        ElementType::S64 => DType::S64,
+        ElementType::S8 => DType::I8,
+        ElementType::S32 => DType::I32,
+        ElementType::S64 => DType::I64,
         ElementType::U8 => DType::U8,
         ElementType::U32 => DType::U32,
         ElementType::U64 => DType::U64,

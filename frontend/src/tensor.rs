@@ -700,8 +700,8 @@ impl Tensor {
         let a = axis("argmax", ax, self.rank())?;
         let m = self.max(&[ax], true)?;
         let hit = self.eq(&m)?;
-        let idx = Tensor::iota(DType::S32, self.shape().clone(), a)?;
-        let big = Tensor::full(self.dims()[a] as f64, DType::S32, self.shape().clone())?;
+        let idx = Tensor::iota(DType::I32, self.shape().clone(), a)?;
+        let big = Tensor::full(self.dims()[a] as f64, DType::I32, self.shape().clone())?;
         Tensor::where_cond(&hit, &idx, &big)?.min(&[ax], false)
     }
 

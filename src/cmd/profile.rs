@@ -367,9 +367,9 @@ fn random_bytes(ty: &TensorType, seed: &mut u64) -> Vec<u8> {
         let r = next();
         match ty.dtype {
             DType::Pred => out.push((r & 1) as u8),
-            DType::S8 | DType::U8 => out.push((r % 8) as u8),
-            DType::S32 => out.extend(((r % 8) as i32).to_le_bytes()),
-            DType::S64 => out.extend(((r % 8) as i64).to_le_bytes()),
+            DType::I8 | DType::U8 => out.push((r % 8) as u8),
+            DType::I32 => out.extend(((r % 8) as i32).to_le_bytes()),
+            DType::I64 => out.extend(((r % 8) as i64).to_le_bytes()),
             DType::U32 => out.extend((r as u32).to_le_bytes()),
             DType::U64 => out.extend(r.to_le_bytes()),
             DType::F16 => out.extend(half::f16::from_f64(unit(r)).to_le_bytes()),

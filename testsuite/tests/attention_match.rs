@@ -30,7 +30,7 @@ fn qkv(rng: &mut Rng) -> kiln::Result<[Tensor; 3]> {
 }
 
 fn causal_keep(t: usize) -> kiln::Result<Tensor> {
-    Tensor::iota(DType::S32, [t, t], 1)?.le(&Tensor::iota(DType::S32, [t, t], 0)?)
+    Tensor::iota(DType::I32, [t, t], 1)?.le(&Tensor::iota(DType::I32, [t, t], 0)?)
 }
 
 /// The body `nn::CausalSelfAttention` had before it called the composite:
@@ -58,7 +58,7 @@ fn scale_on_q_additive_mask(q: &Tensor, k: &Tensor, v: &Tensor) -> kiln::Result<
 /// true branch, softmax written out without the max subtraction.
 fn divided_manual_softmax(q: &Tensor, k: &Tensor, v: &Tensor) -> kiln::Result<Tensor> {
     let s = q.matmul(&k.transpose(2, 3)?)?;
-    let future = Tensor::iota(DType::S32, [T, T], 1)?.gt(&Tensor::iota(DType::S32, [T, T], 0)?)?;
+    let future = Tensor::iota(DType::I32, [T, T], 1)?.gt(&Tensor::iota(DType::I32, [T, T], 0)?)?;
     let masked = Tensor::where_cond(&future, &Tensor::full(f64::NEG_INFINITY, DType::F32, Shape::scalar())?, &s)?;
     let e = masked.div(&Tensor::full(4.0, DType::F32, Shape::scalar())?)?.exp()?;
     e.div(&e.sum(&[-1], true)?)?.matmul(v)
@@ -80,7 +80,7 @@ fn unmasked_bf16_dot_general(q: &Tensor, k: &Tensor, v: &Tensor) -> kiln::Result
 
 /// Near-miss: the mask's comparison flipped (keys after the query are kept).
 fn mask_on_the_wrong_side(q: &Tensor, k: &Tensor, v: &Tensor) -> kiln::Result<Tensor> {
-    let keep = Tensor::iota(DType::S32, [T, T], 0)?.le(&Tensor::iota(DType::S32, [T, T], 1)?)?;
+    let keep = Tensor::iota(DType::I32, [T, T], 0)?.le(&Tensor::iota(DType::I32, [T, T], 1)?)?;
     let s = q.matmul(&k.t()?)?.mul_scalar(0.25)?;
     let neg = Tensor::full(-1e30, DType::F32, Shape::scalar())?;
     Tensor::where_cond(&keep, &s, &neg)?.softmax(-1)?.matmul(v)

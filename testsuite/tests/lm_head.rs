@@ -25,7 +25,7 @@ fn graph(dtype: DType, n: usize, d: usize, vocab: usize, chunk: usize) -> Graph 
     let mut g = Graph::new();
     let h = g.parameter(TensorType::new(dtype, vec![n, d]));
     let w = g.parameter(TensorType::new(dtype, vec![vocab, d]));
-    let labels = g.parameter(TensorType::new(DType::S32, vec![n]));
+    let labels = g.parameter(TensorType::new(DType::I32, vec![n]));
     let dnll = g.parameter(TensorType::new(DType::F32, vec![n]));
     let ce = g.add(Op::LmHeadCrossEntropy { h, w, labels, chunk }).unwrap();
     let (nll, lse) = (ValueId::new(ce, 0), ValueId::new(ce, 1));
@@ -39,7 +39,7 @@ fn inputs(g: &Graph, vocab: usize, rng: &mut Rng) -> Vec<Literal> {
         .iter()
         .map(|t| {
             let v: Vec<f64> = (0..t.shape.num_elements())
-                .map(|_| if t.dtype == DType::S32 { (rng.next_u64() % vocab as u64) as f64 } else { rng.normal() })
+                .map(|_| if t.dtype == DType::I32 { (rng.next_u64() % vocab as u64) as f64 } else { rng.normal() })
                 .collect();
             Literal::from_f64s(t.dtype, t.shape.clone(), &v).unwrap()
         })

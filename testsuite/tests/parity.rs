@@ -31,9 +31,9 @@ fn element_type(d: DType) -> kiln::runtime::ElementType {
     use kiln::runtime::ElementType as E;
     match d {
         DType::Pred => E::Pred,
-        DType::S8 => E::S8,
-        DType::S32 => E::S32,
-        DType::S64 => E::S64,
+        DType::I8 => E::S8,
+        DType::I32 => E::S32,
+        DType::I64 => E::S64,
         DType::U8 => E::U8,
         DType::U32 => E::U32,
         DType::U64 => E::U64,
@@ -68,7 +68,7 @@ fn tolerance(d: DType) -> f64 {
         DType::F32 => 2e-6,
         DType::F16 => 1e-3,
         DType::BF16 => 8e-3,
-        DType::Pred | DType::S8 | DType::S32 | DType::S64 | DType::U8 | DType::U32 | DType::U64 => 0.0,
+        DType::Pred | DType::I8 | DType::I32 | DType::I64 | DType::U8 | DType::U32 | DType::U64 => 0.0,
     }
 }
 
@@ -134,7 +134,7 @@ proptest! {
         let op = UnaryOp::ALL[op];
         let mut rng = Rng::new(seed);
         let (dtype, lo, hi) = match op {
-            UnaryOp::Not => (DType::S32, -50.0, 50.0),
+            UnaryOp::Not => (DType::I32, -50.0, 50.0),
             UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt => (FLOATS[d], 0.1, 4.0),
             UnaryOp::Log1p => (FLOATS[d], -0.9, 3.0),
             _ => (FLOATS[d], -3.0, 3.0),
@@ -146,7 +146,7 @@ proptest! {
     #[test]
     fn binary(shape in shape_strategy(), op in 0usize..8, d in 0usize..5, seed: u64) {
         let op = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Pow, BinaryOp::Max, BinaryOp::Min, BinaryOp::Rem][op];
-        let dtype = [DType::F32, DType::F64, DType::BF16, DType::S32, DType::U32][d];
+        let dtype = [DType::F32, DType::F64, DType::BF16, DType::I32, DType::U32][d];
         let mut rng = Rng::new(seed);
         let (a, b) = match (op, dtype.is_float()) {
             (BinaryOp::Pow, true) => (lit(dtype, &shape, &mut rng, 0.2, 3.0), lit(dtype, &shape, &mut rng, -2.0, 2.0)),
@@ -160,7 +160,7 @@ proptest! {
     #[test]
     fn logical(shape in shape_strategy(), op in 0usize..3, pred: bool, seed: u64) {
         let op = [BinaryOp::And, BinaryOp::Or, BinaryOp::Xor][op];
-        let (dtype, hi) = if pred { (DType::Pred, 2.0) } else { (DType::S32, 1000.0) };
+        let (dtype, hi) = if pred { (DType::Pred, 2.0) } else { (DType::I32, 1000.0) };
         let mut rng = Rng::new(seed);
         let (a, b) = (lit(dtype, &shape, &mut rng, 0.0, hi), lit(dtype, &shape, &mut rng, 0.0, hi));
         parity(op.name(), vec![a, b], |g, p| {
@@ -172,7 +172,7 @@ proptest! {
     #[test]
     fn compare_select_clamp(shape in shape_strategy(), dir in 0usize..6, int: bool, seed: u64) {
         let dir = CompareDir::ALL[dir];
-        let dtype = if int { DType::S32 } else { DType::F32 };
+        let dtype = if int { DType::I32 } else { DType::F32 };
         let mut rng = Rng::new(seed);
         let (a, b) = (lit(dtype, &shape, &mut rng, -3.0, 3.0), lit(dtype, &shape, &mut rng, -3.0, 3.0));
         parity("compare/select/clamp", vec![a, b], |g, p| {
@@ -187,8 +187,8 @@ proptest! {
     #[test]
     fn convert(shape in shape_strategy(), pair in 0usize..9, seed: u64) {
         let (from, to, lo, hi) = [
-            (DType::F32, DType::S32, -100.0, 100.0),
-            (DType::S32, DType::F32, -1000.0, 1000.0),
+            (DType::F32, DType::I32, -100.0, 100.0),
+            (DType::I32, DType::F32, -1000.0, 1000.0),
             (DType::F32, DType::BF16, -10.0, 10.0),
             (DType::F32, DType::F16, -10.0, 10.0),
             (DType::F64, DType::F32, -10.0, 10.0),
@@ -227,7 +227,7 @@ proptest! {
             let pad = g.value(Op::Pad { input: p[0], value: v, low: low.clone(), high: high.clone(), interior: interior.clone() });
             let mut outs = vec![t, flat, b, s, c];
             if let Ok(pad) = pad { outs.push(pad); }
-            outs.push(g.value(Op::Iota { ty: TensorType::new(DType::S32, shape.clone()), axis: r - 1 }).unwrap());
+            outs.push(g.value(Op::Iota { ty: TensorType::new(DType::I32, shape.clone()), axis: r - 1 }).unwrap());
             outs
         })?;
     }
@@ -236,7 +236,7 @@ proptest! {
     fn reduce(shape in prop::collection::vec(1usize..5, 1..4), op in 0usize..4, int: bool, mask in 0u8..8, seed: u64) {
         let op = ReduceOp::ALL[op];
         let mut rng = Rng::new(seed);
-        let (dtype, lo, hi) = if int { (DType::S32, -5.0, 5.0) } else { (DType::F32, 0.5, 1.5) };
+        let (dtype, lo, hi) = if int { (DType::I32, -5.0, 5.0) } else { (DType::F32, 0.5, 1.5) };
         let x = lit(dtype, &shape, &mut rng, lo, hi);
         let axes: Vec<usize> = (0..shape.len()).filter(|a| mask & (1 << a) != 0).collect();
         parity(op.name(), vec![x], |g, p| vec![g.value(Op::Reduce { op, input: p[0], axes: axes.clone() }).unwrap()])?;
@@ -257,7 +257,7 @@ proptest! {
     fn gather_scatter(rows in 1usize..6, cols in 1usize..4, picks in 1usize..7, seed: u64) {
         let mut rng = Rng::new(seed);
         let table = lit(DType::F32, &[rows, cols], &mut rng, -1.0, 1.0);
-        let idx = lit(DType::S32, &[picks], &mut rng, 0.0, rows as f64);
+        let idx = lit(DType::I32, &[picks], &mut rng, 0.0, rows as f64);
         let upd = lit(DType::F32, &[picks, cols], &mut rng, -1.0, 1.0);
         parity("gather/scatter_add", vec![table, idx, upd], |g, p| {
             vec![
@@ -272,8 +272,8 @@ proptest! {
         let mut rng = Rng::new(seed);
         let x = lit(DType::F32, &[rows, cols], &mut rng, -1.0, 1.0);
         let u = lit(DType::F32, &[1, 2], &mut rng, -1.0, 1.0);
-        let a = Literal::from_f64s(DType::S32, Vec::<usize>::new(), &[s0 as f64]).unwrap();
-        let b = Literal::from_f64s(DType::S32, Vec::<usize>::new(), &[s1 as f64]).unwrap();
+        let a = Literal::from_f64s(DType::I32, Vec::<usize>::new(), &[s0 as f64]).unwrap();
+        let b = Literal::from_f64s(DType::I32, Vec::<usize>::new(), &[s1 as f64]).unwrap();
         parity("dynamic slices", vec![x, u, a, b], |g, p| {
             vec![
                 g.value(Op::DynamicSlice { input: p[0], starts: vec![p[2], p[3]], sizes: vec![1, 2] }).unwrap(),
@@ -316,7 +316,7 @@ fn fresh() -> u64 {
 #[test]
 fn optimization_barrier_passes_values_through() {
     let mut rng = Rng::new(3);
-    let (a, b) = (lit(DType::F32, &[3], &mut rng, -1.0, 1.0), lit(DType::S32, &[2], &mut rng, 0.0, 9.0));
+    let (a, b) = (lit(DType::F32, &[3], &mut rng, -1.0, 1.0), lit(DType::I32, &[2], &mut rng, 0.0, 9.0));
     parity("optimization_barrier", vec![a, b], |g, p| {
         let n = g.add(Op::OptimizationBarrier { inputs: vec![p[0], p[1]] }).unwrap();
         vec![ValueId::new(n, 0), ValueId::new(n, 1)]

@@ -365,7 +365,7 @@ impl Expander<'_> {
             return Ok(s);
         }
         let (t, n) = (ty.shape.dims()[2], ty.shape.dims()[3]);
-        let it = TensorType::new(DType::S32, vec![t, n]);
+        let it = TensorType::new(DType::I32, vec![t, n]);
         let rows = self.add(Op::Iota { ty: it.clone(), axis: 0 })?;
         let cols = self.add(Op::Iota { ty: it, axis: 1 })?;
         let keep = self.add(Op::Compare { dir: CompareDir::Le, lhs: cols, rhs: rows })?;

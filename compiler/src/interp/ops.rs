@@ -286,9 +286,9 @@ pub(crate) fn ints(l: &Literal) -> Vec<i128> {
         .chunks_exact(n)
         .map(|c| match d {
             DType::Pred => i128::from(c[0] != 0),
-            DType::S8 => i128::from(c[0] as i8),
-            DType::S32 => i128::from(i32::from_le_bytes(c.try_into().expect("4 bytes"))),
-            DType::S64 => i128::from(i64::from_le_bytes(c.try_into().expect("8 bytes"))),
+            DType::I8 => i128::from(c[0] as i8),
+            DType::I32 => i128::from(i32::from_le_bytes(c.try_into().expect("4 bytes"))),
+            DType::I64 => i128::from(i64::from_le_bytes(c.try_into().expect("8 bytes"))),
             DType::U8 => i128::from(c[0]),
             DType::U32 => i128::from(u32::from_le_bytes(c.try_into().expect("4 bytes"))),
             DType::U64 => i128::from(u64::from_le_bytes(c.try_into().expect("8 bytes"))),
@@ -303,9 +303,9 @@ pub(crate) fn ints_to(ty: &TensorType, vals: &[i128]) -> Literal {
     for &v in vals {
         match ty.dtype {
             DType::Pred => bytes.push(u8::from(v != 0)),
-            DType::S8 | DType::U8 => bytes.push(v as u8),
-            DType::S32 | DType::U32 => bytes.extend((v as u32).to_le_bytes()),
-            DType::S64 | DType::U64 => bytes.extend((v as u64).to_le_bytes()),
+            DType::I8 | DType::U8 => bytes.push(v as u8),
+            DType::I32 | DType::U32 => bytes.extend((v as u32).to_le_bytes()),
+            DType::I64 | DType::U64 => bytes.extend((v as u64).to_le_bytes()),
             DType::F16 | DType::BF16 | DType::F32 | DType::F64 => {
                 return floats_to(ty, &vals.iter().map(|&v| v as f64).collect::<Vec<_>>())
             }
@@ -563,9 +563,9 @@ fn convert(x: &Literal, to: DType) -> Literal {
 fn int_range(d: DType) -> (i128, i128) {
     match d {
         DType::Pred => (0, 1),
-        DType::S8 => (i8::MIN.into(), i8::MAX.into()),
-        DType::S32 => (i32::MIN.into(), i32::MAX.into()),
-        DType::S64 => (i64::MIN.into(), i64::MAX.into()),
+        DType::I8 => (i8::MIN.into(), i8::MAX.into()),
+        DType::I32 => (i32::MIN.into(), i32::MAX.into()),
+        DType::I64 => (i64::MIN.into(), i64::MAX.into()),
         DType::U8 => (0, u8::MAX.into()),
         DType::U32 => (0, u32::MAX.into()),
         DType::U64 => (0, u64::MAX.into()),

@@ -6,8 +6,11 @@
 //! Each dtype has one user-visible name, its StableHLO spelling (`i32`, `ui8`,
 //! `i1`, `bf16`: Rust's names for the integers and floats it shares): `Display`,
 //! `Debug` (so an `unwrap` or `{:?}` of an error shows the same word), the text
-//! form of the graph and every error use it. The variants keep XLA's
-//! `PrimitiveType` names (`S32`), which only Rust code sees.
+//! form of the graph and every error use it. The variants are named as Rust
+//! names the same types (`DType::I32` prints `i32`; `U8` prints `ui8`, the one
+//! place StableHLO's spelling differs from Rust's). The runtime's
+//! `ElementType` keeps the PJRT C API's names (`S32`), as the plugin spells
+//! them.
 
 use std::fmt;
 
@@ -18,11 +21,11 @@ pub enum DType {
     /// Boolean, `i1`.
     Pred,
     /// `i8`.
-    S8,
+    I8,
     /// `i32`.
-    S32,
+    I32,
     /// `i64`.
-    S64,
+    I64,
     /// `ui8`.
     U8,
     /// `ui32`.
@@ -43,9 +46,9 @@ impl DType {
     /// Every dtype, in declaration order (for tests and parsers).
     pub const ALL: [DType; 11] = [
         DType::Pred,
-        DType::S8,
-        DType::S32,
-        DType::S64,
+        DType::I8,
+        DType::I32,
+        DType::I64,
         DType::U8,
         DType::U32,
         DType::U64,
@@ -58,29 +61,29 @@ impl DType {
     /// Bytes per element in the dense little-endian host layout.
     pub fn size_in_bytes(self) -> usize {
         match self {
-            DType::Pred | DType::S8 | DType::U8 => 1,
+            DType::Pred | DType::I8 | DType::U8 => 1,
             DType::F16 | DType::BF16 => 2,
-            DType::S32 | DType::U32 | DType::F32 => 4,
-            DType::S64 | DType::U64 | DType::F64 => 8,
+            DType::I32 | DType::U32 | DType::F32 => 4,
+            DType::I64 | DType::U64 | DType::F64 => 8,
         }
     }
 
     pub fn is_float(self) -> bool {
         match self {
             DType::F16 | DType::BF16 | DType::F32 | DType::F64 => true,
-            DType::Pred | DType::S8 | DType::S32 | DType::S64 | DType::U8 | DType::U32 | DType::U64 => false,
+            DType::Pred | DType::I8 | DType::I32 | DType::I64 | DType::U8 | DType::U32 | DType::U64 => false,
         }
     }
 
     pub fn is_integer(self) -> bool {
         match self {
-            DType::S8 | DType::S32 | DType::S64 | DType::U8 | DType::U32 | DType::U64 => true,
+            DType::I8 | DType::I32 | DType::I64 | DType::U8 | DType::U32 | DType::U64 => true,
             DType::Pred | DType::F16 | DType::BF16 | DType::F32 | DType::F64 => false,
         }
     }
 
     pub fn is_signed_integer(self) -> bool {
-        matches!(self, DType::S8 | DType::S32 | DType::S64)
+        matches!(self, DType::I8 | DType::I32 | DType::I64)
     }
 
     /// The element type's spelling inside a StableHLO `tensor<...>` type, which is
@@ -88,9 +91,9 @@ impl DType {
     pub fn mlir_name(self) -> &'static str {
         match self {
             DType::Pred => "i1",
-            DType::S8 => "i8",
-            DType::S32 => "i32",
-            DType::S64 => "i64",
+            DType::I8 => "i8",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
             DType::U8 => "ui8",
             DType::U32 => "ui32",
             DType::U64 => "ui64",
@@ -127,8 +130,8 @@ mod tests {
 
     #[test]
     fn each_dtype_prints_one_name_that_parses_back() {
-        assert_eq!(DType::S32.to_string(), "i32");
-        assert_eq!(format!("{:?}", DType::S32), "i32");
+        assert_eq!(DType::I32.to_string(), "i32");
+        assert_eq!(format!("{:?}", DType::I32), "i32");
         assert_eq!(format!("{:?}", Some(DType::Pred)), "Some(i1)");
         for d in DType::ALL {
             assert_eq!(format!("{d:?}"), d.to_string());

@@ -69,9 +69,9 @@ impl Literal {
 fn encode(dtype: DType, v: f64, out: &mut Vec<u8>) {
     match dtype {
         DType::Pred => out.push(u8::from(v != 0.0)),
-        DType::S8 => out.extend((v as i8).to_le_bytes()),
-        DType::S32 => out.extend((v as i32).to_le_bytes()),
-        DType::S64 => out.extend((v as i64).to_le_bytes()),
+        DType::I8 => out.extend((v as i8).to_le_bytes()),
+        DType::I32 => out.extend((v as i32).to_le_bytes()),
+        DType::I64 => out.extend((v as i64).to_le_bytes()),
         DType::U8 => out.extend((v as u8).to_le_bytes()),
         DType::U32 => out.extend((v as u32).to_le_bytes()),
         DType::U64 => out.extend((v as u64).to_le_bytes()),
@@ -86,9 +86,9 @@ fn encode(dtype: DType, v: f64, out: &mut Vec<u8>) {
 pub fn decode(dtype: DType, c: &[u8]) -> f64 {
     match dtype {
         DType::Pred => f64::from(u8::from(c[0] != 0)),
-        DType::S8 => f64::from(c[0] as i8),
-        DType::S32 => f64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        DType::S64 => i64::from_le_bytes(c[..8].try_into().expect("8 bytes")) as f64,
+        DType::I8 => f64::from(c[0] as i8),
+        DType::I32 => f64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        DType::I64 => i64::from_le_bytes(c[..8].try_into().expect("8 bytes")) as f64,
         DType::U8 => f64::from(c[0]),
         DType::U32 => f64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
         DType::U64 => u64::from_le_bytes(c[..8].try_into().expect("8 bytes")) as f64,

@@ -271,9 +271,9 @@ impl ReduceOp {
 fn lowest(dtype: DType) -> f64 {
     match dtype {
         DType::Pred | DType::U8 | DType::U32 | DType::U64 => 0.0,
-        DType::S8 => f64::from(i8::MIN),
-        DType::S32 => f64::from(i32::MIN),
-        DType::S64 => i64::MIN as f64,
+        DType::I8 => f64::from(i8::MIN),
+        DType::I32 => f64::from(i32::MIN),
+        DType::I64 => i64::MIN as f64,
         DType::F16 | DType::BF16 | DType::F32 | DType::F64 => f64::NEG_INFINITY,
     }
 }
@@ -284,9 +284,9 @@ fn highest(dtype: DType) -> f64 {
         DType::U8 => f64::from(u8::MAX),
         DType::U32 => f64::from(u32::MAX),
         DType::U64 => u64::MAX as f64,
-        DType::S8 => f64::from(i8::MAX),
-        DType::S32 => f64::from(i32::MAX),
-        DType::S64 => i64::MAX as f64,
+        DType::I8 => f64::from(i8::MAX),
+        DType::I32 => f64::from(i32::MAX),
+        DType::I64 => i64::MAX as f64,
         DType::F16 | DType::BF16 | DType::F32 | DType::F64 => f64::INFINITY,
     }
 }

@@ -58,9 +58,9 @@ fn nested(out: &mut String, dims: &[usize], elements: &[String]) {
 fn element(dtype: DType, c: &[u8]) -> String {
     match dtype {
         DType::Pred => (if c[0] != 0 { "true" } else { "false" }).to_string(),
-        DType::S8 => (c[0] as i8).to_string(),
-        DType::S32 => i32::from_le_bytes(c.try_into().expect("4 bytes")).to_string(),
-        DType::S64 => i64::from_le_bytes(c.try_into().expect("8 bytes")).to_string(),
+        DType::I8 => (c[0] as i8).to_string(),
+        DType::I32 => i32::from_le_bytes(c.try_into().expect("4 bytes")).to_string(),
+        DType::I64 => i64::from_le_bytes(c.try_into().expect("8 bytes")).to_string(),
         DType::U8 => c[0].to_string(),
         DType::U32 => u32::from_le_bytes(c.try_into().expect("4 bytes")).to_string(),
         DType::U64 => u64::from_le_bytes(c.try_into().expect("8 bytes")).to_string(),
@@ -121,7 +121,7 @@ mod tests {
 
     #[test]
     fn nested_lists_follow_the_shape() {
-        assert_eq!(text(DType::S32, &[2, 2], &[1.0, 2.0, 3.0, 4.0]), "dense<[[1, 2], [3, 4]]>");
+        assert_eq!(text(DType::I32, &[2, 2], &[1.0, 2.0, 3.0, 4.0]), "dense<[[1, 2], [3, 4]]>");
         assert_eq!(text(DType::Pred, &[3], &[1.0, 0.0, 1.0]), "dense<[true, false, true]>");
         assert_eq!(text(DType::F32, &[2, 0], &[]), "dense<[[], []]>");
     }
@@ -129,8 +129,8 @@ mod tests {
     #[test]
     fn reduction_identities_are_exact() {
         let id = |op, dtype| dense(&identity(op, dtype));
-        assert_eq!(id(ReduceOp::Max, DType::S64), "dense<-9223372036854775808>");
-        assert_eq!(id(ReduceOp::Min, DType::S64), "dense<9223372036854775807>");
+        assert_eq!(id(ReduceOp::Max, DType::I64), "dense<-9223372036854775808>");
+        assert_eq!(id(ReduceOp::Min, DType::I64), "dense<9223372036854775807>");
         assert_eq!(id(ReduceOp::Min, DType::U64), "dense<18446744073709551615>");
         assert_eq!(id(ReduceOp::Max, DType::F32), "dense<0xFF800000>");
         assert_eq!(id(ReduceOp::Prod, DType::BF16), "dense<0x3F80>");

@@ -489,7 +489,7 @@ impl Emitter<'_> {
         if uniform {
             return (starts.iter().map(|&v| self.name(v)).collect(), tys);
         }
-        let wide = TensorType::scalar(DType::S64);
+        let wide = TensorType::scalar(DType::I64);
         let mut names = Vec::with_capacity(starts.len());
         for (k, (&v, t)) in starts.iter().zip(&tys).enumerate() {
             if *t == wide {
@@ -548,7 +548,7 @@ fn combiner(op: ReduceOp, dtype: DType) -> &'static str {
 fn comparison_type(dtype: DType) -> &'static str {
     match dtype {
         DType::F16 | DType::BF16 | DType::F32 | DType::F64 => "FLOAT",
-        DType::S8 | DType::S32 | DType::S64 => "SIGNED",
+        DType::I8 | DType::I32 | DType::I64 => "SIGNED",
         DType::Pred | DType::U8 | DType::U32 | DType::U64 => "UNSIGNED",
     }
 }

@@ -71,9 +71,9 @@ fn elements(l: &Literal) -> Vec<f64> {
 
 fn signed_min(dtype: DType) -> f64 {
     match dtype {
-        DType::S8 => f64::from(i8::MIN),
-        DType::S32 => f64::from(i32::MIN),
-        DType::S64 => i64::MIN as f64,
+        DType::I8 => f64::from(i8::MIN),
+        DType::I32 => f64::from(i32::MIN),
+        DType::I64 => i64::MIN as f64,
         DType::Pred | DType::U8 | DType::U32 | DType::U64 | DType::F16 | DType::BF16 | DType::F32 | DType::F64 => {
             f64::NAN
         }

@@ -188,9 +188,9 @@ fn write_element(out: &mut impl Write, dtype: DType, c: &[u8]) -> fmt::Result {
     let b8 = || [c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]];
     match dtype {
         DType::Pred => out.write_str(if c[0] != 0 { "true" } else { "false" }),
-        DType::S8 => write!(out, "{}", c[0] as i8),
-        DType::S32 => write!(out, "{}", i32::from_le_bytes(b4())),
-        DType::S64 => write!(out, "{}", i64::from_le_bytes(b8())),
+        DType::I8 => write!(out, "{}", c[0] as i8),
+        DType::I32 => write!(out, "{}", i32::from_le_bytes(b4())),
+        DType::I64 => write!(out, "{}", i64::from_le_bytes(b8())),
         DType::U8 => write!(out, "{}", c[0]),
         DType::U32 => write!(out, "{}", u32::from_le_bytes(b4())),
         DType::U64 => write!(out, "{}", u64::from_le_bytes(b8())),

@@ -21,14 +21,14 @@ use crate::tensor::Tensor;
 pub(crate) fn candle_dtype(d: DType) -> Option<CDType> {
     match d {
         DType::Pred | DType::U8 => Some(CDType::U8),
-        DType::S32 => Some(CDType::I32),
-        DType::S64 => Some(CDType::I64),
+        DType::I32 => Some(CDType::I32),
+        DType::I64 => Some(CDType::I64),
         DType::U32 => Some(CDType::U32),
         DType::F16 => Some(CDType::F16),
         DType::BF16 => Some(CDType::BF16),
         DType::F32 => Some(CDType::F32),
         DType::F64 => Some(CDType::F64),
-        DType::S8 | DType::U64 => None,
+        DType::I8 | DType::U64 => None,
     }
 }
 
@@ -37,8 +37,8 @@ pub(crate) fn kiln_dtype(d: CDType) -> Result<DType> {
     Ok(match d {
         CDType::U8 => DType::U8,
         CDType::U32 => DType::U32,
-        CDType::I32 => DType::S32,
-        CDType::I64 => DType::S64,
+        CDType::I32 => DType::I32,
+        CDType::I64 => DType::I64,
         CDType::F16 => DType::F16,
         CDType::BF16 => DType::BF16,
         CDType::F32 => DType::F32,
@@ -60,14 +60,14 @@ fn tensor_of<T: Element + candle_core::WithDType>(lit: &Literal) -> Result<candl
 pub(crate) fn literal_to_candle(lit: &Literal) -> Result<Option<candle_core::Tensor>> {
     Ok(Some(match lit.ty().dtype {
         DType::Pred | DType::U8 => tensor_of::<u8>(lit)?,
-        DType::S32 => tensor_of::<i32>(lit)?,
-        DType::S64 => tensor_of::<i64>(lit)?,
+        DType::I32 => tensor_of::<i32>(lit)?,
+        DType::I64 => tensor_of::<i64>(lit)?,
         DType::U32 => tensor_of::<u32>(lit)?,
         DType::F16 => tensor_of::<f16>(lit)?,
         DType::BF16 => tensor_of::<bf16>(lit)?,
         DType::F32 => tensor_of::<f32>(lit)?,
         DType::F64 => tensor_of::<f64>(lit)?,
-        DType::S8 | DType::U64 => return Ok(None),
+        DType::I8 | DType::U64 => return Ok(None),
     }))
 }
 

@@ -167,7 +167,7 @@ impl Gpt {
     /// `ids: [batch, seq]` s32 -> logits `[batch, seq, vocab]`.
     pub fn forward(&self, ids: &Tensor, train: bool) -> Result<Tensor> {
         let t = ids.dims()[1];
-        let positions = Tensor::arange(t, DType::S32)?;
+        let positions = Tensor::arange(t, DType::I32)?;
         let mut h = self.tok.forward(ids)?.add(&self.pos.forward(&positions)?)?;
         h = nn::dropout(&h, self.cfg.dropout, train)?;
         for b in &self.blocks {

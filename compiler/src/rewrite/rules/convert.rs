@@ -46,11 +46,11 @@ pub fn lossless(from: DType, to: DType) -> bool {
         F32 => matches!(to, F64),
         F64 => false,
         // 8 significant bits in bf16, 11 in f16, 24 in f32, 53 in f64.
-        S8 => matches!(to, S32 | S64 | BF16 | F16 | F32 | F64),
-        U8 => matches!(to, S32 | S64 | U32 | U64 | BF16 | F16 | F32 | F64),
-        S32 => matches!(to, S64 | F64),
-        U32 => matches!(to, S64 | U64 | F64),
-        S64 | U64 => false,
+        I8 => matches!(to, I32 | I64 | BF16 | F16 | F32 | F64),
+        U8 => matches!(to, I32 | I64 | U32 | U64 | BF16 | F16 | F32 | F64),
+        I32 => matches!(to, I64 | F64),
+        U32 => matches!(to, I64 | U64 | F64),
+        I64 | U64 => false,
     }
 }
 
