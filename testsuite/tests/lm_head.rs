@@ -16,8 +16,11 @@ use kiln::{nn, Tensor};
 mod common;
 use common::Rng;
 
+/// A fresh seed each run, or `KILN_TEST_SEED` to replay one a failure printed.
 fn seed() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(9, |d| d.as_nanos() as u64)
+    std::env::var("KILN_TEST_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(9, |d| d.as_nanos() as u64)
+    })
 }
 
 /// Parameters h `[n, d]`, w `[vocab, d]`, labels `[n]`, dnll `[n]`; outputs nll, lse, dh, dw.
@@ -88,7 +91,11 @@ fn composite_matches_its_chunked_expansion_and_xla() {
             let tol = match dtype {
                 DType::F64 => 1e-10,
                 DType::F32 => 1e-5,
-                _ => 3e-2,
+                // bf16 keeps 8 significant bits: each of the `vocab` terms of
+                // dh's and dw's sums is rounded (in a different order and
+                // chunking on each side), up to an ulp at 1.0 (2^-8) each.
+                // A flat 3e-2 failed at 3.03e-2 for vocab 17 on one seed.
+                _ => vocab as f64 * 2f64.powi(-8),
             };
             let what = format!("{dtype} n={n} vocab={vocab} chunk={chunk}");
             check(&format!("interp expansion {what}"), &interpret(&plain, &x).unwrap(), &want, tol, s);
