@@ -6,11 +6,19 @@ use assert_cmd::Command;
 const TEXT: &str = "/usr/share/common-licenses/Apache-2.0";
 
 fn train_gpt(init: &str) -> serde_json::Value {
+    train_gpt_with(init, &[], &[])
+}
+
+fn train_gpt_with(init: &str, env: &[(&str, &str)], args: &[&str]) -> serde_json::Value {
     let out = Command::cargo_bin("kiln")
         .expect("the kiln binary is built")
         .env("KILN_CACHE", "off")
+        .env_remove("KILN_CPU_DEVICES")
+        .env_remove("KILN_MESH")
+        .envs(env.iter().copied())
         .env("KILN_INIT", init)
         .args(["train", "gpt", "--text", TEXT, "--steps", "5", "--seed", "9", "--json"])
+        .args(args)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -27,6 +35,18 @@ fn device_init_trains_the_losses_of_host_init() {
     assert_eq!(host["losses"], device["losses"], "host {host}\ndevice {device}");
     assert_eq!(device["compiles"].as_u64(), host["compiles"].as_u64().map(|c| c + 1), "the init program: {device}");
     assert!(device["setup_ms"].as_f64().unwrap() > 0.0);
+}
+
+/// Under FSDP on 4 CPU devices the policy is applied before the init program
+/// runs, so each parameter is made in its shard: the losses are those of host
+/// init (uploaded, then split) to the bit.
+#[test]
+fn device_init_under_fsdp_trains_the_losses_of_host_init() {
+    let env = [("KILN_CPU_DEVICES", "4")];
+    let host = train_gpt_with("host", &env, &["--shard", "fsdp"]);
+    let device = train_gpt_with("device", &env, &["--shard", "fsdp"]);
+    assert_eq!(device["mesh"].as_str(), Some("data=4"), "{device}");
+    assert_eq!(host["losses"], device["losses"], "host {host}\ndevice {device}");
 }
 
 #[test]
