@@ -390,12 +390,8 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
                         clock: &mut super::StepClock|
          -> Result<()> {
             if let Some((outputs, step)) = unread.take() {
-                let out = super::read_outcome(&outputs)?;
-                let ms = clock.completed();
-                report.skipped_steps += u64::from(out.skipped);
-                report.losses.push(out.loss);
-                report.step_ms.push(ms);
-                on_step(&StepInfo { epoch, step, steps_total: total, loss: out.loss, step_ms: ms });
+                let (loss, ms) = super::record_outcome(&outputs, report, clock)?;
+                on_step(&StepInfo { epoch, step, steps_total: total, loss, step_ms: ms });
             }
             Ok(())
         };

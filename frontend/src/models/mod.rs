@@ -128,6 +128,22 @@ pub(crate) fn read_outcome(outputs: &[Tensor]) -> Result<StepOutcome> {
     Ok(StepOutcome { loss, skipped })
 }
 
+/// Reads a step's outcome (one step late, once a later step is enqueued),
+/// takes its completion time from `clock` and records both in `report`;
+/// returns the loss and the step time in ms.
+pub(crate) fn record_outcome(
+    outputs: &[Tensor],
+    report: &mut mlp::TrainReport,
+    clock: &mut StepClock,
+) -> Result<(f64, f64)> {
+    let out = read_outcome(outputs)?;
+    let ms = clock.completed();
+    report.skipped_steps += u64::from(out.skipped);
+    report.losses.push(out.loss);
+    report.step_ms.push(ms);
+    Ok((out.loss, ms))
+}
+
 /// Step times of a loop whose steps run asynchronously, completion to
 /// completion: a step's time runs from the completion of the step before it
 /// (seen when that step's loss was read) to its own, the first step's from
