@@ -161,6 +161,70 @@ unsafe fn finish(
     }
 }
 
+/// The two value-returning callbacks' argument structs, which differ only in
+/// `timeout_in_ms`: what [`serve_value`] reads from and writes to.
+trait ValueArgs {
+    fn callback_error(&self) -> *mut ffi::PJRT_CallbackError;
+    fn user_arg(&self) -> *mut c_void;
+    fn key(&self) -> (*const c_char, usize);
+    fn hand_over(&mut self, value: *mut c_char, len: usize);
+}
+
+macro_rules! value_args {
+    ($args:ty) => {
+        impl ValueArgs for $args {
+            fn callback_error(&self) -> *mut ffi::PJRT_CallbackError {
+                self.callback_error
+            }
+            fn user_arg(&self) -> *mut c_void {
+                self.user_arg
+            }
+            fn key(&self) -> (*const c_char, usize) {
+                (self.key, self.key_size)
+            }
+            fn hand_over(&mut self, value: *mut c_char, len: usize) {
+                self.value = value;
+                self.value_size = len;
+                self.value_deleter_callback = Some(delete_value);
+            }
+        }
+    };
+}
+value_args!(ffi::PJRT_KeyValueGetCallback_Args);
+value_args!(ffi::PJRT_KeyValueTryGetCallback_Args);
+
+/// The body of both value-returning trampolines: `fetch` the key's value
+/// from the store and hand the plugin a copy (see the module's ownership
+/// rules), or return the plugin's error object.
+///
+/// # Safety
+/// `args` is null or a valid, exclusive args struct whose `user_arg` kiln set
+/// (see [`install`]) and whose pointers stay valid for the call.
+unsafe fn serve_value<A: ValueArgs>(
+    args: *mut A,
+    what: &str,
+    fetch: impl FnOnce(&UserArg, &str, &A) -> Result<Vec<u8>, RuntimeError>,
+) -> *mut ffi::PJRT_Error {
+    if args.is_null() {
+        return ptr::null_mut();
+    }
+    // SAFETY: the plugin passes a valid, exclusive args struct.
+    let callback_error = unsafe { (*args).callback_error() };
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: as above; only this callback touches it until we return.
+        let a = unsafe { &mut *args };
+        let (key_ptr, key_len) = a.key();
+        // SAFETY: user_arg and key come from the plugin as set up by kiln.
+        let (store, key) = unsafe { (store(a.user_arg())?, key(key_ptr, key_len)?) };
+        let value = fetch(store, &key, a)?;
+        let (ptr, len) = alloc_value(&value);
+        a.hand_over(ptr, len);
+        Ok(())
+    }));
+    // SAFETY: `callback_error` was read from the plugin's args above.
+    unsafe { finish(outcome, callback_error, what) }
+}
+
 /// `PJRT_KeyValueGetCallback`: blocks up to `timeout_in_ms` (a negative
 /// timeout waits as long as an `int` of milliseconds allows).
 ///
@@ -168,26 +232,13 @@ unsafe fn finish(
 /// `args` is null or a valid, exclusive `PJRT_KeyValueGetCallback_Args` whose `user_arg` kiln set
 /// (see [`install`]) and whose pointers stay valid for the call.
 pub(crate) unsafe extern "C" fn kv_get(args: *mut ffi::PJRT_KeyValueGetCallback_Args) -> *mut ffi::PJRT_Error {
-    if args.is_null() {
-        return ptr::null_mut();
+    // SAFETY: the caller's contract is serve_value's.
+    unsafe {
+        serve_value(args, "get", |store, key, a| {
+            let ms = if a.timeout_in_ms < 0 { c_int::MAX } else { a.timeout_in_ms };
+            store.get(key, Duration::from_millis(ms as u64))
+        })
     }
-    // SAFETY: the plugin passes a valid, exclusive args struct.
-    let callback_error = unsafe { (*args).callback_error };
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: as above; only this callback touches it until we return.
-        let a = unsafe { &mut *args };
-        // SAFETY: user_arg and key come from the plugin as set up by kiln.
-        let (store, key) = unsafe { (store(a.user_arg)?, key(a.key, a.key_size)?) };
-        let ms = if a.timeout_in_ms < 0 { c_int::MAX } else { a.timeout_in_ms };
-        let value = store.get(&key, Duration::from_millis(ms as u64))?;
-        let (ptr, len) = alloc_value(&value);
-        a.value = ptr;
-        a.value_size = len;
-        a.value_deleter_callback = Some(delete_value);
-        Ok(())
-    }));
-    // SAFETY: `callback_error` was read from the plugin's args above.
-    unsafe { finish(outcome, callback_error, "get") }
 }
 
 /// `PJRT_KeyValueTryGetCallback`: `NOT_FOUND` at once when the key is absent.
@@ -196,25 +247,8 @@ pub(crate) unsafe extern "C" fn kv_get(args: *mut ffi::PJRT_KeyValueGetCallback_
 /// `args` is null or a valid, exclusive `PJRT_KeyValueTryGetCallback_Args` whose `user_arg` kiln set
 /// (see [`install`]) and whose pointers stay valid for the call.
 pub(crate) unsafe extern "C" fn kv_try_get(args: *mut ffi::PJRT_KeyValueTryGetCallback_Args) -> *mut ffi::PJRT_Error {
-    if args.is_null() {
-        return ptr::null_mut();
-    }
-    // SAFETY: the plugin passes a valid, exclusive args struct.
-    let callback_error = unsafe { (*args).callback_error };
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: as above.
-        let a = unsafe { &mut *args };
-        // SAFETY: user_arg and key come from the plugin as set up by kiln.
-        let (store, key) = unsafe { (store(a.user_arg)?, key(a.key, a.key_size)?) };
-        let value = store.try_get(&key)?;
-        let (ptr, len) = alloc_value(&value);
-        a.value = ptr;
-        a.value_size = len;
-        a.value_deleter_callback = Some(delete_value);
-        Ok(())
-    }));
-    // SAFETY: `callback_error` was read from the plugin's args above.
-    unsafe { finish(outcome, callback_error, "try-get") }
+    // SAFETY: the caller's contract is serve_value's.
+    unsafe { serve_value(args, "try-get", |store, key, _| store.try_get(key)) }
 }
 
 /// `PJRT_KeyValuePutCallback`: copies the value into the store.
