@@ -11,6 +11,11 @@
 //! temporaries, `docs/memory.md`). One process per budget, so no compiled
 //! program is shared between budgets; run it with `KILN_CACHE=off`.
 //!
+//! `remat_curve CONFIG plan PERCENT...` runs nothing: it records the step's
+//! forward and gradients (no optimizer update) and prints the remat pass's plan
+//! at each budget (`PLAN {json}`), for choosing budgets on a machine without
+//! the GPU.
+//!
 //! Prints one line `RESULT {json}`: XLA's compiled memory stats of the step
 //! program, the remat plan (the model's bytes before/after, each recomputed
 //! value), the step's FLOPs and the step time.
@@ -34,6 +39,9 @@ fn main() -> Res<()> {
         "tiny" => GptConfig { amp: Some(DType::BF16), ..GptConfig::tiny(64) },
         other => return Err(format!("unknown config `{other}`; {usage}").into()),
     };
+    if budget == "plan" {
+        return plan_only(&cfg, &args[2..]);
+    }
     let fraction = match budget.as_str() {
         "none" => None,
         p => {
@@ -108,29 +116,7 @@ fn main() -> Res<()> {
     sorted.sort_by(f64::total_cmp);
     let ms = sorted[sorted.len() / 2];
 
-    let remat = pipeline.passes.iter().find(|p| p.name == "remat").and_then(|p| p.remat.clone());
-    let plan: Value = match &remat {
-        None => Value::Null,
-        Some(r) => {
-            let mut by_op = std::collections::BTreeMap::<&str, (usize, u64)>::new();
-            for v in &r.recomputed {
-                let e = by_op.entry(v.op).or_default();
-                e.0 += 1;
-                e.1 += v.bytes;
-            }
-            json!({
-                "budget_bytes": r.budget_bytes,
-                "met": r.met,
-                "model_before": {"peak_bytes": r.before.peak_bytes, "temp_bytes": r.before.temp_peak_bytes,
-                                 "argument_bytes": r.before.argument_bytes, "output_bytes": r.before.output_bytes},
-                "model_after": {"peak_bytes": r.after.peak_bytes, "temp_bytes": r.after.temp_peak_bytes},
-                "recomputed": r.recomputed.len(),
-                "cloned_nodes": r.recomputed.iter().map(|v| v.cloned_nodes).sum::<usize>(),
-                "recomputed_bytes": r.recomputed.iter().map(|v| v.bytes).sum::<u64>(),
-                "by_op": by_op.iter().map(|(op, (n, b))| json!({"op": op, "values": n, "bytes": b})).collect::<Vec<_>>(),
-            })
-        }
-    };
+    let plan = plan_json(&pipeline);
     let peak = xla.argument_size_in_bytes + xla.output_size_in_bytes - xla.alias_size_in_bytes + xla.temp_size_in_bytes;
     let out = json!({
         "system": "kiln",
@@ -155,5 +141,63 @@ fn main() -> Res<()> {
         "loss_last": losses[1],
     });
     println!("RESULT {out}");
+    Ok(())
+}
+
+
+/// The remat pass's plan in `pipeline`, as JSON (`null`: no remat pass).
+fn plan_json(pipeline: &kiln::compiler::pipeline::PipelineStats) -> Value {
+    let remat = pipeline.passes.iter().find(|p| p.name == "remat").and_then(|p| p.remat.clone());
+    match &remat {
+        None => Value::Null,
+        Some(r) => {
+            let mut by_op = std::collections::BTreeMap::<&str, (usize, u64)>::new();
+            for v in &r.recomputed {
+                let e = by_op.entry(v.op).or_default();
+                e.0 += 1;
+                e.1 += v.bytes;
+            }
+            json!({
+                "budget_bytes": r.budget_bytes,
+                "met": r.met,
+                "model_before": {"peak_bytes": r.before.peak_bytes, "temp_bytes": r.before.temp_peak_bytes,
+                                 "argument_bytes": r.before.argument_bytes, "output_bytes": r.before.output_bytes},
+                "model_after": {"peak_bytes": r.after.peak_bytes, "temp_bytes": r.after.temp_peak_bytes},
+                "recomputed": r.recomputed.len(),
+                "cloned_nodes": r.recomputed.iter().map(|v| v.cloned_nodes).sum::<usize>(),
+                "recomputed_bytes": r.recomputed.iter().map(|v| v.bytes).sum::<u64>(),
+                "by_op": by_op.iter().map(|(op, (n, b))| json!({"op": op, "values": n, "bytes": b})).collect::<Vec<_>>(),
+            })
+        }
+    }
+}
+/// The remat pass's plan of `cfg`'s forward and gradients at each budget in
+/// `pcts` (percent of activation memory), without compiling or running.
+fn plan_only(cfg: &GptConfig, pcts: &[String]) -> Res<()> {
+    use kiln::compiler::pipeline::{run, PipelineOptions};
+    let mut ps = ParamStore::new(0);
+    let model = Gpt::new(&mut ps, cfg)?;
+    let params = ps.tensors();
+    let top = cfg.vocab.min(50257);
+    let ids = |seed: usize| (0..cfg.batch * cfg.seq).map(|i| ((i * 7919 + seed) % top) as i32).collect::<Vec<_>>();
+    let x = Tensor::from_vec(ids(1), [cfg.batch, cfg.seq])?;
+    let y = Tensor::from_vec(ids(2), [cfg.batch * cfg.seq])?;
+    let graph = kiln::capture_graph(|| {
+        let loss = kiln::amp::autocast(DType::BF16, || model.loss(&x, &y, true))?;
+        let mut out = vec![loss.clone()];
+        out.extend(grad(&loss, &params)?);
+        Ok(out)
+    })?;
+    for p in pcts {
+        let f: f64 = p.trim_end_matches('%').parse().map_err(|_| format!("budget `{p}` is not a percentage"))?;
+        let t = Instant::now();
+        let out = run(&graph, &PipelineOptions::default().with_activation_budget(Some(f / 100.0)), &mut |_, _| {})?;
+        let plan = plan_json(&out.stats);
+        println!(
+            "PLAN {}",
+            json!({"budget_pct": f, "extra_flops": out.stats.remat_extra_flops,
+                   "pipeline_ms": t.elapsed().as_secs_f64() * 1e3, "plan": plan})
+        );
+    }
     Ok(())
 }
