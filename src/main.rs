@@ -94,7 +94,9 @@ enum Model {
         /// Mixed precision: matmuls in this dtype, f32 master weights.
         #[arg(long)]
         amp: Option<AmpDtype>,
-        /// Rematerialize so each step's predicted peak fits SIZE (`2GiB`, `512MiB`, bytes).
+        /// Rematerialize so each step's predicted peak fits SIZE (`2GiB`, `512MiB`, bytes),
+        /// or `N%`: keep the arguments, outputs and N% of the step's activation
+        /// (temporary) memory (docs/memory.md).
         #[arg(long, value_name = "SIZE")]
         memory_limit: Option<String>,
         /// End with one JSON object (for scripts).
@@ -123,7 +125,9 @@ enum Model {
         /// Clip the global gradient norm to this value.
         #[arg(long)]
         max_grad_norm: Option<f64>,
-        /// Rematerialize so each step's predicted peak fits SIZE (`2GiB`, `512MiB`, bytes).
+        /// Rematerialize so each step's predicted peak fits SIZE (`2GiB`, `512MiB`, bytes),
+        /// or `N%`: keep the arguments, outputs and N% of the step's activation
+        /// (temporary) memory (docs/memory.md).
         #[arg(long, value_name = "SIZE")]
         memory_limit: Option<String>,
         /// Spread the step over the devices (KILN_CPU_DEVICES / GPU_NUM_DEVICES):
@@ -284,9 +288,24 @@ fn progress(json: bool) -> ProgressBar {
 }
 
 /// `--memory-limit` for the training loops.
+/// `N%` is a fraction of the activation memory; anything else a size.
 fn set_memory_limit(limit: Option<&str>) -> anyhow::Result<()> {
-    let bytes = limit.map(cmd::memory::parse_bytes).transpose()?;
+    let fraction = match limit.map(|l| l.trim().strip_suffix('%')) {
+        Some(Some(p)) => {
+            let f: f64 = p.trim().parse().map_err(|_| anyhow::anyhow!("--memory-limit {p}%: not a percentage"))?;
+            if !(f > 0.0 && f <= 100.0) {
+                anyhow::bail!("--memory-limit {p}%: a percentage of the activation memory must be in (0, 100]");
+            }
+            Some(f / 100.0)
+        }
+        Some(None) | None => None,
+    };
+    let bytes = match fraction {
+        Some(_) => None,
+        None => limit.map(cmd::memory::parse_bytes).transpose()?,
+    };
     kiln::set_memory_limit(bytes);
+    kiln::set_activation_budget(fraction)?;
     Ok(())
 }
 

@@ -2,16 +2,25 @@
 training step of `../shared/bench/peers.py`'s torch GPT: bf16 compute, f32
 master weights and logits, tied LM head, AdamW (optax). Attention through
 `jax.nn.dot_product_attention(..., implementation=IMPL, is_causal=True)`.
-Usage: jax_gpt.py [cudnn|xla] [time|profile N]
+Usage: jax_gpt.py [cudnn|xla] [time|profile N] [--checkpoint] [--json FILE] [--tiny]
   time: median ms/step (5 warm-up, 3 runs of 10 steps) and XLA temp bytes.
-  profile N: N steps after warm-up (for a kernel profiler)."""
-import sys, time, statistics
+  profile N: N steps after warm-up (for a kernel profiler).
+  --checkpoint: `jax.checkpoint` on every block (full-block rematerialization:
+  the backward keeps only each block's input and recomputes the block).
+  --json FILE: also write the figures (ms, runs, XLA memory stats) as JSON."""
+import sys, time, statistics, json
 from functools import partial
 import jax, jax.numpy as jnp, optax
 
 B, T, L, D, H, V = 8, 1024, 12, 768, 12, 50304
-impl = sys.argv[1] if len(sys.argv) > 1 else "cudnn"
-mode = sys.argv[2] if len(sys.argv) > 2 else "time"
+if "--tiny" in sys.argv:  # a small shape for checking the script without a GPU
+    B, T, L, D, H, V = 2, 64, 2, 64, 4, 256
+argv = sys.argv[1:]
+checkpoint = "--checkpoint" in argv
+json_path = argv[argv.index("--json") + 1] if "--json" in argv else None
+argv = [a for i, a in enumerate(argv) if a not in ("--checkpoint", "--json", "--tiny") and (i == 0 or argv[i - 1] != "--json")]
+impl = argv[0] if len(argv) > 0 else "cudnn"
+mode = argv[1] if len(argv) > 1 else "time"
 bf = jnp.bfloat16
 
 
@@ -36,13 +45,20 @@ def linear(x, p):
     return x @ p[0].astype(bf) + p[1].astype(bf)
 
 
+def block(x, b):
+    qkv = linear(layer_norm(x, b["ln1"]), b["qkv"]).reshape(B, T, 3, H, D // H)
+    a = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], is_causal=True, implementation=impl)
+    x = x + linear(a.reshape(B, T, D), b["proj"])
+    return x + linear(jax.nn.gelu(linear(layer_norm(x, b["ln2"]), b["fc"]), approximate=True), b["out"])
+
+
+run_block = jax.checkpoint(block) if checkpoint else block
+
+
 def loss_fn(p, idx, tgt):
     x = (p["wte"][idx] + p["wpe"][None]).astype(bf)
     for b in p["blocks"]:
-        qkv = linear(layer_norm(x, b["ln1"]), b["qkv"]).reshape(B, T, 3, H, D // H)
-        a = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], is_causal=True, implementation=impl)
-        x = x + linear(a.reshape(B, T, D), b["proj"])
-        x = x + linear(jax.nn.gelu(linear(layer_norm(x, b["ln2"]), b["fc"]), approximate=True), b["out"])
+        x = run_block(x, b)
     logits = (layer_norm(x, p["lnf"]) @ p["wte"].astype(bf).T).astype(jnp.float32)
     return optax.softmax_cross_entropy_with_integer_labels(logits.reshape(-1, V), tgt.reshape(-1)).mean()
 
@@ -60,9 +76,11 @@ def step(p, s, idx, tgt):
 params = init(jax.random.PRNGKey(0))
 state = opt.init(params)
 k1, k2 = jax.random.split(jax.random.PRNGKey(1))
-idx = jax.random.randint(k1, (B, T), 0, 50257)
-tgt = jax.random.randint(k2, (B, T), 0, 50257)
+idx = jax.random.randint(k1, (B, T), 0, min(V, 50257))
+tgt = jax.random.randint(k2, (B, T), 0, min(V, 50257))
+t0 = time.perf_counter()
 step = step.lower(params, state, idx, tgt).compile()  # the one compile; calls below reuse it
+compile_s = time.perf_counter() - t0
 mem = step.memory_analysis()
 for _ in range(5):
     params, state, loss = step(params, state, idx, tgt)
@@ -81,5 +99,13 @@ else:
             params, state, loss = step(params, state, idx, tgt)
         jax.block_until_ready(loss)
         ts.append((time.perf_counter() - t) / 10 * 1e3)
-    print(f"jax-{impl} gpt2-small {statistics.median(ts):.3f} ms/step (runs {[round(t, 3) for t in ts]}), "
+    name = f"jax-{impl}" + ("-checkpoint" if checkpoint else "")
+    print(f"{name} gpt2-small {statistics.median(ts):.3f} ms/step (runs {[round(t, 3) for t in ts]}), "
           f"XLA temp {mem.temp_size_in_bytes} B, loss {float(loss):.4f}")
+    if json_path:
+        xla = {"argument_bytes": mem.argument_size_in_bytes, "output_bytes": mem.output_size_in_bytes,
+               "alias_bytes": mem.alias_size_in_bytes, "temp_bytes": mem.temp_size_in_bytes}
+        xla["peak_bytes"] = xla["argument_bytes"] + xla["output_bytes"] - xla["alias_bytes"] + xla["temp_bytes"]
+        with open(json_path, "w") as f:
+            json.dump({"system": name, "config": "gpt2-small", "ms": statistics.median(ts), "runs_ms": ts,
+                       "compile_s": compile_s, "xla": xla, "loss_last": float(loss)}, f)

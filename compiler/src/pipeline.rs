@@ -41,6 +41,31 @@ pub struct PassStats {
     pub changed: usize,
     /// FLOPs a pass added (remat's recomputation).
     pub extra_flops: u64,
+    /// The remat pass's plan (what the benches and `kiln compile` report).
+    pub remat: Option<RematSummary>,
+}
+
+/// What the remat pass planned, in the peak model's bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RematSummary {
+    /// The budget the plan was made for (resolved from a fraction when the
+    /// budget was one).
+    pub budget_bytes: u64,
+    pub met: bool,
+    /// The model's figures of the graph before and after the plan.
+    pub before: crate::memory::PeakMemory,
+    pub after: crate::memory::PeakMemory,
+    /// Each recomputed value: its producer's op, bytes, nodes cloned, FLOPs.
+    pub recomputed: Vec<RecomputedValue>,
+}
+
+/// One value the remat pass recomputes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecomputedValue {
+    pub op: &'static str,
+    pub bytes: u64,
+    pub cloned_nodes: usize,
+    pub flops: u64,
 }
 
 /// What the pipeline did, for metrics and the CLI.
@@ -84,6 +109,12 @@ pub struct PassOptions {
     /// this many bytes (greedy strategy, [`crate::memory`]); `None`: it
     /// changes nothing.
     pub memory_limit_bytes: Option<u64>,
+    /// The remat pass's budget as a fraction in (0, 1] of the step's
+    /// activation memory (used instead of `memory_limit_bytes` when set): the
+    /// limit is the unplanned predicted peak minus `(1 - fraction)` times the
+    /// unplanned predicted temporaries, so the step keeps its arguments and
+    /// outputs and that fraction of its temporaries (`docs/memory.md`).
+    pub activation_fraction: Option<f64>,
 }
 
 /// One pass: a name (what `--passes` spells) and a function from graph to graph
@@ -144,7 +175,11 @@ impl Default for PipelineOptions {
             // per pass on the gpt2-small train step, next to seconds of XLA
             // compile on the same miss.
             verify: true,
-            pass_options: PassOptions { rewrite: RewriteOptions::default(), memory_limit_bytes: None },
+            pass_options: PassOptions {
+                rewrite: RewriteOptions::default(),
+                memory_limit_bytes: None,
+                activation_fraction: None,
+            },
         }
     }
 }
@@ -167,6 +202,26 @@ impl PipelineOptions {
         }
         self
     }
+
+    /// Adds the `remat` pass at the end, under `fraction` of the step's
+    /// activation memory ([`PassOptions::activation_fraction`]; `None`: no
+    /// change).
+    pub fn with_activation_budget(mut self, fraction: Option<f64>) -> PipelineOptions {
+        if let Some(f) = fraction {
+            self.pass_options.activation_fraction = Some(f);
+            if !self.passes.iter().any(|p| p == "remat") {
+                self.passes.push("remat".to_string());
+            }
+        }
+        self
+    }
+}
+
+/// The byte limit of `fraction` of `before`'s activation memory: the
+/// unplanned peak less `(1 - fraction)` of the unplanned temporaries.
+pub fn activation_budget_bytes(before: &crate::memory::PeakMemory, fraction: f64) -> u64 {
+    let cut = (1.0 - fraction.clamp(0.0, 1.0)) * before.temp_peak_bytes as f64;
+    before.peak_bytes.saturating_sub(cut.round() as u64)
 }
 
 /// The pipeline's result.
@@ -280,12 +335,27 @@ fn run_rewrite(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, C
 /// Remat last, on the graph about to be lowered: XLA-like fusion decides
 /// which values get buffers (`crate::memory`).
 fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, CompileError> {
-    let Some(limit) = o.memory_limit_bytes else { return Ok(g.clone()) };
     let fusion = crate::memory::XlaCpuFusion;
+    let limit = match (o.activation_fraction, o.memory_limit_bytes) {
+        (Some(f), _) => activation_budget_bytes(&crate::memory::peak_memory(g, &fusion), f),
+        (None, Some(limit)) => limit,
+        (None, None) => return Ok(g.clone()),
+    };
     let ro = crate::memory::RematOptions::new(crate::memory::RematBudget::Bytes(limit), &fusion);
     let plan = crate::memory::rematerialize(g, &crate::memory::Greedy, &ro)?;
     s.changed = plan.choices.len();
     s.extra_flops = plan.extra_flops;
+    s.remat = Some(RematSummary {
+        budget_bytes: plan.budget_bytes,
+        met: plan.met,
+        before: plan.before,
+        after: plan.after,
+        recomputed: plan
+            .choices
+            .iter()
+            .map(|c| RecomputedValue { op: c.op, bytes: c.bytes, cloned_nodes: c.recomputed_nodes, flops: c.flops })
+            .collect(),
+    });
     Ok(plan.graph)
 }
 
@@ -328,6 +398,36 @@ mod tests {
         assert_eq!(out.stats.passes.len(), 4);
         assert!(out.stats.passes.iter().find(|p| p.name == "fusion").unwrap().fusion_groups.is_some());
         assert!(out.stats.passes.iter().find(|p| p.name == "rewrite").unwrap().stop_reason.is_some());
+    }
+
+    #[test]
+    fn an_activation_budget_keeps_arguments_outputs_and_that_fraction_of_temporaries() {
+        let before = crate::memory::PeakMemory {
+            argument_bytes: 400,
+            constant_bytes: 0,
+            output_bytes: 100,
+            temp_peak_bytes: 1000,
+            peak_bytes: 1450,
+            peak_position: 3,
+        };
+        assert_eq!(activation_budget_bytes(&before, 1.0), 1450);
+        assert_eq!(activation_budget_bytes(&before, 0.5), 950);
+        assert_eq!(activation_budget_bytes(&before, 0.25), 700);
+        // Under 5% no plan can meet it, but the bytes never wrap.
+        let tiny = crate::memory::PeakMemory { peak_bytes: 10, ..before };
+        assert_eq!(activation_budget_bytes(&tiny, 0.0), 0);
+    }
+
+    #[test]
+    fn a_full_activation_budget_adds_the_remat_pass_and_recomputes_nothing() {
+        let opts = PipelineOptions::default().with_activation_budget(Some(1.0));
+        assert_eq!(opts.passes.last().map(String::as_str), Some("remat"));
+        let out = run(&sample(), &opts, &mut |_, _| {}).unwrap();
+        let remat = out.stats.passes.iter().find(|p| p.name == "remat").unwrap().remat.clone().unwrap();
+        assert!(remat.met);
+        assert!(remat.recomputed.is_empty());
+        assert_eq!(remat.budget_bytes, remat.before.peak_bytes);
+        assert_eq!(out.stats.remat_recomputed, 0);
     }
 
     #[test]

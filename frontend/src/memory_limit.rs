@@ -11,6 +11,7 @@ use std::cell::Cell;
 
 thread_local! {
     static LIMIT: Cell<Option<u64>> = const { Cell::new(None) };
+    static ACTIVATION: Cell<Option<f64>> = const { Cell::new(None) };
 }
 
 /// Sets this thread's step memory budget in bytes (`None`: no remat pass).
@@ -23,6 +24,30 @@ pub fn set_memory_limit(bytes: Option<u64>) {
 /// This thread's step memory budget.
 pub fn memory_limit() -> Option<u64> {
     LIMIT.with(Cell::get)
+}
+
+/// Sets this thread's step memory budget as a fraction in (0, 1] of each
+/// step's activation memory (the unplanned predicted peak less `1 - fraction`
+/// of its predicted temporaries, `docs/memory.md`); when set it is used
+/// instead of [`set_memory_limit`]'s bytes. `None`: no fraction.
+pub fn set_activation_budget(fraction: Option<f64>) -> crate::Result<()> {
+    if let Some(f) = fraction {
+        if !(f > 0.0 && f <= 1.0) {
+            return Err(crate::FrontendError::InvalidArgument {
+                op: "set_activation_budget",
+                reason: format!("the fraction of activation memory must be in (0, 1], got {f}"),
+            });
+        }
+    }
+    if ACTIVATION.with(|l| l.replace(fraction)) != fraction {
+        crate::context::clear_compile_cache();
+    }
+    Ok(())
+}
+
+/// This thread's activation budget (a fraction), if any.
+pub fn activation_budget() -> Option<f64> {
+    ACTIVATION.with(Cell::get)
 }
 
 /// The pruned step graph whose outputs are `f`'s tensors, recorded apart from

@@ -157,7 +157,7 @@ fn pipeline_options() -> Result<pipeline::PipelineOptions> {
             pipeline::pass(p)?;
         }
     }
-    Ok(opts.with_memory_limit(crate::memory_limit()))
+    Ok(opts.with_memory_limit(crate::memory_limit()).with_activation_budget(crate::activation_budget()))
 }
 
 /// The program of `graph` (a closed raw trace fed by `bindings`), compiled

@@ -1,0 +1,42 @@
+#!/bin/bash
+# remat-curve (shared/BENCHMARKS.md) in one command: kiln's gpt2-small bf16
+# train step (device_bench's: B8 T1024, vocab 50304, AdamW) with no remat pass
+# and at 50/33/25% of its activation memory (docs/memory.md defines the
+# budget), one process per budget with the compile cache off, then JAX's same
+# step with cuDNN attention, plain and with `jax.checkpoint` on every block.
+# Prints a markdown table; writes $OUT/remat.json (every figure), table.md and
+# the logs.
+#
+#   OUT=dir benches/device/remat.sh            (on the GPU; PJRT_DEVICE=CUDA)
+#   REMAT_CONFIG=tiny REMAT_JAX=0 PJRT_DEVICE=cpu benches/device/remat.sh   (a check on the CPU plugin)
+#
+# REMAT_BIN: the remat_curve binary (default: beside this script, else
+# target/release/examples/remat_curve); REMAT_BUDGETS: the budgets
+# (default "none 50 33 25"); REMAT_JAX=0 skips JAX; REMAT_JAX_IMPL: its attention
+# (cudnn, or xla where there is no cuDNN); REMAT_JAX_ARGS: more jax_gpt.py flags.
+D=$(cd "$(dirname "$0")" && pwd)
+BIN=${REMAT_BIN:-$D/remat_curve}
+[ -x "$BIN" ] || BIN=$D/../../target/release/examples/remat_curve
+CONFIG=${REMAT_CONFIG:-gpt2-small}
+export PJRT_DEVICE=${PJRT_DEVICE:-CUDA} KILN_CACHE=off PYTHONUNBUFFERED=1 \
+  XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
+OUT=${OUT:-/tmp/remat-curve}
+mkdir -p "$OUT"
+: > "$OUT/kiln.log"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+date -u
+for b in ${REMAT_BUDGETS:-none 50 33 25}; do
+  t0=$(date +%s)
+  timeout ${REMAT_TIMEOUT:-150} "$BIN" "$CONFIG" "$b" 2>&1 | grep -v "^I1\|^W1\|ptxas\|^E0000\|^WARNING: All log" >> "$OUT/kiln.log"
+  echo "kiln budget $b: rc ${PIPESTATUS[0]}, $(( $(date +%s) - t0 )) s"
+done
+if [ "${REMAT_JAX:-1}" != 0 ]; then
+  for v in plain checkpoint; do
+    t0=$(date +%s)
+    flag=; [ $v = checkpoint ] && flag=--checkpoint
+    timeout ${REMAT_JAX_TIMEOUT:-120} python3 "$D/jax_gpt.py" ${REMAT_JAX_IMPL:-cudnn} time $flag --json "$OUT/jax_$v.json" $REMAT_JAX_ARGS 2>&1 \
+      | grep -v "Warning\|^I1\|^W1\|^E0000" | tail -5 | tee "$OUT/jax_$v.log"
+    echo "jax $v: rc ${PIPESTATUS[0]}, $(( $(date +%s) - t0 )) s"
+  done
+fi
+python3 "$D/remat_table.py" "$OUT/kiln.log" "$OUT"/jax_plain.json "$OUT"/jax_checkpoint.json --json "$OUT/remat.json" | tee "$OUT/table.md"

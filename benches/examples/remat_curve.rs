@@ -1,0 +1,203 @@
+//! One point of the `remat-curve` benchmark (`benches/device/remat.sh`): the
+//! GPT train step of `device_bench` (bf16 autocast, AdamW with weight decay
+//! 0.1, captured with `compile_step`) under one activation budget, timed the
+//! way `device_bench` times it (warm-up, then the median of `reps` runs of
+//! `iters` steps, each run ended by a device sync, steps asynchronous).
+//!
+//! `remat_curve CONFIG BUDGET [ITERS REPS]`: CONFIG is `gpt2-small` (vocab
+//! 50304) or `tiny` (vocab 64, for the CPU plugin); BUDGET is `none` (no remat
+//! pass) or a percentage of the step's activation memory (`50`: the remat pass
+//! plans for the unplanned predicted peak less half of the unplanned predicted
+//! temporaries, `docs/memory.md`). One process per budget, so no compiled
+//! program is shared between budgets; run it with `KILN_CACHE=off`.
+//!
+//! `remat_curve CONFIG plan PERCENT...` runs nothing: it records the step's
+//! forward and gradients (no optimizer update) and prints the remat pass's plan
+//! at each budget (`PLAN {json}`), for choosing budgets on a machine without
+//! the GPU.
+//!
+//! Prints one line `RESULT {json}`: XLA's compiled memory stats of the step
+//! program, the remat plan (the model's bytes before/after, each recomputed
+//! value), the step's FLOPs and the step time.
+
+use std::time::Instant;
+
+use kiln::models::gpt::{Gpt, GptConfig};
+use kiln::nn::ParamStore;
+use kiln::optim::{AdamW, AdamWConfig};
+use kiln::{grad, metrics, DType, Tensor};
+use serde_json::{json, Value};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn main() -> Res<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: remat_curve gpt2-small|tiny none|PERCENT [ITERS REPS]";
+    let (Some(config), Some(budget)) = (args.first(), args.get(1)) else { return Err(usage.into()) };
+    let cfg = match config.as_str() {
+        "gpt2-small" => GptConfig { amp: Some(DType::BF16), ..GptConfig::gpt2_small(50304) },
+        "tiny" => GptConfig { amp: Some(DType::BF16), ..GptConfig::tiny(64) },
+        other => return Err(format!("unknown config `{other}`; {usage}").into()),
+    };
+    if budget == "plan" {
+        return plan_only(&cfg, &args[2..]);
+    }
+    let fraction = match budget.as_str() {
+        "none" => None,
+        p => {
+            let f: f64 = p.trim_end_matches('%').parse().map_err(|_| format!("budget `{p}`: {usage}"))?;
+            Some(f / 100.0)
+        }
+    };
+    let iters: usize = args.get(2).map(|a| a.parse()).transpose()?.unwrap_or(10);
+    let reps: usize = args.get(3).map(|a| a.parse()).transpose()?.unwrap_or(3);
+
+    let client = kiln::runtime::replica_plan_from_env()?.create_client()?;
+    let platform = client.platform_name().to_string();
+    kiln::set_client(client);
+    kiln::set_activation_budget(fraction)?;
+
+    let mut ps = ParamStore::new(0);
+    let model = Gpt::new(&mut ps, &cfg)?;
+    let params = ps.tensors();
+    let mut opt = AdamW::new(&params, AdamWConfig { weight_decay: 0.1, ..Default::default() })?;
+    let top = cfg.vocab.min(50257);
+    let ids = |seed: usize| (0..cfg.batch * cfg.seq).map(|i| ((i * 7919 + seed) % top) as i32).collect::<Vec<_>>();
+    let x = Tensor::from_vec(ids(1), [cfg.batch, cfg.seq])?;
+    let y = Tensor::from_vec(ids(2), [cfg.batch * cfg.seq])?;
+    let lr = Tensor::scalar(3e-4f32);
+    kiln::mark_step()?;
+    let inputs = [x, y, lr];
+    let mut losses = Vec::new();
+    let mut step = kiln::compile_step(|i: &[Tensor]| {
+        let loss = kiln::amp::autocast(DType::BF16, || model.loss(&i[0], &i[1], true))?;
+        let grads = grad(&loss, &params)?;
+        opt.step_lr(&params, &grads, &i[2])?;
+        Ok(vec![loss])
+    });
+
+    let t = Instant::now();
+    let first = step.call(&inputs)?;
+    kiln::sync()?;
+    let first_step_ms = t.elapsed().as_secs_f64() * 1e3;
+    let m = metrics::snapshot();
+    let pipeline = m.last_pipeline.clone().ok_or("no pipeline ran for the step")?;
+    let xla = kiln::shard::program_memory_stats()?
+        .into_iter()
+        .max_by_key(|s| s.argument_size_in_bytes)
+        .ok_or("no compiled program")?;
+    losses.push(first[0].to_vec::<f32>()?[0]);
+
+    let flops_before = m.flops_executed;
+    let executions_before = m.executions;
+    let mut call = || -> Res<()> {
+        step.call(&inputs)?;
+        Ok(())
+    };
+    for _ in 0..3 {
+        call()?;
+    }
+    kiln::sync()?;
+    let mut runs = Vec::new();
+    for _ in 0..reps {
+        let t = Instant::now();
+        for _ in 0..iters {
+            call()?;
+        }
+        kiln::sync()?;
+        runs.push(t.elapsed().as_secs_f64() * 1e3 / iters as f64);
+    }
+    let last = step.call(&inputs)?;
+    losses.push(last[0].to_vec::<f32>()?[0]);
+    let after = metrics::snapshot();
+    let steps = (after.executions - executions_before).max(1) as f64;
+    let flops_per_step = (after.flops_executed - flops_before) / steps;
+    let mut sorted = runs.clone();
+    sorted.sort_by(f64::total_cmp);
+    let ms = sorted[sorted.len() / 2];
+
+    let plan = plan_json(&pipeline);
+    let peak = xla.argument_size_in_bytes + xla.output_size_in_bytes - xla.alias_size_in_bytes + xla.temp_size_in_bytes;
+    let out = json!({
+        "system": "kiln",
+        "config": config,
+        "platform": platform,
+        "budget_pct": fraction.map(|f| f * 100.0),
+        "ms": ms,
+        "runs_ms": runs,
+        "first_step_ms": first_step_ms,
+        "xla": {
+            "argument_bytes": xla.argument_size_in_bytes,
+            "output_bytes": xla.output_size_in_bytes,
+            "alias_bytes": xla.alias_size_in_bytes,
+            "temp_bytes": xla.temp_size_in_bytes,
+            "peak_bytes": peak,
+        },
+        "step_flops": flops_per_step,
+        "extra_flops": pipeline.remat_extra_flops,
+        "remat_pass_ms": pipeline.passes.iter().find(|p| p.name == "remat").map(|p| p.time.as_secs_f64() * 1e3),
+        "plan": plan,
+        "loss_first": losses[0],
+        "loss_last": losses[1],
+    });
+    println!("RESULT {out}");
+    Ok(())
+}
+
+
+/// The remat pass's plan in `pipeline`, as JSON (`null`: no remat pass).
+fn plan_json(pipeline: &kiln::compiler::pipeline::PipelineStats) -> Value {
+    let remat = pipeline.passes.iter().find(|p| p.name == "remat").and_then(|p| p.remat.clone());
+    match &remat {
+        None => Value::Null,
+        Some(r) => {
+            let mut by_op = std::collections::BTreeMap::<&str, (usize, u64)>::new();
+            for v in &r.recomputed {
+                let e = by_op.entry(v.op).or_default();
+                e.0 += 1;
+                e.1 += v.bytes;
+            }
+            json!({
+                "budget_bytes": r.budget_bytes,
+                "met": r.met,
+                "model_before": {"peak_bytes": r.before.peak_bytes, "temp_bytes": r.before.temp_peak_bytes,
+                                 "argument_bytes": r.before.argument_bytes, "output_bytes": r.before.output_bytes},
+                "model_after": {"peak_bytes": r.after.peak_bytes, "temp_bytes": r.after.temp_peak_bytes},
+                "recomputed": r.recomputed.len(),
+                "cloned_nodes": r.recomputed.iter().map(|v| v.cloned_nodes).sum::<usize>(),
+                "recomputed_bytes": r.recomputed.iter().map(|v| v.bytes).sum::<u64>(),
+                "by_op": by_op.iter().map(|(op, (n, b))| json!({"op": op, "values": n, "bytes": b})).collect::<Vec<_>>(),
+            })
+        }
+    }
+}
+/// The remat pass's plan of `cfg`'s forward and gradients at each budget in
+/// `pcts` (percent of activation memory), without compiling or running.
+fn plan_only(cfg: &GptConfig, pcts: &[String]) -> Res<()> {
+    use kiln::compiler::pipeline::{run, PipelineOptions};
+    let mut ps = ParamStore::new(0);
+    let model = Gpt::new(&mut ps, cfg)?;
+    let params = ps.tensors();
+    let top = cfg.vocab.min(50257);
+    let ids = |seed: usize| (0..cfg.batch * cfg.seq).map(|i| ((i * 7919 + seed) % top) as i32).collect::<Vec<_>>();
+    let x = Tensor::from_vec(ids(1), [cfg.batch, cfg.seq])?;
+    let y = Tensor::from_vec(ids(2), [cfg.batch * cfg.seq])?;
+    let graph = kiln::capture_graph(|| {
+        let loss = kiln::amp::autocast(DType::BF16, || model.loss(&x, &y, true))?;
+        let mut out = vec![loss.clone()];
+        out.extend(grad(&loss, &params)?);
+        Ok(out)
+    })?;
+    for p in pcts {
+        let f: f64 = p.trim_end_matches('%').parse().map_err(|_| format!("budget `{p}` is not a percentage"))?;
+        let t = Instant::now();
+        let out = run(&graph, &PipelineOptions::default().with_activation_budget(Some(f / 100.0)), &mut |_, _| {})?;
+        let plan = plan_json(&out.stats);
+        println!(
+            "PLAN {}",
+            json!({"budget_pct": f, "extra_flops": out.stats.remat_extra_flops,
+                   "pipeline_ms": t.elapsed().as_secs_f64() * 1e3, "plan": plan})
+        );
+    }
+    Ok(())
+}
