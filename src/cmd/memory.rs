@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use kiln::compiler::ir::Graph;
 use kiln::compiler::memory::{
-    liveness, rematerialize, Exhaustive, Greedy, Off, RematBudget, RematOptions, RematPlan, RematStrategy, XlaCpuFusion,
+    liveness, rematerialize, Exact, Greedy, Off, RematBudget, RematOptions, RematPlan, RematStrategy, XlaCpuFusion,
 };
 use kiln::compiler::{lower, LowerOptions};
 use kiln::runtime::{Client, CompileOptions, CompiledMemoryStats};
@@ -36,7 +36,7 @@ pub enum Strategy {
     Off,
     #[default]
     Greedy,
-    Exhaustive,
+    Exact,
 }
 
 /// A byte count: an integer or decimal, optionally with `KB`, `MB`, `GB`
@@ -102,7 +102,7 @@ pub fn plan_and_compile(
     let strategy: &dyn RematStrategy = match args.remat_strategy {
         Strategy::Off => &Off,
         Strategy::Greedy => &Greedy,
-        Strategy::Exhaustive => &Exhaustive,
+        Strategy::Exact => &Exact,
     };
     let plan = rematerialize(optimized, strategy, &opts).context("planning rematerialization")?;
     let module = lower(
