@@ -24,12 +24,14 @@
 mod blocks;
 mod exact;
 mod liveness;
+mod offload;
 mod peak;
 mod remat;
 
 pub use liveness::{liveness, Buffer, BufferKind, Liveness};
 pub use peak::{peak_memory, PeakMemory};
 pub use exact::Exact;
+pub use offload::HostOffload;
 pub use remat::{
     rematerialize, Greedy, Off, RematBudget, RematChoice, RematOptions, RematPlan, RematStrategy,
 };
