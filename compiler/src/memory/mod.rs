@@ -26,6 +26,7 @@ mod exact;
 mod liveness;
 mod offload;
 mod peak;
+mod pin;
 mod remat;
 
 pub use liveness::{liveness, Buffer, BufferKind, Liveness};

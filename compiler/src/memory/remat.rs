@@ -78,11 +78,15 @@ pub struct RematOptions<'a> {
     /// Also offer whole stretches of the forward between two cuts as one
     /// candidate ([`super::blocks`]): block-granular recomputation.
     pub segments: bool,
+    /// After greedy's choices, pin backward kernels that read only forward
+    /// values behind a runtime guard ([`super::pin`]), so XLA cannot run
+    /// them early.
+    pub pin_floating: bool,
 }
 
 impl<'a> RematOptions<'a> {
     pub fn new(budget: RematBudget, fusion: &'a dyn Materialization) -> RematOptions<'a> {
-        RematOptions { budget, target: Target::H100_SXM_MEASURED, fusion, max_chain_nodes: 128, only: None, segments: false }
+        RematOptions { budget, target: Target::H100_SXM_MEASURED, fusion, max_chain_nodes: 128, only: None, segments: false, pin_floating: true }
     }
 }
 
@@ -224,6 +228,12 @@ impl RematStrategy for Greedy {
             }
             // Ids shift after a rewrite; what was rejected is re-judged.
             rejected.clear();
+        }
+        if opts.pin_floating && !choices.is_empty() {
+            let l = liveness(&cur, opts.fusion);
+            if let Some(bwd) = candidates(&cur, &l, opts).iter().map(|c| c.late_pos).min() {
+                cur = super::pin::pin_floating(&cur, opts.fusion, bwd)?.0;
+            }
         }
         Ok(finish(self.name(), g, cur, choices, before, opts))
     }
@@ -634,7 +644,7 @@ pub(super) fn rewrite(g: &Graph, c: &Candidate) -> Result<(Graph, Vec<NodeId>), 
 /// A `pred` scalar that is true at run time whatever `anchor` holds, but that
 /// no compiler can fold: `x == x || x != x` for the anchor's first element
 /// `x` (as a float, where `x == x` is not a tautology because of NaN).
-fn always_true(out: &mut Graph, anchor: ValueId) -> Result<ValueId, CompileError> {
+pub(super) fn always_true(out: &mut Graph, anchor: ValueId) -> Result<ValueId, CompileError> {
     let ty = out.ty(anchor).clone();
     let rank = ty.shape.rank();
     let mut x = anchor;
