@@ -37,9 +37,8 @@ fn program(variant: Variant) -> String {
     let offload = !matches!(variant, Variant::Plain);
     let barrier = matches!(variant, Variant::OffloadedThroughBarrier);
     let t = format!("tensor<{N}x{N}xf32>");
-    let dot = |a: &str, b: &str| {
-        format!("stablehlo.dot_general {a}, {b}, contracting_dims = [1] x [0] : ({t}, {t}) -> {t}")
-    };
+    let dot =
+        |a: &str, b: &str| format!("stablehlo.dot_general {a}, {b}, contracting_dims = [1] x [0] : ({t}, {t}) -> {t}");
     let (to_host, to_device, saved) = if offload {
         (
             format!(
@@ -49,7 +48,11 @@ fn program(variant: Variant) -> String {
             format!(
                 "{}  %back = stablehlo.custom_call @annotate_device_placement({}) {{has_side_effect = true, \
                  mhlo.frontend_attributes = {{_xla_buffer_placement = \"device\"}}}} : ({t}) -> {t}\n",
-                if barrier { format!("  %hb:2 = stablehlo.optimization_barrier %h, %f : {t}, {t}\n") } else { String::new() },
+                if barrier {
+                    format!("  %hb:2 = stablehlo.optimization_barrier %h, %f : {t}, {t}\n")
+                } else {
+                    String::new()
+                },
                 if barrier { "%hb#0" } else { "%h" },
             ),
             "%back",
@@ -120,7 +123,10 @@ fn main() -> anyhow::Result<()> {
                 for _ in 0..5 {
                     exe.execute(&[ExecArg::Borrowed(&xb), ExecArg::Borrowed(&wb)])?[0].to_vec::<f32>()?;
                 }
-                println!("{name}: ran, {:.2} ms per run (5 runs, with the copy back)", t.elapsed().as_secs_f64() * 200.0);
+                println!(
+                    "{name}: ran, {:.2} ms per run (5 runs, with the copy back)",
+                    t.elapsed().as_secs_f64() * 200.0
+                );
                 outs.push(v);
             }
             Err(e) => println!("{name}: run error: {e:#}"),

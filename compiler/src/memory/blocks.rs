@@ -59,8 +59,8 @@ const MAX_SEGMENT_NODES: usize = 4096;
 pub(super) fn cuts(g: &Graph, l: &Liveness, users: &[Vec<NodeId>], pos: &[Option<usize>], bwd: usize) -> Vec<usize> {
     let mut data = vec![false; g.len()];
     for (id, node) in g.nodes() {
-        data[id.index()] = matches!(node.op, Op::Parameter { .. })
-            || node.op.inputs().iter().any(|u| data[u.node.index()]);
+        data[id.index()] =
+            matches!(node.op, Op::Parameter { .. }) || node.op.inputs().iter().any(|u| data[u.node.index()]);
     }
     // Bytes of forward nodes waiting for a forward reader at each position:
     // a node waits over [its position, its last forward reader's).
@@ -94,12 +94,7 @@ pub(super) fn cuts(g: &Graph, l: &Liveness, users: &[Vec<NodeId>], pos: &[Option
 }
 
 /// One candidate per segment between consecutive cuts of the forward.
-pub(super) fn segment_candidates(
-    g: &Graph,
-    l: &Liveness,
-    values: &[Candidate],
-    opts: &RematOptions,
-) -> Vec<Candidate> {
+pub(super) fn segment_candidates(g: &Graph, l: &Liveness, values: &[Candidate], opts: &RematOptions) -> Vec<Candidate> {
     let Some(bwd) = values.iter().map(|c| c.late_pos).min() else { return Vec::new() };
     let users = users_of(g);
     let mut pos = vec![None; g.len()];
@@ -112,14 +107,14 @@ pub(super) fn segment_candidates(
     let mut out = Vec::new();
     bounds.push(Some(bwd));
     for (k, &lo) in bounds.iter().enumerate() {
-      for span in 1..=MAX_SPAN_CUTS {
-        let Some(&Some(hi)) = bounds.get(k + span) else { break };
-        let inside = |p: usize| lo.is_none_or(|lo| p > lo) && p < hi;
-        let seg = segment(g, l, &users, &pos, bwd, lo, &inside, opts);
-        if let Some(c) = seg {
-            out.push(c);
+        for span in 1..=MAX_SPAN_CUTS {
+            let Some(&Some(hi)) = bounds.get(k + span) else { break };
+            let inside = |p: usize| lo.is_none_or(|lo| p > lo) && p < hi;
+            let seg = segment(g, l, &users, &pos, bwd, lo, &inside, opts);
+            if let Some(c) = seg {
+                out.push(c);
+            }
         }
-      }
     }
     out
 }

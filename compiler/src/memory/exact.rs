@@ -43,7 +43,9 @@ use crate::CompileError;
 
 use super::liveness::liveness;
 use super::peak::peak_of;
-use super::remat::{budget_bytes, candidates, finish, rewrite, Candidate, RematChoice, RematOptions, RematPlan, RematStrategy};
+use super::remat::{
+    budget_bytes, candidates, finish, rewrite, Candidate, RematChoice, RematOptions, RematPlan, RematStrategy,
+};
 
 /// Solutions measured before the strategy returns the best one so far.
 pub const MAX_ROUNDS: usize = 32;

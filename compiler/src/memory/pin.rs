@@ -154,9 +154,6 @@ mod tests {
         assert!(matches!(pinned.node(input.node).op, Op::Select { .. }), "log reads its operand through the guard");
         let x = Literal::from_f64s(DType::F32, [1024], &(0..1024).map(|i| (i as f64 * 0.01).cos()).collect::<Vec<_>>())
             .unwrap();
-        assert_eq!(
-            crate::interpret(&g, std::slice::from_ref(&x)).unwrap(),
-            crate::interpret(&pinned, &[x]).unwrap()
-        );
+        assert_eq!(crate::interpret(&g, std::slice::from_ref(&x)).unwrap(), crate::interpret(&pinned, &[x]).unwrap());
     }
 }
