@@ -45,6 +45,8 @@ pub enum CompileError {
     Rewrite { rule: &'static str, reason: String },
     #[error("interpreter: {op}: {reason}")]
     Interpret { op: &'static str, reason: String },
+    #[error("remat strategy {strategy}: {reason}")]
+    Remat { strategy: &'static str, reason: String },
 }
 
 fn fmt_types(types: &[TensorType]) -> String {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use kiln::compiler::ir::Graph;
 use kiln::compiler::memory::{
-    liveness, rematerialize, Exhaustive, Greedy, Off, RematBudget, RematOptions, RematPlan, RematStrategy, XlaCpuFusion,
+    liveness, rematerialize, Exact, Greedy, HostOffload, Off, RematBudget, RematOptions, RematPlan, RematStrategy, XlaCpuFusion,
 };
 use kiln::compiler::{lower, LowerOptions};
 use kiln::runtime::{Client, CompileOptions, CompiledMemoryStats};
@@ -36,7 +36,9 @@ pub enum Strategy {
     Off,
     #[default]
     Greedy,
-    Exhaustive,
+    Exact,
+    /// Saved activations in pinned host memory: reported unavailable, typed.
+    HostOffload,
 }
 
 /// A byte count: an integer or decimal, optionally with `KB`, `MB`, `GB`
@@ -99,10 +101,12 @@ pub fn plan_and_compile(
     let budget = parse_budget(limit)?;
     let fusion = XlaCpuFusion;
     let opts = RematOptions::new(budget, &fusion);
+    let offload = HostOffload { target: kiln::compiler::LowerTarget::from_platform(client.platform_name()) };
     let strategy: &dyn RematStrategy = match args.remat_strategy {
         Strategy::Off => &Off,
         Strategy::Greedy => &Greedy,
-        Strategy::Exhaustive => &Exhaustive,
+        Strategy::Exact => &Exact,
+        Strategy::HostOffload => &offload,
     };
     let plan = rematerialize(optimized, strategy, &opts).context("planning rematerialization")?;
     let module = lower(

@@ -21,15 +21,20 @@
 //!   their operands' buffers (a bitcast, a pass-through).
 //! - Everything here is pure: graph in, numbers or a new graph out.
 
+mod blocks;
+mod exact;
 mod liveness;
+mod offload;
 mod peak;
+mod pin;
 mod remat;
 
 pub use liveness::{liveness, Buffer, BufferKind, Liveness};
 pub use peak::{peak_memory, PeakMemory};
+pub use exact::Exact;
+pub use offload::HostOffload;
 pub use remat::{
-    rematerialize, Exhaustive, Greedy, Off, RematBudget, RematChoice, RematOptions, RematPlan, RematStrategy,
-    EXHAUSTIVE_MAX_CANDIDATES,
+    rematerialize, Greedy, Off, RematBudget, RematChoice, RematOptions, RematPlan, RematStrategy,
 };
 
 use crate::ir::{BinaryOp, Graph, NodeId, Op};

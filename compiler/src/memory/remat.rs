@@ -53,9 +53,6 @@ use super::liveness::{liveness, users_of, BufferKind, Liveness};
 use super::peak::{peak_of, PeakMemory};
 use super::Materialization;
 
-/// Most candidates [`Exhaustive`] enumerates (2^10 plans).
-pub const EXHAUSTIVE_MAX_CANDIDATES: usize = 10;
-
 /// How much memory the planned step may use.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum RematBudget {
@@ -78,11 +75,18 @@ pub struct RematOptions<'a> {
     /// Only these forward values may be recomputed (autodiff's map of what
     /// the backward reads); `None`: any value with a long idle stretch.
     pub only: Option<&'a [ValueId]>,
+    /// Also offer whole stretches of the forward between two cuts as one
+    /// candidate ([`super::blocks`]): block-granular recomputation.
+    pub segments: bool,
+    /// After greedy's choices, pin backward kernels that read only forward
+    /// values behind a runtime guard ([`super::pin`]), so XLA cannot run
+    /// them early.
+    pub pin_floating: bool,
 }
 
 impl<'a> RematOptions<'a> {
     pub fn new(budget: RematBudget, fusion: &'a dyn Materialization) -> RematOptions<'a> {
-        RematOptions { budget, target: Target::H100_SXM_MEASURED, fusion, max_chain_nodes: 128, only: None }
+        RematOptions { budget, target: Target::H100_SXM_MEASURED, fusion, max_chain_nodes: 128, only: None, segments: false, pin_floating: true }
     }
 }
 
@@ -157,7 +161,7 @@ impl RematStrategy for Off {
 pub struct Greedy;
 
 /// Candidates tried per round before the greedy strategy gives up.
-const GREEDY_TRIES: usize = 24;
+const GREEDY_TRIES: usize = 64;
 
 impl RematStrategy for Greedy {
     fn name(&self) -> &'static str {
@@ -171,7 +175,9 @@ impl RematStrategy for Greedy {
         let mut cur = g.clone();
         let mut cur_l = base;
         let mut choices = Vec::new();
-        let mut rejected: Vec<ValueId> = Vec::new();
+        // Keyed by value and chain length: a segment and a single value may share
+        // their representative value.
+        let mut rejected: Vec<(ValueId, usize)> = Vec::new();
         loop {
             let peak = peak_of(&cur_l);
             if peak.peak_bytes <= budget {
@@ -179,10 +185,12 @@ impl RematStrategy for Greedy {
             }
             let score = pressure(&cur_l, peak.peak_bytes);
             let at = peak.peak_position;
-            let mut cands: Vec<Candidate> = candidates(&cur, &cur_l, opts)
-                .into_iter()
-                .filter(|c| c.early_end < at && at < c.late_pos && !rejected.contains(&c.value))
-                .collect();
+            let mut cands: Vec<Candidate> = candidates(&cur, &cur_l, opts);
+            if opts.segments {
+                let segs = super::blocks::segment_candidates(&cur, &cur_l, &cands, opts);
+                cands.extend(segs);
+            }
+            cands.retain(|c| c.early_end < at && at < c.late_pos && !rejected.contains(&(c.value, c.chain.len())));
             // Candidates that alone cover the excess, cheapest first (so a
             // small excess is not paid for with a large recomputation); then
             // the others by bytes freed per second of recomputation.
@@ -205,14 +213,15 @@ impl RematStrategy for Greedy {
             for c in cands.iter().take(GREEDY_TRIES) {
                 let (next, _) = rewrite(&cur, c)?;
                 let next_l = liveness(&next, opts.fusion);
-                if pressure(&next_l, peak.peak_bytes) < score {
+                let np = pressure(&next_l, peak.peak_bytes);
+                if np < score {
                     choices.push(c.choice(&cur));
                     cur = next;
                     cur_l = next_l;
                     accepted = true;
                     break;
                 }
-                rejected.push(c.value);
+                rejected.push((c.value, c.chain.len()));
             }
             if !accepted {
                 break;
@@ -220,76 +229,17 @@ impl RematStrategy for Greedy {
             // Ids shift after a rewrite; what was rejected is re-judged.
             rejected.clear();
         }
+        if opts.pin_floating && !choices.is_empty() {
+            let l = liveness(&cur, opts.fusion);
+            if let Some(bwd) = candidates(&cur, &l, opts).iter().map(|c| c.late_pos).min() {
+                cur = super::pin::pin_floating(&cur, opts.fusion, bwd)?.0;
+            }
+        }
         Ok(finish(self.name(), g, cur, choices, before, opts))
     }
 }
 
-/// Exact over the candidates of the unplanned graph: every subset is applied
-/// and measured; the plan that meets the budget with the fewest extra FLOPs
-/// wins (the lowest peak if none meets it). On a graph with more than
-/// [`EXHAUSTIVE_MAX_CANDIDATES`] candidates it enumerates the ones holding
-/// the most bytes only (exact over that set, no longer over the graph). For
-/// small graphs, and to measure the greedy strategy against.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Exhaustive;
-
-impl RematStrategy for Exhaustive {
-    fn name(&self) -> &'static str {
-        "exhaustive"
-    }
-
-    fn plan(&self, g: &Graph, opts: &RematOptions) -> Result<RematPlan, CompileError> {
-        let base = liveness(g, opts.fusion);
-        let before = peak_of(&base);
-        let budget = budget_bytes(opts.budget, &before);
-        let mut cands = candidates(g, &base, opts);
-        cands.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.value.cmp(&b.value)));
-        cands.truncate(EXHAUSTIVE_MAX_CANDIDATES);
-        cands.sort_by_key(|c| c.value);
-        let base_flops = cost::graph_cost(g).total.flops;
-        // (meets budget, extra flops, peak) of the best subset so far.
-        type Best = ((bool, u64, u64), Graph, Vec<RematChoice>);
-        let mut best: Option<Best> = None;
-        for mask in 0u32..(1u32 << cands.len()) {
-            let mut cur = g.clone();
-            let mut choices = Vec::new();
-            let mut map: Vec<NodeId> = (0..g.len()).map(NodeId::from_index).collect();
-            for (i, c0) in cands.iter().enumerate() {
-                if mask & (1 << i) == 0 {
-                    continue;
-                }
-                let v = ValueId::new(map[c0.value.node.index()], c0.value.output);
-                let l = liveness(&cur, opts.fusion);
-                let Some(c) = candidates(&cur, &l, opts).into_iter().find(|c| c.value == v) else { continue };
-                let (next, m) = rewrite(&cur, &c)?;
-                choices.push(c.choice(&cur));
-                for slot in &mut map {
-                    *slot = m[slot.index()];
-                }
-                cur = next;
-            }
-            let peak = peak_of(&liveness(&cur, opts.fusion)).peak_bytes;
-            let flops = cost::graph_cost(&cur).total.flops.saturating_sub(base_flops);
-            let key = (peak <= budget, flops, peak);
-            let better = match &best {
-                None => true,
-                Some((k, _, _)) => match (key.0, k.0) {
-                    (true, false) => true,
-                    (false, true) => false,
-                    (true, true) => (key.1, key.2) < (k.1, k.2),
-                    (false, false) => (key.2, key.1) < (k.2, k.1),
-                },
-            };
-            if better {
-                best = Some((key, cur, choices));
-            }
-        }
-        let (_, graph, choices) = best.expect("the empty subset is always measured");
-        Ok(finish(self.name(), g, graph, choices, before, opts))
-    }
-}
-
-fn budget_bytes(budget: RematBudget, before: &PeakMemory) -> u64 {
+pub(super) fn budget_bytes(budget: RematBudget, before: &PeakMemory) -> u64 {
     match budget {
         RematBudget::Bytes(b) => b,
         RematBudget::FractionOfPeak(f) => (before.peak_bytes as f64 * f.clamp(0.0, 1.0)) as u64,
@@ -304,7 +254,7 @@ fn pressure(l: &Liveness, at_least: u64) -> (u64, usize) {
     (peak, curve.iter().filter(|&&b| b >= at_least.min(peak)).count())
 }
 
-fn finish(
+pub(super) fn finish(
     strategy: &'static str,
     original: &Graph,
     graph: Graph,
@@ -332,26 +282,26 @@ fn finish(
 
 /// A value that can be recomputed for its late users.
 #[derive(Clone, Debug)]
-struct Candidate {
-    value: ValueId,
-    bytes: u64,
+pub(super) struct Candidate {
+    pub(super) value: ValueId,
+    pub(super) bytes: u64,
     /// Position after which no early user reads it.
-    early_end: usize,
+    pub(super) early_end: usize,
     /// The first late user (the clones go just before it) and its position.
-    late_node: NodeId,
-    late_pos: usize,
+    pub(super) late_node: NodeId,
+    pub(super) late_pos: usize,
     /// Nodes to clone, in insertion order; the last one produces `value`.
-    chain: Vec<NodeId>,
+    pub(super) chain: Vec<NodeId>,
     /// Values the chain reads from memory, fenced by the barrier.
-    leaves: Vec<ValueId>,
+    pub(super) leaves: Vec<ValueId>,
     /// A value of the late region that the barrier waits for.
-    anchor: Option<ValueId>,
-    flops: u64,
-    seconds: f64,
+    pub(super) anchor: Option<ValueId>,
+    pub(super) flops: u64,
+    pub(super) seconds: f64,
 }
 
 impl Candidate {
-    fn choice(&self, g: &Graph) -> RematChoice {
+    pub(super) fn choice(&self, g: &Graph) -> RematChoice {
         RematChoice {
             value: self.value,
             op: g.node(self.value.node).op.name(),
@@ -369,7 +319,7 @@ impl Candidate {
 /// means recomputing them, and their price is the cost model's. Their
 /// backward counterparts only ever run once, late; random-bit generators
 /// would draw again.
-fn clonable(op: &Op) -> bool {
+pub(super) fn clonable(op: &Op) -> bool {
     match op {
         Op::Parameter { .. }
         | Op::RngBitGenerator { .. }
@@ -402,7 +352,7 @@ fn clonable(op: &Op) -> bool {
     }
 }
 
-fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Candidate> {
+pub(super) fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Candidate> {
     let users = users_of(g);
     let mut pos = vec![None; g.len()];
     for (p, id) in l.order.iter().enumerate() {
@@ -472,16 +422,7 @@ fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Candidate> {
         // Recompute time: loop-fusible ops fuse into the kernel that reads
         // them and add only their arithmetic; the others (dots, reductions,
         // gathers) pay the roofline's slower of arithmetic and memory.
-        let (flops, seconds) = chain.iter().fold((0u64, 0.0f64), |(f, s), &n| {
-            let c = cost::node_cost(g, n);
-            let compute = c.flops as f64 / opts.target.peak_flops_per_s(c.peak);
-            let t = if super::loop_fusible(&g.node(n).op) {
-                compute
-            } else {
-                compute.max(c.bytes() as f64 / opts.target.mem_bytes_per_s)
-            };
-            (f.saturating_add(c.flops), s + t)
-        });
+        let (flops, seconds) = recompute_cost(g, &chain, opts);
         chain.extend(view_clones);
         chain.sort();
         chain.dedup();
@@ -501,10 +442,26 @@ fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Candidate> {
     out
 }
 
+/// FLOPs and roofline seconds of recomputing `chain`: loop-fusible ops fuse
+/// into the kernel that reads them and add only their arithmetic; the others
+/// (dots, reductions, gathers) pay the slower of arithmetic and memory.
+pub(super) fn recompute_cost(g: &Graph, chain: &[NodeId], opts: &RematOptions) -> (u64, f64) {
+    chain.iter().fold((0u64, 0.0f64), |(f, s), &n| {
+        let c = cost::node_cost(g, n);
+        let compute = c.flops as f64 / opts.target.peak_flops_per_s(c.peak);
+        let t = if super::loop_fusible(&g.node(n).op) {
+            compute
+        } else {
+            compute.max(c.bytes() as f64 / opts.target.mem_bytes_per_s)
+        };
+        (f.saturating_add(c.flops), s + t)
+    })
+}
+
 /// A buffer the kernel `late` reads (directly, or through fused producers and
 /// reshapes), written after `early_end` and outside the nodes to clone: the
 /// latest such one.
-fn anchor_for(
+pub(super) fn anchor_for(
     g: &Graph,
     l: &Liveness,
     late: NodeId,
@@ -554,7 +511,7 @@ fn anchor_for(
 
 /// The kernels reading node `n`'s buffer as `(position, node)`, following
 /// fused users and reshapes, and those fused users and reshapes.
-fn readers(g: &Graph, l: &Liveness, users: &[Vec<NodeId>], n: NodeId) -> (Vec<(usize, NodeId)>, Vec<NodeId>) {
+pub(super) fn readers(g: &Graph, l: &Liveness, users: &[Vec<NodeId>], n: NodeId) -> (Vec<(usize, NodeId)>, Vec<NodeId>) {
     let mut kernels = Vec::new();
     let mut views = Vec::new();
     let mut stack = vec![n];
@@ -616,7 +573,7 @@ fn chain_for(g: &Graph, l: &Liveness, v: ValueId, at: usize, max_nodes: usize) -
 
 /// `g` with `c`'s chain cloned before its first late user and every user at
 /// or after that point reading the clone; also the node map old -> new.
-fn rewrite(g: &Graph, c: &Candidate) -> Result<(Graph, Vec<NodeId>), CompileError> {
+pub(super) fn rewrite(g: &Graph, c: &Candidate) -> Result<(Graph, Vec<NodeId>), CompileError> {
     let mut out = Graph::new();
     let mut map: Vec<NodeId> = Vec::with_capacity(g.len());
     // Original chain node -> its clone, once the late point is reached.
@@ -687,7 +644,7 @@ fn rewrite(g: &Graph, c: &Candidate) -> Result<(Graph, Vec<NodeId>), CompileErro
 /// A `pred` scalar that is true at run time whatever `anchor` holds, but that
 /// no compiler can fold: `x == x || x != x` for the anchor's first element
 /// `x` (as a float, where `x == x` is not a tautology because of NaN).
-fn always_true(out: &mut Graph, anchor: ValueId) -> Result<ValueId, CompileError> {
+pub(super) fn always_true(out: &mut Graph, anchor: ValueId) -> Result<ValueId, CompileError> {
     let ty = out.ty(anchor).clone();
     let rank = ty.shape.rank();
     let mut x = anchor;
@@ -766,12 +723,12 @@ mod tests {
     }
 
     #[test]
-    fn exhaustive_meets_a_budget_with_no_more_flops_than_greedy() {
+    fn exact_meets_a_budget_with_no_more_flops_than_greedy() {
         let g = ladder(6);
         let before = peak_memory(&g, &EveryNodeAKernel).peak_bytes;
         let opts = RematOptions::new(RematBudget::Bytes(before * 3 / 4), &EveryNodeAKernel);
         let greedy = rematerialize(&g, &Greedy, &opts).unwrap();
-        let exact = rematerialize(&g, &Exhaustive, &opts).unwrap();
+        let exact = rematerialize(&g, &crate::memory::Exact, &opts).unwrap();
         assert!(
             exact.met && greedy.met,
             "greedy {} exact {} budget {}",

@@ -1,0 +1,159 @@
+//! Pinning floating backward kernels: a backward kernel whose operands are all
+//! forward values (attention's recomputed scores and probabilities, read
+//! from the saved queries, keys and statistics) can be run by XLA's scheduler
+//! anywhere after the forward. On gpt2-small's planned step XLA ran three
+//! blocks' `[8, 12, 1024, 1024]` probabilities during the LM head's backward
+//! (1.2 GB live at the peak, docs/memory.md), which the peak model, following
+//! insertion order, never sees.
+//!
+//! The rewrite: each such kernel of at least [`PIN_MIN_BYTES_FRACTION`] of
+//! the largest buffer reads its forward operands through the runtime guard of
+//! [`super::remat`] (`select(always, x, 0)`, `always` computed from an anchor)
+//! whose anchor is the latest backward buffer written before it that depends
+//! on the backward's own progress (on the first backward read, where the
+//! cotangents start). The select is the identity bit for bit, so
+//! values do not change; the kernel can no longer run before its anchor.
+//!
+//! Invariants: no node is cloned and no FLOP of the model's is added beyond
+//! the guards' selects; parameters, outputs and aliases keep their indices.
+
+use crate::ir::{Graph, Literal, NodeId, Op, ValueId};
+use crate::CompileError;
+
+use super::liveness::{liveness, BufferKind};
+use super::remat::always_true;
+use super::Materialization;
+
+/// Kernels with outputs smaller than this fraction of the largest buffer are
+/// left alone (guards cost a select each; small kernels do not move peaks).
+pub(super) const PIN_MIN_BYTES_FRACTION: f64 = 0.02;
+
+/// `g` with its floating backward kernels pinned; `bwd` is the position of
+/// the first backward read. Returns the graph and how many kernels were pinned.
+pub(super) fn pin_floating(
+    g: &Graph,
+    fusion: &dyn Materialization,
+    bwd: usize,
+) -> Result<(Graph, usize), CompileError> {
+    let l = liveness(g, fusion);
+    let n = g.len();
+    let mut pos = vec![None; n];
+    for (p, id) in l.order.iter().enumerate() {
+        pos[id.index()] = Some(p);
+    }
+    // Every backward value derives from forward values, so "floating" is
+    // relative to the backward's progress: a node progresses when it is the
+    // first backward read (the loss's gradient, where the cotangents start)
+    // or reads a node that progresses; a node at or after `bwd` that does not
+    // is floating.
+    let Some(&first) = l.order.get(bwd) else { return Ok((g.clone(), 0)) };
+    let mut progressing = vec![false; n];
+    let mut floating = vec![false; n];
+    for &id in &l.order {
+        let i = id.index();
+        let p = pos[i].expect("ordered nodes have positions");
+        if p < bwd {
+            continue;
+        }
+        progressing[i] = id == first || g.node(id).op.inputs().iter().any(|u| progressing[u.node.index()]);
+        floating[i] = !progressing[i];
+    }
+    let largest = l.buffers.iter().map(|b| b.bytes).max().unwrap_or(0);
+    let min_bytes = (largest as f64 * PIN_MIN_BYTES_FRACTION) as u64;
+    // Kernels to pin, each with its anchor.
+    let mut pins: Vec<(NodeId, ValueId)> = Vec::new();
+    for &id in &l.order {
+        let i = id.index();
+        let p = pos[i].expect("ordered nodes have positions");
+        if !floating[i] || !l.materialized[i] || matches!(g.node(id).op, Op::Reshape { .. }) {
+            continue;
+        }
+        let bytes: u64 = g.node(id).outputs.iter().map(|t| t.size_in_bytes() as u64).sum();
+        if bytes < min_bytes || !g.node(id).op.inputs().iter().any(|u| pos[u.node.index()].is_some_and(|q| q < bwd)) {
+            continue;
+        }
+        let anchor = l
+            .buffers
+            .iter()
+            .filter(|b| {
+                b.def < p
+                    && matches!(b.kind, BufferKind::Temp | BufferKind::Output)
+                    && progressing[b.value.node.index()]
+            })
+            .max_by_key(|b| b.def)
+            .map(|b| b.value);
+        if let Some(a) = anchor {
+            pins.push((id, a));
+        }
+    }
+    if pins.is_empty() {
+        return Ok((g.clone(), 0));
+    }
+    let mut out = Graph::new();
+    let mut map: Vec<NodeId> = Vec::with_capacity(n);
+    let remap = |map: &[NodeId], v: ValueId| ValueId::new(map[v.node.index()], v.output);
+    for (id, node) in g.nodes() {
+        let mut op = node.op.clone();
+        if let Some(&(_, anchor)) = pins.iter().find(|(k, _)| *k == id) {
+            let always = always_true(&mut out, remap(&map, anchor))?;
+            let mut guarded: Vec<(ValueId, ValueId)> = Vec::new();
+            for u in node.op.inputs() {
+                if pos[u.node.index()].is_none_or(|q| q >= bwd) || guarded.iter().any(|(o, _)| *o == u) {
+                    continue;
+                }
+                let x = remap(&map, u);
+                let ty = out.ty(x).clone();
+                let zero = out.value(Op::Constant { literal: Literal::scalar(ty.dtype, 0.0) })?;
+                let zeros = if ty.shape.rank() == 0 {
+                    zero
+                } else {
+                    out.value(Op::BroadcastInDim { input: zero, shape: ty.shape.clone(), dims: vec![] })?
+                };
+                guarded.push((u, out.value(Op::Select { pred: always, on_true: x, on_false: zeros })?));
+            }
+            op.map_inputs(|u| match guarded.iter().find(|(o, _)| *o == u) {
+                Some(&(_, gv)) => gv,
+                None => remap(&map, u),
+            });
+        } else {
+            op.map_inputs(|u| remap(&map, u));
+        }
+        map.push(out.add(op)?);
+    }
+    out.set_outputs(g.outputs().iter().map(|&v| remap(&map, v)).collect())?;
+    for &a in g.aliases() {
+        out.add_alias(a)?;
+    }
+    Ok((out, pins.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{BinaryOp, DType, TensorType, UnaryOp};
+    use crate::memory::EveryNodeAKernel;
+
+    #[test]
+    fn a_backward_kernel_that_reads_only_forward_values_waits_for_the_backward() {
+        // forward: a = exp(p), b = tanh(a); backward from d = b * a: then
+        // s = log(a) reads only the forward, e = d * s.
+        let mut g = Graph::new();
+        let p = g.parameter(TensorType::new(DType::F32, [1024]));
+        let a = g.value(Op::Unary { op: UnaryOp::Exp, input: p }).unwrap();
+        let b = g.value(Op::Unary { op: UnaryOp::Tanh, input: a }).unwrap();
+        let d = g.value(Op::Binary { op: BinaryOp::Mul, lhs: b, rhs: a }).unwrap();
+        let s = g.value(Op::Unary { op: UnaryOp::Log, input: a }).unwrap();
+        let e = g.value(Op::Binary { op: BinaryOp::Mul, lhs: d, rhs: s }).unwrap();
+        g.set_outputs(vec![e]).unwrap();
+        // The first backward read is d, at position 3.
+        let (pinned, n) = pin_floating(&g, &EveryNodeAKernel, 3).unwrap();
+        assert_eq!(n, 1);
+        crate::verify(&pinned).unwrap();
+        let log = pinned.nodes().find(|(_, nd)| matches!(nd.op, Op::Unary { op: UnaryOp::Log, .. })).unwrap().1;
+        let Op::Unary { input, .. } = log.op else { unreachable!() };
+        assert!(matches!(pinned.node(input.node).op, Op::Select { .. }), "log reads its operand through the guard");
+        let x = Literal::from_f64s(DType::F32, [1024], &(0..1024).map(|i| (i as f64 * 0.01).cos()).collect::<Vec<_>>())
+            .unwrap();
+        assert_eq!(crate::interpret(&g, std::slice::from_ref(&x)).unwrap(), crate::interpret(&pinned, &[x]).unwrap());
+    }
+}
