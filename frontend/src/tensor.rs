@@ -492,6 +492,17 @@ impl Tensor {
     }
 
     /// Clamps into `[lo, hi]`.
+    /// The same values with no gradient path back to `self`, recorded as
+    /// `clamp(self, 0, self)` (`min(max(0, v), v) = v` for every `v`, NaN
+    /// included): clamp's derivative reaches only its middle operand, here a
+    /// constant. For shifts whose derivative is zero in exact arithmetic (the
+    /// max in `log_softmax`).
+    pub(crate) fn without_grad(&self) -> Result<Tensor> {
+        let zero = Tensor::zeros(self.dtype(), self.shape().clone())?;
+        let [min, input, max] = Tensor::values("clamp", [self, &zero, self])?;
+        record(Op::Clamp { min, input, max })
+    }
+
     pub fn clamp(&self, lo: f64, hi: f64) -> Result<Tensor> {
         let lo = Tensor::full(lo, self.dtype(), Shape::scalar())?;
         let hi = Tensor::full(hi, self.dtype(), Shape::scalar())?;
@@ -687,9 +698,13 @@ impl Tensor {
     }
 
     /// `log(softmax(x))` via the log-sum-exp trick (in f32 under autocast).
+    /// The shift `m = max(x)` carries no gradient: the result does not depend
+    /// on it (`d/dm (x - m - log Σ exp(x - m)) = -1 + Σ softmax = 0`), and
+    /// differentiating through it costs two full passes over the logits
+    /// (the argmax mask and its count) that only add rounding noise.
     pub fn log_softmax(&self, ax: isize) -> Result<Tensor> {
         let x = amp::full_precision(self)?;
-        let m = x.max(&[ax], true)?;
+        let m = x.max(&[ax], true)?.without_grad()?;
         let shifted = x.sub(&m)?;
         let lse = shifted.exp()?.sum(&[ax], true)?.log()?;
         shifted.sub(&lse)
