@@ -497,7 +497,7 @@ impl Tensor {
     /// included): clamp's derivative reaches only its middle operand, here a
     /// constant. For shifts whose derivative is zero in exact arithmetic (the
     /// max in `log_softmax`).
-    pub(crate) fn without_grad(&self) -> Result<Tensor> {
+    pub fn without_grad(&self) -> Result<Tensor> {
         let zero = Tensor::zeros(self.dtype(), self.shape().clone())?;
         let [min, input, max] = Tensor::values("clamp", [self, &zero, self])?;
         record(Op::Clamp { min, input, max })
