@@ -365,7 +365,7 @@ pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
 /// GELU, exact: `x Φ(x) = 0.5 x (1 + erf(x / sqrt(2)))` (PyTorch's default).
 pub fn gelu(x: &Tensor) -> Result<Tensor> {
     let inner = x.mul_scalar(std::f64::consts::FRAC_1_SQRT_2)?.erf()?.add_scalar(1.0)?;
-    x.mul_scalar(0.5)?.mul(&inner)  // the halving first, as in `gelu_tanh`
+    x.mul_scalar(0.5)?.mul(&inner) // the halving first, as in `gelu_tanh`
 }
 
 /// Mean cross-entropy of `logits: [n, classes]` against integer `labels: [n]`,
