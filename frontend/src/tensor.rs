@@ -492,6 +492,17 @@ impl Tensor {
     }
 
     /// Clamps into `[lo, hi]`.
+    /// The same values with no gradient path back to `self`, recorded as
+    /// `clamp(self, 0, self)` (`min(max(0, v), v) = v` for every `v`, NaN
+    /// included): clamp's derivative reaches only its middle operand, here a
+    /// constant. For shifts whose derivative is zero in exact arithmetic
+    /// (like the max in `log_softmax`).
+    pub fn without_grad(&self) -> Result<Tensor> {
+        let zero = Tensor::zeros(self.dtype(), self.shape().clone())?;
+        let [min, input, max] = Tensor::values("clamp", [self, &zero, self])?;
+        record(Op::Clamp { min, input, max })
+    }
+
     pub fn clamp(&self, lo: f64, hi: f64) -> Result<Tensor> {
         let lo = Tensor::full(lo, self.dtype(), Shape::scalar())?;
         let hi = Tensor::full(hi, self.dtype(), Shape::scalar())?;
@@ -687,6 +698,12 @@ impl Tensor {
     }
 
     /// `log(softmax(x))` via the log-sum-exp trick (in f32 under autocast).
+    /// The shift `m = max(x)` is differentiated through, although the result
+    /// does not depend on it (`d/dm (x - m - log Σ exp(x - m)) = 0`): taking it
+    /// `without_grad` saves two passes over gpt2-small's logits on the H100
+    /// (0.65 ms a step, `benches/RESULTS.md`), but the greedy rematerializer
+    /// then cuts the CPU plugin's gpt2-small temp bytes 1.22x instead of 1.96x
+    /// (`testsuite/tests/memory.rs`), so it waits for the planner.
     pub fn log_softmax(&self, ax: isize) -> Result<Tensor> {
         let x = amp::full_precision(self)?;
         let m = x.max(&[ax], true)?;

@@ -236,3 +236,22 @@ fn convert_passes_the_cotangent_back_in_the_input_dtype() -> anyhow::Result<()> 
     assert_eq!(g[0].to_vec::<f64>()?, vec![3.0, -0.5, 0.125]);
     Ok(())
 }
+
+/// `without_grad` (what `log_softmax` shifts by) keeps every value, infinities
+/// included, and no gradient flows through it: `d/dx sum(x̄ · x) = x̄ = x`,
+/// not `2x`.
+#[test]
+fn without_grad_keeps_the_values_and_cuts_the_gradient() -> anyhow::Result<()> {
+    let seed = fresh_seed();
+    let mut rng = Rng::new(seed);
+    let mut xs: Vec<f64> = (0..6).map(|_| rng.normal()).collect();
+    xs.extend([f64::INFINITY, f64::NEG_INFINITY]);
+    let x = Tensor::from_vec(xs.clone(), [2, 4])?;
+    let d = x.without_grad()?;
+    let loss = d.mul(&x)?.sum_all()?;
+    let g = kiln::grad(&loss, std::slice::from_ref(&x))?;
+    kiln::mark_step()?;
+    assert_eq!(d.to_vec::<f64>()?, xs, "values (seed {seed})");
+    assert_eq!(g[0].to_vec::<f64>()?, xs, "gradient (seed {seed})");
+    Ok(())
+}

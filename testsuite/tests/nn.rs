@@ -130,3 +130,36 @@ fn adamw_matches_the_reference_update() -> anyhow::Result<()> {
     assert_eq!(opt.t.item()?, 4.0);
     Ok(())
 }
+
+/// `CausalSelfAttention` slices q, k, v on the qkv projection's `3` axis
+/// before permuting to `[b, h, t, hd]` (the layout the CUDA backward needs no
+/// transpose for): its output and gradients (weights and input) equal a plain
+/// reference that permutes first and writes causal softmax attention out.
+#[test]
+fn causal_self_attention_matches_a_plain_reference_with_gradients() -> anyhow::Result<()> {
+    let (b, t, d, h) = (2, 5, 16, 4);
+    let hd = d / h;
+    let mut ps = ParamStore::new(3);
+    let attn = nn::CausalSelfAttention::new(&mut ps, "attn", d, h, 0.2, 0.2)?;
+    let mut rng = Rng::new(9);
+    let x = Tensor::from_vec(rng.normal_vec(b * t * d), [b, t, d])?;
+    let r = Tensor::from_vec(rng.normal_vec(b * t * d), [b, t, d])?;
+    let y = attn.forward(&x)?;
+    let qkv = attn.qkv.forward(&x)?.reshape([b, t, 3, h, hd])?.permute(vec![2, 0, 3, 1, 4])?;
+    let pick = |i: usize| qkv.narrow(0, i, 1)?.reshape([b, h, t, hd]);
+    let (q, k, v) = (pick(0)?, pick(1)?, pick(2)?);
+    let s = q.matmul(&k.transpose(-1, -2)?)?.mul_scalar(1.0 / (hd as f64).sqrt())?;
+    let keep = Tensor::iota(DType::I32, [b, h, t, t], 3)?.le(&Tensor::iota(DType::I32, [b, h, t, t], 2)?)?;
+    let p = Tensor::where_cond(&keep, &s, &Tensor::full(-1e30, DType::F32, [b, h, t, t])?)?.softmax(-1)?;
+    let want = attn.proj.forward(&p.matmul(&v)?.permute(vec![0, 2, 1, 3])?.reshape([b, t, d])?)?;
+    let wrt = [attn.qkv.weight.clone(), attn.proj.weight.clone(), x.clone()];
+    let got_g = kiln::grad(&y.mul(&r)?.sum_all()?, &wrt)?;
+    let want_g = kiln::grad(&want.mul(&r)?.sum_all()?, &wrt)?;
+    kiln::mark_step()?;
+    let f64s = |t: &Tensor| -> anyhow::Result<Vec<f64>> { Ok(t.to_vec::<f32>()?.into_iter().map(f64::from).collect()) };
+    close(&y.to_vec::<f32>()?, &f64s(&want)?, 1e-5, "output");
+    for (i, (g, w)) in got_g.iter().zip(&want_g).enumerate() {
+        close(&g.to_vec::<f32>()?, &f64s(w)?, 1e-4, &format!("gradient {i}"));
+    }
+    Ok(())
+}

@@ -16,7 +16,9 @@ pub(crate) fn differentiable(op: &Op, pos: usize) -> bool {
     match op {
         Op::Parameter { .. } | Op::Constant { .. } | Op::Iota { .. } | Op::Compare { .. } => false,
         Op::RngBitGenerator { .. } => false,
-        Op::Clamp { .. } => pos == 1,
+        // A clamp's bounds get no gradient (a stop-gradient, which
+        // `Tensor::without_grad` relies on); `Tensor::clamp`'s are constants.
+        Op::Clamp { .. } => true,
         Op::Select { .. } => pos != 0,
         Op::DynamicSlice { .. } => pos == 0,
         Op::DynamicUpdateSlice { .. } => pos < 2,
@@ -89,11 +91,12 @@ pub(crate) fn backward(
             }
         }
         Op::Clamp { input, .. } => {
-            // d/dx clamp(lo, x, hi) = 1 where lo <= x <= hi; bounds get none
-            // (they are constants in every frontend use).
+            // d/dx clamp(lo, x, hi) = 1 where lo <= x <= hi; the bounds get
+            // none by definition (`without_grad` records `clamp(v, 0, v)` to
+            // cut a gradient path; `clamp`'s bounds are constants).
             let Some(ct) = ct else { return Ok(out) };
-            if wants[0] || wants[2] {
-                return Err(not_differentiable(b, op, if wants[0] { 0 } else { 2 }));
+            if !wants[1] {
+                return Ok(out);
             }
             let x = b.fwd(*input);
             let same = b.compare(CompareDir::Eq, y, x)?;

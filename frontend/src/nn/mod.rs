@@ -354,13 +354,18 @@ pub fn relu(x: &Tensor) -> Result<Tensor> {
 pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
     let c = (2.0 / std::f64::consts::PI).sqrt();
     let inner = x.add(&x.mul(x)?.mul(x)?.mul_scalar(0.044715)?)?.mul_scalar(c)?;
-    x.mul(&inner.tanh()?.add_scalar(1.0)?)?.mul_scalar(0.5)
+    // `(0.5 x) (1 + tanh ..)`, not `0.5 (x (1 + tanh ..))` (the same value:
+    // halving is exact): with the constant multiply last, XLA's GPU backend
+    // fuses it into the next matmul's operand, which turns that matmul and
+    // its weight-gradient matmul from cuBLAS into slower Triton GEMMs
+    // (gpt2-small on the H100: 12 x 95 us instead of about 55 us).
+    x.mul_scalar(0.5)?.mul(&inner.tanh()?.add_scalar(1.0)?)
 }
 
 /// GELU, exact: `x Φ(x) = 0.5 x (1 + erf(x / sqrt(2)))` (PyTorch's default).
 pub fn gelu(x: &Tensor) -> Result<Tensor> {
     let inner = x.mul_scalar(std::f64::consts::FRAC_1_SQRT_2)?.erf()?.add_scalar(1.0)?;
-    x.mul(&inner)?.mul_scalar(0.5)
+    x.mul_scalar(0.5)?.mul(&inner) // the halving first, as in `gelu_tanh`
 }
 
 /// Mean cross-entropy of `logits: [n, classes]` against integer `labels: [n]`,
@@ -504,8 +509,16 @@ impl CausalSelfAttention {
         }
         let (b, t, d) = (x.dims()[0], x.dims()[1], x.dims()[2]);
         let (h, hd) = (self.heads, d / self.heads);
-        let qkv = self.qkv.forward(x)?.reshape([b, t, 3, h, hd])?.permute(vec![2, 0, 3, 1, 4])?;
-        let pick = |i: usize| qkv.narrow(0, i, 1)?.reshape([b, h, t, hd]);
+        // q, k, v are sliced out of `[b, t, 3, h, hd]` on the `3` axis and only
+        // then permuted to `[b, h, t, hd]`: the backward then pads dq, dk, dv
+        // into the projection's gradient in its own `[b, t, 3, h, hd]` order
+        // (one elementwise pass, which XLA fuses with the qkv bias reduction),
+        // and on CUDA the permute cancels against the BTNH layout of the cuDNN
+        // call. Slicing on a leading `3` axis instead cost a transpose of the
+        // whole gradient plus a separate bias reduction per layer
+        // (`docs/composites.md`).
+        let qkv = self.qkv.forward(x)?.reshape([b, t, 3, h, hd])?;
+        let pick = |i: usize| qkv.narrow(2, i, 1)?.reshape([b, t, h, hd])?.permute(vec![0, 2, 1, 3]);
         let (q, k, v) = (pick(0)?, pick(1)?, pick(2)?);
         let y = scaled_dot_product_attention(&q, &k, &v, true)?.permute(vec![0, 2, 1, 3])?.reshape([b, t, d])?;
         self.proj.forward(&y)
