@@ -135,6 +135,101 @@ pub fn init_value(seed: u64, spec: &ParamSpec) -> Result<Tensor> {
     }
 }
 
+/// How the init program computes a store's normal parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InitForm {
+    /// Parameters of consecutive draws are one Box–Muller computation over
+    /// a flat index, fenced, then sliced per parameter: one kernel with the
+    /// transcendentals for the whole run (the default).
+    Flat,
+    /// Each parameter its own computation over its per-axis index: the form
+    /// a sharded parameter keeps (its shard computes only its indices).
+    PerParameter,
+}
+
+/// Env var choosing [`InitForm`] (`flat` or `per-parameter`) for stores
+/// that set none; meant for measuring the two
+/// (`benches/examples/init_setup.rs`), not for tuning.
+pub const ENV_INIT_FORM: &str = "KILN_INIT_FORM";
+
+impl InitForm {
+    /// `KILN_INIT_FORM`, else [`InitForm::Flat`].
+    pub fn from_env() -> Result<InitForm> {
+        match std::env::var(ENV_INIT_FORM).ok().as_deref().map(str::trim) {
+            None | Some("") | Some("flat") => Ok(InitForm::Flat),
+            Some("per-parameter") => Ok(InitForm::PerParameter),
+            Some(other) => Err(crate::FrontendError::BadEnv {
+                var: ENV_INIT_FORM,
+                value: other.to_string(),
+                expected: "flat or per-parameter",
+            }),
+        }
+    }
+}
+
+/// Records the values of `run`, normal parameters whose draws follow each
+/// other in the seed's stream (`first_draw` of each is the end of the one
+/// before), as one computation: the standard normals of the whole run over
+/// one flat index, times each element's `std`, rounded to f32, then an
+/// optimization barrier, then a slice and reshape per parameter. Value-equal
+/// to [`init_value`] of each spec (the same draws and the same f64 ops: the
+/// host's `f32(std · normal)`); the barrier keeps XLA from fusing the
+/// transcendentals into every slice, which would give back one kernel per
+/// parameter. The flat index is not per axis, so a sharded parameter must
+/// not be made here (the run would be computed whole on every device).
+/// Temporary memory: 4 bytes per element of the run.
+pub(crate) fn normal_run(seed: u64, run: &[&ParamSpec]) -> Result<Vec<Tensor>> {
+    let Some(first) = run.first() else { return Ok(Vec::new()) };
+    let mut stds = Vec::with_capacity(run.len());
+    let mut end = first.first_draw;
+    for spec in run {
+        let Init::Normal { std } = spec.init else {
+            return Err(crate::FrontendError::InvalidArgument {
+                op: "init",
+                reason: format!("{} is not a normal parameter; a normal run takes only those", spec.name),
+            });
+        };
+        if spec.first_draw != end {
+            return Err(crate::FrontendError::InvalidArgument {
+                op: "init",
+                reason: format!("{} starts at draw {}, not {end}: its draws do not follow the run's", spec.name, spec.first_draw),
+            });
+        }
+        end = end.wrapping_add(2u64.wrapping_mul(spec.shape.num_elements() as u64));
+        stds.push(std);
+    }
+    let total: usize = run.iter().map(|s| s.shape.num_elements()).sum();
+    let flat = Shape::from(vec![total]);
+    let key = Tensor::from_literal(u64_literal(seed.wrapping_add(first.first_draw.wrapping_add(1).wrapping_mul(GAMMA))));
+    let u1 = uniform01(&draws(&key, 2, 0, &flat)?)?;
+    let u2 = uniform01(&draws(&key, 2, 1, &flat)?)?;
+    let one_minus = Tensor::full(1.0, DType::F64, flat.clone())?.sub(&u1)?;
+    let r = one_minus.log()?.mul_scalar(-2.0)?.sqrt()?;
+    let c = u2.mul_scalar(std::f64::consts::TAU)?.cos()?;
+    // Each element's std: a select per change of std along the run (a GPT
+    // has two values, alternating), the values as scalar inputs.
+    let index = linear_index(&flat)?;
+    let mut scale = Tensor::scalar(stds[0]).broadcast_to(flat.clone())?;
+    let mut offset = 0usize;
+    for (i, spec) in run.iter().enumerate() {
+        if i > 0 && stds[i].to_bits() != stds[i - 1].to_bits() {
+            let from_here = index.ge(&u64_full(offset as u64, &flat)?)?;
+            scale = Tensor::where_cond(&from_here, &Tensor::scalar(stds[i]).broadcast_to(flat.clone())?, &scale)?;
+        }
+        offset += spec.shape.num_elements();
+    }
+    let values = r.mul(&c)?.mul(&scale)?.to_dtype(DType::F32)?;
+    let values = Tensor::optimization_barrier(&[values])?.swap_remove(0);
+    let mut out = Vec::with_capacity(run.len());
+    let mut offset = 0usize;
+    for spec in run {
+        let n = spec.shape.num_elements();
+        out.push(values.slice(vec![offset], vec![offset + n], vec![1])?.reshape(spec.shape.clone())?);
+        offset += n;
+    }
+    Ok(out)
+}
+
 /// SplitMix64 outputs of draws `first + step·i + lane` for each element `i`
 /// (row-major) of `shape`, from `key = seed + (first + 1)·γ`.
 fn draws(key: &Tensor, step: u64, lane: u64, shape: &Shape) -> Result<Tensor> {
