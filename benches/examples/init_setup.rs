@@ -113,6 +113,29 @@ fn main() -> Res<()> {
     let floor_ms = (metrics::snapshot().compile_time - m.compile_time).as_secs_f64() * 1e3;
     println!("trivial program (one add): compile {floor_ms:.1} ms");
     let mut names: Vec<String> = std::env::args().skip(1).collect();
+    if names.first().map(String::as_str) == Some("--lower") {
+        // The init program's StableHLO text in both forms, and the time kiln
+        // takes to record, optimize and lower it (no compile).
+        let dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| ".".into());
+        for name in names.iter().skip(1) {
+            let cfg = config(name)?;
+            for (form, label) in [(InitForm::Flat, "flat"), (InitForm::PerParameter, "per-parameter")] {
+                let t = Instant::now();
+                let text = kiln::lower(|| {
+                    let mut ps = ParamStore::with_placement(1, InitPlacement::Device);
+                    ps.set_init_form(form);
+                    Gpt::new(&mut ps, &cfg)?;
+                    ps.prepare_init()?;
+                    Ok(ps.tensors())
+                })?;
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                let path = dir.join(format!("init_{name}_{label}.mlir"));
+                std::fs::write(&path, &text)?;
+                println!("lower {name} {label}: {ms:.1} ms, {} bytes -> {}", text.len(), path.display());
+            }
+        }
+        return Ok(());
+    }
     if names.first().map(String::as_str) == Some("--compare") {
         for name in names.iter().skip(1) {
             compare(name)?;

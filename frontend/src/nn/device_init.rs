@@ -115,13 +115,15 @@ pub fn init_value(seed: u64, spec: &ParamSpec) -> Result<Tensor> {
         Init::Uniform { bound } => {
             let (lo, hi) = (-bound, bound);
             // Host: `(lo + (hi - lo) * u) as f32`.
-            let u = uniform01(&draws(&key, 1, 0, shape)?)?;
+            let shifts = Shifts::new();
+            let u = uniform01(&draws(&key, 1, 0, shape, &shifts)?, &shifts)?;
             u.mul(&input(hi - lo)?)?.add(&input(lo)?)?.to_dtype(DType::F32)
         }
         Init::Normal { std } => {
             // Host Box–Muller: u1 = 1 - uniform(), u2 = uniform(), in that order.
-            let u1 = uniform01(&draws(&key, 2, 0, shape)?)?;
-            let u2 = uniform01(&draws(&key, 2, 1, shape)?)?;
+            let shifts = Shifts::new();
+            let u1 = uniform01(&draws(&key, 2, 0, shape, &shifts)?, &shifts)?;
+            let u2 = uniform01(&draws(&key, 2, 1, shape, &shifts)?, &shifts)?;
             let one_minus = Tensor::full(1.0, DType::F64, shape.clone())?.sub(&u1)?;
             let r = one_minus.log()?.mul_scalar(-2.0)?.sqrt()?;
             let c = u2.mul_scalar(std::f64::consts::TAU)?.cos()?;
@@ -201,8 +203,9 @@ pub(crate) fn normal_run(seed: u64, run: &[&ParamSpec]) -> Result<Vec<Tensor>> {
     let total: usize = run.iter().map(|s| s.shape.num_elements()).sum();
     let flat = Shape::from(vec![total]);
     let key = Tensor::from_literal(u64_literal(seed.wrapping_add(first.first_draw.wrapping_add(1).wrapping_mul(GAMMA))));
-    let u1 = uniform01(&draws(&key, 2, 0, &flat)?)?;
-    let u2 = uniform01(&draws(&key, 2, 1, &flat)?)?;
+    let shifts = Shifts::new();
+    let u1 = uniform01(&draws(&key, 2, 0, &flat, &shifts)?, &shifts)?;
+    let u2 = uniform01(&draws(&key, 2, 1, &flat, &shifts)?, &shifts)?;
     let one_minus = Tensor::full(1.0, DType::F64, flat.clone())?.sub(&u1)?;
     let r = one_minus.log()?.mul_scalar(-2.0)?.sqrt()?;
     let c = u2.mul_scalar(std::f64::consts::TAU)?.cos()?;
@@ -232,7 +235,7 @@ pub(crate) fn normal_run(seed: u64, run: &[&ParamSpec]) -> Result<Vec<Tensor>> {
 
 /// SplitMix64 outputs of draws `first + step·i + lane` for each element `i`
 /// (row-major) of `shape`, from `key = seed + (first + 1)·γ`.
-fn draws(key: &Tensor, step: u64, lane: u64, shape: &Shape) -> Result<Tensor> {
+fn draws(key: &Tensor, step: u64, lane: u64, shape: &Shape, shifts: &Shifts) -> Result<Tensor> {
     // state = seed + (k + 1)·γ with k = first + lane + step·i: the key, a
     // lane constant and a per-element multiple of the index.
     let mut state = key.broadcast_to(shape.clone())?;
@@ -240,25 +243,52 @@ fn draws(key: &Tensor, step: u64, lane: u64, shape: &Shape) -> Result<Tensor> {
         state = state.add(&u64_full(lane.wrapping_mul(GAMMA), shape)?)?;
     }
     let state = state.add(&linear_index(shape)?.mul(&u64_full(step.wrapping_mul(GAMMA), shape)?)?)?;
-    mix(&state, shape)
+    mix(&state, shape, shifts)
 }
 
 /// SplitMix64's output function (shifts right as divisions by powers of two,
 /// which are exact on unsigned integers).
-fn mix(z: &Tensor, shape: &Shape) -> Result<Tensor> {
-    let z = xor_shift(z, 30)?.mul(&u64_full(MIX1, shape)?)?;
-    let z = xor_shift(&z, 27)?.mul(&u64_full(MIX2, shape)?)?;
-    xor_shift(&z, 31)
+fn mix(z: &Tensor, shape: &Shape, shifts: &Shifts) -> Result<Tensor> {
+    let z = xor_shift(z, &shifts.by30)?.mul(&u64_full(MIX1, shape)?)?;
+    let z = xor_shift(&z, &shifts.by27)?.mul(&u64_full(MIX2, shape)?)?;
+    xor_shift(&z, &shifts.by31)
+}
+
+/// The right shifts of SplitMix64 (by 30, 27, 31) and of `uniform01` (by
+/// 11) as divisions by `2^bits` whose divisors are `u64` scalar inputs of the
+/// program, not constants. Measured on the H100 (`docs/init.md`): the CUDA
+/// plugin spends seconds per 100 M elements before its compile proper on a
+/// `u64` divide by a constant of a large shape (the flat gpt2-small program
+/// took 13–20 s, its integer part alone 6.9 s), while the same ops with the
+/// divisor out of sight compile in 0.1–0.3 s. The cost is a true 64-bit
+/// division at run time instead of a shift (milliseconds for gpt2-small).
+struct Shifts {
+    by30: Tensor,
+    by27: Tensor,
+    by31: Tensor,
+    by11: Tensor,
+}
+
+impl Shifts {
+    fn new() -> Shifts {
+        let input = |bits: u32| Tensor::from_literal(u64_literal(1u64 << bits));
+        Shifts { by30: input(30), by27: input(27), by31: input(31), by11: input(11) }
+    }
+}
+
+/// `z >> bits` as `z / divisor` (exact on unsigned integers).
+fn shift_right(z: &Tensor, divisor: &Tensor) -> Result<Tensor> {
+    z.binary(BinaryOp::Div, &divisor.broadcast_to(z.shape().clone())?)
 }
 
 /// `z ^ (z >> bits)`.
-fn xor_shift(z: &Tensor, bits: u32) -> Result<Tensor> {
-    z.binary(BinaryOp::Xor, &z.binary_scalar(BinaryOp::Div, (1u64 << bits) as f64)?)
+fn xor_shift(z: &Tensor, divisor: &Tensor) -> Result<Tensor> {
+    z.binary(BinaryOp::Xor, &shift_right(z, divisor)?)
 }
 
 /// Host `uniform()`: the top 53 bits as an f64 fraction in `[0, 1)` (exact).
-fn uniform01(z: &Tensor) -> Result<Tensor> {
-    z.binary_scalar(BinaryOp::Div, (1u64 << 11) as f64)?.to_dtype(DType::F64)?.mul_scalar(1.0 / (1u64 << 53) as f64)
+fn uniform01(z: &Tensor, shifts: &Shifts) -> Result<Tensor> {
+    shift_right(z, &shifts.by11)?.to_dtype(DType::F64)?.mul_scalar(1.0 / (1u64 << 53) as f64)
 }
 
 /// Each element's row-major index, as `Σ iota_d · stride_d`: elementwise in
