@@ -27,12 +27,14 @@
 //!   the iotas with it (no full copy anywhere).
 //! - One program per list of shapes and kinds, not per seed or offset: each
 //!   random parameter's key (`seed + (first_draw + 1)·γ`, computed on the
-//!   host) and its scale (`std`, or `lo` and `hi - lo`) are scalar parameters
-//!   of the program (24 or 16 bytes uploaded per parameter, nothing else).
-//!   Parameters of one shape and kind are then the same computation on other
-//!   scalars, meant to let XLA's GPU backend reuse one kernel for them; on
-//!   the H100 that did not shorten gpt2-small's first compile (17.5 s with
-//!   constants, 18–24 s with inputs: `docs/init.md`).
+//!   host), its scale (`std`, or `lo` and `hi - lo`) and the shift divisors
+//!   ([`Shifts`]) are scalar parameters of the program; no data of any shape
+//!   is uploaded.
+//! - Two forms ([`InitForm`]) with the same values: per parameter, or (the
+//!   default, applied by `ParamStore::prepare_init`) one flat computation per
+//!   run of normal parameters with consecutive draws ([`normal_run`]), which
+//!   XLA compiles to one kernel with the transcendentals instead of one per
+//!   parameter. Sharded parameters keep the per-parameter form.
 //! - Nothing here reads a device or cuts a step: it only records.
 
 use kiln_compiler::ir::{BinaryOp, DType, Literal, Op, Shape, TensorType};
