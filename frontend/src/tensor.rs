@@ -199,6 +199,15 @@ impl Tensor {
         matches!(&*self.inner.state.borrow(), State::Pending { .. })
     }
 
+    /// The trace value a pending tensor stands for (its epoch and id), to
+    /// tell whether it was reassigned since (`ParamStore::materialize`).
+    pub(crate) fn pending_value(&self) -> Option<(u64, ValueId)> {
+        match &*self.inner.state.borrow() {
+            State::Pending { epoch, value } => Some((*epoch, *value)),
+            State::Ready(_) => None,
+        }
+    }
+
     /// Whether the data lives on the device (after a step produced or read it).
     pub fn is_on_device(&self) -> bool {
         matches!(&*self.inner.state.borrow(), State::Ready(Storage::Device(_)))

@@ -5,7 +5,7 @@
 
 use kiln::models::gpt::{Gpt, GptConfig};
 use kiln::models::mlp::Mlp;
-use kiln::nn::{InitPlacement, ParamStore};
+use kiln::nn::{Init, InitForm, InitPlacement, ParamStore};
 use kiln::{metrics, replicas, Tensor};
 
 /// Runs `f` on a thread of its own (the lazy-tensor context is per thread)
@@ -144,7 +144,7 @@ fn one_program_per_model_structure_whatever_the_seed() -> anyhow::Result<()> {
 }
 
 #[test]
-fn the_init_program_reads_only_a_key_and_scales_per_parameter() -> anyhow::Result<()> {
+fn the_init_program_reads_only_scalars_per_parameter() -> anyhow::Result<()> {
     on_thread(1, || {
         let text = kiln::lower(|| {
             let mut ps = ParamStore::with_placement(5, InitPlacement::Device);
@@ -153,10 +153,11 @@ fn the_init_program_reads_only_a_key_and_scales_per_parameter() -> anyhow::Resul
         })?;
         let main = text.lines().find(|l| l.contains("func.func public @main")).expect("a main function");
         let sig = &main[..main.find("->").expect("a result list")];
-        // Four uniform parameters (two weights, two biases): a u64 key, and
-        // lo and hi - lo in f64, each a scalar; no data of any shape.
-        assert_eq!(sig.matches("%arg").count(), 12, "{main}");
-        assert_eq!(sig.matches("tensor<ui64>").count(), 4, "{main}");
+        // Four uniform parameters (two weights, two biases): a u64 key, the
+        // four shift divisors in u64, and lo and hi - lo in f64, each a
+        // scalar; no data of any shape.
+        assert_eq!(sig.matches("%arg").count(), 28, "{main}");
+        assert_eq!(sig.matches("tensor<ui64>").count(), 20, "{main}");
         assert_eq!(sig.matches("tensor<f64>").count(), 8, "{main}");
         Ok(())
     })
@@ -172,6 +173,73 @@ fn a_store_of_given_tensors_has_nothing_to_initialise() -> anyhow::Result<()> {
         assert_eq!(spec.init, kiln::nn::Init::Given);
         let err = kiln::nn::init_value(0, spec).unwrap_err().to_string();
         assert!(err.contains("w"), "{err}");
+        Ok(())
+    })
+}
+
+#[test]
+fn the_per_parameter_form_gives_the_values_of_the_flat_one() -> anyhow::Result<()> {
+    on_thread(1, || {
+        let cfg = GptConfig::tiny(65);
+        let (differ, ulps, n) = host_vs_device(9, |ps| {
+            ps.set_init_form(InitForm::PerParameter);
+            Gpt::new(ps, &cfg).map(drop)
+        })?;
+        assert_eq!((differ, ulps), (0, 0), "{differ} of {n} elements differ, by up to {ulps} ulps");
+        Ok(())
+    })
+}
+
+/// The init program's text in `form` for the tiny GPT, and its normal
+/// parameters (weights drawn with Box–Muller).
+fn init_program(form: InitForm) -> anyhow::Result<(String, usize)> {
+    let mut normals = 0;
+    let text = kiln::lower(|| {
+        let mut ps = ParamStore::with_placement(5, InitPlacement::Device);
+        ps.set_init_form(form);
+        Gpt::new(&mut ps, &GptConfig::tiny(65))?;
+        normals = ps.specs().iter().filter(|s| matches!(s.init, Init::Normal { .. })).count();
+        ps.prepare_init()?;
+        Ok(ps.tensors())
+    })?;
+    Ok((text, normals))
+}
+
+#[test]
+fn the_flat_form_draws_every_normal_parameter_in_one_computation() -> anyhow::Result<()> {
+    on_thread(1, || {
+        let (flat, normals) = init_program(InitForm::Flat)?;
+        let (per, _) = init_program(InitForm::PerParameter)?;
+        assert!(normals > 2, "the tiny GPT has several normal weights: {normals}");
+        // The tiny GPT's normal weights follow each other in the stream (its
+        // other parameters are constants): one cosine and one log in all,
+        // fenced from the per-parameter slices.
+        assert_eq!(flat.matches("stablehlo.cosine").count(), 1, "{flat}");
+        assert_eq!(flat.matches("stablehlo.log ").count(), 1, "{flat}");
+        assert_eq!(flat.matches("stablehlo.optimization_barrier").count(), 1);
+        assert_eq!(per.matches("stablehlo.cosine").count(), normals);
+        Ok(())
+    })
+}
+
+#[test]
+fn a_parameter_reassigned_before_materialize_keeps_its_new_value() -> anyhow::Result<()> {
+    on_thread(1, || {
+        let mut ps = ParamStore::with_placement(4, InitPlacement::Device);
+        Gpt::new(&mut ps, &GptConfig::tiny(65))?;
+        let w = ps.get("wte.weight").expect("the token embedding").clone();
+        let fresh: Vec<f32> = (0..w.elem_count()).map(|i| (i % 7) as f32 - 3.0).collect();
+        w.assign(&Tensor::from_vec(fresh.clone(), w.shape().clone())?.add_scalar(0.0)?)?;
+        ps.materialize()?;
+        assert_eq!(w.to_vec::<f32>()?, fresh, "materialize must not overwrite a value the caller assigned");
+        // The other normal weights still equal host init.
+        let mut host = ParamStore::with_placement(4, InitPlacement::Host);
+        Gpt::new(&mut host, &GptConfig::tiny(65))?;
+        for ((name, h), (_, d)) in values(&host)?.iter().zip(values(&ps)?.iter()) {
+            if name != "wte.weight" {
+                assert!(h == d, "{name} differs from host init");
+            }
+        }
         Ok(())
     })
 }

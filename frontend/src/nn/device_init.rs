@@ -27,12 +27,14 @@
 //!   the iotas with it (no full copy anywhere).
 //! - One program per list of shapes and kinds, not per seed or offset: each
 //!   random parameter's key (`seed + (first_draw + 1)·γ`, computed on the
-//!   host) and its scale (`std`, or `lo` and `hi - lo`) are scalar parameters
-//!   of the program (24 or 16 bytes uploaded per parameter, nothing else).
-//!   Parameters of one shape and kind are then the same computation on other
-//!   scalars, meant to let XLA's GPU backend reuse one kernel for them; on
-//!   the H100 that did not shorten gpt2-small's first compile (17.5 s with
-//!   constants, 18–24 s with inputs: `docs/init.md`).
+//!   host), its scale (`std`, or `lo` and `hi - lo`) and the shift divisors
+//!   ([`Shifts`]) are scalar parameters of the program; no data of any shape
+//!   is uploaded.
+//! - Two forms ([`InitForm`]) with the same values: per parameter, or (the
+//!   default, applied by `ParamStore::prepare_init`) one flat computation per
+//!   run of normal parameters with consecutive draws ([`normal_run`]), which
+//!   XLA compiles to one kernel with the transcendentals instead of one per
+//!   parameter. Sharded parameters keep the per-parameter form.
 //! - Nothing here reads a device or cuts a step: it only records.
 
 use kiln_compiler::ir::{BinaryOp, DType, Literal, Op, Shape, TensorType};
@@ -115,13 +117,15 @@ pub fn init_value(seed: u64, spec: &ParamSpec) -> Result<Tensor> {
         Init::Uniform { bound } => {
             let (lo, hi) = (-bound, bound);
             // Host: `(lo + (hi - lo) * u) as f32`.
-            let u = uniform01(&draws(&key, 1, 0, shape)?)?;
+            let shifts = Shifts::new();
+            let u = uniform01(&draws(&key, 1, 0, shape, &shifts)?, &shifts)?;
             u.mul(&input(hi - lo)?)?.add(&input(lo)?)?.to_dtype(DType::F32)
         }
         Init::Normal { std } => {
             // Host Box–Muller: u1 = 1 - uniform(), u2 = uniform(), in that order.
-            let u1 = uniform01(&draws(&key, 2, 0, shape)?)?;
-            let u2 = uniform01(&draws(&key, 2, 1, shape)?)?;
+            let shifts = Shifts::new();
+            let u1 = uniform01(&draws(&key, 2, 0, shape, &shifts)?, &shifts)?;
+            let u2 = uniform01(&draws(&key, 2, 1, shape, &shifts)?, &shifts)?;
             let one_minus = Tensor::full(1.0, DType::F64, shape.clone())?.sub(&u1)?;
             let r = one_minus.log()?.mul_scalar(-2.0)?.sqrt()?;
             let c = u2.mul_scalar(std::f64::consts::TAU)?.cos()?;
@@ -135,9 +139,105 @@ pub fn init_value(seed: u64, spec: &ParamSpec) -> Result<Tensor> {
     }
 }
 
+/// How the init program computes a store's normal parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InitForm {
+    /// Parameters of consecutive draws are one Box–Muller computation over
+    /// a flat index, fenced, then sliced per parameter: one kernel with the
+    /// transcendentals for the whole run (the default).
+    Flat,
+    /// Each parameter its own computation over its per-axis index: the form
+    /// a sharded parameter keeps (its shard computes only its indices).
+    PerParameter,
+}
+
+/// Env var choosing [`InitForm`] (`flat` or `per-parameter`) for stores
+/// that set none; meant for measuring the two
+/// (`benches/examples/init_setup.rs`), not for tuning.
+pub const ENV_INIT_FORM: &str = "KILN_INIT_FORM";
+
+impl InitForm {
+    /// `KILN_INIT_FORM`, else [`InitForm::Flat`].
+    pub fn from_env() -> Result<InitForm> {
+        match std::env::var(ENV_INIT_FORM).ok().as_deref().map(str::trim) {
+            None | Some("") | Some("flat") => Ok(InitForm::Flat),
+            Some("per-parameter") => Ok(InitForm::PerParameter),
+            Some(other) => Err(crate::FrontendError::BadEnv {
+                var: ENV_INIT_FORM,
+                value: other.to_string(),
+                expected: "flat or per-parameter",
+            }),
+        }
+    }
+}
+
+/// Records the values of `run`, normal parameters whose draws follow each
+/// other in the seed's stream (`first_draw` of each is the end of the one
+/// before), as one computation: the standard normals of the whole run over
+/// one flat index, times each element's `std`, rounded to f32, then an
+/// optimization barrier, then a slice and reshape per parameter. Value-equal
+/// to [`init_value`] of each spec (the same draws and the same f64 ops: the
+/// host's `f32(std · normal)`); the barrier keeps XLA from fusing the
+/// transcendentals into every slice, which would give back one kernel per
+/// parameter. The flat index is not per axis, so a sharded parameter must
+/// not be made here (the run would be computed whole on every device).
+/// Temporary memory: 4 bytes per element of the run.
+pub(crate) fn normal_run(seed: u64, run: &[&ParamSpec]) -> Result<Vec<Tensor>> {
+    let Some(first) = run.first() else { return Ok(Vec::new()) };
+    let mut stds = Vec::with_capacity(run.len());
+    let mut end = first.first_draw;
+    for spec in run {
+        let Init::Normal { std } = spec.init else {
+            return Err(crate::FrontendError::InvalidArgument {
+                op: "init",
+                reason: format!("{} is not a normal parameter; a normal run takes only those", spec.name),
+            });
+        };
+        if spec.first_draw != end {
+            return Err(crate::FrontendError::InvalidArgument {
+                op: "init",
+                reason: format!("{} starts at draw {}, not {end}: its draws do not follow the run's", spec.name, spec.first_draw),
+            });
+        }
+        end = end.wrapping_add(2u64.wrapping_mul(spec.shape.num_elements() as u64));
+        stds.push(std);
+    }
+    let total: usize = run.iter().map(|s| s.shape.num_elements()).sum();
+    let flat = Shape::from(vec![total]);
+    let key = Tensor::from_literal(u64_literal(seed.wrapping_add(first.first_draw.wrapping_add(1).wrapping_mul(GAMMA))));
+    let shifts = Shifts::new();
+    let u1 = uniform01(&draws(&key, 2, 0, &flat, &shifts)?, &shifts)?;
+    let u2 = uniform01(&draws(&key, 2, 1, &flat, &shifts)?, &shifts)?;
+    let one_minus = Tensor::full(1.0, DType::F64, flat.clone())?.sub(&u1)?;
+    let r = one_minus.log()?.mul_scalar(-2.0)?.sqrt()?;
+    let c = u2.mul_scalar(std::f64::consts::TAU)?.cos()?;
+    // Each element's std: a select per change of std along the run (a GPT
+    // has two values, alternating), the values as scalar inputs.
+    let index = linear_index(&flat)?;
+    let mut scale = Tensor::scalar(stds[0]).broadcast_to(flat.clone())?;
+    let mut offset = 0usize;
+    for (i, spec) in run.iter().enumerate() {
+        if i > 0 && stds[i].to_bits() != stds[i - 1].to_bits() {
+            let from_here = index.ge(&u64_full(offset as u64, &flat)?)?;
+            scale = Tensor::where_cond(&from_here, &Tensor::scalar(stds[i]).broadcast_to(flat.clone())?, &scale)?;
+        }
+        offset += spec.shape.num_elements();
+    }
+    let values = r.mul(&c)?.mul(&scale)?.to_dtype(DType::F32)?;
+    let values = Tensor::optimization_barrier(&[values])?.swap_remove(0);
+    let mut out = Vec::with_capacity(run.len());
+    let mut offset = 0usize;
+    for spec in run {
+        let n = spec.shape.num_elements();
+        out.push(values.slice(vec![offset], vec![offset + n], vec![1])?.reshape(spec.shape.clone())?);
+        offset += n;
+    }
+    Ok(out)
+}
+
 /// SplitMix64 outputs of draws `first + step·i + lane` for each element `i`
 /// (row-major) of `shape`, from `key = seed + (first + 1)·γ`.
-fn draws(key: &Tensor, step: u64, lane: u64, shape: &Shape) -> Result<Tensor> {
+fn draws(key: &Tensor, step: u64, lane: u64, shape: &Shape, shifts: &Shifts) -> Result<Tensor> {
     // state = seed + (k + 1)·γ with k = first + lane + step·i: the key, a
     // lane constant and a per-element multiple of the index.
     let mut state = key.broadcast_to(shape.clone())?;
@@ -145,25 +245,52 @@ fn draws(key: &Tensor, step: u64, lane: u64, shape: &Shape) -> Result<Tensor> {
         state = state.add(&u64_full(lane.wrapping_mul(GAMMA), shape)?)?;
     }
     let state = state.add(&linear_index(shape)?.mul(&u64_full(step.wrapping_mul(GAMMA), shape)?)?)?;
-    mix(&state, shape)
+    mix(&state, shape, shifts)
 }
 
 /// SplitMix64's output function (shifts right as divisions by powers of two,
 /// which are exact on unsigned integers).
-fn mix(z: &Tensor, shape: &Shape) -> Result<Tensor> {
-    let z = xor_shift(z, 30)?.mul(&u64_full(MIX1, shape)?)?;
-    let z = xor_shift(&z, 27)?.mul(&u64_full(MIX2, shape)?)?;
-    xor_shift(&z, 31)
+fn mix(z: &Tensor, shape: &Shape, shifts: &Shifts) -> Result<Tensor> {
+    let z = xor_shift(z, &shifts.by30)?.mul(&u64_full(MIX1, shape)?)?;
+    let z = xor_shift(&z, &shifts.by27)?.mul(&u64_full(MIX2, shape)?)?;
+    xor_shift(&z, &shifts.by31)
+}
+
+/// The right shifts of SplitMix64 (by 30, 27, 31) and of `uniform01` (by
+/// 11) as divisions by `2^bits` whose divisors are `u64` scalar inputs of the
+/// program, not constants. Measured on the H100 (`docs/init.md`): the CUDA
+/// plugin spends seconds per 100 M elements before its compile proper on a
+/// `u64` divide by a constant of a large shape (the flat gpt2-small program
+/// took 13–20 s, its integer part alone 6.9 s), while the same ops with the
+/// divisor out of sight compile in 0.1–0.3 s. The cost is a true 64-bit
+/// division at run time instead of a shift (milliseconds for gpt2-small).
+struct Shifts {
+    by30: Tensor,
+    by27: Tensor,
+    by31: Tensor,
+    by11: Tensor,
+}
+
+impl Shifts {
+    fn new() -> Shifts {
+        let input = |bits: u32| Tensor::from_literal(u64_literal(1u64 << bits));
+        Shifts { by30: input(30), by27: input(27), by31: input(31), by11: input(11) }
+    }
+}
+
+/// `z >> bits` as `z / divisor` (exact on unsigned integers).
+fn shift_right(z: &Tensor, divisor: &Tensor) -> Result<Tensor> {
+    z.binary(BinaryOp::Div, &divisor.broadcast_to(z.shape().clone())?)
 }
 
 /// `z ^ (z >> bits)`.
-fn xor_shift(z: &Tensor, bits: u32) -> Result<Tensor> {
-    z.binary(BinaryOp::Xor, &z.binary_scalar(BinaryOp::Div, (1u64 << bits) as f64)?)
+fn xor_shift(z: &Tensor, divisor: &Tensor) -> Result<Tensor> {
+    z.binary(BinaryOp::Xor, &shift_right(z, divisor)?)
 }
 
 /// Host `uniform()`: the top 53 bits as an f64 fraction in `[0, 1)` (exact).
-fn uniform01(z: &Tensor) -> Result<Tensor> {
-    z.binary_scalar(BinaryOp::Div, (1u64 << 11) as f64)?.to_dtype(DType::F64)?.mul_scalar(1.0 / (1u64 << 53) as f64)
+fn uniform01(z: &Tensor, shifts: &Shifts) -> Result<Tensor> {
+    shift_right(z, &shifts.by11)?.to_dtype(DType::F64)?.mul_scalar(1.0 / (1u64 << 53) as f64)
 }
 
 /// Each element's row-major index, as `Σ iota_d · stride_d`: elementwise in

@@ -14,9 +14,9 @@ mod device_init;
 mod init;
 mod module;
 
-use kiln_compiler::ir::{CompareDir, DType, Shape};
+use kiln_compiler::ir::{CompareDir, DType, Shape, ValueId};
 
-pub use device_init::{init_value, Init, InitPlacement, ParamSpec};
+pub use device_init::{init_value, Init, InitForm, InitPlacement, ParamSpec, ENV_INIT_FORM};
 pub use init::HostRng;
 pub use module::{scoped, Dropout, Func, Module, Sequential};
 
@@ -36,6 +36,12 @@ pub struct ParamStore {
     draws: u64,
     placement: InitPlacement,
     seed: u64,
+    /// Per parameter, the pending value its device init recorded (`None`:
+    /// host data or given), so `materialize` can tell an untouched init from
+    /// a reassigned one.
+    recorded: Vec<Option<(u64, ValueId)>>,
+    /// The init program's form (`None`: `KILN_INIT_FORM`, else flat).
+    form: Option<InitForm>,
 }
 
 impl ParamStore {
@@ -49,11 +55,26 @@ impl ParamStore {
     /// the current step; [`ParamStore::materialize`] runs them as their own
     /// program (otherwise the first step that reads them computes them).
     pub fn with_placement(seed: u64, placement: InitPlacement) -> ParamStore {
-        ParamStore { params: Vec::new(), rng: HostRng::new(seed), specs: Vec::new(), draws: 0, placement, seed }
+        ParamStore {
+            params: Vec::new(),
+            rng: HostRng::new(seed),
+            specs: Vec::new(),
+            draws: 0,
+            placement,
+            seed,
+            recorded: Vec::new(),
+            form: None,
+        }
     }
 
     pub fn placement(&self) -> InitPlacement {
         self.placement
+    }
+
+    /// How [`ParamStore::materialize`] records the init program (device
+    /// placement); the values are the same in either form.
+    pub fn set_init_form(&mut self, form: InitForm) {
+        self.form = Some(form);
     }
 
     /// How every parameter was made, in creation order.
@@ -74,6 +95,13 @@ impl ParamStore {
         let first_draw = self.draws;
         self.draws = self.draws.wrapping_add(init.draws_per_element().wrapping_mul(t.elem_count() as u64));
         self.specs.push(ParamSpec { name: name.clone(), shape: t.shape().clone(), init, first_draw });
+        let recorded = match (self.placement, init) {
+            (InitPlacement::Device, Init::Uniform { .. } | Init::Normal { .. } | Init::Constant { .. }) => {
+                t.pending_value()
+            }
+            (InitPlacement::Host, _) | (InitPlacement::Device, Init::Given) => None,
+        };
+        self.recorded.push(recorded);
         self.params.push((name, t.clone()));
         Ok(t)
     }
@@ -127,8 +155,62 @@ impl ParamStore {
         if !self.params.iter().any(|(_, t)| t.is_pending()) {
             return Ok(false);
         }
+        self.prepare_init()?;
         crate::step::mark_step()?;
         Ok(true)
+    }
+
+    /// Puts the pending init into the store's [`InitForm`] without running
+    /// it (what [`ParamStore::materialize`] does before its step; under
+    /// `kiln::lower` it shows the init program). Nothing to do for host
+    /// placement or the per-parameter form.
+    pub fn prepare_init(&self) -> Result<()> {
+        let form = match self.form {
+            Some(f) => f,
+            None => InitForm::from_env()?,
+        };
+        match (self.placement, form) {
+            (InitPlacement::Device, InitForm::Flat) => self.flatten_normal_runs(),
+            (InitPlacement::Device, InitForm::PerParameter) | (InitPlacement::Host, _) => Ok(()),
+        }
+    }
+
+    /// Re-records the init of normal parameters whose draws follow each
+    /// other as runs of one flat computation (`device_init::normal_run`):
+    /// XLA's GPU compile of the init program then has one kernel with the
+    /// transcendentals per run instead of one per parameter (`docs/init.md`).
+    /// Only parameters still holding the value `make` recorded and laid out
+    /// replicated take part; a sharded one keeps its per-axis init, which
+    /// each device computes for its shard alone. The values are the same
+    /// either way; the per-parameter records left behind are dead code.
+    fn flatten_normal_runs(&self) -> Result<()> {
+        let mut runs: Vec<Vec<usize>> = Vec::new();
+        let mut end: Option<u64> = None;
+        for (i, spec) in self.specs.iter().enumerate() {
+            let t = &self.params[i].1;
+            let eligible = matches!(spec.init, Init::Normal { .. })
+                && self.recorded[i].is_some()
+                && t.pending_value() == self.recorded[i]
+                && t.sharding().is_none();
+            if !eligible {
+                continue;
+            }
+            // A run needs consecutive draws: a parameter between that draws
+            // (uniform, or normal but sharded) moves `first_draw` past `end`.
+            match (runs.last_mut(), end) {
+                (Some(run), Some(e)) if e == spec.first_draw => run.push(i),
+                _ => runs.push(vec![i]),
+            }
+            end = Some(spec.first_draw.wrapping_add(2u64.wrapping_mul(spec.shape.num_elements() as u64)));
+        }
+        for run in runs.iter().filter(|r| r.len() > 1) {
+            let specs: Vec<&ParamSpec> = run.iter().map(|&i| &self.specs[i]).collect();
+            let values = device_init::normal_run(self.seed, &specs)?;
+            for (&i, v) in run.iter().zip(&values) {
+                self.params[i].1.assign(v)?;
+            }
+        }
+        Ok(())
     }
 
     pub fn get(&self, name: &str) -> Option<&Tensor> {
