@@ -34,7 +34,8 @@ fn half_the_activation_memory_trains_the_same_losses_with_fewer_temp_bytes() {
     let text = text_file(&dir);
     let plain = train(&text, None);
     let half = train(&text, Some("50%"));
-    let losses = |v: &Value| -> Vec<f64> { v["losses"].as_array().unwrap().iter().map(|l| l.as_f64().unwrap()).collect() };
+    let losses =
+        |v: &Value| -> Vec<f64> { v["losses"].as_array().unwrap().iter().map(|l| l.as_f64().unwrap()).collect() };
     let (a, b) = (losses(&plain), losses(&half));
     assert_eq!(a.len(), 3);
     for (x, y) in a.iter().zip(&b) {
@@ -48,7 +49,8 @@ fn half_the_activation_memory_trains_the_same_losses_with_fewer_temp_bytes() {
 fn a_percentage_outside_the_range_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let text = text_file(&dir);
-    for (limit, says) in [("0%", "must be in (0, 100]"), ("150%", "must be in (0, 100]"), ("half%", "not a percentage")] {
+    for (limit, says) in [("0%", "must be in (0, 100]"), ("150%", "must be in (0, 100]"), ("half%", "not a percentage")]
+    {
         let out = Command::cargo_bin("kiln")
             .unwrap()
             .args(["train", "gpt", "--config", "tiny", "--steps", "1", "--memory-limit", limit, "--text"])

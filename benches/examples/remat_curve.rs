@@ -144,7 +144,6 @@ fn main() -> Res<()> {
     Ok(())
 }
 
-
 /// The remat pass's plan in `pipeline`, as JSON (`null`: no remat pass).
 fn plan_json(pipeline: &kiln::compiler::pipeline::PipelineStats) -> Value {
     let remat = pipeline.passes.iter().find(|p| p.name == "remat").and_then(|p| p.remat.clone());

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use kiln::compiler::ir::Graph;
 use kiln::compiler::memory::{
-    liveness, rematerialize, Exact, Greedy, HostOffload, Off, RematBudget, RematOptions, RematPlan, RematStrategy, XlaCpuFusion,
+    liveness, rematerialize, Exact, Greedy, HostOffload, Off, RematBudget, RematOptions, RematPlan, RematStrategy,
+    XlaCpuFusion,
 };
 use kiln::compiler::{lower, LowerOptions};
 use kiln::runtime::{Client, CompileOptions, CompiledMemoryStats};

@@ -292,4 +292,3 @@ fn greedy_remat_cuts_xla_temp_bytes_of_gpt2_small() -> anyhow::Result<()> {
     assert!(m1.temp_size_in_bytes * 100 <= m0.temp_size_in_bytes * 55, "{m0:?} -> {m1:?}");
     Ok(())
 }
-

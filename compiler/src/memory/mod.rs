@@ -29,13 +29,11 @@ mod peak;
 mod pin;
 mod remat;
 
-pub use liveness::{liveness, Buffer, BufferKind, Liveness};
-pub use peak::{peak_memory, PeakMemory};
 pub use exact::Exact;
+pub use liveness::{liveness, Buffer, BufferKind, Liveness};
 pub use offload::HostOffload;
-pub use remat::{
-    rematerialize, Greedy, Off, RematBudget, RematChoice, RematOptions, RematPlan, RematStrategy,
-};
+pub use peak::{peak_memory, PeakMemory};
+pub use remat::{rematerialize, Greedy, Off, RematBudget, RematChoice, RematOptions, RematPlan, RematStrategy};
 
 use crate::ir::{BinaryOp, Graph, NodeId, Op};
 

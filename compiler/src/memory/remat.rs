@@ -86,7 +86,15 @@ pub struct RematOptions<'a> {
 
 impl<'a> RematOptions<'a> {
     pub fn new(budget: RematBudget, fusion: &'a dyn Materialization) -> RematOptions<'a> {
-        RematOptions { budget, target: Target::H100_SXM_MEASURED, fusion, max_chain_nodes: 128, only: None, segments: false, pin_floating: true }
+        RematOptions {
+            budget,
+            target: Target::H100_SXM_MEASURED,
+            fusion,
+            max_chain_nodes: 128,
+            only: None,
+            segments: false,
+            pin_floating: true,
+        }
     }
 }
 
@@ -511,7 +519,12 @@ pub(super) fn anchor_for(
 
 /// The kernels reading node `n`'s buffer as `(position, node)`, following
 /// fused users and reshapes, and those fused users and reshapes.
-pub(super) fn readers(g: &Graph, l: &Liveness, users: &[Vec<NodeId>], n: NodeId) -> (Vec<(usize, NodeId)>, Vec<NodeId>) {
+pub(super) fn readers(
+    g: &Graph,
+    l: &Liveness,
+    users: &[Vec<NodeId>],
+    n: NodeId,
+) -> (Vec<(usize, NodeId)>, Vec<NodeId>) {
     let mut kernels = Vec::new();
     let mut views = Vec::new();
     let mut stack = vec![n];

@@ -196,7 +196,10 @@ pub(crate) fn normal_run(seed: u64, run: &[&ParamSpec]) -> Result<Vec<Tensor>> {
         if spec.first_draw != end {
             return Err(crate::FrontendError::InvalidArgument {
                 op: "init",
-                reason: format!("{} starts at draw {}, not {end}: its draws do not follow the run's", spec.name, spec.first_draw),
+                reason: format!(
+                    "{} starts at draw {}, not {end}: its draws do not follow the run's",
+                    spec.name, spec.first_draw
+                ),
             });
         }
         end = end.wrapping_add(2u64.wrapping_mul(spec.shape.num_elements() as u64));
@@ -204,7 +207,8 @@ pub(crate) fn normal_run(seed: u64, run: &[&ParamSpec]) -> Result<Vec<Tensor>> {
     }
     let total: usize = run.iter().map(|s| s.shape.num_elements()).sum();
     let flat = Shape::from(vec![total]);
-    let key = Tensor::from_literal(u64_literal(seed.wrapping_add(first.first_draw.wrapping_add(1).wrapping_mul(GAMMA))));
+    let key =
+        Tensor::from_literal(u64_literal(seed.wrapping_add(first.first_draw.wrapping_add(1).wrapping_mul(GAMMA))));
     let shifts = Shifts::new();
     let u1 = uniform01(&draws(&key, 2, 0, &flat, &shifts)?, &shifts)?;
     let u2 = uniform01(&draws(&key, 2, 1, &flat, &shifts)?, &shifts)?;
