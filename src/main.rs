@@ -357,6 +357,7 @@ fn train_gpt(path: &std::path::Path, cfg: &gpt::GptConfig, json: bool) -> anyhow
                 "train_seconds": report.train_seconds,
                 "init": report.init.map(init_name),
                 "setup_ms": report.setup_seconds * 1e3,
+                "client_ms": report.client_seconds * 1e3,
             })
         );
     } else {
@@ -584,6 +585,7 @@ fn train_mlp(cfg: &MlpConfig, dir: &PathBuf, compare: Option<u64>, json: bool) -
                 "train_seconds": report.train_seconds,
                 "init": report.init.map(init_name),
                 "setup_ms": report.setup_seconds * 1e3,
+                "client_ms": report.client_seconds * 1e3,
             })
         );
     } else {

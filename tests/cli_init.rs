@@ -35,6 +35,11 @@ fn device_init_trains_the_losses_of_host_init() {
     assert_eq!(host["losses"], device["losses"], "host {host}\ndevice {device}");
     assert_eq!(device["compiles"].as_u64(), host["compiles"].as_u64().map(|c| c + 1), "the init program: {device}");
     assert!(device["setup_ms"].as_f64().unwrap() > 0.0);
+    // Each run is its own process, so each opens the plugin once, outside
+    // its set-up figure.
+    for run in [&host, &device] {
+        assert!(run["client_ms"].as_f64().unwrap() > 0.0, "{run}");
+    }
 }
 
 /// Under FSDP on 4 CPU devices the policy is applied before the init program

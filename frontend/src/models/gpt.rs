@@ -369,6 +369,7 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
     let vocab = CharVocab::new(text);
     // `cfg.vocab` pads the embedding past the text's characters (0: no padding).
     let cfg = GptConfig { vocab: vocab.len().max(cfg.vocab), ..cfg.clone() };
+    let client_seconds = super::open_client()?;
     let setup = Instant::now();
     let mut t = GptTrainer::new(vocab.encode(text), &cfg)?;
     let setup_seconds = setup.elapsed().as_secs_f64();
@@ -378,7 +379,8 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
         warmup_steps: (cfg.steps / 10).max(1),
         total_steps: cfg.steps,
     };
-    let mut report = TrainReport { setup_seconds, init: Some(t.params.placement()), ..TrainReport::default() };
+    let mut report =
+        TrainReport { setup_seconds, client_seconds, init: Some(t.params.placement()), ..TrainReport::default() };
     let start = Instant::now();
     // The step is captured (`compile_step`), with or without an ordered step:
     // traced once, replayed with each batch and learning rate; the loss of

@@ -153,8 +153,11 @@ pub struct TrainReport {
     pub loss_scale: Option<f64>,
     /// Seconds from the start of the run until the model, its parameters
     /// (initialised and, on the device placement, computed) and the optimizer
-    /// existed.
+    /// existed, after the client was open (`client_seconds`).
     pub setup_seconds: f64,
+    /// Seconds opening the PJRT client took in this run (0 when it was open
+    /// already or the backend is not PJRT).
+    pub client_seconds: f64,
     /// Where the parameters were initialised.
     pub init: Option<InitPlacement>,
 }
@@ -339,6 +342,7 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     // The run's replicas: over several processes each keeps its own shards.
     let replicas = crate::replicas::global_replicas()?;
     cfg.check(data, replicas)?;
+    let client_seconds = super::open_client()?;
     let setup = Instant::now();
     let mut t = Trainer::new(data.train.pixels(), 10, cfg)?;
     let setup_seconds = setup.elapsed().as_secs_f64();
@@ -351,7 +355,8 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     let total = cfg.max_steps.unwrap_or(all_steps).min(all_steps);
     let schedule =
         WarmupCosine { base_lr: cfg.lr, min_lr: cfg.lr * 0.05, warmup_steps: (total / 20).max(1), total_steps: total };
-    let mut report = TrainReport { setup_seconds, init: Some(t.params.placement()), ..TrainReport::default() };
+    let mut report =
+        TrainReport { setup_seconds, client_seconds, init: Some(t.params.placement()), ..TrainReport::default() };
     let mut clock = super::StepClock::default();
     let start = Instant::now();
     // A resumed run starts in the epoch (and at the batch) where the saved

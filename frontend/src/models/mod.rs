@@ -27,6 +27,22 @@ pub const ENV_INIT: &str = "KILN_INIT";
 /// seed), and on the host with the XLA CPU plugin (its devices are host
 /// memory: the init program saves no upload there and costs a compile) and
 /// on the reference and eager backends (which compute on the host anyway).
+/// Opens the PJRT client when that is the backend (a no-op when it is open
+/// already or the backend is another) and returns the seconds it took. The
+/// loops call it before timing their set-up, so that `setup_seconds` is the
+/// model, its parameters and the optimizer, not the plugin's own start
+/// (CUDA context, memory pool), which `client_seconds` reports.
+pub(crate) fn open_client() -> Result<f64> {
+    let started = Instant::now();
+    match crate::context::backend() {
+        Backend::Pjrt => {
+            crate::context::with(|c| c.client())?;
+        }
+        Backend::Reference | Backend::Eager => {}
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
 pub fn init_placement(chosen: Option<InitPlacement>) -> Result<InitPlacement> {
     if let Some(p) = chosen {
         return Ok(p);
