@@ -14,28 +14,9 @@ use kiln::optim::{AdamW, AdamWConfig};
 use kiln::{grad, metrics, DType, Tensor};
 use serde_json::{json, Value};
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-/// Median ms per call over `reps` runs of `iters` calls, each run ended by a
-/// sync; also every run's figure (a spread between calls shows there first).
-fn bench(mut f: impl FnMut() -> Res<()>, warm: usize, iters: usize, reps: usize) -> Res<(f64, Vec<f64>)> {
-    for _ in 0..warm {
-        f()?;
-    }
-    kiln::sync()?;
-    let mut ts = Vec::new();
-    for _ in 0..reps {
-        let t = Instant::now();
-        for _ in 0..iters {
-            f()?;
-        }
-        kiln::sync()?;
-        ts.push(t.elapsed().as_secs_f64() * 1e3 / iters as f64);
-    }
-    let runs = ts.clone();
-    ts.sort_by(f64::total_cmp);
-    Ok((ts[ts.len() / 2], runs))
-}
+#[path = "common/timing.rs"]
+mod timing;
+use timing::{bench, Res};
 
 /// `extra` with the runs of [`bench`] added.
 fn with_runs(mut extra: Value, runs: &[f64]) -> Value {

@@ -28,7 +28,9 @@ use kiln::optim::{AdamW, AdamWConfig};
 use kiln::{grad, metrics, DType, Tensor};
 use serde_json::{json, Value};
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
+#[path = "common/timing.rs"]
+mod timing;
+use timing::{bench, Res};
 
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -90,31 +92,20 @@ fn main() -> Res<()> {
 
     let flops_before = m.flops_executed;
     let executions_before = m.executions;
-    let mut call = || -> Res<()> {
-        step.call(&inputs)?;
-        Ok(())
-    };
-    for _ in 0..3 {
-        call()?;
-    }
-    kiln::sync()?;
-    let mut runs = Vec::new();
-    for _ in 0..reps {
-        let t = Instant::now();
-        for _ in 0..iters {
-            call()?;
-        }
-        kiln::sync()?;
-        runs.push(t.elapsed().as_secs_f64() * 1e3 / iters as f64);
-    }
+    let (ms, runs) = bench(
+        || {
+            step.call(&inputs)?;
+            Ok(())
+        },
+        3,
+        iters,
+        reps,
+    )?;
     let last = step.call(&inputs)?;
     losses.push(last[0].to_vec::<f32>()?[0]);
     let after = metrics::snapshot();
     let steps = (after.executions - executions_before).max(1) as f64;
     let flops_per_step = (after.flops_executed - flops_before) / steps;
-    let mut sorted = runs.clone();
-    sorted.sort_by(f64::total_cmp);
-    let ms = sorted[sorted.len() / 2];
 
     let plan = plan_json(&pipeline);
     let peak = xla.argument_size_in_bytes + xla.output_size_in_bytes - xla.alias_size_in_bytes + xla.temp_size_in_bytes;
