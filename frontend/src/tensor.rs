@@ -500,7 +500,6 @@ impl Tensor {
         record(Op::Select { pred, on_true, on_false })
     }
 
-    /// Clamps into `[lo, hi]`.
     /// The same values with no gradient path back to `self`, recorded as
     /// `clamp(self, 0, self)` (`min(max(0, v), v) = v` for every `v`, NaN
     /// included): clamp's derivative reaches only its middle operand, here a
@@ -512,6 +511,7 @@ impl Tensor {
         record(Op::Clamp { min, input, max })
     }
 
+    /// Clamps into `[lo, hi]`.
     pub fn clamp(&self, lo: f64, hi: f64) -> Result<Tensor> {
         let lo = Tensor::full(lo, self.dtype(), Shape::scalar())?;
         let hi = Tensor::full(hi, self.dtype(), Shape::scalar())?;
