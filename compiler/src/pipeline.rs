@@ -196,9 +196,7 @@ impl PipelineOptions {
     pub fn with_memory_limit(mut self, limit: Option<u64>) -> PipelineOptions {
         if let Some(limit) = limit {
             self.pass_options.memory_limit_bytes = Some(limit);
-            if !self.passes.iter().any(|p| p == "remat") {
-                self.passes.push("remat".to_string());
-            }
+            self.add_remat_pass();
         }
         self
     }
@@ -209,11 +207,16 @@ impl PipelineOptions {
     pub fn with_activation_budget(mut self, fraction: Option<f64>) -> PipelineOptions {
         if let Some(f) = fraction {
             self.pass_options.activation_fraction = Some(f);
-            if !self.passes.iter().any(|p| p == "remat") {
-                self.passes.push("remat".to_string());
-            }
+            self.add_remat_pass();
         }
         self
+    }
+
+    /// The `remat` pass at the end of the list, once.
+    fn add_remat_pass(&mut self) {
+        if !self.passes.iter().any(|p| p == "remat") {
+            self.passes.push("remat".to_string());
+        }
     }
 }
 

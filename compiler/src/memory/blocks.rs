@@ -34,7 +34,7 @@
 use crate::ir::{Graph, NodeId, Op, ValueId};
 
 use super::liveness::{users_of, BufferKind, Liveness};
-use super::remat::{anchor_for, clonable, readers, recompute_cost, Candidate, RematOptions};
+use super::remat::{anchor_for, clonable, clone_closure, readers, recompute_cost, Candidate, RematOptions};
 
 /// A forward buffer is a cut when the other forward buffers waiting at its
 /// position hold at most this fraction of its bytes.
@@ -153,37 +153,14 @@ fn segment(
     }
     let late_node = l.order[late_pos];
     let before = |p: usize| lo.is_some_and(|lo| p <= lo);
-    let mut chain: Vec<NodeId> = roots.clone();
-    let mut leaves: Vec<ValueId> = Vec::new();
-    let mut stack = roots.clone();
-    while let Some(n) = stack.pop() {
-        for u in g.node(n).op.inputs() {
-            if chain.contains(&u.node) || leaves.contains(&u) {
-                continue;
-            }
-            let un = g.node(u.node);
-            let in_memory = l.buffer_of[u.node.index()][u.output as usize].is_some();
-            let up = pos[u.node.index()]?;
-            // Before the segment: the cut that opens it (kept, in memory
-            // or made so by the fence) and buffers are leaves; fused values
-            // made of them are cloned.
-            let is_leaf = !clonable(&un.op)
-                || (before(up)
-                    && (in_memory || Some(up) == lo)
-                    && !matches!(un.op, Op::Constant { .. } | Op::Iota { .. }));
-            if is_leaf {
-                leaves.push(u);
-            } else {
-                if chain.len() >= MAX_SEGMENT_NODES {
-                    return None;
-                }
-                chain.push(u.node);
-                stack.push(u.node);
-            }
-        }
-    }
-    chain.sort();
-    leaves.sort();
+    // Before the segment: the cut that opens it (kept, in memory or made so
+    // by the fence) and buffers are leaves; fused values made of them are
+    // cloned.
+    let (chain, leaves) = clone_closure(g, roots.clone(), MAX_SEGMENT_NODES, |u| {
+        let in_memory = l.buffer_of[u.node.index()][u.output as usize].is_some();
+        let up = pos[u.node.index()]?;
+        Some(before(up) && (in_memory || Some(up) == lo))
+    })?;
     // Bytes freed: the roots' own buffers (views and fused roots have none).
     let mut bytes = 0u64;
     let mut early_end = 0usize;

@@ -17,11 +17,11 @@
 //! Invariants: no node is cloned and no FLOP of the model's is added beyond
 //! the guards' selects; parameters, outputs and aliases keep their indices.
 
-use crate::ir::{Graph, Literal, NodeId, Op, ValueId};
+use crate::ir::{Graph, NodeId, Op, ValueId};
 use crate::CompileError;
 
 use super::liveness::{liveness, BufferKind};
-use super::remat::always_true;
+use super::remat::{always_true, read_through};
 use super::Materialization;
 
 /// Kernels with outputs smaller than this fraction of the largest buffer are
@@ -102,14 +102,7 @@ pub(super) fn pin_floating(
                     continue;
                 }
                 let x = remap(&map, u);
-                let ty = out.ty(x).clone();
-                let zero = out.value(Op::Constant { literal: Literal::scalar(ty.dtype, 0.0) })?;
-                let zeros = if ty.shape.rank() == 0 {
-                    zero
-                } else {
-                    out.value(Op::BroadcastInDim { input: zero, shape: ty.shape.clone(), dims: vec![] })?
-                };
-                guarded.push((u, out.value(Op::Select { pred: always, on_true: x, on_false: zeros })?));
+                guarded.push((u, read_through(&mut out, always, x)?));
             }
             op.map_inputs(|u| match guarded.iter().find(|(o, _)| *o == u) {
                 Some(&(_, gv)) => gv,
@@ -130,7 +123,7 @@ pub(super) fn pin_floating(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{BinaryOp, DType, TensorType, UnaryOp};
+    use crate::ir::{BinaryOp, DType, Literal, TensorType, UnaryOp};
     use crate::memory::EveryNodeAKernel;
 
     #[test]

@@ -328,36 +328,10 @@ impl Candidate {
 /// backward counterparts only ever run once, late; random-bit generators
 /// would draw again.
 pub(super) fn clonable(op: &Op) -> bool {
-    match op {
-        Op::Parameter { .. }
-        | Op::RngBitGenerator { .. }
-        | Op::OptimizationBarrier { .. }
-        | Op::AllReduce { .. }
-        | Op::AttentionGrad { .. }
-        | Op::LayerNormGrad { .. }
-        | Op::LmHeadCrossEntropyGrad { .. } => false,
-        Op::Attention { .. } | Op::LayerNorm { .. } | Op::LmHeadCrossEntropy { .. } => true,
-        Op::Constant { .. }
-        | Op::Iota { .. }
-        | Op::Unary { .. }
-        | Op::Binary { .. }
-        | Op::Compare { .. }
-        | Op::Select { .. }
-        | Op::Clamp { .. }
-        | Op::Convert { .. }
-        | Op::BroadcastInDim { .. }
-        | Op::Reshape { .. }
-        | Op::Transpose { .. }
-        | Op::Slice { .. }
-        | Op::DynamicSlice { .. }
-        | Op::DynamicUpdateSlice { .. }
-        | Op::Concatenate { .. }
-        | Op::Pad { .. }
-        | Op::Reduce { .. }
-        | Op::DotGeneral { .. }
-        | Op::Gather { .. }
-        | Op::ScatterAdd { .. } => true,
-    }
+    // The ops whose value depends on more than their operands, or that exist
+    // to keep values apart, are the ones the e-graph never merges either.
+    !crate::rewrite::needs_token(op)
+        && !matches!(op, Op::AttentionGrad { .. } | Op::LayerNormGrad { .. } | Op::LmHeadCrossEntropyGrad { .. })
 }
 
 pub(super) fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Candidate> {
@@ -548,26 +522,39 @@ pub(super) fn readers(
 /// The nodes to clone to recompute `v` at position `at`, and the values they
 /// read from memory; `None` when the chain would exceed `max_nodes`.
 fn chain_for(g: &Graph, l: &Liveness, v: ValueId, at: usize, max_nodes: usize) -> Option<(Vec<NodeId>, Vec<ValueId>)> {
-    let in_memory_at = |u: ValueId| -> bool {
-        match l.buffer_of[u.node.index()][u.output as usize] {
+    clone_closure(g, vec![v.node], max_nodes, |u| {
+        Some(match l.buffer_of[u.node.index()][u.output as usize] {
             Some(b) => {
                 let b = &l.buffers[b];
                 b.value != v && b.def < at && b.last_use >= at
             }
             None => false,
-        }
-    };
-    let mut chain = vec![v.node];
+        })
+    })
+}
+
+/// What recomputing `roots` takes: walking back through operands, a value
+/// is a leaf (read, not cloned) when its producer may not be cloned or when
+/// `kept` says it is in memory at the recomputation (constants and iotas
+/// excepted: cloning them is free); every other producer is cloned too. The
+/// nodes to clone, roots included, and the leaves, each sorted; `None` when
+/// the clones would exceed `max_nodes` or `kept` answers `None`.
+pub(super) fn clone_closure(
+    g: &Graph,
+    roots: Vec<NodeId>,
+    max_nodes: usize,
+    mut kept: impl FnMut(ValueId) -> Option<bool>,
+) -> Option<(Vec<NodeId>, Vec<ValueId>)> {
+    let mut chain = roots.clone();
     let mut leaves = Vec::new();
-    let mut stack = vec![v.node];
+    let mut stack = roots;
     while let Some(n) = stack.pop() {
         for u in g.node(n).op.inputs() {
             if chain.contains(&u.node) || leaves.contains(&u) {
                 continue;
             }
             let un = g.node(u.node);
-            let is_leaf =
-                !clonable(&un.op) || (in_memory_at(u) && !matches!(un.op, Op::Constant { .. } | Op::Iota { .. }));
+            let is_leaf = !clonable(&un.op) || (kept(u)? && !matches!(un.op, Op::Constant { .. } | Op::Iota { .. }));
             if is_leaf {
                 leaves.push(u);
             } else {
@@ -611,16 +598,7 @@ pub(super) fn rewrite(g: &Graph, c: &Candidate) -> Result<(Graph, Vec<NodeId>), 
                 for k in 0..n_leaves {
                     let leaf = ValueId::new(b, k as u32);
                     guarded.push(match guard {
-                        Some(p) => {
-                            let ty = out.ty(leaf).clone();
-                            let zero = out.value(Op::Constant { literal: Literal::scalar(ty.dtype, 0.0) })?;
-                            let zeros = if ty.shape.rank() == 0 {
-                                zero
-                            } else {
-                                out.value(Op::BroadcastInDim { input: zero, shape: ty.shape.clone(), dims: vec![] })?
-                            };
-                            out.value(Op::Select { pred: p, on_true: leaf, on_false: zeros })?
-                        }
+                        Some(p) => read_through(&mut out, p, leaf)?,
                         None => leaf,
                     });
                 }
@@ -672,6 +650,19 @@ pub(super) fn always_true(out: &mut Graph, anchor: ValueId) -> Result<ValueId, C
     let eq = out.value(Op::Compare { dir: crate::ir::CompareDir::Eq, lhs: x, rhs: x })?;
     let ne = out.value(Op::Compare { dir: crate::ir::CompareDir::Ne, lhs: x, rhs: x })?;
     out.value(Op::Binary { op: crate::ir::BinaryOp::Or, lhs: eq, rhs: ne })
+}
+
+/// `select(always, x, 0)`: `x` read through the runtime guard (`always` from
+/// [`always_true`]), so that whatever reads it waits for the anchor.
+pub(super) fn read_through(out: &mut Graph, always: ValueId, x: ValueId) -> Result<ValueId, CompileError> {
+    let ty = out.ty(x).clone();
+    let zero = out.value(Op::Constant { literal: Literal::scalar(ty.dtype, 0.0) })?;
+    let zeros = if ty.shape.rank() == 0 {
+        zero
+    } else {
+        out.value(Op::BroadcastInDim { input: zero, shape: ty.shape.clone(), dims: vec![] })?
+    };
+    out.value(Op::Select { pred: always, on_true: x, on_false: zeros })
 }
 
 #[cfg(test)]
