@@ -16,13 +16,18 @@ use common::Rng;
 /// Forward, loss and gradients of the tiny GPT at batch 16 (vocabulary 64),
 /// optimized as a step would be.
 fn gpt_tiny_step() -> anyhow::Result<Graph> {
-    let cfg = gpt::GptConfig::tiny(64);
+    gpt_step(&gpt::GptConfig::tiny(64))
+}
+
+/// Forward, loss and gradients of the GPT `cfg` on fixed token ids, optimized
+/// as a step would be, composites expanded as the CPU plugin compiles them.
+fn gpt_step(cfg: &gpt::GptConfig) -> anyhow::Result<Graph> {
     let mut ps = ParamStore::new(0);
-    let m = gpt::Gpt::new(&mut ps, &cfg)?;
+    let m = gpt::Gpt::new(&mut ps, cfg)?;
     let params = ps.tensors();
-    let n = cfg.batch * cfg.seq;
-    let ids = Tensor::from_vec((0..n).map(|i| (i * 7 % 64) as i32).collect::<Vec<_>>(), [cfg.batch, cfg.seq])?;
-    let tgt = Tensor::from_vec((0..n).map(|i| (i * 5 % 64) as i32).collect::<Vec<_>>(), [n])?;
+    let (n, v) = (cfg.batch * cfg.seq, cfg.vocab);
+    let ids = Tensor::from_vec((0..n).map(|i| (i * 7 % v) as i32).collect::<Vec<_>>(), [cfg.batch, cfg.seq])?;
+    let tgt = Tensor::from_vec((0..n).map(|i| (i * 5 % v) as i32).collect::<Vec<_>>(), [n])?;
     let g = kiln::capture_graph(|| {
         let loss = m.loss(&ids, &tgt, true)?;
         let mut out = vec![loss.clone()];
@@ -257,21 +262,7 @@ fn the_exact_strategy_is_within_10_percent_of_greedy_on_small_graphs() -> anyhow
 /// with and without the tightest greedy plan.
 #[test]
 fn greedy_remat_cuts_xla_temp_bytes_of_gpt2_small() -> anyhow::Result<()> {
-    let cfg = gpt::GptConfig::gpt2_small(50304);
-    let mut ps = ParamStore::new(0);
-    let m = gpt::Gpt::new(&mut ps, &cfg)?;
-    let params = ps.tensors();
-    let n = cfg.batch * cfg.seq;
-    let ids = Tensor::from_vec((0..n).map(|i| (i * 7 % 50304) as i32).collect::<Vec<_>>(), [cfg.batch, cfg.seq])?;
-    let tgt = Tensor::from_vec((0..n).map(|i| (i * 5 % 50304) as i32).collect::<Vec<_>>(), [n])?;
-    let g = kiln::capture_graph(|| {
-        let loss = m.loss(&ids, &tgt, true)?;
-        let mut out = vec![loss.clone()];
-        out.extend(kiln::grad(&loss, &params)?);
-        Ok(out)
-    })?;
-    let g = pipeline::optimize(&g)?.0;
-    let g = kiln::compiler::composite::expand(&g, kiln::compiler::LowerTarget::Cpu)?;
+    let g = gpt_step(&gpt::GptConfig::gpt2_small(50304))?;
     let client = Client::new(&ClientOptions::default())?;
     let plan = rematerialize(&g, &Greedy, &RematOptions::new(RematBudget::Bytes(0), &XlaCpuFusion))?;
     let (m0, m1) = (xla_stats(&client, &g)?, xla_stats(&client, &plan.graph)?);

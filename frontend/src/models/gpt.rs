@@ -294,13 +294,10 @@ pub fn captured_step<'a>(
     model: &'a Gpt,
     params: Vec<Tensor>,
     opt: &'a mut AdamW,
-    mut ordered: Option<&'a mut TrainStep>,
+    ordered: Option<&'a mut TrainStep>,
     amp: Option<DType>,
 ) -> crate::capture::CompiledStep<impl FnMut(&[Tensor]) -> Result<Vec<Tensor>> + 'a> {
-    crate::capture::compile_step(move |i: &[Tensor]| {
-        let loss = amp::autocast_if(amp, || model.loss(&i[0], &i[1], true))?;
-        super::record_update(ordered.as_deref_mut(), &params, opt, &loss, &i[2])
-    })
+    super::captured_update(move |x, y| model.loss(x, y, true), params, opt, ordered, amp)
 }
 
 /// Random windows of `data` (see [`GptTrainer::next_batch`]).

@@ -276,13 +276,10 @@ pub fn captured_step<'a>(
     model: &'a Mlp,
     params: Vec<Tensor>,
     opt: &'a mut AdamW,
-    mut ordered: Option<&'a mut TrainStep>,
+    ordered: Option<&'a mut TrainStep>,
     amp: Option<DType>,
 ) -> crate::capture::CompiledStep<impl FnMut(&[Tensor]) -> Result<Vec<Tensor>> + 'a> {
-    crate::capture::compile_step(move |i: &[Tensor]| {
-        let loss = amp::autocast_if(amp, || cross_entropy(&model.forward(&i[0])?, &i[1], None))?;
-        super::record_update(ordered.as_deref_mut(), &params, opt, &loss, &i[2])
-    })
+    super::captured_update(move |x, y| cross_entropy(&model.forward(x)?, y, None), params, opt, ordered, amp)
 }
 
 impl MlpConfig {

@@ -136,6 +136,23 @@ pub(crate) fn record_update(
     }
 }
 
+/// A built-in loop's step captured (`kiln::compile_step`): inputs `[x, y,
+/// lr]` (`lr` an f32 scalar), the forward `loss(x, y)` under autocast to
+/// `amp`, then [`record_update`]. The borrows are of the trainer's fields, so
+/// the loop keeps its sampler and step counter.
+pub(crate) fn captured_update<'a>(
+    loss: impl Fn(&Tensor, &Tensor) -> Result<Tensor> + 'a,
+    params: Vec<Tensor>,
+    opt: &'a mut AdamW,
+    mut ordered: Option<&'a mut TrainStep>,
+    amp: Option<DType>,
+) -> crate::capture::CompiledStep<impl FnMut(&[Tensor]) -> Result<Vec<Tensor>> + 'a> {
+    crate::capture::compile_step(move |i: &[Tensor]| {
+        let loss = crate::amp::autocast_if(amp, || loss(&i[0], &i[1]))?;
+        record_update(ordered.as_deref_mut(), &params, opt, &loss, &i[2])
+    })
+}
+
 /// Reads what [`record_update`] returned, once its step has run (waiting for it
 /// if it has not).
 pub(crate) fn read_outcome(outputs: &[Tensor]) -> Result<StepOutcome> {
