@@ -21,6 +21,10 @@ pub enum BufferKind {
     Constant,
     Output,
     Temp,
+    /// A kernel's workspace (cuBLAS's, cuDNN's): live only while that
+    /// kernel runs, holds no value (`value` names the kernel's node), and is
+    /// in no `buffer_of` entry.
+    Scratch,
 }
 
 /// One allocation: a materialized value and the values that alias it.
@@ -55,7 +59,7 @@ pub struct Liveness {
 impl Liveness {
     /// Bytes of temporaries live at each position.
     pub fn temp_curve(&self) -> Vec<u64> {
-        self.curve(|b| (b.kind == BufferKind::Temp).then_some(b.last_use))
+        self.curve(|b| matches!(b.kind, BufferKind::Temp | BufferKind::Scratch).then_some(b.last_use))
     }
 
     /// Bytes of outputs already written at each position.
@@ -125,6 +129,7 @@ pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
     // Reverse sweep: a node's users are decided before the node, so operands
     // that a materialized reshape or a barrier passes through are forced into
     // memory before their own answer is asked.
+    let planned = fusion.plan(g, &users, &live);
     let mut materialized = vec![false; n];
     let mut forced = vec![false; n];
     for i in (0..n).rev() {
@@ -137,7 +142,7 @@ pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
             || is_output[i]
             || matches!(node.op, Op::Parameter { .. } | Op::OptimizationBarrier { .. })
             || node.outputs.len() > 1
-            || fusion.materialized(g, &users, id);
+            || planned[i];
         if materialized[i] && matches!(node.op, Op::Reshape { .. } | Op::OptimizationBarrier { .. }) {
             for v in node.op.inputs() {
                 forced[v.node.index()] = true;
@@ -192,6 +197,16 @@ pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
                         last_use: at,
                     });
                 }
+                let scratch = fusion.scratch_bytes(g, id);
+                if scratch > 0 {
+                    buffers.push(Buffer {
+                        value: ValueId::new(id, 0),
+                        bytes: scratch,
+                        kind: BufferKind::Scratch,
+                        def: at,
+                        last_use: at,
+                    });
+                }
             }
         }
     }
@@ -204,7 +219,7 @@ pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
             }
         }
     }
-    share_dying_operands(g, &mut buffers);
+    share_dying_operands(g, &mut buffers, &buffer_of, fusion.shares_through_fusion());
     for b in &mut buffers {
         if b.kind == BufferKind::Argument {
             b.def = 0;
@@ -218,7 +233,10 @@ pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
 /// same size that dies in that kernel (and updates in place into the operand
 /// of `dynamic_update_slice` and `scatter_add`): the two share one
 /// allocation, so the dying buffer's interval ends just before the kernel.
-fn share_dying_operands(g: &Graph, buffers: &mut [Buffer]) {
+///
+/// `through_fusion` false: only buffers the kernel's own node reads qualify
+/// (not those its fused producers read).
+fn share_dying_operands(g: &Graph, buffers: &mut [Buffer], buffer_of: &[Vec<Option<usize>>], through_fusion: bool) {
     let mut dying: Vec<Vec<usize>> = Vec::new();
     for (k, b) in buffers.iter().enumerate() {
         if b.kind == BufferKind::Temp && b.last_use > b.def {
@@ -235,7 +253,20 @@ fn share_dying_operands(g: &Graph, buffers: &mut [Buffer]) {
             continue;
         }
         let Some(candidates) = dying.get_mut(def) else { continue };
-        if let Some(i) = candidates.iter().position(|&o| o != k && buffers[o].bytes == bytes && buffers[o].def < def) {
+        let direct: Vec<usize> = if through_fusion {
+            Vec::new()
+        } else {
+            g.node(buffers[k].value.node)
+                .op
+                .inputs()
+                .iter()
+                .filter_map(|v| buffer_of[v.node.index()][v.output as usize])
+                .collect()
+        };
+        let allowed = |o: usize| through_fusion || direct.contains(&o);
+        if let Some(i) =
+            candidates.iter().position(|&o| o != k && buffers[o].bytes == bytes && buffers[o].def < def && allowed(o))
+        {
             let o = candidates.swap_remove(i);
             buffers[o].last_use = def - 1;
         }

@@ -23,6 +23,7 @@
 
 mod blocks;
 mod exact;
+mod gpu;
 mod liveness;
 mod offload;
 mod peak;
@@ -30,6 +31,7 @@ mod pin;
 mod remat;
 
 pub use exact::Exact;
+pub use gpu::XlaGpuFusion;
 pub use liveness::{liveness, Buffer, BufferKind, Liveness};
 pub use offload::HostOffload;
 pub use peak::{peak_memory, PeakMemory};
@@ -45,6 +47,29 @@ use crate::ir::{BinaryOp, Graph, NodeId, Op};
 /// materialized, whatever the answer.
 pub trait Materialization {
     fn materialized(&self, g: &Graph, users: &[Vec<NodeId>], n: NodeId) -> bool;
+
+    /// The answer for every node at once (`live[i]`: node `i` is executed;
+    /// `users` lists live users only). A fusion model whose answer for a
+    /// node depends on its neighbours' answers (how many kernels would
+    /// recompute a fused value, [`XlaGpuFusion`]) decides here; the default
+    /// asks [`Materialization::materialized`] node by node.
+    fn plan(&self, g: &Graph, users: &[Vec<NodeId>], live: &[bool]) -> Vec<bool> {
+        (0..g.len()).map(|i| live[i] && self.materialized(g, users, NodeId::from_index(i))).collect()
+    }
+    /// Whether a kernel's result may take the buffer of an operand that dies
+    /// in it when the kernel reads that operand only through fused
+    /// producers (true: XLA CPU's loop fusions do). XLA's GPU backend shares
+    /// only operands the kernel reads directly: its reductions fused with
+    /// elementwise siblings (the loss's gradient over the logits) never share.
+    fn shares_through_fusion(&self) -> bool {
+        true
+    }
+
+    /// Workspace bytes the backend's kernel for node `n` (materialized)
+    /// allocates for its own run: a temporary live at that kernel only.
+    fn scratch_bytes(&self, _g: &Graph, _n: NodeId) -> u64 {
+        0
+    }
 }
 
 /// Every node is its own kernel: every value reaches memory. The upper bound,

@@ -1,0 +1,202 @@
+//! XLA CUDA's fusion, as far as memory goes: which of kiln's values get a
+//! buffer of their own when XLA's GPU backend compiles the step.
+//!
+//! Read off the H100 (2026-11-23, `benches/RESULTS.md` "peak model on
+//! CUDA"): XLA's optimized HLO and buffer assignment of the gpt2-small bf16
+//! train step. What it showed, and what the rules below encode:
+//!
+//! - Elementwise work (and broadcasts, converts, slices, transposes,
+//!   reshapes) fuses into the kernels that read it: loop and input
+//!   (reduction) fusions, the Triton normalization kernels that run the layer
+//!   norms (kiln's `layer_norm` composites, with the residual add before them
+//!   and the bf16 convert after), and the expansions of the other composites.
+//!   A fused value is recomputed in every kernel that reads it.
+//! - cuBLAS GEMMs (`dot_general`) and cuDNN attention read their operands
+//!   from memory: a convert feeding a matmul is a kernel of its own (the bf16
+//!   weight copies, `wrapped_convert`), as on the CPU. Transposes of a
+//!   matmul operand are folded into the GEMM's layout.
+//! - What counts as expensive differs from the CPU: `exp`, `sqrt`, `rsqrt` and
+//!   `divide` in f32 or f16 are cheap on the GPU and duplicated into several
+//!   readers (the loss's `exp` over the logits is never written), while
+//!   `tanh`, `log` and the rest are computed once and written (GELU's `tanh`
+//!   is a second output of the GELU kernel).
+//! - Duplication stops: of two residual adds per block, XLA writes one (the
+//!   add after the MLP) and recomputes the other in its readers. The model
+//!   counts, from the last node back, how many kernels would recompute each
+//!   fused value; a value recomputed by more than [`MAX_RECOMPUTING_KERNELS`]
+//!   kernels is written instead.
+
+use crate::ir::{BinaryOp, DType, Graph, NodeId, Op, UnaryOp};
+
+use super::{loop_fusible, Materialization};
+
+/// The workspace XLA gives every cuBLAS GEMM on Hopper (`s8[33554432]`, a
+/// second output of each `__cublas$lt$matmul` call).
+pub const CUBLAS_WORKSPACE_BYTES: u64 = 32 << 20;
+
+/// Kernels that may each recompute one fused value before XLA writes it.
+pub const MAX_RECOMPUTING_KERNELS: usize = 3;
+
+/// An approximation of XLA's GPU fusion (the CUDA plugin), for predicting
+/// the memory of the program XLA compiles from kiln's graph on the H100.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct XlaGpuFusion;
+
+impl Materialization for XlaGpuFusion {
+    fn materialized(&self, g: &Graph, users: &[Vec<NodeId>], n: NodeId) -> bool {
+        let live = vec![true; g.len()];
+        self.plan(g, users, &live)[n.index()]
+    }
+
+    fn plan(&self, g: &Graph, users: &[Vec<NodeId>], live: &[bool]) -> Vec<bool> {
+        let n = g.len();
+        let mut materialized = vec![false; n];
+        // Kernels that compute each node: 1 for a kernel of its own, the sum
+        // over its readers for a fused node.
+        let mut kernels = vec![0usize; n];
+        let sources = sources(g, live);
+        for i in (0..n).rev() {
+            if !live[i] {
+                continue;
+            }
+            let id = NodeId::from_index(i);
+            let op = &g.node(id).op;
+            let us = &users[i];
+            let fusible = loop_fusible(op)
+                && !us.is_empty()
+                && us.iter().all(|&u| absorbs(&g.node(u).op, op))
+                && !(us.len() > 1 && expensive(g, id));
+            let readers: usize =
+                us.iter().map(|u| if materialized[u.index()] { 1 } else { kernels[u.index()].max(1) }).sum();
+            // Recomputing a value that reads one buffer costs each reader what
+            // reading the value would; one that combines two buffers (a
+            // residual add) costs more per reader, so XLA writes it once it
+            // has many readers.
+            let combines = sources[i].len() > 1;
+            materialized[i] = !fusible || (readers > MAX_RECOMPUTING_KERNELS && combines);
+            kernels[i] = if materialized[i] { 1 } else { readers };
+        }
+        materialized
+    }
+
+    fn shares_through_fusion(&self) -> bool {
+        false
+    }
+
+    fn scratch_bytes(&self, g: &Graph, n: NodeId) -> u64 {
+        match &g.node(n).op {
+            Op::DotGeneral { .. } => CUBLAS_WORKSPACE_BYTES,
+            // cuDNN's flash-attention backward: an f32 accumulator for dQ and
+            // the f32 row sums of dO * O, plus 256 bytes (24.4 MiB for
+            // gpt2-small's [8, 12, 1024, 64], as XLA allocated it).
+            Op::AttentionGrad { q, .. } => {
+                let s = g.ty(*q).shape.num_elements() as u64;
+                let d = g.ty(*q).shape.dims().last().copied().unwrap_or(1).max(1) as u64;
+                4 * s + 4 * (s / d) + 256
+            }
+            _ => 0,
+        }
+    }
+}
+
+/// For each node, up to two kernels' outputs (non-fusible producers) that a
+/// fused computation of it reads element for element: broadcasts of smaller
+/// values, constants and iotas read none.
+fn sources(g: &Graph, live: &[bool]) -> Vec<Vec<NodeId>> {
+    let mut out: Vec<Vec<NodeId>> = vec![Vec::new(); g.len()];
+    for (id, node) in g.nodes() {
+        let i = id.index();
+        if !live[i] {
+            continue;
+        }
+        out[i] = match &node.op {
+            Op::Constant { .. } | Op::Iota { .. } => Vec::new(),
+            Op::BroadcastInDim { input, .. }
+                if g.ty(*input).shape.num_elements() < node.outputs[0].shape.num_elements() =>
+            {
+                Vec::new()
+            }
+            op if loop_fusible(op) => {
+                let mut s: Vec<NodeId> = Vec::new();
+                for v in op.inputs() {
+                    for &x in &out[v.node.index()] {
+                        if s.len() < 2 && !s.contains(&x) {
+                            s.push(x);
+                        }
+                    }
+                }
+                s
+            }
+            _ => vec![id],
+        };
+    }
+    out
+}
+
+/// Whether kernel `user` can take the fusible `producer` into itself.
+fn absorbs(user: &Op, producer: &Op) -> bool {
+    match user {
+        // Loop and input fusions.
+        Op::Reduce { .. } => true,
+        Op::Constant { .. } | Op::Iota { .. } | Op::Parameter { .. } => false,
+        // Triton normalization kernels, and the composites' plain expansions
+        // (layer norm's backward, the LM head's loss), fuse their producers.
+        Op::LayerNorm { .. }
+        | Op::LayerNormGrad { .. }
+        | Op::LmHeadCrossEntropy { .. }
+        | Op::LmHeadCrossEntropyGrad { .. } => true,
+        // cuBLAS takes an operand in either layout: a transpose (or a
+        // reshape) before a GEMM is folded; anything else is written first.
+        Op::DotGeneral { .. } => matches!(producer, Op::Transpose { .. } | Op::Reshape { .. }),
+        Op::Unary { .. }
+        | Op::Binary { .. }
+        | Op::Compare { .. }
+        | Op::Select { .. }
+        | Op::Clamp { .. }
+        | Op::Convert { .. }
+        | Op::BroadcastInDim { .. }
+        | Op::Transpose { .. }
+        | Op::Slice { .. }
+        | Op::Concatenate { .. }
+        | Op::Pad { .. }
+        | Op::Reshape { .. } => true,
+        // Custom calls (cuDNN attention), in-place updates, gathers, collectives
+        // and barriers read their operands from memory.
+        Op::DynamicSlice { .. }
+        | Op::DynamicUpdateSlice { .. }
+        | Op::Gather { .. }
+        | Op::ScatterAdd { .. }
+        | Op::RngBitGenerator { .. }
+        | Op::OptimizationBarrier { .. }
+        | Op::AllReduce { .. }
+        | Op::Attention { .. }
+        | Op::AttentionGrad { .. } => false,
+    }
+}
+
+/// Ops XLA's GPU backend does not duplicate into several consumers
+/// (`GpuInstructionFusion::IsExpensive`: the CPU's list, less `exp`, `sqrt`,
+/// `rsqrt` and `divide` in f32 or f16, which the GPU computes cheaply).
+fn expensive(g: &Graph, n: NodeId) -> bool {
+    let node = g.node(n);
+    let cheap_float = matches!(node.outputs.first().map(|t| t.dtype), Some(DType::F32 | DType::F16));
+    match &node.op {
+        Op::Unary { op, .. } => match op {
+            UnaryOp::Exp | UnaryOp::Sqrt | UnaryOp::Rsqrt => !cheap_float,
+            other => crate::cost::is_transcendental_unary(*other),
+        },
+        Op::Binary { op, .. } => match op {
+            BinaryOp::Div => !cheap_float,
+            BinaryOp::Pow | BinaryOp::Rem => true,
+            BinaryOp::Add
+            | BinaryOp::Sub
+            | BinaryOp::Mul
+            | BinaryOp::Max
+            | BinaryOp::Min
+            | BinaryOp::And
+            | BinaryOp::Or
+            | BinaryOp::Xor => false,
+        },
+        _ => false,
+    }
+}
