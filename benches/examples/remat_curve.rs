@@ -13,8 +13,8 @@
 //!
 //! `remat_curve CONFIG plan PERCENT...` runs nothing: it records the step's
 //! forward and gradients (no optimizer update) and prints the remat pass's plan
-//! at each budget (`PLAN {json}`), for choosing budgets on a machine without
-//! the GPU.
+//! at each budget (`PLAN {json}`), judged by the CUDA fusion model
+//! (`XlaGpuFusion`), for choosing budgets for the H100 on a machine without it.
 //!
 //! Prints one line `RESULT {json}`: XLA's compiled memory stats of the step
 //! program, the remat plan (the model's bytes before/after, each recomputed
@@ -181,7 +181,10 @@ fn plan_only(cfg: &GptConfig, pcts: &[String]) -> Res<()> {
     for p in pcts {
         let f: f64 = p.trim_end_matches('%').parse().map_err(|_| format!("budget `{p}` is not a percentage"))?;
         let t = Instant::now();
-        let out = run(&graph, &PipelineOptions::default().with_activation_budget(Some(f / 100.0)), &mut |_, _| {})?;
+        let opts = PipelineOptions::default()
+            .with_activation_budget(Some(f / 100.0))
+            .with_target(kiln::compiler::LowerTarget::Cuda);
+        let out = run(&graph, &opts, &mut |_, _| {})?;
         let plan = plan_json(&out.stats);
         println!(
             "PLAN {}",

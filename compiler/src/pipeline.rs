@@ -115,6 +115,9 @@ pub struct PassOptions {
     /// unplanned predicted temporaries, so the step keeps its arguments and
     /// outputs and that fraction of its temporaries (`docs/memory.md`).
     pub activation_fraction: Option<f64>,
+    /// The backend the graph is compiled for: the remat pass judges memory
+    /// by its fusion model ([`crate::memory::fusion_for`]).
+    pub target: crate::LowerTarget,
 }
 
 /// One pass: a name (what `--passes` spells) and a function from graph to graph
@@ -179,6 +182,7 @@ impl Default for PipelineOptions {
                 rewrite: RewriteOptions::default(),
                 memory_limit_bytes: None,
                 activation_fraction: None,
+                target: crate::LowerTarget::Cpu,
             },
         }
     }
@@ -209,6 +213,12 @@ impl PipelineOptions {
             self.pass_options.activation_fraction = Some(f);
             self.add_remat_pass();
         }
+        self
+    }
+
+    /// The backend the graph is for (the remat pass's fusion model).
+    pub fn with_target(mut self, target: crate::LowerTarget) -> PipelineOptions {
+        self.pass_options.target = target;
         self
     }
 
@@ -335,16 +345,16 @@ fn run_rewrite(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, C
     Ok(out.graph)
 }
 
-/// Remat last, on the graph about to be lowered: XLA-like fusion decides
-/// which values get buffers (`crate::memory`).
+/// Remat last, on the graph about to be lowered: the target backend's fusion
+/// model decides which values get buffers (`crate::memory`).
 fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, CompileError> {
-    let fusion = crate::memory::XlaCpuFusion;
+    let fusion = crate::memory::fusion_for(o.target);
     let limit = match (o.activation_fraction, o.memory_limit_bytes) {
-        (Some(f), _) => activation_budget_bytes(&crate::memory::peak_memory(g, &fusion), f),
+        (Some(f), _) => activation_budget_bytes(&crate::memory::peak_memory(g, fusion), f),
         (None, Some(limit)) => limit,
         (None, None) => return Ok(g.clone()),
     };
-    let ro = crate::memory::RematOptions::new(crate::memory::RematBudget::Bytes(limit), &fusion);
+    let ro = crate::memory::RematOptions::new(crate::memory::RematBudget::Bytes(limit), fusion);
     let plan = crate::memory::rematerialize(g, &crate::memory::Greedy, &ro)?;
     s.changed = plan.choices.len();
     s.extra_flops = plan.extra_flops;

@@ -120,3 +120,44 @@ fn breakdown_gpt2_small() {
     eprintln!("== gpu model");
     breakdown(&g, &XlaGpuFusion);
 }
+
+/// The greedy plans for gpt2-small's step at activation budgets, judged by
+/// the CUDA model (prints the curve; asserts only that plans never predict
+/// more than no plan and that recorded budgets' plans verify).
+#[test]
+fn greedy_plans_of_gpt2_small_by_the_cuda_model() {
+    use kiln_compiler::memory::{rematerialize, Greedy, RematBudget, RematOptions};
+    let g = load("gpt2-small-bf16-adamw-step.kiln.gz");
+    let before = peak_memory(&g, &XlaGpuFusion);
+    let flops = kiln_compiler::cost::graph_cost(&g).total.flops as f64;
+    let pcts: Vec<f64> = std::env::var("PEAK_CUDA_BUDGETS")
+        .unwrap_or_else(|_| "90 70 50".into())
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    for pct in pcts {
+        let limit = kiln_compiler::pipeline::activation_budget_bytes(&before, pct / 100.0);
+        let mut opts = RematOptions::new(RematBudget::Bytes(limit), &XlaGpuFusion);
+        opts.segments = std::env::var_os("PEAK_CUDA_SEGMENTS").is_some();
+        let t = std::time::Instant::now();
+        let plan = rematerialize(&g, &Greedy, &opts).unwrap();
+        let mut by: std::collections::BTreeMap<&str, (usize, u64)> = Default::default();
+        for c in &plan.choices {
+            let e = by.entry(c.op).or_default();
+            e.0 += 1;
+            e.1 += c.bytes;
+        }
+        eprintln!(
+            "{pct}%: met {} temp {:.0} -> {:.0} MiB ({:.2}x), {} values, extra FLOPs {:.1}%, {:.1} s; {:?}",
+            plan.met,
+            before.temp_peak_bytes as f64 / 1048576.0,
+            plan.after.temp_peak_bytes as f64 / 1048576.0,
+            before.temp_peak_bytes as f64 / plan.after.temp_peak_bytes as f64,
+            plan.choices.len(),
+            plan.extra_flops as f64 / flops * 100.0,
+            t.elapsed().as_secs_f64(),
+            by
+        );
+        assert!(plan.after.peak_bytes <= plan.before.peak_bytes);
+    }
+}

@@ -171,7 +171,8 @@ pub(crate) fn obtain(
 ) -> Result<Obtained> {
     let mut dump = crate::dump::Dump::from_env();
     let t = Instant::now();
-    let out = pipeline::run(graph, &pipeline_options()?, &mut |p, g| dump.observe(p, g))?;
+    let opts = pipeline_options()?.with_target(LowerTarget::from_platform(client.platform_name()));
+    let out = pipeline::run(graph, &opts, &mut |p, g| dump.observe(p, g))?;
     metrics::update(|m| m.record_pipeline(&out.stats, t.elapsed()));
     dump.finish()?;
     let pipeline::Optimized { graph: optimized, pruned, .. } = out;

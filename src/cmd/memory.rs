@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use kiln::compiler::ir::Graph;
 use kiln::compiler::memory::{
-    liveness, rematerialize, Exact, Greedy, HostOffload, Off, RematBudget, RematOptions, RematPlan, RematStrategy,
-    XlaCpuFusion,
+    fusion_for, liveness, rematerialize, Exact, Greedy, HostOffload, Materialization, Off, RematBudget, RematOptions,
+    RematPlan, RematStrategy,
 };
 use kiln::compiler::{lower, LowerOptions};
 use kiln::runtime::{Client, CompileOptions, CompiledMemoryStats};
@@ -100,9 +100,10 @@ pub fn plan_and_compile(
 ) -> anyhow::Result<Option<PlanReport>> {
     let Some(limit) = &args.memory_limit else { return Ok(None) };
     let budget = parse_budget(limit)?;
-    let fusion = XlaCpuFusion;
-    let opts = RematOptions::new(budget, &fusion);
-    let offload = HostOffload { target: kiln::compiler::LowerTarget::from_platform(client.platform_name()) };
+    let target = kiln::compiler::LowerTarget::from_platform(client.platform_name());
+    let fusion = fusion_for(target);
+    let opts = RematOptions::new(budget, fusion);
+    let offload = HostOffload { target };
     let strategy: &dyn RematStrategy = match args.remat_strategy {
         Strategy::Off => &Off,
         Strategy::Greedy => &Greedy,
@@ -125,7 +126,7 @@ pub fn plan_and_compile(
         .compiled_memory_stats()
         .map_err(|e| e.to_string());
     if let Some(path) = &args.memory_plot {
-        plot(path, optimized, &plan.graph)?;
+        plot(path, optimized, &plan.graph, fusion)?;
     }
     Ok(Some(PlanReport { plan, xla_before, xla_after }))
 }
@@ -211,10 +212,10 @@ impl PlanReport {
 
 /// Live bytes over the step (position in the execution order, as a fraction
 /// of the step so both programs share the x axis), before and after.
-fn plot(path: &Path, before: &Graph, after: &Graph) -> anyhow::Result<()> {
+fn plot(path: &Path, before: &Graph, after: &Graph, fusion: &dyn Materialization) -> anyhow::Result<()> {
     use plotters::prelude::*;
     let curve = |g: &Graph| -> Vec<(f64, f64)> {
-        let c = liveness(g, &XlaCpuFusion).live_curve();
+        let c = liveness(g, fusion).live_curve();
         let n = c.len().max(2) as f64 - 1.0;
         c.iter().enumerate().map(|(i, &b)| (i as f64 / n, b as f64 / (1024.0 * 1024.0))).collect()
     };
@@ -317,15 +318,15 @@ fn step_graph(model: &AdvisedModel, batch: usize) -> anyhow::Result<(Graph, u64)
 /// and with remat, by kiln's peak model; the two answers are then compiled
 /// through `client` (not run) and XLA's stats reported beside the model's.
 pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json: bool) -> anyhow::Result<()> {
-    let fusion = XlaCpuFusion;
+    let fusion = fusion_for(kiln::compiler::LowerTarget::from_platform(client.platform_name()));
     let predicted = |b: usize, remat: bool| -> anyhow::Result<(u64, Graph)> {
         let (g, extra) = step_graph(model, b)?;
         let (g, _) = kiln::compiler::pipeline::optimize(&g)?;
         if !remat {
-            return Ok((kiln::compiler::memory::peak_memory(&g, &fusion).peak_bytes + extra, g));
+            return Ok((kiln::compiler::memory::peak_memory(&g, fusion).peak_bytes + extra, g));
         }
         let budget = RematBudget::Bytes(device_bytes.saturating_sub(extra));
-        let plan = rematerialize(&g, &Greedy, &RematOptions::new(budget, &fusion))?;
+        let plan = rematerialize(&g, &Greedy, &RematOptions::new(budget, fusion))?;
         Ok((plan.after.peak_bytes + extra, plan.graph))
     };
     let mut rows = Vec::new();

@@ -200,3 +200,118 @@ fn expensive(g: &Graph, n: NodeId) -> bool {
         _ => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{ReduceOp, TensorType, ValueId};
+    use crate::memory::{liveness, peak_memory, XlaCpuFusion};
+
+    fn sum_rows(g: &mut Graph, x: ValueId) -> ValueId {
+        g.value(Op::Reduce { op: ReduceOp::Sum, input: x, axes: vec![1] }).unwrap()
+    }
+
+    /// `u = op(p)` read by two row sums: whether `u` is written.
+    fn two_readers(op: UnaryOp, dtype: DType) -> (Graph, NodeId) {
+        let mut g = Graph::new();
+        let p = g.parameter(TensorType::new(dtype, [64, 128]));
+        let u = g.value(Op::Unary { op, input: p }).unwrap();
+        let a = sum_rows(&mut g, u);
+        let m = g.value(Op::Unary { op: UnaryOp::Neg, input: u }).unwrap();
+        let b = sum_rows(&mut g, m);
+        g.set_outputs(vec![a, b]).unwrap();
+        (g, u.node)
+    }
+
+    #[test]
+    fn f32_exp_is_recomputed_by_each_reader_on_the_gpu_but_tanh_is_written() {
+        let (g, u) = two_readers(UnaryOp::Exp, DType::F32);
+        assert!(!liveness(&g, &XlaGpuFusion).materialized[u.index()], "GPU: exp f32 is cheap");
+        assert!(liveness(&g, &XlaCpuFusion).materialized[u.index()], "CPU: exp is expensive");
+        let (g, u) = two_readers(UnaryOp::Exp, DType::BF16);
+        assert!(liveness(&g, &XlaGpuFusion).materialized[u.index()], "GPU: exp bf16 is expensive");
+        let (g, u) = two_readers(UnaryOp::Tanh, DType::F32);
+        assert!(liveness(&g, &XlaGpuFusion).materialized[u.index()], "GPU: tanh is expensive");
+    }
+
+    /// A residual stream `x_{i+1} = x_i + f_i` where each `f_i` is a GEMM of
+    /// `-x_i` (the negation a kernel of its own, as a layer norm is) and each
+    /// `x_i` is read by that kernel, by a reduction and by the next add: XLA
+    /// writes some adds, and recomputes the others.
+    #[test]
+    fn a_residual_chain_is_written_every_few_adds_not_every_add_nor_never() {
+        let mut g = Graph::new();
+        let t = TensorType::new(DType::F32, [64, 64]);
+        let w = g.parameter(t.clone());
+        let mut x = g.parameter(t);
+        let mut adds = Vec::new();
+        let mut outs = Vec::new();
+        for _ in 0..8 {
+            let n = g.value(Op::Unary { op: UnaryOp::Neg, input: x }).unwrap();
+            let f = g
+                .value(Op::DotGeneral { lhs: n, rhs: w, dims: crate::ir::DotDims::matmul() })
+                .unwrap();
+            outs.push(sum_rows(&mut g, x));
+            x = g.value(Op::Binary { op: BinaryOp::Add, lhs: x, rhs: f }).unwrap();
+            adds.push(x.node);
+        }
+        outs.push(x);
+        g.set_outputs(outs).unwrap();
+        let l = liveness(&g, &XlaGpuFusion);
+        let written = adds[..7].iter().filter(|a| l.materialized[a.index()]).count();
+        assert!(written > 0 && written < 7, "{written} of 7 adds written");
+        // The CPU model recomputes every add: its readers absorb it, and an
+        // add is cheap.
+        let c = liveness(&g, &XlaCpuFusion);
+        assert_eq!(adds[..7].iter().filter(|a| c.materialized[a.index()]).count(), 0);
+    }
+
+    #[test]
+    fn a_transposed_matmul_operand_is_folded_and_a_gemm_has_a_workspace() {
+        let mut g = Graph::new();
+        let a = g.parameter(TensorType::new(DType::F32, [256, 128]));
+        let b = g.parameter(TensorType::new(DType::F32, [256, 128]));
+        let at = g.value(Op::Transpose { input: a, perm: vec![1, 0] }).unwrap();
+        let d = g
+            .value(Op::DotGeneral { lhs: at, rhs: b, dims: crate::ir::DotDims::matmul() })
+            .unwrap();
+        g.set_outputs(vec![d]).unwrap();
+        let l = liveness(&g, &XlaGpuFusion);
+        assert!(!l.materialized[at.node.index()]);
+        assert!(liveness(&g, &XlaCpuFusion).materialized[at.node.index()]);
+        let scratch: Vec<_> = l.buffers.iter().filter(|b| b.kind == super::super::BufferKind::Scratch).collect();
+        assert_eq!(scratch.len(), 1);
+        assert_eq!(scratch[0].bytes, CUBLAS_WORKSPACE_BYTES);
+        assert_eq!(scratch[0].def, scratch[0].last_use);
+        // Arguments 2 x 128 KiB, the output 64 KiB, and the workspace while the
+        // GEMM runs.
+        let p = peak_memory(&g, &XlaGpuFusion);
+        assert_eq!(p.temp_peak_bytes, CUBLAS_WORKSPACE_BYTES);
+        assert_eq!(p.peak_bytes, 2 * 131_072 + 65_536 + CUBLAS_WORKSPACE_BYTES);
+    }
+
+    /// `y = neg(sum_bcast + tanh(x))`: on the CPU `y` may take the buffer of
+    /// `tanh(x)` (written, read only through the fused add); on the GPU only
+    /// a buffer the kernel reads directly is shared.
+    #[test]
+    fn the_gpu_shares_only_buffers_a_kernel_reads_directly() {
+        let mut g = Graph::new();
+        let x = g.parameter(TensorType::new(DType::F32, [64, 64]));
+        let t = g.value(Op::Unary { op: UnaryOp::Tanh, input: x }).unwrap();
+        let s = sum_rows(&mut g, t);
+        let sb = g
+            .value(Op::BroadcastInDim { input: s, shape: crate::ir::Shape::new(vec![64, 64]), dims: vec![0] })
+            .unwrap();
+        let a = g.value(Op::Binary { op: BinaryOp::Add, lhs: sb, rhs: t }).unwrap();
+        let y = g.value(Op::Unary { op: UnaryOp::Neg, input: a }).unwrap();
+        g.set_outputs(vec![y]).unwrap();
+        let temp_at_y = |f: &dyn Materialization| {
+            let l = liveness(&g, f);
+            let at = l.exec_pos[y.node.index()].unwrap();
+            l.temp_curve()[at]
+        };
+        // The row sums (256 bytes) are live at y either way.
+        assert_eq!(temp_at_y(&XlaCpuFusion), 256, "the CPU writes y into tanh's buffer");
+        assert_eq!(temp_at_y(&XlaGpuFusion), 16_384 + 256, "the GPU keeps tanh's buffer beside y");
+    }
+}

@@ -72,6 +72,16 @@ pub trait Materialization {
     }
 }
 
+/// The fusion model of the backend `target` compiles for: what the remat
+/// pass, `kiln compile --memory-limit` and `kiln profile --max-batch` judge
+/// a step's memory by.
+pub fn fusion_for(target: crate::LowerTarget) -> &'static dyn Materialization {
+    match target {
+        crate::LowerTarget::Cpu => &XlaCpuFusion,
+        crate::LowerTarget::Cuda => &XlaGpuFusion,
+    }
+}
+
 /// Every node is its own kernel: every value reaches memory. The upper bound,
 /// and the default until the optimizer's fusion plan is connected.
 #[derive(Clone, Copy, Debug, Default)]
