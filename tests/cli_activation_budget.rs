@@ -62,3 +62,19 @@ fn a_percentage_outside_the_range_is_named() {
         assert!(err.contains(limit.trim_end_matches('%')) && err.contains(says), "{limit}: {err}");
     }
 }
+
+#[test]
+fn a_limit_remat_cannot_meet_trains_with_the_lowest_peak_plan_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = text_file(&dir);
+    let out = Command::cargo_bin("kiln")
+        .unwrap()
+        .env("KILN_CACHE", "off")
+        .args(["train", "gpt", "--config", "tiny", "--steps", "1", "--json", "--memory-limit", "1KiB", "--text"])
+        .arg(&text)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("memory limit 1024 B not met") && err.contains("lowest-peak plan"), "{err}");
+}

@@ -174,6 +174,18 @@ pub(crate) fn obtain(
     let opts = pipeline_options()?.with_target(LowerTarget::from_platform(client.platform_name()));
     let out = pipeline::run(graph, &opts, &mut |p, g| dump.observe(p, g))?;
     metrics::update(|m| m.record_pipeline(&out.stats, t.elapsed()));
+    // A budget remat cannot meet still compiles, with the lowest-peak plan the
+    // strategy reached; say so (the plan is in the metrics' pipeline stats).
+    if let Some(r) = out.stats.passes.iter().find_map(|p| p.remat.as_ref()).filter(|r| !r.met) {
+        tracing::warn!(
+            "kiln: memory limit {} B not met by rematerialization: the step uses the lowest-peak plan reached, \
+             {} B predicted (from {} B, {} value(s) recomputed)",
+            r.budget_bytes,
+            r.after.peak_bytes,
+            r.before.peak_bytes,
+            r.recomputed.len()
+        );
+    }
     dump.finish()?;
     let pipeline::Optimized { graph: optimized, pruned, .. } = out;
     let donated =
