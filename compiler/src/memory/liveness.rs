@@ -8,7 +8,8 @@
 //!   its users execute, so the operands it reads stay live until then.
 //! - Arguments live for the whole program, outputs from their definition to
 //!   the end, constants are XLA's read-only allocations (neither temp nor
-//!   argument), temps from definition to last use.
+//!   argument), temps from definition to last use, a kernel's scratch
+//!   (workspace) at that kernel's position only.
 
 use crate::ir::{Graph, NodeId, Op, ValueId};
 

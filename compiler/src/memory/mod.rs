@@ -14,9 +14,12 @@
 //!   [`Materialization`] answer per value. A value that is not materialized
 //!   (fused into its consumers) has no buffer, and the reads it makes happen
 //!   where its consumers execute. [`EveryNodeAKernel`] is the default; the
-//!   optimizer's fusion plan answers the same question once it exists, and
-//!   [`XlaCpuFusion`] approximates what XLA's own fusion does to the graph kiln
-//!   hands it (what the model is checked against).
+//!   optimizer's fusion plan answers the same question once it exists;
+//!   [`XlaCpuFusion`] and [`XlaGpuFusion`] approximate what XLA's CPU and CUDA
+//!   backends' own fusion does to the graph kiln hands them (what the model is
+//!   checked against), and [`fusion_for`] picks one by the lowering target.
+//! - A kernel's workspace (cuBLAS's, cuDNN's) is a `Scratch` buffer live at
+//!   that kernel only; it counts as a temporary and is never a remat candidate.
 //! - `reshape` and `optimization_barrier` never allocate: their results alias
 //!   their operands' buffers (a bitcast, a pass-through).
 //! - Everything here is pure: graph in, numbers or a new graph out.

@@ -5,7 +5,8 @@
 //! - `peak_bytes = argument_bytes + constant_bytes + max over positions of
 //!   (live temporaries + outputs already written)`; the position of that
 //!   maximum is `peak_position`.
-//! - `temp_peak_bytes` is the largest sum of temporaries live at one position,
+//! - `temp_peak_bytes` is the largest sum of temporaries (kernels' scratch
+//!   included) live at one position,
 //!   a lower bound on an allocator that packs them perfectly (XLA's heap
 //!   simulator can only do worse by fragmentation; it may do better only by
 //!   choosing another order).
