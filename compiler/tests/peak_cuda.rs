@@ -6,7 +6,7 @@
 use std::io::Read as _;
 
 use kiln_compiler::ir::Graph;
-use kiln_compiler::memory::{liveness, peak_memory, Materialization, XlaCpuFusion, XlaGpuFusion};
+use kiln_compiler::memory::{liveness, peak_memory, BufferKind, Materialization, XlaCpuFusion, XlaGpuFusion};
 use kiln_compiler::pipeline::{run, PipelineOptions};
 
 fn load(name: &str) -> Graph {
@@ -21,34 +21,19 @@ fn load(name: &str) -> Graph {
     run(&g, &opts, &mut |_, _| {}).expect("the default pipeline").graph
 }
 
-fn breakdown(g: &Graph, fusion: &dyn Materialization) {
+/// Temporaries live at the model's peak, as (op name, type) -> (bytes, count).
+fn live_at_peak(g: &Graph, fusion: &dyn Materialization) -> std::collections::BTreeMap<String, (u64, usize)> {
     let l = liveness(g, fusion);
-    let p = peak_memory(g, fusion);
-    breakdown_at(g, &l, p, p.peak_position);
-    let big = l.buffers.iter().filter(|b| b.kind == kiln_compiler::memory::BufferKind::Temp).max_by_key(|b| b.bytes).unwrap();
-    eprintln!("-- at the largest temp's definition, {}", big.def);
-    breakdown_at(g, &l, p, big.def);
-}
-
-fn breakdown_at(g: &Graph, l: &kiln_compiler::memory::Liveness, p: kiln_compiler::memory::PeakMemory, at: usize) {
-    eprintln!("temp curve there: {:.1} MiB", l.temp_curve()[at] as f64 / 1048576.0);
-    let p = kiln_compiler::memory::PeakMemory { peak_position: at, ..p };
+    let at = peak_memory(g, fusion).peak_position;
     let mut by: std::collections::BTreeMap<String, (u64, usize)> = Default::default();
     for b in &l.buffers {
-        if b.kind == kiln_compiler::memory::BufferKind::Temp && b.def <= p.peak_position && p.peak_position <= b.last_use {
-            let n = g.node(b.value.node);
-            let key = format!("{} {}", n.op.name(), g.ty(b.value));
-            let e = by.entry(key).or_default();
+        if b.kind == BufferKind::Temp && b.def <= at && at <= b.last_use {
+            let e = by.entry(format!("{} {}", g.node(b.value.node).op.name(), g.ty(b.value))).or_default();
             e.0 += b.bytes;
             e.1 += 1;
         }
     }
-    let mut v: Vec<_> = by.into_iter().collect();
-    v.sort_by_key(|(_, (b, _))| std::cmp::Reverse(*b));
-    eprintln!("peak {p:?} at node {:?}", l.order[p.peak_position]);
-    for (k, (b, n)) in v.iter().take(30) {
-        eprintln!("{:9.1} MiB {n:3} {k}", *b as f64 / 1048576.0);
-    }
+    by
 }
 
 /// XLA CUDA's `PJRT_Executable_GetCompiledMemoryStats` of one program:
@@ -112,18 +97,35 @@ fn the_cuda_model_predicts_xla_cuda_within_15_percent() {
     }
 }
 
+/// What XLA CUDA keeps at its peak (the LM head's backward), replayed from its
+/// buffer assignment: the bf16 logits and their bf16 gradient, no f32 `exp`
+/// over the logits, one f32 residual per block (plus the embedding's), the
+/// two-output GELU kernel's `tanh` and output per block. The model's peak
+/// holds the same.
 #[test]
-fn breakdown_gpt2_small() {
+fn the_cuda_models_peak_holds_what_xla_cudas_peak_holds() {
     let g = load("gpt2-small-bf16-adamw-step.kiln.gz");
-    eprintln!("== cpu model");
-    breakdown(&g, &XlaCpuFusion);
-    eprintln!("== gpu model");
-    breakdown(&g, &XlaGpuFusion);
+    let live = live_at_peak(&g, &XlaGpuFusion);
+    for (k, (b, n)) in &live {
+        eprintln!("{:9.1} MiB {n:3} {k}", *b as f64 / 1048576.0);
+    }
+    let count = |k: &str| live.get(k).map_or(0, |e| e.1);
+    assert_eq!(count("dot_general tensor<8x1024x50304xbf16>"), 1, "the logits");
+    assert_eq!(count("convert tensor<8x1024x50304xbf16>"), 1, "their gradient");
+    assert!(!live.keys().any(|k| k.contains("8192x50304xf32")), "no f32 [tokens, vocab] buffer");
+    assert_eq!(count("add tensor<8x1024x768xf32>"), 12, "one residual per block");
+    assert_eq!(count("tanh tensor<8x1024x3072xbf16>"), 12);
+    assert_eq!(count("mul tensor<8x1024x3072xbf16>"), 12);
+    // The CPU model writes the loss's exp and both residuals of each block.
+    let cpu = live_at_peak(&g, &XlaCpuFusion);
+    assert!(cpu.keys().any(|k| k.contains("8192x50304xf32")));
+    assert!(cpu.get("add tensor<8x1024x768xf32>").map_or(0, |e| e.1) > 12);
 }
 
 /// The greedy plans for gpt2-small's step at activation budgets, judged by
-/// the CUDA model (prints the curve; asserts only that plans never predict
-/// more than no plan and that recorded budgets' plans verify).
+/// the CUDA model: prints the curve (`PEAK_CUDA_BUDGETS="90 80 70"`, and
+/// `PEAK_CUDA_SEGMENTS=1` for block segments); a plan never predicts more
+/// than no plan, and the budgets met on the H100 (60% and above) are met.
 #[test]
 fn greedy_plans_of_gpt2_small_by_the_cuda_model() {
     use kiln_compiler::memory::{rematerialize, Greedy, RematBudget, RematOptions};
@@ -159,5 +161,9 @@ fn greedy_plans_of_gpt2_small_by_the_cuda_model() {
             by
         );
         assert!(plan.after.peak_bytes <= plan.before.peak_bytes);
+        // Measured on the H100: 80, 70 and 60% are met (RESULTS).
+        if pct >= 60.0 {
+            assert!(plan.met, "{pct}%: {} > {}", plan.after.peak_bytes, plan.budget_bytes);
+        }
     }
 }

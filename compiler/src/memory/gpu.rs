@@ -94,9 +94,28 @@ impl Materialization for XlaGpuFusion {
                 let d = g.ty(*q).shape.dims().last().copied().unwrap_or(1).max(1) as u64;
                 4 * s + 4 * (s / d) + 256
             }
+            // The chunked LM-head loss runs one block of `chunk` tokens at a
+            // time: the block's logits (the GEMM's output, in h's dtype) live
+            // inside the composite, and in the backward also their gradient.
+            // An estimate from the expansion's structure, not yet measured
+            // against XLA on the device.
+            Op::LmHeadCrossEntropy { h, w, chunk, .. } => CUBLAS_WORKSPACE_BYTES + lm_head_block(g, *h, *w, *chunk),
+            Op::LmHeadCrossEntropyGrad { h, w, chunk, .. } => {
+                CUBLAS_WORKSPACE_BYTES + 2 * lm_head_block(g, *h, *w, *chunk)
+            }
             _ => 0,
         }
     }
+}
+
+/// Bytes of one block's logits `[min(chunk, tokens), vocab]` in `h`'s dtype
+/// (`h`: `[tokens, d]`, `w`: `[vocab, d]`).
+fn lm_head_block(g: &Graph, h: crate::ir::ValueId, w: crate::ir::ValueId, chunk: usize) -> u64 {
+    let (ht, wt) = (g.ty(h), g.ty(w));
+    let d = ht.shape.dims().last().copied().unwrap_or(1).max(1);
+    let tokens = ht.shape.num_elements() / d;
+    let vocab = wt.shape.dims().first().copied().unwrap_or(0);
+    (chunk.min(tokens) * vocab * ht.dtype.size_in_bytes()) as u64
 }
 
 /// For each node, up to two kernels' outputs (non-fusible producers) that a
@@ -288,6 +307,25 @@ mod tests {
         let p = peak_memory(&g, &XlaGpuFusion);
         assert_eq!(p.temp_peak_bytes, CUBLAS_WORKSPACE_BYTES);
         assert_eq!(p.peak_bytes, 2 * 131_072 + 65_536 + CUBLAS_WORKSPACE_BYTES);
+    }
+
+    /// The chunked LM-head loss holds one block's logits (and in the
+    /// backward their gradient) inside the composite, beside a GEMM workspace.
+    #[test]
+    fn the_chunked_lm_head_loss_holds_one_blocks_logits_as_scratch() {
+        let mut g = Graph::new();
+        let h = g.parameter(TensorType::new(DType::BF16, [64, 32]));
+        let w = g.parameter(TensorType::new(DType::BF16, [100, 32]));
+        let labels = g.parameter(TensorType::new(DType::I32, [64]));
+        let f = g.add(Op::LmHeadCrossEntropy { h, w, labels, chunk: 16 }).unwrap();
+        let (nll, lse) = (ValueId::new(f, 0), ValueId::new(f, 1));
+        let b = g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll: nll, chunk: 16 }).unwrap();
+        g.set_outputs(vec![ValueId::new(b, 0), ValueId::new(b, 1)]).unwrap();
+        let l = liveness(&g, &XlaGpuFusion);
+        let scratch: Vec<u64> =
+            l.buffers.iter().filter(|b| b.kind == super::super::BufferKind::Scratch).map(|b| b.bytes).collect();
+        let block = 16 * 100 * 2;
+        assert_eq!(scratch, vec![CUBLAS_WORKSPACE_BYTES + block, CUBLAS_WORKSPACE_BYTES + 2 * block]);
     }
 
     /// `y = neg(sum_bcast + tanh(x))`: on the CPU `y` may take the buffer of
