@@ -158,6 +158,8 @@ pub struct TrainReport {
     /// Seconds opening the PJRT client took in this run (0 when it was open
     /// already or the backend is not PJRT).
     pub client_seconds: f64,
+    /// Where `setup_seconds` went (the GPT loop fills it).
+    pub setup: Option<super::SetupBreakdown>,
     /// Where the parameters were initialised.
     pub init: Option<InitPlacement>,
 }
@@ -210,8 +212,11 @@ impl Trainer {
         sizes.extend(&cfg.hidden);
         sizes.push(classes);
         let model = Mlp::new(&mut params, &sizes)?;
+        // The optimizer's zeros where the parameters are made (recorded for
+        // the init program on the device placement), then the init step.
+        let config = AdamWConfig { weight_decay: cfg.weight_decay, ..Default::default() };
+        let opt = AdamW::with_state_on(&params.tensors(), config, params.placement())?;
         params.materialize()?;
-        let opt = AdamW::new(&params.tensors(), AdamWConfig { weight_decay: cfg.weight_decay, ..Default::default() })?;
         random::manual_seed(cfg.seed);
         let ordered = super::ordered_step(cfg.amp, None)?;
         Ok(Trainer { params, model, opt, step: 0, ordered, amp: cfg.amp, skipped: 0 })

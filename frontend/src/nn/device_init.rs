@@ -131,7 +131,7 @@ pub fn init_value(seed: u64, spec: &ParamSpec) -> Result<Tensor> {
             let c = u2.mul_scalar(std::f64::consts::TAU)?.cos()?;
             r.mul(&c)?.mul(&input(std)?)?.to_dtype(DType::F32)
         }
-        Init::Constant { value } => Tensor::full(f64::from(value), DType::F32, shape.clone()),
+        Init::Constant { value } => own_full(value, shape),
         Init::Given => Err(crate::FrontendError::InvalidArgument {
             op: "init_value",
             reason: format!("parameter {} was given as data; it has no init to run", spec.name),
@@ -319,6 +319,23 @@ fn linear_index(shape: &Shape) -> Result<Tensor> {
     match index {
         Some(i) => Ok(i),
         None => u64_full(0, shape),
+    }
+}
+
+/// `value` broadcast to `shape` as an f32 value of its own: not the step's
+/// shared broadcast constant (`Tensor::full` records one per value, dtype
+/// and shape), which would make every parameter of that value one output
+/// whose buffer they all hold. A shared buffer cannot be donated, so the
+/// first training step would compile without those parameters' aliases,
+/// unlike a host-initialised run's. XLA returns a buffer per output, also
+/// where kiln's passes merge the values.
+pub(crate) fn own_full(value: f32, shape: &Shape) -> Result<Tensor> {
+    let literal = Literal::from_bytes(TensorType::scalar(DType::F32), value.to_le_bytes().to_vec())?;
+    let c = context::with(|c| c.push(Op::Constant { literal })).map(Tensor::wrap)?;
+    if shape.rank() == 0 {
+        Ok(c)
+    } else {
+        c.broadcast_to(shape.clone())
     }
 }
 
