@@ -385,6 +385,7 @@ fn setup_json(b: &kiln::models::SetupBreakdown) -> serde_json::Value {
         "init_step_ms": b.init_step_ms,
         "wait_ms": b.wait_ms,
         "other_ms": b.other_ms,
+        "memory_pool_ms": b.memory_pool_ms,
         "trace_ms": b.trace_ms,
         "pipeline_ms": b.pipeline_ms,
         "compile_ms": b.compile_ms,

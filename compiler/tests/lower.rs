@@ -315,7 +315,13 @@ fn op_cases() -> Vec<(String, usize, Build)> {
     }
     for op in BinaryOp::ALL {
         for dtype in elementwise_dtypes.into_iter().chain([DType::U64, DType::I64]) {
-            let ok = if op.is_logical() { !dtype.is_float() } else { dtype != DType::Pred };
+            let ok = if op.is_shift() {
+                dtype.is_integer()
+            } else if op.is_logical() {
+                !dtype.is_float()
+            } else {
+                dtype != DType::Pred
+            };
             if ok {
                 add(
                     format!("binary_{}_{dtype}", op.name()),

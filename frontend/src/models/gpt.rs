@@ -383,7 +383,8 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
     let vocab = CharVocab::new(text);
     // `cfg.vocab` pads the embedding past the text's characters (0: no padding).
     let cfg = GptConfig { vocab: vocab.len().max(cfg.vocab), ..cfg.clone() };
-    let client_seconds = super::open_client()?;
+    let client = super::open_client()?;
+    let client_seconds = client.seconds;
     let setup = Instant::now();
     let counters = metrics::snapshot();
     let (mut t, mut breakdown) = GptTrainer::build(vocab.encode(text), &cfg)?;
@@ -394,6 +395,7 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
     breakdown.wait_ms = waited.elapsed().as_secs_f64() * 1e3;
     let setup_seconds = setup.elapsed().as_secs_f64();
     breakdown.finish(&counters, setup_seconds * 1e3);
+    breakdown.memory_pool_ms = client.pool_ms();
     let schedule = WarmupCosine {
         base_lr: cfg.lr,
         min_lr: cfg.lr * 0.1,

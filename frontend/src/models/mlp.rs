@@ -344,9 +344,13 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     // The run's replicas: over several processes each keeps its own shards.
     let replicas = crate::replicas::global_replicas()?;
     cfg.check(data, replicas)?;
-    let client_seconds = super::open_client()?;
+    let client = super::open_client()?;
+    let client_seconds = client.seconds;
     let setup = Instant::now();
     let mut t = Trainer::new(data.train.pixels(), 10, cfg)?;
+    // The set-up ends with the devices' memory pool reserved (the first
+    // step's allocations would wait for it anyway).
+    client.pool_ms();
     let setup_seconds = setup.elapsed().as_secs_f64();
     if let Some(path) = &cfg.checkpoint {
         prepare_checkpoint(&mut t, path, cfg)?;
