@@ -12,8 +12,12 @@
 //!   every later model of the same structure, or a disk-cache hit, pays.
 //!
 //! The init program's form is `KILN_INIT_FORM` (`flat` by default, or
-//! `per-parameter`). Before anything, the compile of a trivial program (one
-//! add) is printed: the plugin's fixed cost of a cold compile, the floor.
+//! `per-parameter`), its shifts `KILN_INIT_SHIFTS` (`input` by default,
+//! `constant`, `divide`). Before anything, a trivial program (one add) is
+//! compiled and run: its compile is the plugin's fixed cost of a cold
+//! compile, the floor; its compile + run + read also pays what the client
+//! does once (the CUDA plugin reserves its memory pool at the first
+//! allocation), which a second trivial program shows by difference.
 //!
 //! `init_setup --compare [tiny|gpt2-small]`: runs the init program in both
 //! forms and compares every parameter with host init for the same seed
