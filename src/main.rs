@@ -358,6 +358,7 @@ fn train_gpt(path: &std::path::Path, cfg: &gpt::GptConfig, json: bool) -> anyhow
                 "init": report.init.map(init_name),
                 "setup_ms": report.setup_seconds * 1e3,
                 "client_ms": report.client_seconds * 1e3,
+                "setup_breakdown": report.setup.as_ref().map(setup_json),
             })
         );
     } else {
@@ -373,6 +374,30 @@ fn train_gpt(path: &std::path::Path, cfg: &gpt::GptConfig, json: bool) -> anyhow
         print_amp(cfg.amp, &report);
     }
     Ok(())
+}
+
+/// `kiln train gpt --json`'s `setup_breakdown`: where `setup_ms` went.
+fn setup_json(b: &kiln::models::SetupBreakdown) -> serde_json::Value {
+    json!({
+        "model_ms": b.model_ms,
+        "shard_ms": b.shard_ms,
+        "optimizer_ms": b.optimizer_ms,
+        "init_step_ms": b.init_step_ms,
+        "wait_ms": b.wait_ms,
+        "other_ms": b.other_ms,
+        "memory_pool_ms": b.memory_pool_ms,
+        "trace_ms": b.trace_ms,
+        "pipeline_ms": b.pipeline_ms,
+        "compile_ms": b.compile_ms,
+        "disk_load_ms": b.disk_load_ms,
+        "disk_store_ms": b.disk_store_ms,
+        "upload_ms": b.upload_ms,
+        "execute_ms": b.execute_ms,
+        "device_wait_ms": b.device_wait_ms,
+        "compiles": b.compiles,
+        "disk_hits": b.disk_hits,
+        "host_to_device_bytes": b.host_to_device_bytes,
+    })
 }
 
 /// `host` or `device`, as `KILN_INIT` spells it.

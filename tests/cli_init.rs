@@ -39,7 +39,24 @@ fn device_init_trains_the_losses_of_host_init() {
     // its set-up figure.
     for run in [&host, &device] {
         assert!(run["client_ms"].as_f64().unwrap() > 0.0, "{run}");
+        // The breakdown's phases add up to the set-up.
+        let b = &run["setup_breakdown"];
+        let phases: f64 = ["model_ms", "shard_ms", "optimizer_ms", "init_step_ms", "wait_ms", "other_ms"]
+            .iter()
+            .map(|k| b[k].as_f64().unwrap_or_else(|| panic!("{k} in {b}")))
+            .sum();
+        let setup = run["setup_ms"].as_f64().unwrap();
+        assert!((phases - setup).abs() < 0.01 * setup + 0.5, "phases {phases} ms, set-up {setup} ms: {b}");
     }
+    // Host init compiles and uploads nothing in its set-up; the init
+    // program is one compile and uploads only scalars: the optimizer
+    // state is made on the device with it, not uploaded.
+    let (hb, db) = (&host["setup_breakdown"], &device["setup_breakdown"]);
+    assert_eq!((hb["compiles"].as_u64(), hb["host_to_device_bytes"].as_u64()), (Some(0), Some(0)), "{hb}");
+    assert_eq!(db["compiles"].as_u64(), Some(1), "{db}");
+    let uploaded = db["host_to_device_bytes"].as_u64().unwrap();
+    assert!(uploaded > 0 && uploaded < 4096, "{uploaded} B uploaded by the device set-up: {db}");
+    assert!(db["init_step_ms"].as_f64().unwrap() > 0.0 && db["compile_ms"].as_f64().unwrap() > 0.0, "{db}");
 }
 
 /// Under FSDP on 4 CPU devices the policy is applied before the init program

@@ -12,8 +12,12 @@
 //!   every later model of the same structure, or a disk-cache hit, pays.
 //!
 //! The init program's form is `KILN_INIT_FORM` (`flat` by default, or
-//! `per-parameter`). Before anything, the compile of a trivial program (one
-//! add) is printed: the plugin's fixed cost of a cold compile, the floor.
+//! `per-parameter`), its shifts `KILN_INIT_SHIFTS` (`input` by default,
+//! `constant`, `divide`). Before anything, a trivial program (one add) is
+//! compiled and run: its compile is the plugin's fixed cost of a cold
+//! compile, the floor; its compile + run + read also pays what the client
+//! does once (the CUDA plugin reserves its memory pool at the first
+//! allocation), which a second trivial program shows by difference.
 //!
 //! `init_setup --compare [tiny|gpt2-small]`: runs the init program in both
 //! forms and compares every parameter with host init for the same seed
@@ -107,11 +111,24 @@ fn main() -> Res<()> {
     // plugin's start, is not set-up of the model); this first program's
     // compile is the floor of any cold compile.
     let m = metrics::snapshot();
+    let t = Instant::now();
     let one = Tensor::scalar(1f32).add_scalar(1.0)?;
     kiln::mark_step()?;
+    let enqueued_ms = t.elapsed().as_secs_f64() * 1e3;
     one.item()?;
+    let first_ms = t.elapsed().as_secs_f64() * 1e3;
     let floor_ms = (metrics::snapshot().compile_time - m.compile_time).as_secs_f64() * 1e3;
-    println!("trivial program (one add): compile {floor_ms:.1} ms");
+    println!(
+        "trivial program (one add): compile {floor_ms:.1} ms; compile + run + read {first_ms:.1} ms (enqueued after {enqueued_ms:.1})"
+    );
+    // A second new program on the same client: what the first one paid once
+    // for the client (its first compile, its first execution) shows as the
+    // difference.
+    let t = Instant::now();
+    let two = Tensor::scalar(2f32).mul_scalar(3.0)?;
+    kiln::mark_step()?;
+    two.item()?;
+    println!("second trivial program (one multiply): compile + run + read {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
     let mut names: Vec<String> = std::env::args().skip(1).collect();
     if names.first().map(String::as_str) == Some("--lower") {
         // The init program's StableHLO text in both forms, and the time kiln

@@ -487,6 +487,7 @@ fn is_transcendental_binary(op: BinaryOp) -> bool {
         | BinaryOp::Rem
         | BinaryOp::And
         | BinaryOp::Or
-        | BinaryOp::Xor => false,
+        | BinaryOp::Xor
+        | BinaryOp::ShiftRightLogical => false,
     }
 }

@@ -240,6 +240,40 @@ fn donated_parameters_carry_their_output_index() -> Result<()> {
 }
 
 #[test]
+fn unsigned_division_by_a_constant_power_of_two_is_a_logical_shift() -> Result<()> {
+    // The divisor as a broadcast scalar and as a full constant; a signed
+    // division, a divisor of 1 and one that is not a power of two stay
+    // divisions.
+    let mut g = Graph::new();
+    let x = g.parameter(t(DType::U64, &[4]));
+    let i = g.parameter(t(DType::I32, &[4]));
+    let c8 = scalar(&mut g, DType::U64, 8.0)?;
+    let b8 = bcast(&mut g, c8, &[4], &[])?;
+    let full = g.value(Op::Constant { literal: Literal::from_f64s(DType::U64, [4], &[2048.0; 4])? })?;
+    let c6 = scalar(&mut g, DType::U64, 6.0)?;
+    let b6 = bcast(&mut g, c6, &[4], &[])?;
+    let c1 = scalar(&mut g, DType::U64, 1.0)?;
+    let b1 = bcast(&mut g, c1, &[4], &[])?;
+    let ci = scalar(&mut g, DType::I32, 4.0)?;
+    let bi = bcast(&mut g, ci, &[4], &[])?;
+    let outs = vec![
+        bin(&mut g, BinaryOp::Div, x, b8)?,
+        bin(&mut g, BinaryOp::Div, x, full)?,
+        bin(&mut g, BinaryOp::Div, x, b6)?,
+        bin(&mut g, BinaryOp::Div, x, b1)?,
+        bin(&mut g, BinaryOp::Div, i, bi)?,
+    ];
+    g.set_outputs(outs)?;
+    let text = lowered("div_pow2", &g, 1);
+    let shifts: Vec<&str> = text.lines().filter(|l| l.contains("shift_right_logical")).collect();
+    assert_eq!(shifts.len(), 2, "{text}");
+    assert!(text.contains("stablehlo.constant dense<3> : tensor<ui64>"), "{text}");
+    assert!(text.contains("stablehlo.constant dense<11> : tensor<ui64>"), "{text}");
+    assert_eq!(text.lines().filter(|l| l.contains("stablehlo.divide")).count(), 3, "{text}");
+    Ok(())
+}
+
+#[test]
 fn zero_replicas_is_an_error() -> Result<()> {
     let g = softmax_graph()?;
     assert!(lower(&g, &LowerOptions { num_replicas: 0, ..LowerOptions::default() }).is_err());
@@ -315,7 +349,13 @@ fn op_cases() -> Vec<(String, usize, Build)> {
     }
     for op in BinaryOp::ALL {
         for dtype in elementwise_dtypes.into_iter().chain([DType::U64, DType::I64]) {
-            let ok = if op.is_logical() { !dtype.is_float() } else { dtype != DType::Pred };
+            let ok = if op.is_shift() {
+                dtype.is_integer()
+            } else if op.is_logical() {
+                !dtype.is_float()
+            } else {
+                dtype != DType::Pred
+            };
             if ok {
                 add(
                     format!("binary_{}_{dtype}", op.name()),

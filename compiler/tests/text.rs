@@ -282,43 +282,44 @@ fn every_op_prints() {
           %33 = and %2, %2 : tensor<4xi32>
           %34 = or %2, %2 : tensor<4xi32>
           %35 = xor %2, %2 : tensor<4xi32>
-          %36 = compare EQ %0, %1 : tensor<2x3xi1>
-          %37 = compare NE %0, %1 : tensor<2x3xi1>
-          %38 = compare LT %0, %1 : tensor<2x3xi1>
-          %39 = compare LE %0, %1 : tensor<2x3xi1>
-          %40 = compare GT %0, %1 : tensor<2x3xi1>
-          %41 = compare GE %0, %1 : tensor<2x3xi1>
-          %42 = select %41, %0, %1 : tensor<2x3xf32>
-          %43 = clamp %5, %0, %5 : tensor<2x3xf32>
-          %44 = convert %0 : tensor<2x3xbf16>
-          %45 = broadcast_in_dim %6, dims = [1] : tensor<2x3xf32>
-          %46 = reshape %0 : tensor<3x2xf32>
-          %47 = transpose %0, perm = [1, 0] : tensor<3x2xf32>
-          %48 = slice %0, start = [0, 1], limit = [2, 3], stride = [1, 2] : tensor<2x1xf32>
-          %49 = dynamic_slice %0, %4, %4 : tensor<1x2xf32>
-          %50 = dynamic_update_slice %0, %49, %4, %4 : tensor<2x3xf32>
-          %51 = concatenate %0, %1, %0, axis = 0 : tensor<6x3xf32>
-          %52 = pad %0, %5, low = [1, -1], high = [0, 2], interior = [1, 0] : tensor<4x4xf32>
-          %53 = reduce sum %0, axes = [1] : tensor<2xf32>
-          %54 = reduce max %0, axes = [1] : tensor<2xf32>
-          %55 = reduce min %0, axes = [1] : tensor<2xf32>
-          %56 = reduce prod %0, axes = [1] : tensor<2xf32>
-          %57 = reduce sum %0, axes = [] : tensor<2x3xf32>
-          %58 = dot_general %0, %47, batch = [] x [], contract = [1] x [0] : tensor<2x2xf32>
-          %59 = dot_general %0, %1, batch = [0] x [0], contract = [1] x [1] : tensor<2xf32>
-          %60 = gather %0, %2, axis = 0 : tensor<4x3xf32>
-          %61 = scatter_add %0, %2, %60, axis = 0 : tensor<2x3xf32>
-          %62:2 = rng_bit_generator THREE_FRY %3 : (tensor<2xui64>, tensor<4xui32>)
-          %63:2 = rng_bit_generator PHILOX %62 : (tensor<2xui64>, tensor<2x2xui64>)
-          %64:2 = optimization_barrier %0, %62#1 : (tensor<2x3xf32>, tensor<4xui32>)
-          %65:0 = optimization_barrier : ()
-          %66 = all_reduce sum %0 : tensor<2x3xf32>
-          %67 = all_reduce max %0 : tensor<2x3xf32>
-          %68 = all_reduce min %0 : tensor<2x3xf32>
-          %69 = all_reduce prod %0 : tensor<2x3xf32>
-          %70 = parameter 5 : tensor<2x3xf32>
-          %71 = add %64, %70 : tensor<2x3xf32>
-          return %71, %62#1, %70 {aliases = [0 -> 0, 5 -> 2]}
+          %36 = shift_right_logical %2, %2 : tensor<4xi32>
+          %37 = compare EQ %0, %1 : tensor<2x3xi1>
+          %38 = compare NE %0, %1 : tensor<2x3xi1>
+          %39 = compare LT %0, %1 : tensor<2x3xi1>
+          %40 = compare LE %0, %1 : tensor<2x3xi1>
+          %41 = compare GT %0, %1 : tensor<2x3xi1>
+          %42 = compare GE %0, %1 : tensor<2x3xi1>
+          %43 = select %42, %0, %1 : tensor<2x3xf32>
+          %44 = clamp %5, %0, %5 : tensor<2x3xf32>
+          %45 = convert %0 : tensor<2x3xbf16>
+          %46 = broadcast_in_dim %6, dims = [1] : tensor<2x3xf32>
+          %47 = reshape %0 : tensor<3x2xf32>
+          %48 = transpose %0, perm = [1, 0] : tensor<3x2xf32>
+          %49 = slice %0, start = [0, 1], limit = [2, 3], stride = [1, 2] : tensor<2x1xf32>
+          %50 = dynamic_slice %0, %4, %4 : tensor<1x2xf32>
+          %51 = dynamic_update_slice %0, %50, %4, %4 : tensor<2x3xf32>
+          %52 = concatenate %0, %1, %0, axis = 0 : tensor<6x3xf32>
+          %53 = pad %0, %5, low = [1, -1], high = [0, 2], interior = [1, 0] : tensor<4x4xf32>
+          %54 = reduce sum %0, axes = [1] : tensor<2xf32>
+          %55 = reduce max %0, axes = [1] : tensor<2xf32>
+          %56 = reduce min %0, axes = [1] : tensor<2xf32>
+          %57 = reduce prod %0, axes = [1] : tensor<2xf32>
+          %58 = reduce sum %0, axes = [] : tensor<2x3xf32>
+          %59 = dot_general %0, %48, batch = [] x [], contract = [1] x [0] : tensor<2x2xf32>
+          %60 = dot_general %0, %1, batch = [0] x [0], contract = [1] x [1] : tensor<2xf32>
+          %61 = gather %0, %2, axis = 0 : tensor<4x3xf32>
+          %62 = scatter_add %0, %2, %61, axis = 0 : tensor<2x3xf32>
+          %63:2 = rng_bit_generator THREE_FRY %3 : (tensor<2xui64>, tensor<4xui32>)
+          %64:2 = rng_bit_generator PHILOX %63 : (tensor<2xui64>, tensor<2x2xui64>)
+          %65:2 = optimization_barrier %0, %63#1 : (tensor<2x3xf32>, tensor<4xui32>)
+          %66:0 = optimization_barrier : ()
+          %67 = all_reduce sum %0 : tensor<2x3xf32>
+          %68 = all_reduce max %0 : tensor<2x3xf32>
+          %69 = all_reduce min %0 : tensor<2x3xf32>
+          %70 = all_reduce prod %0 : tensor<2x3xf32>
+          %71 = parameter 5 : tensor<2x3xf32>
+          %72 = add %65, %71 : tensor<2x3xf32>
+          return %72, %63#1, %71 {aliases = [0 -> 0, 5 -> 2]}
         }
     ");
 }

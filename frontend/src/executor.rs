@@ -372,6 +372,7 @@ fn run_pjrt(entry: &CacheEntry, bindings: Vec<Binding>, step: u64, hooks: Vec<Ho
         }
         owned.push(value);
     }
+    metrics::update(|m| m.upload_time += t_upload.elapsed());
     metrics::span("upload", t_upload);
     // Donated buffers are moved in: the step's bindings held the last reference
     // (checked when the alias was added), so `try_unwrap` succeeds.

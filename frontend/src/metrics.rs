@@ -36,12 +36,17 @@ pub struct Metrics {
     pub disk_load_time: Duration,
     /// What the disk hits' programs took to compile when they were stored.
     pub compile_time_saved: Duration,
+    /// Time spent writing newly compiled programs to the persistent cache.
+    pub disk_store_time: Duration,
     /// Damaged persistent-cache entries met (each recompiled and replaced).
     pub corrupt_cache_entries: u64,
     pub executions: u64,
     /// Host time inside the plugin's execute calls: the enqueue of an
     /// asynchronous step (a plugin that runs inline spends the run here).
     pub execute_time: Duration,
+    /// Host time moving step arguments that were host data to the devices
+    /// (the copies are enqueued; a plugin may wait for them).
+    pub upload_time: Duration,
     /// Time the host blocked waiting on the devices: for a step in flight to
     /// finish (the bound on steps in flight, `sync`) or for a read's data.
     pub device_wait_time: Duration,

@@ -9,6 +9,7 @@
 use kiln_compiler::ir::{DType, Literal, TensorType};
 
 use crate::error::{FrontendError, Result};
+use crate::nn::InitPlacement;
 use crate::tensor::Tensor;
 
 /// Zeros on the host, in `t`'s sharding (optimizer state is split where its
@@ -23,6 +24,30 @@ fn zeros_like_host(t: &Tensor) -> Result<Tensor> {
         z.set_sharding(s)?;
     }
     Ok(z)
+}
+
+/// Zeros recorded in the current step, in `t`'s sharding: a program
+/// computes them where they live (no host buffer, no upload). Each is a
+/// value of its own, not the step's shared broadcast constant
+/// (`Tensor::zeros`): a shared value becomes one output whose buffer every
+/// receiver holds, and a shared buffer cannot be donated, so the first
+/// training step would compile without the state's aliases.
+fn zeros_like_device(t: &Tensor) -> Result<Tensor> {
+    let z = crate::nn::own_full(0.0, t.shape())?;
+    if let Some(s) = t.sharding() {
+        z.set_sharding(s)?;
+    }
+    Ok(z)
+}
+
+/// Zeros like `t` where `placement` says: host data (uploaded by the first
+/// step) or recorded for the device (run by the next step, e.g. with the
+/// init program by `ParamStore::materialize`).
+fn zeros_like(t: &Tensor, placement: InitPlacement) -> Result<Tensor> {
+    match placement {
+        InitPlacement::Host => zeros_like_host(t),
+        InitPlacement::Device => zeros_like_device(t),
+    }
 }
 
 fn check(params: &[Tensor], grads: &[Tensor]) -> Result<()> {
@@ -123,11 +148,23 @@ pub struct AdamW {
 }
 
 impl AdamW {
+    /// The state as host zeros, uploaded by the first step.
     pub fn new(params: &[Tensor], config: AdamWConfig) -> Result<AdamW> {
+        AdamW::with_state_on(params, config, InitPlacement::Host)
+    }
+
+    /// The state's zeros made where `placement` says. With
+    /// [`InitPlacement::Device`] they are recorded in the current step, in
+    /// each parameter's sharding: run them before the first training step
+    /// (with a device-initialised store's init program, by making the
+    /// optimizer before `ParamStore::materialize`, or by `mark_step`), or
+    /// that step computes them and compiles to a program no later step runs.
+    pub fn with_state_on(params: &[Tensor], config: AdamWConfig, placement: InitPlacement) -> Result<AdamW> {
+        let zeros = |p: &Tensor| zeros_like(p, placement);
         Ok(AdamW {
             config,
-            m: params.iter().map(zeros_like_host).collect::<Result<_>>()?,
-            v: params.iter().map(zeros_like_host).collect::<Result<_>>()?,
+            m: params.iter().map(zeros).collect::<Result<_>>()?,
+            v: params.iter().map(zeros).collect::<Result<_>>()?,
             t: Tensor::scalar(0f32),
         })
     }

@@ -290,7 +290,10 @@ pub(crate) fn obtain(
             if let Some(d) = &disk {
                 // A cache that cannot be written costs later runs a compile,
                 // never this run its result.
-                if let Err(err) = d.store(&key, &e, EntryInfo { compile_time: took }) {
+                let t_store = Instant::now();
+                let stored = d.store(&key, &e, EntryInfo { compile_time: took });
+                metrics::update(|m| m.disk_store_time += t_store.elapsed());
+                if let Err(err) = stored {
                     // With the OS's reason (the error's source), not just the path.
                     let mut reason = err.to_string();
                     let mut source = std::error::Error::source(&err);

@@ -252,6 +252,20 @@ impl Client {
         (0..self.inner.devices.len()).map(|index| Device { client: self.clone(), index }).collect()
     }
 
+    /// Makes each addressable device's memory pool exist: a 4-byte buffer
+    /// per device, copied in, waited for and dropped. The CUDA plugin's
+    /// allocator reserves its pool (`memory_fraction` of the GPU, with
+    /// `preallocate`) at the first allocation, not when the client is
+    /// created: about 1 s for 60 GB on an H100 (`benches/RESULTS.md`). On a
+    /// thread of its own this overlaps that with the caller's host work; a
+    /// later allocation waits for it.
+    pub fn reserve_device_memory(&self) -> Result<()> {
+        for device in self.devices() {
+            self.buffer_from_bytes(&[0u8; 4], ElementType::F32, &[], &device)?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn same_client(&self, other: &Client) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }

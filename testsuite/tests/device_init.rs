@@ -154,7 +154,7 @@ fn the_init_program_reads_only_scalars_per_parameter() -> anyhow::Result<()> {
         let main = text.lines().find(|l| l.contains("func.func public @main")).expect("a main function");
         let sig = &main[..main.find("->").expect("a result list")];
         // Four uniform parameters (two weights, two biases): a u64 key, the
-        // four shift divisors in u64, and lo and hi - lo in f64, each a
+        // four shift amounts in u64, and lo and hi - lo in f64, each a
         // scalar; no data of any shape.
         assert_eq!(sig.matches("%arg").count(), 28, "{main}");
         assert_eq!(sig.matches("tensor<ui64>").count(), 20, "{main}");

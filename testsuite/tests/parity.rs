@@ -170,6 +170,37 @@ proptest! {
     }
 
     #[test]
+    fn shift_right_logical(shape in shape_strategy(), d in 0usize..4, seed: u64) {
+        // Every bit pattern (sign bits set too), and amounts past the width.
+        let dtype = [DType::I32, DType::U32, DType::U64, DType::I64][d];
+        let width = dtype.size_in_bytes();
+        let mut rng = Rng::new(seed);
+        let n: usize = shape.iter().product();
+        let bytes: Vec<u8> = (0..n).flat_map(|_| rng.next_u64().to_le_bytes().into_iter().take(width)).collect();
+        let a = Literal::from_bytes(TensorType::new(dtype, shape.clone()), bytes).unwrap();
+        let b = lit(dtype, &shape, &mut rng, 0.0, (8 * width + 4) as f64);
+        parity("shift_right_logical", vec![a, b], |g, p| {
+            vec![g.value(Op::Binary { op: BinaryOp::ShiftRightLogical, lhs: p[0], rhs: p[1] }).unwrap()]
+        })?;
+    }
+
+    #[test]
+    fn unsigned_division_by_a_constant_power_of_two(shape in shape_strategy(), wide: bool, k in 1u32..31, seed: u64) {
+        // Lowered as a logical shift right; the interpreter divides.
+        let dtype = if wide { DType::U64 } else { DType::U32 };
+        let width = dtype.size_in_bytes();
+        let mut rng = Rng::new(seed);
+        let n: usize = shape.iter().product();
+        let bytes: Vec<u8> = (0..n).flat_map(|_| rng.next_u64().to_le_bytes().into_iter().take(width)).collect();
+        let a = Literal::from_bytes(TensorType::new(dtype, shape.clone()), bytes).unwrap();
+        parity("div by 2^k", vec![a], |g, p| {
+            let c = g.value(Op::Constant { literal: Literal::scalar(dtype, f64::from(1u32 << k)) }).unwrap();
+            let c = g.value(Op::BroadcastInDim { input: c, shape: Shape::new(shape.clone()), dims: vec![] }).unwrap();
+            vec![g.value(Op::Binary { op: BinaryOp::Div, lhs: p[0], rhs: c }).unwrap()]
+        })?;
+    }
+
+    #[test]
     fn compare_select_clamp(shape in shape_strategy(), dir in 0usize..6, int: bool, seed: u64) {
         let dir = CompareDir::ALL[dir];
         let dtype = if int { DType::I32 } else { DType::F32 };

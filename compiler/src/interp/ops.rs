@@ -429,7 +429,7 @@ fn binary(b: BinaryOp, l: &Literal, r: &Literal) -> Result<Literal> {
                 }
             }
             BinaryOp::Rem => a % c,
-            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => f64::NAN,
+            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor | BinaryOp::ShiftRightLogical => f64::NAN,
         };
         let (a, c) = (l.to_f64s(), r.to_f64s());
         return Ok(floats_to(ty, &a.iter().zip(&c).map(|(&a, &c)| f(a, c)).collect::<Vec<_>>()));
@@ -479,10 +479,29 @@ fn binary(b: BinaryOp, l: &Literal, r: &Literal) -> Result<Literal> {
                     a ^ c
                 }
             }
+            BinaryOp::ShiftRightLogical => shift_right_logical(a, c, ty.dtype),
         }
     };
     let (a, c) = (ints(l), ints(r));
     Ok(ints_to(ty, &a.iter().zip(&c).map(|(&a, &c)| f(a, c)).collect::<Vec<_>>()))
+}
+
+/// StableHLO `shift_right_logical` on `d`'s bits: zeros shift in, an amount
+/// outside `[0, bits)` gives 0; a signed result is the bits read back as
+/// signed.
+fn shift_right_logical(a: i128, amount: i128, d: DType) -> i128 {
+    let bits = 8 * d.size_in_bytes() as u32;
+    let mask = (1u128 << bits) - 1;
+    let amount = match u32::try_from(amount) {
+        Ok(n) if n < bits => n,
+        _ => return 0,
+    };
+    let r = ((a as u128) & mask) >> amount;
+    if d.is_signed_integer() && r >> (bits - 1) == 1 {
+        r as i128 - (1i128 << bits)
+    } else {
+        r as i128
+    }
 }
 
 fn int_pow(base: i128, exp: i128, d: DType) -> i128 {

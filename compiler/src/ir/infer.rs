@@ -75,6 +75,9 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
                     expected: "i1 or an integer type",
                 });
             }
+            if b.is_shift() && !l.dtype.is_integer() {
+                return Err(CompileError::UnsupportedDType { op: name, dtype: l.dtype, expected: "an integer type" });
+            }
             if !b.is_logical() && l.dtype == DType::Pred {
                 return Err(CompileError::UnsupportedDType { op: name, dtype: l.dtype, expected: "a numeric type" });
             }

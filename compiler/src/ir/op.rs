@@ -133,10 +133,13 @@ pub enum BinaryOp {
     And,
     Or,
     Xor,
+    /// `lhs >> rhs` on the bits, zeros shifted in; an amount of the bit
+    /// width or more gives 0 (integers only, not differentiable).
+    ShiftRightLogical,
 }
 
 impl BinaryOp {
-    pub const ALL: [BinaryOp; 11] = [
+    pub const ALL: [BinaryOp; 12] = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
@@ -148,6 +151,7 @@ impl BinaryOp {
         BinaryOp::And,
         BinaryOp::Or,
         BinaryOp::Xor,
+        BinaryOp::ShiftRightLogical,
     ];
 
     pub fn name(self) -> &'static str {
@@ -163,6 +167,7 @@ impl BinaryOp {
             BinaryOp::And => "and",
             BinaryOp::Or => "or",
             BinaryOp::Xor => "xor",
+            BinaryOp::ShiftRightLogical => "shift_right_logical",
         }
     }
 
@@ -179,13 +184,15 @@ impl BinaryOp {
             BinaryOp::And => "stablehlo.and",
             BinaryOp::Or => "stablehlo.or",
             BinaryOp::Xor => "stablehlo.xor",
+            BinaryOp::ShiftRightLogical => "stablehlo.shift_right_logical",
         }
     }
 
-    /// Logical/bitwise ops take pred or integers only.
+    /// Logical/bitwise ops take pred or integers only (shifts: integers
+    /// only, [`BinaryOp::is_shift`]).
     pub fn is_logical(self) -> bool {
         match self {
-            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => true,
+            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor | BinaryOp::ShiftRightLogical => true,
             BinaryOp::Add
             | BinaryOp::Sub
             | BinaryOp::Mul
@@ -195,6 +202,11 @@ impl BinaryOp {
             | BinaryOp::Min
             | BinaryOp::Rem => false,
         }
+    }
+
+    /// Bit shifts: integers only (not pred).
+    pub fn is_shift(self) -> bool {
+        self == BinaryOp::ShiftRightLogical
     }
 }
 

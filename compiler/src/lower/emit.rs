@@ -12,7 +12,9 @@ use std::fmt::{Display, Write};
 use super::cudnn;
 use super::dense::{dense, identity};
 use super::LowerOptions;
-use crate::ir::{DType, DotDims, Graph, Literal, Node, NodeId, Op, ReduceOp, TensorType, UnaryOp, ValueId};
+use crate::ir::{
+    BinaryOp, DType, DotDims, Graph, Literal, Node, NodeId, Op, ReduceOp, Shape, TensorType, UnaryOp, ValueId,
+};
 use crate::CompileError;
 
 /// Indentation of the function body.
@@ -142,6 +144,21 @@ impl Emitter<'_> {
                 self.line(format!("{lhs} = stablehlo.iota dim = {axis} : {ty}"));
             }
             Op::Unary { op, input } => self.unary(id, node, *op, *input),
+            Op::Binary { op: BinaryOp::Div, lhs, rhs } if power_of_two_divisor(self.g, *rhs).is_some() => {
+                // Unsigned division by a constant 2^k is a logical shift by k:
+                // the same bits, and the CUDA plugin's front end spent seconds
+                // on a 64-bit divide by a broadcast constant of 10^8 elements
+                // (docs/init.md).
+                let k = power_of_two_divisor(self.g, *rhs).expect("checked by the guard");
+                let t = res();
+                let scalar = TensorType::new(t.dtype, Shape::scalar());
+                let (amount, spread) = (Self::helper(id, "shift"), Self::helper(id, "shifts"));
+                self.line(format!("{amount} = stablehlo.constant dense<{k}> : {scalar}"));
+                self.line(format!("{spread} = stablehlo.broadcast_in_dim {amount}, dims = [] : ({scalar}) -> {t}"));
+                let a = self.name(*lhs);
+                let def = self.define(id, node);
+                self.line(format!("{def} = stablehlo.shift_right_logical {a}, {spread} : {t}"));
+            }
             Op::Binary { op, lhs, rhs } => {
                 let (a, b) = (self.name(*lhs), self.name(*rhs));
                 let def = self.define(id, node);
@@ -579,4 +596,32 @@ fn i64_array(xs: &[usize]) -> String {
 /// `ta, tb, tc`.
 fn join(types: Vec<TensorType>) -> String {
     types.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// `k` when `v` is an unsigned integer constant whose every element is `2^k`
+/// with `k >= 1` (a constant, or a broadcast of one): dividing by it is a
+/// logical shift right by `k`.
+fn power_of_two_divisor(g: &Graph, v: ValueId) -> Option<u32> {
+    let dtype = g.ty(v).dtype;
+    if !matches!(dtype, DType::U8 | DType::U32 | DType::U64) {
+        return None;
+    }
+    let literal = match &g.node(v.node).op {
+        Op::Constant { literal } => literal,
+        Op::BroadcastInDim { input, .. } => match &g.node(input.node).op {
+            Op::Constant { literal } => literal,
+            _ => return None,
+        },
+        _ => return None,
+    };
+    let width = dtype.size_in_bytes();
+    let mut chunks = literal.bytes().chunks_exact(width);
+    let first = chunks.next()?;
+    if chunks.any(|c| c != first) {
+        return None;
+    }
+    let mut le = [0u8; 8];
+    le[..width].copy_from_slice(first);
+    let value = u64::from_le_bytes(le);
+    (value > 1 && value.is_power_of_two()).then(|| value.trailing_zeros())
 }

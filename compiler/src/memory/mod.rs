@@ -180,7 +180,8 @@ fn expensive(op: &Op) -> bool {
             | BinaryOp::Min
             | BinaryOp::And
             | BinaryOp::Or
-            | BinaryOp::Xor => false,
+            | BinaryOp::Xor
+            | BinaryOp::ShiftRightLogical => false,
         },
         _ => false,
     }

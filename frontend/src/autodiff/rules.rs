@@ -542,8 +542,8 @@ fn binary(
                 out.push((1, b.neg(m)?));
             }
         }
-        // Logical/bitwise ops never take floats.
-        BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => {}
+        // Logical/bitwise ops and shifts never take floats.
+        BinaryOp::And | BinaryOp::Or | BinaryOp::Xor | BinaryOp::ShiftRightLogical => {}
     }
     Ok(())
 }

@@ -84,7 +84,12 @@ fn engine(op: &Op, outs: &[TensorType], dtype_of: &dyn Fn(ValueId) -> DType) -> 
             float_out
                 && match op {
                     BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Max | BinaryOp::Min => true,
-                    BinaryOp::Pow | BinaryOp::Rem | BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => false,
+                    BinaryOp::Pow
+                    | BinaryOp::Rem
+                    | BinaryOp::And
+                    | BinaryOp::Or
+                    | BinaryOp::Xor
+                    | BinaryOp::ShiftRightLogical => false,
                 }
         }
         Op::Compare { lhs, .. } => dtype_of(*lhs) != DType::Pred,
@@ -190,7 +195,12 @@ fn eval_candle<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'a Ct
                 BinaryOp::Div => l.div(r),
                 BinaryOp::Max => l.maximum(r),
                 BinaryOp::Min => l.minimum(r),
-                BinaryOp::Pow | BinaryOp::Rem | BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => {
+                BinaryOp::Pow
+                | BinaryOp::Rem
+                | BinaryOp::And
+                | BinaryOp::Or
+                | BinaryOp::Xor
+                | BinaryOp::ShiftRightLogical => {
                     unreachable!("run by the interpreter")
                 }
             };

@@ -226,6 +226,14 @@ pub struct GptTrainer {
 impl GptTrainer {
     /// `data` are encoded characters; it must hold more than `seq` of them.
     pub fn new(data: Vec<i32>, cfg: &GptConfig) -> Result<GptTrainer> {
+        Ok(GptTrainer::build(data, cfg)?.0)
+    }
+
+    /// [`GptTrainer::new`], timing its phases (the counters and `other_ms`
+    /// are left to the caller, who knows the whole set-up).
+    fn build(data: Vec<i32>, cfg: &GptConfig) -> Result<(GptTrainer, super::SetupBreakdown)> {
+        let mut times = super::SetupBreakdown::default();
+        let mut lap = Instant::now();
         if data.len() <= cfg.seq {
             return Err(FrontendError::InvalidArgument {
                 op: "gpt",
@@ -234,16 +242,24 @@ impl GptTrainer {
         }
         let mut params = ParamStore::with_placement(cfg.seed, super::init_placement(cfg.init)?);
         let model = Gpt::new(&mut params, cfg)?;
+        times.model_ms = super::lap(&mut lap);
         // Under a mesh, the policy set for the run (`--shard`) before the
         // optimizer state is made from the parameters.
         crate::shard::apply_active(&params)?;
+        times.shard_ms = super::lap(&mut lap);
+        // The optimizer state in each parameter's sharding, made where the
+        // parameters are: on the device placement its zeros are recorded
+        // for the init program (no host buffer, no upload).
+        let config = AdamWConfig { weight_decay: 0.1, beta2: 0.99, ..Default::default() };
+        let opt = AdamW::with_state_on(&params.tensors(), config, params.placement())?;
+        times.optimizer_ms = super::lap(&mut lap);
         // Then the init program runs (on-device init), producing each
-        // parameter in the sharding just set.
+        // parameter and state tensor in the sharding just set.
         params.materialize()?;
-        let opt = AdamW::new(&params.tensors(), AdamWConfig { weight_decay: 0.1, beta2: 0.99, ..Default::default() })?;
+        times.init_step_ms = super::lap(&mut lap);
         random::manual_seed(cfg.seed);
         let ordered = super::ordered_step(cfg.amp, cfg.max_grad_norm)?;
-        Ok(GptTrainer {
+        let trainer = GptTrainer {
             params,
             model,
             opt,
@@ -253,7 +269,8 @@ impl GptTrainer {
             data,
             sampler: HostRng::new(cfg.seed ^ 0x5eed),
             cfg: cfg.clone(),
-        })
+        };
+        Ok((trainer, times))
     }
 
     /// Random windows: inputs `[batch, seq]`, targets (shifted by one)
@@ -366,10 +383,19 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
     let vocab = CharVocab::new(text);
     // `cfg.vocab` pads the embedding past the text's characters (0: no padding).
     let cfg = GptConfig { vocab: vocab.len().max(cfg.vocab), ..cfg.clone() };
-    let client_seconds = super::open_client()?;
+    let client = super::open_client()?;
+    let client_seconds = client.seconds;
     let setup = Instant::now();
-    let mut t = GptTrainer::new(vocab.encode(text), &cfg)?;
+    let counters = metrics::snapshot();
+    let (mut t, mut breakdown) = GptTrainer::build(vocab.encode(text), &cfg)?;
+    // The set-up ends when the parameters exist: the init program (device
+    // placement) has finished, not only been enqueued.
+    let waited = Instant::now();
+    crate::executor::sync()?;
+    breakdown.wait_ms = waited.elapsed().as_secs_f64() * 1e3;
     let setup_seconds = setup.elapsed().as_secs_f64();
+    breakdown.finish(&counters, setup_seconds * 1e3);
+    breakdown.memory_pool_ms = client.pool_ms();
     let schedule = WarmupCosine {
         base_lr: cfg.lr,
         min_lr: cfg.lr * 0.1,
@@ -377,7 +403,13 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
         total_steps: cfg.steps,
     };
     let mut report =
-        TrainReport { setup_seconds, client_seconds, init: Some(t.params.placement()), ..TrainReport::default() };
+        TrainReport {
+            setup_seconds,
+            client_seconds,
+            setup: Some(breakdown),
+            init: Some(t.params.placement()),
+            ..TrainReport::default()
+        };
     let start = Instant::now();
     // The step is captured (`compile_step`), with or without an ordered step:
     // traced once, replayed with each batch and learning rate; the loss of

@@ -158,6 +158,8 @@ pub struct TrainReport {
     /// Seconds opening the PJRT client took in this run (0 when it was open
     /// already or the backend is not PJRT).
     pub client_seconds: f64,
+    /// Where `setup_seconds` went (the GPT loop fills it).
+    pub setup: Option<super::SetupBreakdown>,
     /// Where the parameters were initialised.
     pub init: Option<InitPlacement>,
 }
@@ -210,8 +212,11 @@ impl Trainer {
         sizes.extend(&cfg.hidden);
         sizes.push(classes);
         let model = Mlp::new(&mut params, &sizes)?;
+        // The optimizer's zeros where the parameters are made (recorded for
+        // the init program on the device placement), then the init step.
+        let config = AdamWConfig { weight_decay: cfg.weight_decay, ..Default::default() };
+        let opt = AdamW::with_state_on(&params.tensors(), config, params.placement())?;
         params.materialize()?;
-        let opt = AdamW::new(&params.tensors(), AdamWConfig { weight_decay: cfg.weight_decay, ..Default::default() })?;
         random::manual_seed(cfg.seed);
         let ordered = super::ordered_step(cfg.amp, None)?;
         Ok(Trainer { params, model, opt, step: 0, ordered, amp: cfg.amp, skipped: 0 })
@@ -339,9 +344,13 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     // The run's replicas: over several processes each keeps its own shards.
     let replicas = crate::replicas::global_replicas()?;
     cfg.check(data, replicas)?;
-    let client_seconds = super::open_client()?;
+    let client = super::open_client()?;
+    let client_seconds = client.seconds;
     let setup = Instant::now();
     let mut t = Trainer::new(data.train.pixels(), 10, cfg)?;
+    // The set-up ends with the devices' memory pool reserved (the first
+    // step's allocations would wait for it anyway).
+    client.pool_ms();
     let setup_seconds = setup.elapsed().as_secs_f64();
     if let Some(path) = &cfg.checkpoint {
         prepare_checkpoint(&mut t, path, cfg)?;

@@ -21,28 +21,137 @@ use crate::train_step::{TrainStep, TrainStepOptions};
 /// `device` (see [`init_placement`]).
 pub const ENV_INIT: &str = "KILN_INIT";
 
+/// The PJRT client's start as a built-in loop sees it.
+pub(crate) struct ClientStart {
+    /// Seconds creating the client took (0 when it was open already or the
+    /// backend is not PJRT).
+    pub seconds: f64,
+    /// The devices' memory pool being reserved on a thread of its own
+    /// (accelerators only): its milliseconds when joined.
+    pool: Option<std::thread::JoinHandle<f64>>,
+}
+
+impl ClientStart {
+    /// Waits for the memory pool's reservation; its milliseconds, measured on
+    /// its own thread (`None` when there was none).
+    pub fn pool_ms(self) -> Option<f64> {
+        self.pool.and_then(|h| h.join().ok())
+    }
+}
+
+/// Opens the PJRT client when that is the backend (a no-op when it is open
+/// already or the backend is another) and returns the seconds it took. The
+/// loops call it before timing their set-up, so that `setup_seconds` is the
+/// model, its parameters and the optimizer, not the plugin's own start
+/// (CUDA context), which `client_seconds` reports. On an accelerator it then
+/// starts reserving the devices' memory pool on a thread of its own
+/// (`Client::reserve_device_memory`): the plugin reserves it at the first
+/// allocation, about 1 s on an H100, which this overlaps with the set-up's
+/// host work (recording the model, compiling or loading the init program);
+/// the set-up's first allocation waits for the rest. An error there is left
+/// to that allocation, which meets it again and reports it.
+pub(crate) fn open_client() -> Result<ClientStart> {
+    let started = Instant::now();
+    let client = match crate::context::backend() {
+        Backend::Pjrt => Some(crate::context::with(|c| c.client())?),
+        Backend::Reference | Backend::Eager => None,
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let pool = client.filter(|c| c.platform_name() != "cpu").map(|client| {
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            if let Err(err) = client.reserve_device_memory() {
+                tracing::debug!(%err, "kiln: reserving the devices' memory pool failed");
+            }
+            t.elapsed().as_secs_f64() * 1e3
+        })
+    });
+    Ok(ClientStart { seconds, pool })
+}
+
+/// Where a built-in loop's set-up went (`TrainReport::setup`, the CLI JSON's
+/// `setup_breakdown`), in milliseconds of host wall time. The phases
+/// (`model_ms` … `wait_ms`) add up to the set-up but for `other_ms`; the
+/// counters after them say what the steps inside those phases (the init
+/// program on the device placement) spent, from [`crate::metrics`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SetupBreakdown {
+    /// Building the model: its parameters' host data (host init) or their
+    /// init recorded as lazy ops (device init).
+    pub model_ms: f64,
+    /// Applying the run's sharding policy (`--shard`).
+    pub shard_ms: f64,
+    /// Making the optimizer's state.
+    pub optimizer_ms: f64,
+    /// `ParamStore::materialize`: the init program's step cut, compiled or
+    /// loaded, and enqueued.
+    pub init_step_ms: f64,
+    /// Waiting for that step to finish on the devices.
+    pub wait_ms: f64,
+    /// The rest (the generator's seed, the ordered step, the timers).
+    pub other_ms: f64,
+    /// The devices' memory pool reserved on its own thread from the client's
+    /// start (`ClientStart`): overlaps the phases, not part of their sum.
+    pub memory_pool_ms: Option<f64>,
+    /// Counters over the phases: closing traces and looking programs up.
+    pub trace_ms: f64,
+    /// kiln's optimizer pipeline on new programs.
+    pub pipeline_ms: f64,
+    /// Lowering and the plugin's compile.
+    pub compile_ms: f64,
+    /// Loading programs from the persistent cache.
+    pub disk_load_ms: f64,
+    /// Writing new programs to the persistent cache.
+    pub disk_store_ms: f64,
+    /// Moving host arguments to the devices.
+    pub upload_ms: f64,
+    /// Inside the plugin's execute calls.
+    pub execute_ms: f64,
+    /// Blocked on the devices.
+    pub device_wait_ms: f64,
+    /// Programs compiled and loaded from disk during the set-up.
+    pub compiles: u64,
+    pub disk_hits: u64,
+    /// Bytes moved host to device during the set-up.
+    pub host_to_device_bytes: u64,
+}
+
+impl SetupBreakdown {
+    /// Fills the counters with what happened since `before`, and `other_ms`
+    /// with what `total_ms` leaves after the phases.
+    pub(crate) fn finish(&mut self, before: &crate::metrics::Metrics, total_ms: f64) {
+        let after = crate::metrics::snapshot();
+        let ms = |a: std::time::Duration, b: std::time::Duration| a.saturating_sub(b).as_secs_f64() * 1e3;
+        self.trace_ms = ms(after.trace_time, before.trace_time);
+        self.pipeline_ms = ms(after.pipeline_time, before.pipeline_time);
+        self.compile_ms = ms(after.compile_time, before.compile_time);
+        self.disk_load_ms = ms(after.disk_load_time, before.disk_load_time);
+        self.disk_store_ms = ms(after.disk_store_time, before.disk_store_time);
+        self.upload_ms = ms(after.upload_time, before.upload_time);
+        self.execute_ms = ms(after.execute_time, before.execute_time);
+        self.device_wait_ms = ms(after.device_wait_time, before.device_wait_time);
+        self.compiles = after.compiles - before.compiles;
+        self.disk_hits = after.disk_hits - before.disk_hits;
+        self.host_to_device_bytes = after.host_to_device_bytes - before.host_to_device_bytes;
+        let phases = self.model_ms + self.shard_ms + self.optimizer_ms + self.init_step_ms + self.wait_ms;
+        self.other_ms = (total_ms - phases).max(0.0);
+    }
+}
+
+/// Milliseconds since `t`, and restarts `t`.
+pub(crate) fn lap(t: &mut Instant) -> f64 {
+    let now = Instant::now();
+    let ms = now.saturating_duration_since(*t).as_secs_f64() * 1e3;
+    *t = now;
+    ms
+}
+
 /// Where a built-in model initialises: `chosen` when set, else `KILN_INIT`,
 /// else on the devices when steps run through PJRT on an accelerator (the
 /// init program: the same values as host init, nothing uploaded but the
 /// seed), and on the host with the XLA CPU plugin (its devices are host
 /// memory: the init program saves no upload there and costs a compile) and
 /// on the reference and eager backends (which compute on the host anyway).
-/// Opens the PJRT client when that is the backend (a no-op when it is open
-/// already or the backend is another) and returns the seconds it took. The
-/// loops call it before timing their set-up, so that `setup_seconds` is the
-/// model, its parameters and the optimizer, not the plugin's own start
-/// (CUDA context, memory pool), which `client_seconds` reports.
-pub(crate) fn open_client() -> Result<f64> {
-    let started = Instant::now();
-    match crate::context::backend() {
-        Backend::Pjrt => {
-            crate::context::with(|c| c.client())?;
-        }
-        Backend::Reference | Backend::Eager => {}
-    }
-    Ok(started.elapsed().as_secs_f64())
-}
-
 pub fn init_placement(chosen: Option<InitPlacement>) -> Result<InitPlacement> {
     if let Some(p) = chosen {
         return Ok(p);

@@ -13,7 +13,7 @@
 //!
 //! Invariants:
 //! - Value-equal to host init: the integer bits are the same (wrapping `u64`
-//!   `+ * ^` and division by a power of two are exact on both sides); the
+//!   `+ * ^` and logical shifts right are exact on both sides); the
 //!   float transform is the host's, op for op in f64, rounded once to f32
 //!   at the end. What may differ is a transcendental's last f64 bit (the
 //!   backend's `log`/`cos` against the host's libm) or a fused multiply-add
@@ -27,7 +27,7 @@
 //!   the iotas with it (no full copy anywhere).
 //! - One program per list of shapes and kinds, not per seed or offset: each
 //!   random parameter's key (`seed + (first_draw + 1)·γ`, computed on the
-//!   host), its scale (`std`, or `lo` and `hi - lo`) and the shift divisors
+//!   host), its scale (`std`, or `lo` and `hi - lo`) and the shift amounts
 //!   ([`Shifts`]) are scalar parameters of the program; no data of any shape
 //!   is uploaded.
 //! - Two forms ([`InitForm`]) with the same values: per parameter, or (the
@@ -117,13 +117,13 @@ pub fn init_value(seed: u64, spec: &ParamSpec) -> Result<Tensor> {
         Init::Uniform { bound } => {
             let (lo, hi) = (-bound, bound);
             // Host: `(lo + (hi - lo) * u) as f32`.
-            let shifts = Shifts::new();
+            let shifts = Shifts::new()?;
             let u = uniform01(&draws(&key, 1, 0, shape, &shifts)?, &shifts)?;
             u.mul(&input(hi - lo)?)?.add(&input(lo)?)?.to_dtype(DType::F32)
         }
         Init::Normal { std } => {
             // Host Box–Muller: u1 = 1 - uniform(), u2 = uniform(), in that order.
-            let shifts = Shifts::new();
+            let shifts = Shifts::new()?;
             let u1 = uniform01(&draws(&key, 2, 0, shape, &shifts)?, &shifts)?;
             let u2 = uniform01(&draws(&key, 2, 1, shape, &shifts)?, &shifts)?;
             let one_minus = Tensor::full(1.0, DType::F64, shape.clone())?.sub(&u1)?;
@@ -131,7 +131,7 @@ pub fn init_value(seed: u64, spec: &ParamSpec) -> Result<Tensor> {
             let c = u2.mul_scalar(std::f64::consts::TAU)?.cos()?;
             r.mul(&c)?.mul(&input(std)?)?.to_dtype(DType::F32)
         }
-        Init::Constant { value } => Tensor::full(f64::from(value), DType::F32, shape.clone()),
+        Init::Constant { value } => own_full(value, shape),
         Init::Given => Err(crate::FrontendError::InvalidArgument {
             op: "init_value",
             reason: format!("parameter {} was given as data; it has no init to run", spec.name),
@@ -209,7 +209,7 @@ pub(crate) fn normal_run(seed: u64, run: &[&ParamSpec]) -> Result<Vec<Tensor>> {
     let flat = Shape::from(vec![total]);
     let key =
         Tensor::from_literal(u64_literal(seed.wrapping_add(first.first_draw.wrapping_add(1).wrapping_mul(GAMMA))));
-    let shifts = Shifts::new();
+    let shifts = Shifts::new()?;
     let u1 = uniform01(&draws(&key, 2, 0, &flat, &shifts)?, &shifts)?;
     let u2 = uniform01(&draws(&key, 2, 1, &flat, &shifts)?, &shifts)?;
     let one_minus = Tensor::full(1.0, DType::F64, flat.clone())?.sub(&u1)?;
@@ -252,49 +252,92 @@ fn draws(key: &Tensor, step: u64, lane: u64, shape: &Shape, shifts: &Shifts) -> 
     mix(&state, shape, shifts)
 }
 
-/// SplitMix64's output function (shifts right as divisions by powers of two,
-/// which are exact on unsigned integers).
+/// SplitMix64's output function (its shifts right as [`Shifts`] says).
 fn mix(z: &Tensor, shape: &Shape, shifts: &Shifts) -> Result<Tensor> {
-    let z = xor_shift(z, &shifts.by30)?.mul(&u64_full(MIX1, shape)?)?;
-    let z = xor_shift(&z, &shifts.by27)?.mul(&u64_full(MIX2, shape)?)?;
-    xor_shift(&z, &shifts.by31)
+    let z = xor_shift(z, &shifts.by30, shifts.form)?.mul(&u64_full(MIX1, shape)?)?;
+    let z = xor_shift(&z, &shifts.by27, shifts.form)?.mul(&u64_full(MIX2, shape)?)?;
+    xor_shift(&z, &shifts.by31, shifts.form)
 }
 
 /// The right shifts of SplitMix64 (by 30, 27, 31) and of `uniform01` (by
-/// 11) as divisions by `2^bits` whose divisors are `u64` scalar inputs of the
-/// program, not constants. Measured on the H100 (`docs/init.md`): the CUDA
-/// plugin spends seconds per 100 M elements before its compile proper on a
-/// `u64` divide by a constant of a large shape (the flat gpt2-small program
-/// took 13–20 s, its integer part alone 6.9 s), while the same ops with the
-/// divisor out of sight compile in 0.1–0.3 s. The cost is a true 64-bit
-/// division at run time instead of a shift (milliseconds for gpt2-small).
+/// 11), as [`ShiftForm`] says: by default `shift_right_logical` by amounts
+/// that are `u64` scalar inputs of the program, not constants. Measured on
+/// the H100 (`docs/init.md`): the CUDA plugin spent seconds per 100 M
+/// elements before its compile proper on a `u64` divide by a constant of a
+/// large shape (the flat gpt2-small program took 13–20 s, its integer part
+/// alone 6.9 s), while the same ops with the divisor out of sight compiled in
+/// 0.1–0.3 s, at the price of a true 64-bit division at run time.
 struct Shifts {
+    form: ShiftForm,
     by30: Tensor,
     by27: Tensor,
     by31: Tensor,
     by11: Tensor,
 }
 
-impl Shifts {
-    fn new() -> Shifts {
-        let input = |bits: u32| Tensor::from_literal(u64_literal(1u64 << bits));
-        Shifts { by30: input(30), by27: input(27), by31: input(31), by11: input(11) }
+/// How the init program shifts right (`KILN_INIT_SHIFTS`; for measuring the
+/// forms, not for tuning): the values are the same in every form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ShiftForm {
+    /// `shift_right_logical` by scalar inputs (`input`, the default).
+    Input,
+    /// `shift_right_logical` by constants (`constant`).
+    Constant,
+    /// Division by `2^bits` given as scalar inputs (`divide`, the form
+    /// before the shift op existed).
+    Divide,
+}
+
+/// Env var choosing [`ShiftForm`]: `input`, `constant` or `divide`.
+const ENV_INIT_SHIFTS: &str = "KILN_INIT_SHIFTS";
+
+impl ShiftForm {
+    fn from_env() -> Result<ShiftForm> {
+        match std::env::var(ENV_INIT_SHIFTS).ok().as_deref().map(str::trim) {
+            None | Some("") | Some("input") => Ok(ShiftForm::Input),
+            Some("constant") => Ok(ShiftForm::Constant),
+            Some("divide") => Ok(ShiftForm::Divide),
+            Some(other) => Err(crate::FrontendError::BadEnv {
+                var: ENV_INIT_SHIFTS,
+                value: other.to_string(),
+                expected: "input, constant or divide",
+            }),
+        }
     }
 }
 
-/// `z >> bits` as `z / divisor` (exact on unsigned integers).
-fn shift_right(z: &Tensor, divisor: &Tensor) -> Result<Tensor> {
-    z.binary(BinaryOp::Div, &divisor.broadcast_to(z.shape().clone())?)
+impl Shifts {
+    fn new() -> Result<Shifts> {
+        let form = ShiftForm::from_env()?;
+        let input = |bits: u32| -> Result<Tensor> {
+            Ok(match form {
+                ShiftForm::Input => Tensor::from_literal(u64_literal(u64::from(bits))),
+                ShiftForm::Constant => u64_full(u64::from(bits), &Shape::scalar())?,
+                ShiftForm::Divide => Tensor::from_literal(u64_literal(1u64 << bits)),
+            })
+        };
+        Ok(Shifts { form, by30: input(30)?, by27: input(27)?, by31: input(31)?, by11: input(11)? })
+    }
+}
+
+/// `z >> bits`, `amount` being what [`Shifts`] holds for `bits`.
+fn shift_right(z: &Tensor, amount: &Tensor, form: ShiftForm) -> Result<Tensor> {
+    let amount = amount.broadcast_to(z.shape().clone())?;
+    match form {
+        ShiftForm::Input | ShiftForm::Constant => z.binary(BinaryOp::ShiftRightLogical, &amount),
+        // Exact on unsigned integers.
+        ShiftForm::Divide => z.binary(BinaryOp::Div, &amount),
+    }
 }
 
 /// `z ^ (z >> bits)`.
-fn xor_shift(z: &Tensor, divisor: &Tensor) -> Result<Tensor> {
-    z.binary(BinaryOp::Xor, &shift_right(z, divisor)?)
+fn xor_shift(z: &Tensor, amount: &Tensor, form: ShiftForm) -> Result<Tensor> {
+    z.binary(BinaryOp::Xor, &shift_right(z, amount, form)?)
 }
 
 /// Host `uniform()`: the top 53 bits as an f64 fraction in `[0, 1)` (exact).
 fn uniform01(z: &Tensor, shifts: &Shifts) -> Result<Tensor> {
-    shift_right(z, &shifts.by11)?.to_dtype(DType::F64)?.mul_scalar(1.0 / (1u64 << 53) as f64)
+    shift_right(z, &shifts.by11, shifts.form)?.to_dtype(DType::F64)?.mul_scalar(1.0 / (1u64 << 53) as f64)
 }
 
 /// Each element's row-major index, as `Σ iota_d · stride_d`: elementwise in
@@ -319,6 +362,23 @@ fn linear_index(shape: &Shape) -> Result<Tensor> {
     match index {
         Some(i) => Ok(i),
         None => u64_full(0, shape),
+    }
+}
+
+/// `value` broadcast to `shape` as an f32 value of its own: not the step's
+/// shared broadcast constant (`Tensor::full` records one per value, dtype
+/// and shape), which would make every parameter of that value one output
+/// whose buffer they all hold. A shared buffer cannot be donated, so the
+/// first training step would compile without those parameters' aliases,
+/// unlike a host-initialised run's. XLA returns a buffer per output, also
+/// where kiln's passes merge the values.
+pub(crate) fn own_full(value: f32, shape: &Shape) -> Result<Tensor> {
+    let literal = Literal::from_bytes(TensorType::scalar(DType::F32), value.to_le_bytes().to_vec())?;
+    let c = context::with(|c| c.push(Op::Constant { literal })).map(Tensor::wrap)?;
+    if shape.rank() == 0 {
+        Ok(c)
+    } else {
+        c.broadcast_to(shape.clone())
     }
 }
 

@@ -43,7 +43,7 @@ fn exact(op: &Op, operand: DType, result: DType) -> bool {
                 matches!(operand, DType::F32 | DType::F64) || operand.is_integer()
             }
             BinaryOp::Div => matches!(operand, DType::F32 | DType::F64),
-            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => true,
+            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor | BinaryOp::ShiftRightLogical => true,
             BinaryOp::Pow | BinaryOp::Max | BinaryOp::Min | BinaryOp::Rem => false,
         },
         Op::Unary { op: crate::ir::UnaryOp::Neg, .. } => true,
