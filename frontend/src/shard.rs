@@ -573,9 +573,10 @@ pub enum ShardPolicy {
     /// dimension that the axis divides (whole when none does).
     Fsdp { axis: String },
     /// Megatron tensor parallelism over `axis`: `column` Linears (by name,
-    /// `h0.attn.qkv`) split their output features (weight dim 1, bias), `row`
-    /// Linears their input features (weight dim 0; bias whole); the rest
-    /// stays whole.
+    /// `h0.attn.qkv`) split their output features (weight dim 1, bias; for
+    /// shaped outputs such as the attention's `[in, 3, heads, head_dim]`, the
+    /// heads dimension), `row` Linears their input features (weight dim 0;
+    /// bias whole); the rest stays whole.
     TensorParallel { axis: String, column: Vec<String>, row: Vec<String> },
     /// Both: the tensor-parallel splits over `model`, then each parameter
     /// split over `data` along its largest remaining dimension that divides.
@@ -675,11 +676,14 @@ impl ShardPolicy {
             let is_weight = name.ends_with(".weight");
             match linear {
                 Some(l) if column.iter().any(|c| c == l) => {
-                    if is_weight && rank == 2 {
-                        Sharding::split(2, 1, axis)
-                    } else {
-                        Sharding::split(rank, rank.saturating_sub(1), axis)
-                    }
+                    // Flat output features (weight `[in, out]`, bias `[out]`)
+                    // split whole; shaped ones (`[in, 3, heads, head_dim]`,
+                    // `[3, heads, head_dim]`) on the heads, the second to last
+                    // dimension, so every device holds whole heads of q, k and
+                    // v alike.
+                    let flat = if is_weight { rank == 2 } else { rank == 1 };
+                    let dim = if flat { rank.saturating_sub(1) } else { rank.saturating_sub(2) };
+                    Sharding::split(rank, dim, axis)
                 }
                 Some(l) if row.iter().any(|r| r == l) && is_weight && rank == 2 => Sharding::split(2, 0, axis),
                 _ => Sharding::replicated(rank),

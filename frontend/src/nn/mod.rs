@@ -238,7 +238,11 @@ impl ParamStore {
     }
 }
 
-/// `y = x W + b` with `W: [in, out]`.
+/// `y = x W + b` with `W: [in, out]`, or with output features of a shape of
+/// their own, `W: [in, o1, o2, ..]` and `b: [o1, o2, ..]` (the fused attention
+/// projection's `[in, 3, heads, head_dim]`): `x: [.., in]` then gives
+/// `[.., o1, o2, ..]`, the same values as the `[in, o1·o2·..]` Linear with
+/// the same row-major weight, reshaped.
 #[derive(Clone, Debug)]
 pub struct Linear {
     pub weight: Tensor,
@@ -261,6 +265,19 @@ impl Linear {
         Ok(Linear { weight, bias })
     }
 
+    /// GPT-style init with shaped output features: normal(0, std) weights
+    /// `[d_in, out..]`, zero bias `[out..]`. The draws are those of
+    /// [`Linear::new_normal`] with `d_out` = the product of `out`, in the same
+    /// row-major order, so host and device init give the values of the flat
+    /// weight.
+    pub fn new_normal_shaped(ps: &mut ParamStore, name: &str, d_in: usize, out: &[usize], std: f64) -> Result<Linear> {
+        let mut dims = vec![d_in];
+        dims.extend_from_slice(out);
+        let weight = ps.normal(&format!("{name}.weight"), dims, std)?;
+        let bias = Some(ps.constant(&format!("{name}.bias"), out.to_vec(), 0.0)?);
+        Ok(Linear { weight, bias })
+    }
+
     /// In the weight's dtype, or in the autocast dtype inside a scope (bias
     /// included, as a fused `x W + b` would). The input must be floating
     /// point: integer data (raw `u8` pixels) is refused, not converted.
@@ -277,7 +294,30 @@ impl Linear {
                     });
                 }
                 let dtype = amp::compute_dtype(self.weight.dtype());
-                let y = x.to_dtype(dtype)?.matmul(&self.weight)?;
+                let y = if self.weight.rank() == 2 {
+                    x.to_dtype(dtype)?.matmul(&self.weight)?
+                } else {
+                    // Shaped outputs: the one contraction `matmul` records
+                    // for a 2-D weight (x's last dimension with the weight's
+                    // first), its free dimensions kept apart.
+                    let (xr, w) = (x.rank(), &self.weight);
+                    if xr == 0 || w.rank() < 2 || x.dims()[xr - 1] != w.dims()[0] {
+                        return Err(FrontendError::InnerDims {
+                            op: "linear",
+                            lhs: x.shape().clone(),
+                            rhs: w.shape().clone(),
+                            lhs_inner: x.dims().last().copied().unwrap_or(0),
+                            rhs_inner: w.dims().first().copied().unwrap_or(0),
+                        });
+                    }
+                    let dims = kiln_compiler::ir::DotDims {
+                        lhs_batch: vec![],
+                        rhs_batch: vec![],
+                        lhs_contract: vec![xr - 1],
+                        rhs_contract: vec![0],
+                    };
+                    x.to_dtype(dtype)?.dot_general(w, dims)?
+                };
                 match &self.bias {
                     Some(b) => y.add(&b.to_dtype(dtype)?),
                     None => Ok(y),
@@ -293,7 +333,10 @@ impl Module for Linear {
     }
     fn describe(&self) -> String {
         let d = self.weight.dims();
-        format!("Linear({} -> {})", d[0], d[1])
+        match d {
+            [i, o] => format!("Linear({i} -> {o})"),
+            _ => format!("Linear({} -> {:?})", d[0], &d[1..]),
+        }
     }
     fn own_parameters(&self) -> Vec<Tensor> {
         std::iter::once(self.weight.clone()).chain(self.bias.clone()).collect()
@@ -555,6 +598,15 @@ pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> 
 }
 
 /// Multi-head causal self-attention with a fused qkv projection.
+///
+/// The projection's output features have their own shape, `[3, heads,
+/// head_dim]` (weight `[dim, 3, heads, head_dim]`, bias `[3, heads,
+/// head_dim]`): the row-major values of the flat `[dim, 3·dim]` projection,
+/// so the init draws and the arithmetic are those of the flat one, but the
+/// head axis is a dimension a sharding can name. Tensor parallelism splits
+/// it (`shard::ShardPolicy::TensorParallel`): each device then holds q, k
+/// and v of the same contiguous group of heads, and the attention runs on
+/// its heads with no communication (`docs/sharding.md`).
 #[derive(Clone, Debug)]
 pub struct CausalSelfAttention {
     pub qkv: Linear,
@@ -573,7 +625,7 @@ impl CausalSelfAttention {
             });
         }
         Ok(CausalSelfAttention {
-            qkv: Linear::new_normal(ps, &format!("{name}.qkv"), dim, 3 * dim, std)?,
+            qkv: Linear::new_normal_shaped(ps, &format!("{name}.qkv"), dim, &[3, heads, dim / heads], std)?,
             proj: Linear::new_normal(ps, &format!("{name}.proj"), dim, dim, proj_std)?,
             heads,
         })
@@ -599,7 +651,10 @@ impl CausalSelfAttention {
         // call. Slicing on a leading `3` axis instead cost a transpose of the
         // whole gradient plus a separate bias reduction per layer
         // (`docs/composites.md`).
-        let qkv = self.qkv.forward(x)?.reshape([b, t, 3, h, hd])?;
+        // The projection gives `[b, t, 3, h, hd]` itself (a flat `[dim,
+        // 3·dim]` Linear put in the public field by hand is reshaped).
+        let qkv = self.qkv.forward(x)?;
+        let qkv = if qkv.dims() == [b, t, 3, h, hd] { qkv } else { qkv.reshape([b, t, 3, h, hd])? };
         let pick = |i: usize| qkv.narrow(2, i, 1)?.reshape([b, t, h, hd])?.permute(vec![0, 2, 1, 3]);
         let (q, k, v) = (pick(0)?, pick(1)?, pick(2)?);
         let y = scaled_dot_product_attention(&q, &k, &v, true)?.permute(vec![0, 2, 1, 3])?.reshape([b, t, d])?;
