@@ -213,8 +213,9 @@ fn bad_meshes_shardings_and_policies_are_named_errors() -> anyhow::Result<()> {
     assert!(err.0.contains("h9.attn.qkv.weight"), "{}", err.0);
     assert_eq!(err.1, 0, "nothing compiled");
 
-    // A tensor-parallel split the width does not allow: the attention's
-    // output projection's 64 input features over 3.
+    // A tensor-parallel split the model does not allow: the attention's 4
+    // heads over 3 (the qkv weight `[64, 3, 4, 16]` splits on its heads
+    // dimension, the first parameter the policy splits).
     let err = on_thread(Some(mesh("model=3")), Some(PolicyKind::TensorParallel), || {
         let text = text();
         let vocab = CharVocab::new(&text);
@@ -222,7 +223,7 @@ fn bad_meshes_shardings_and_policies_are_named_errors() -> anyhow::Result<()> {
     })?;
     let err = err.expect("refused");
     assert!(
-        err.contains("h0.attn.proj.weight") && err.contains("dimension 0") && err.contains("axis model (size 3)"),
+        err.contains("h0.attn.qkv.weight") && err.contains("dimension 2") && err.contains("axis model (size 3)"),
         "{err}"
     );
 
