@@ -294,30 +294,61 @@ impl Linear {
                     });
                 }
                 let dtype = amp::compute_dtype(self.weight.dtype());
-                let y = if self.weight.rank() == 2 {
-                    x.to_dtype(dtype)?.matmul(&self.weight)?
-                } else {
-                    // Shaped outputs: the one contraction `matmul` records
-                    // for a 2-D weight (x's last dimension with the weight's
-                    // first), its free dimensions kept apart.
-                    let (xr, w) = (x.rank(), &self.weight);
-                    if xr == 0 || w.rank() < 2 || x.dims()[xr - 1] != w.dims()[0] {
-                        return Err(FrontendError::InnerDims {
-                            op: "linear",
-                            lhs: x.shape().clone(),
-                            rhs: w.shape().clone(),
-                            lhs_inner: x.dims().last().copied().unwrap_or(0),
-                            rhs_inner: w.dims().first().copied().unwrap_or(0),
-                        });
-                    }
-                    let dims = kiln_compiler::ir::DotDims {
-                        lhs_batch: vec![],
-                        rhs_batch: vec![],
-                        lhs_contract: vec![xr - 1],
-                        rhs_contract: vec![0],
+                let w = &self.weight;
+                if w.rank() == 2 {
+                    let y = x.to_dtype(dtype)?.matmul(w)?;
+                    return match &self.bias {
+                        Some(b) => y.add(&b.to_dtype(dtype)?),
+                        None => Ok(y),
                     };
-                    x.to_dtype(dtype)?.dot_general(w, dims)?
+                }
+                // Shaped outputs `[in, o1, o2, ..]`.
+                let xr = x.rank();
+                if xr == 0 || x.dims()[xr - 1] != w.dims()[0] {
+                    return Err(FrontendError::InnerDims {
+                        op: "linear",
+                        lhs: x.shape().clone(),
+                        rhs: w.shape().clone(),
+                        lhs_inner: x.dims().last().copied().unwrap_or(0),
+                        rhs_inner: w.dims()[0],
+                    });
+                }
+                let out = &w.dims()[1..];
+                let mut y_dims = x.dims()[..xr - 1].to_vec();
+                y_dims.extend_from_slice(out);
+                let split_out = w.sharding().is_some_and(|s| s.dims()[1..].iter().any(Option::is_some));
+                if !split_out {
+                    // Output features whole on every device: the flat product
+                    // `x [.., in] · W [in, o1·o2·..]`, reshaped. The same
+                    // values as the shaped one, and what XLA compiles best:
+                    // a 2-D weight's transpose in the input gradient (`dy ·
+                    // Wᵀ`) folds into the GEMM, while a weight with several
+                    // free dimensions is transposed into a copy first (the
+                    // tiny GPT's CPU step: +2 copies, +2 transposes). This
+                    // keeps the unsharded program the one of the flat
+                    // `[in, 3·dim]` qkv Linear.
+                    let n = out.iter().product::<usize>();
+                    let y = x.to_dtype(dtype)?.matmul(&w.reshape([w.dims()[0], n])?)?;
+                    let y = match &self.bias {
+                        Some(b) => y.add(&b.to_dtype(dtype)?.reshape([n])?)?,
+                        None => y,
+                    };
+                    return y.reshape(y_dims);
+                }
+                // An output dimension split over a mesh axis (tensor
+                // parallelism on the attention's heads): the contraction
+                // `matmul` records for a 2-D weight (x's last dimension with
+                // the weight's first), its free dimensions kept apart, so
+                // the partitioner keeps the split on the result with no
+                // communication (a reshape to the flat weight could not
+                // express the split and would reshard it).
+                let dims = kiln_compiler::ir::DotDims {
+                    lhs_batch: vec![],
+                    rhs_batch: vec![],
+                    lhs_contract: vec![xr - 1],
+                    rhs_contract: vec![0],
                 };
+                let y = x.to_dtype(dtype)?.dot_general(w, dims)?;
                 match &self.bias {
                     Some(b) => y.add(&b.to_dtype(dtype)?),
                     None => Ok(y),
