@@ -871,6 +871,32 @@ mod tests {
     }
 
     #[test]
+    fn tensor_parallelism_splits_the_fused_qkv_on_its_heads() {
+        let m = Mesh::new(&[("data", 2), ("model", 2)]).unwrap();
+        let ty = |dims: &[usize]| TensorType::new(DType::F32, dims.to_vec());
+        let (column, row) = (vec!["h0.attn.qkv".to_string()], vec!["h0.attn.proj".to_string()]);
+        let tp = ShardPolicy::TensorParallel { axis: "model".into(), column: column.clone(), row: row.clone() };
+        let of = |p: &ShardPolicy, name: &str, dims: &[usize]| p.sharding_of(name, &ty(dims), &m).unwrap().to_string();
+        // Shaped output features: the heads dimension (weight 2, bias 1).
+        assert_eq!(of(&tp, "h0.attn.qkv.weight", &[64, 3, 4, 16]), "[_, _, model, _]");
+        assert_eq!(of(&tp, "h0.attn.qkv.bias", &[3, 4, 16]), "[_, model, _]");
+        // Flat ones (a user's [in, 3·dim] Linear of that name): whole output features.
+        assert_eq!(of(&tp, "h0.attn.qkv.weight", &[64, 192]), "[_, model]");
+        assert_eq!(of(&tp, "h0.attn.qkv.bias", &[192]), "[model]");
+        assert_eq!(of(&tp, "h0.attn.proj.weight", &[64, 64]), "[model, _]");
+        assert_eq!(of(&tp, "h0.attn.proj.bias", &[64]), "[_]");
+        // FSDP×TP: data on the largest dimension left.
+        let both = ShardPolicy::FsdpTp { data: "data".into(), model: "model".into(), column, row };
+        assert_eq!(of(&both, "h0.attn.qkv.weight", &[64, 3, 4, 16]), "[data, _, model, _]");
+        assert_eq!(of(&both, "h0.attn.qkv.bias", &[3, 4, 16]), "[_, model, data]");
+        // Heads that do not divide the axis: refused, naming the dimension.
+        let m3 = Mesh::new(&[("model", 3)]).unwrap();
+        let s = tp.sharding_of("h0.attn.qkv.weight", &ty(&[48, 3, 4, 12]), &m3).unwrap();
+        let e = s.check("h0.attn.qkv.weight", &ty(&[48, 3, 4, 12]), &m3).unwrap_err().to_string();
+        assert!(e.contains("dimension 2") && e.contains("size 4") && e.contains("model (size 3)"), "{e}");
+    }
+
+    #[test]
     fn checks_name_tensor_dimension_and_axis() {
         let m = Mesh::new(&[("data", 4)]).unwrap();
         let ty = TensorType::new(DType::F32, vec![6usize, 8]);

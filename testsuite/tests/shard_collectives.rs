@@ -74,7 +74,7 @@ fn collectives(hlo: &str) -> Vec<Collective> {
         }
         let groups = rhs
             .split_once("replica_groups=")
-            .map(|(_, g)| g.split(|c| c == ' ').next().unwrap_or("").trim_end_matches(',').to_string())
+            .map(|(_, g)| g.split(' ').next().unwrap_or("").trim_end_matches(',').to_string())
             .unwrap_or_default();
         out.push(Collective { opcode: opcode.to_string(), shape, groups });
     }

@@ -304,13 +304,13 @@ impl Linear {
                 }
                 // Shaped outputs `[in, o1, o2, ..]`.
                 let xr = x.rank();
-                if xr == 0 || x.dims()[xr - 1] != w.dims()[0] {
+                if xr == 0 || w.rank() < 2 || x.dims()[xr - 1] != w.dims()[0] {
                     return Err(FrontendError::InnerDims {
                         op: "linear",
                         lhs: x.shape().clone(),
                         rhs: w.shape().clone(),
                         lhs_inner: x.dims().last().copied().unwrap_or(0),
-                        rhs_inner: w.dims()[0],
+                        rhs_inner: w.dims().first().copied().unwrap_or(0),
                     });
                 }
                 let out = &w.dims()[1..];
