@@ -68,13 +68,14 @@ fn bad_shard_specs_are_named_errors() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("model=3") && err.contains("4 devices"), "{err}");
-    // tp=3 on 3 devices: the attention projection's 64 input features do not
-    // split 3 ways; refused before anything compiles.
+    // tp=3 on 3 devices: the attention's 4 heads (the qkv weight's dimension
+    // 2, which TP splits) do not split 3 ways; refused before anything
+    // compiles.
     let out = train(&[("KILN_CPU_DEVICES", "3")], &text, "tp=3");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("h0.attn.proj.weight") && err.contains("dimension 0") && err.contains("axis model (size 3)"),
+        err.contains("h0.attn.qkv.weight") && err.contains("dimension 2") && err.contains("axis model (size 3)"),
         "{err}"
     );
     // Not a spec at all, and dp mixed with a mesh.

@@ -267,8 +267,22 @@ pub fn load_bytes(bytes: &[u8], path: &Path) -> Result<Loaded> {
     Ok(Loaded { step, tensors })
 }
 
-/// Loads `path` into `targets` (every target must be present with its type);
-/// returns the saved step. Nothing is assigned unless all targets match.
+/// Whether `file` is `model` with some trailing dimensions merged into one
+/// (same dtype: `[64, 192]` for `[64, 3, 4, 16]`, `[192]` for `[3, 4, 16]`):
+/// the same row-major values, so the bytes load as they are.
+fn merges_trailing_dims(file: &TensorType, model: &TensorType) -> bool {
+    let (f, m) = (file.shape.dims(), model.shape.dims());
+    if file.dtype != model.dtype || f.is_empty() || f.len() >= m.len() {
+        return false;
+    }
+    let k = f.len() - 1;
+    f[..k] == m[..k] && f[k] == m[k..].iter().product::<usize>()
+}
+
+/// Loads `path` into `targets` (every target must be present with its type,
+/// or, for layouts kiln regrouped, with its trailing dimensions merged:
+/// [`merges_trailing_dims`]); returns the saved step. Nothing is assigned
+/// unless all targets match.
 pub fn restore(path: impl AsRef<Path>, targets: &[(String, Tensor)]) -> Result<u64> {
     let path = path.as_ref();
     let loaded = load(path)?;
@@ -277,12 +291,21 @@ pub fn restore(path: impl AsRef<Path>, targets: &[(String, Tensor)]) -> Result<u
         let lit = loaded.tensors.iter().find(|(n, _)| n == name).map(|(_, l)| l).ok_or_else(|| {
             FrontendError::Checkpoint { path: path.to_path_buf(), reason: format!("no tensor {name}") }
         })?;
-        if lit.ty() != t.ty() {
+        let regrouped;
+        let lit = if lit.ty() == t.ty() {
+            lit
+        } else if merges_trailing_dims(lit.ty(), t.ty()) {
+            // The same row-major values with the trailing dimensions grouped
+            // differently: a layout kiln moved to without reordering (the
+            // attention's qkv `[dim, 3·dim]` → `[dim, 3, heads, head_dim]`).
+            regrouped = Literal::from_bytes(t.ty().clone(), lit.bytes().to_vec())?;
+            &regrouped
+        } else {
             return Err(FrontendError::Checkpoint {
                 path: path.to_path_buf(),
                 reason: format!("tensor {name} is {} in the file but {} in the model", lit.ty(), t.ty()),
             });
-        }
+        };
         // Replicas 1.. saved apart: there must be one per replica of this run.
         let others: Vec<&Literal> = (1..)
             .map_while(|r| loaded.tensors.iter().find(|(n, _)| *n == format!("{name}{REPLICA_SEP}{r}")).map(|(_, l)| l))
@@ -301,7 +324,10 @@ pub fn restore(path: impl AsRef<Path>, targets: &[(String, Tensor)]) -> Result<u
                 });
             }
             let mut all = vec![lit.clone()];
-            all.extend(others.into_iter().cloned());
+            for o in others {
+                // Regrouped as the first replica's value was.
+                all.push(if o.ty() == t.ty() { o.clone() } else { Literal::from_bytes(t.ty().clone(), o.bytes().to_vec())? });
+            }
             crate::replicas::from_literal_shards(all)?
         };
         plan.push((t, value));

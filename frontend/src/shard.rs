@@ -573,9 +573,10 @@ pub enum ShardPolicy {
     /// dimension that the axis divides (whole when none does).
     Fsdp { axis: String },
     /// Megatron tensor parallelism over `axis`: `column` Linears (by name,
-    /// `h0.attn.qkv`) split their output features (weight dim 1, bias), `row`
-    /// Linears their input features (weight dim 0; bias whole); the rest
-    /// stays whole.
+    /// `h0.attn.qkv`) split their output features (weight dim 1, bias; for
+    /// shaped outputs such as the attention's `[in, 3, heads, head_dim]`, the
+    /// heads dimension), `row` Linears their input features (weight dim 0;
+    /// bias whole); the rest stays whole.
     TensorParallel { axis: String, column: Vec<String>, row: Vec<String> },
     /// Both: the tensor-parallel splits over `model`, then each parameter
     /// split over `data` along its largest remaining dimension that divides.
@@ -675,11 +676,14 @@ impl ShardPolicy {
             let is_weight = name.ends_with(".weight");
             match linear {
                 Some(l) if column.iter().any(|c| c == l) => {
-                    if is_weight && rank == 2 {
-                        Sharding::split(2, 1, axis)
-                    } else {
-                        Sharding::split(rank, rank.saturating_sub(1), axis)
-                    }
+                    // Flat output features (weight `[in, out]`, bias `[out]`)
+                    // split whole; shaped ones (`[in, 3, heads, head_dim]`,
+                    // `[3, heads, head_dim]`) on the heads, the second to last
+                    // dimension, so every device holds whole heads of q, k and
+                    // v alike.
+                    let flat = if is_weight { rank == 2 } else { rank == 1 };
+                    let dim = if flat { rank.saturating_sub(1) } else { rank.saturating_sub(2) };
+                    Sharding::split(rank, dim, axis)
                 }
                 Some(l) if row.iter().any(|r| r == l) && is_weight && rank == 2 => Sharding::split(2, 0, axis),
                 _ => Sharding::replicated(rank),
@@ -864,6 +868,32 @@ mod tests {
             }
         }
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn tensor_parallelism_splits_the_fused_qkv_on_its_heads() {
+        let m = Mesh::new(&[("data", 2), ("model", 2)]).unwrap();
+        let ty = |dims: &[usize]| TensorType::new(DType::F32, dims.to_vec());
+        let (column, row) = (vec!["h0.attn.qkv".to_string()], vec!["h0.attn.proj".to_string()]);
+        let tp = ShardPolicy::TensorParallel { axis: "model".into(), column: column.clone(), row: row.clone() };
+        let of = |p: &ShardPolicy, name: &str, dims: &[usize]| p.sharding_of(name, &ty(dims), &m).unwrap().to_string();
+        // Shaped output features: the heads dimension (weight 2, bias 1).
+        assert_eq!(of(&tp, "h0.attn.qkv.weight", &[64, 3, 4, 16]), "[_, _, model, _]");
+        assert_eq!(of(&tp, "h0.attn.qkv.bias", &[3, 4, 16]), "[_, model, _]");
+        // Flat ones (a user's [in, 3·dim] Linear of that name): whole output features.
+        assert_eq!(of(&tp, "h0.attn.qkv.weight", &[64, 192]), "[_, model]");
+        assert_eq!(of(&tp, "h0.attn.qkv.bias", &[192]), "[model]");
+        assert_eq!(of(&tp, "h0.attn.proj.weight", &[64, 64]), "[model, _]");
+        assert_eq!(of(&tp, "h0.attn.proj.bias", &[64]), "[_]");
+        // FSDP×TP: data on the largest dimension left.
+        let both = ShardPolicy::FsdpTp { data: "data".into(), model: "model".into(), column, row };
+        assert_eq!(of(&both, "h0.attn.qkv.weight", &[64, 3, 4, 16]), "[data, _, model, _]");
+        assert_eq!(of(&both, "h0.attn.qkv.bias", &[3, 4, 16]), "[_, model, data]");
+        // Heads that do not divide the axis: refused, naming the dimension.
+        let m3 = Mesh::new(&[("model", 3)]).unwrap();
+        let s = tp.sharding_of("h0.attn.qkv.weight", &ty(&[48, 3, 4, 12]), &m3).unwrap();
+        let e = s.check("h0.attn.qkv.weight", &ty(&[48, 3, 4, 12]), &m3).unwrap_err().to_string();
+        assert!(e.contains("dimension 2") && e.contains("size 4") && e.contains("model (size 3)"), "{e}");
     }
 
     #[test]

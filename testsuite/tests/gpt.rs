@@ -36,3 +36,63 @@ fn a_too_short_or_missing_text_is_an_error_naming_the_path() {
     let err = gpt::read_text(&dir.path().join("missing.txt"), 32).unwrap_err().to_string();
     assert!(err.contains("missing.txt"), "{err}");
 }
+
+/// The fused qkv projection keeps its output features as `[3, heads,
+/// head_dim]` (so tensor parallelism can split the heads): a checkpoint
+/// written before that, with the flat `[dim, 3·dim]` weight, `[3·dim]` bias
+/// and their AdamW state, has the same row-major values and loads bit for
+/// bit; a shape that is not such a regrouping is an error naming the tensor
+/// and both types.
+#[test]
+fn a_checkpoint_of_the_flat_qkv_layout_loads_into_the_heads_layout() -> anyhow::Result<()> {
+    use kiln::models::gpt::GptTrainer;
+    use kiln::{checkpoint, Tensor};
+    let dir = tempfile::tempdir()?;
+    let text = gpt::read_text(Path::new(TEXT), 32)?;
+    let vocab = CharVocab::new(&text);
+    let cfg = GptConfig { batch: 4, layers: 1, ..GptConfig::tiny(vocab.len()) };
+    let mut saved = GptTrainer::new(vocab.encode(&text), &cfg)?;
+    // One step, so the AdamW moments are not zeros.
+    saved.train_step(3e-3)?;
+    let mut flattened = Vec::new();
+    let flat = saved
+        .state()
+        .into_iter()
+        .map(|(n, t)| {
+            let d = t.dims().to_vec();
+            let t = match d.len() {
+                4 => t.reshape([d[0], d[1] * d[2] * d[3]])?,
+                3 => t.reshape([d[0] * d[1] * d[2]])?,
+                _ => t,
+            };
+            if d.len() >= 3 {
+                flattened.push(format!("{n} {}", t.ty()));
+            }
+            Ok((n, t))
+        })
+        .collect::<kiln::Result<Vec<(String, Tensor)>>>()?;
+    // The qkv weight and bias and their m and v.
+    assert_eq!(flattened.len(), 6, "{flattened:?}");
+    assert!(flattened.contains(&"param.h0.attn.qkv.weight tensor<64x192xf32>".to_string()), "{flattened:?}");
+    let path = dir.path().join("flat.safetensors");
+    checkpoint::save(&path, saved.step, &flat)?;
+
+    // Another seed: every value differs until the restore.
+    let restored = GptTrainer::new(vocab.encode(&text), &GptConfig { seed: 7, ..cfg.clone() })?;
+    assert_eq!(checkpoint::restore(&path, &restored.state())?, 1);
+    for ((n, a), (m, b)) in saved.state().iter().zip(&restored.state()) {
+        assert_eq!((n, a.ty()), (m, b.ty()));
+        let (a, b) = (a.to_literal()?, b.to_literal()?);
+        assert!(a.bytes() == b.bytes(), "{n} is not bit-identical after the restore");
+    }
+
+    // Not a regrouping: the weight transposed.
+    let w = saved.params.get("h0.attn.qkv.weight").expect("a GPT parameter").clone();
+    let bad = dir.path().join("transposed.safetensors");
+    checkpoint::save(&bad, 1, &[("h0.attn.qkv.weight".to_string(), w.reshape([64, 192])?.t()?)])?;
+    let err = checkpoint::restore(&bad, &[("h0.attn.qkv.weight".to_string(), w)]).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, kiln::FrontendError::Checkpoint { .. }), "{msg}");
+    assert!(msg.contains("h0.attn.qkv.weight") && msg.contains("tensor<192x64xf32>") && msg.contains("tensor<64x3x4x16xf32>"), "{msg}");
+    Ok(())
+}

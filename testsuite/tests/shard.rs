@@ -213,8 +213,9 @@ fn bad_meshes_shardings_and_policies_are_named_errors() -> anyhow::Result<()> {
     assert!(err.0.contains("h9.attn.qkv.weight"), "{}", err.0);
     assert_eq!(err.1, 0, "nothing compiled");
 
-    // A tensor-parallel split the width does not allow: the attention's
-    // output projection's 64 input features over 3.
+    // A tensor-parallel split the model does not allow: the attention's 4
+    // heads over 3 (the qkv weight `[64, 3, 4, 16]` splits on its heads
+    // dimension, the first parameter the policy splits).
     let err = on_thread(Some(mesh("model=3")), Some(PolicyKind::TensorParallel), || {
         let text = text();
         let vocab = CharVocab::new(&text);
@@ -222,7 +223,7 @@ fn bad_meshes_shardings_and_policies_are_named_errors() -> anyhow::Result<()> {
     })?;
     let err = err.expect("refused");
     assert!(
-        err.contains("h0.attn.proj.weight") && err.contains("dimension 0") && err.contains("axis model (size 3)"),
+        err.contains("h0.attn.qkv.weight") && err.contains("dimension 2") && err.contains("axis model (size 3)"),
         "{err}"
     );
 
@@ -230,5 +231,44 @@ fn bad_meshes_shardings_and_policies_are_named_errors() -> anyhow::Result<()> {
     // checked by `plan_for` (KILN_CPU_DEVICES): see the CLI tests, which own
     // their environment. Here: a mesh spec that is not one.
     assert!(Mesh::parse("data=0").unwrap_err().to_string().contains("size 0"));
+    Ok(())
+}
+
+/// On-device init under tensor parallelism: each parameter is computed in its
+/// sharding (the qkv weight `[64, 3, 4, 16]` split on its heads, one head per
+/// device over `model=4`; under FSDP×TP also over `data`) and assembles to the
+/// values host init gives on one device, bit for bit.
+#[test]
+fn device_init_under_tensor_parallelism_gives_host_init_values() -> anyhow::Result<()> {
+    use kiln::nn::InitPlacement;
+    let text = text();
+    let vocab = CharVocab::new(&text);
+    let params = |mesh: Option<Mesh>, policy: Option<PolicyKind>, init: InitPlacement| {
+        let (data, cfg) = (vocab.encode(&text), GptConfig { init: Some(init), ..config(vocab.len()) });
+        on_thread(mesh, policy, move || {
+            let t = GptTrainer::new(data, &cfg)?;
+            let qkv = t.params.get("h0.attn.qkv.weight").expect("a GPT parameter");
+            let sharding = qkv.sharding().map(|s| s.to_string());
+            let values = t
+                .params
+                .iter()
+                .map(|(n, p)| Ok((n.to_string(), p.to_vec::<f32>()?.iter().map(|x| x.to_bits()).collect::<Vec<_>>())))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            Ok((sharding, values))
+        })
+    };
+    let (_, host) = params(None, None, InitPlacement::Host)?;
+    for (spec, policy, want) in [
+        ("model=4", PolicyKind::TensorParallel, "[_, _, model, _]"),
+        ("data=2,model=2", PolicyKind::FsdpTp, "[data, _, model, _]"),
+    ] {
+        let (sharding, device) = params(Some(mesh(spec)), Some(policy), InitPlacement::Device)?;
+        assert_eq!(sharding.as_deref(), Some(want), "{spec}: the qkv weight's sharding");
+        assert_eq!(host.len(), device.len());
+        for ((n, a), (m, b)) in host.iter().zip(&device) {
+            assert_eq!(n, m);
+            assert!(a == b, "{spec}: {n} differs from host init");
+        }
+    }
     Ok(())
 }

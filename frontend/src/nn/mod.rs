@@ -239,7 +239,11 @@ impl ParamStore {
     }
 }
 
-/// `y = x W + b` with `W: [in, out]`.
+/// `y = x W + b` with `W: [in, out]`, or with output features of a shape of
+/// their own, `W: [in, o1, o2, ..]` and `b: [o1, o2, ..]` (the fused attention
+/// projection's `[in, 3, heads, head_dim]`): `x: [.., in]` then gives
+/// `[.., o1, o2, ..]`, the same values as the `[in, o1·o2·..]` Linear with
+/// the same row-major weight, reshaped.
 #[derive(Clone, Debug)]
 pub struct Linear {
     pub weight: Tensor,
@@ -262,6 +266,19 @@ impl Linear {
         Ok(Linear { weight, bias })
     }
 
+    /// GPT-style init with shaped output features: normal(0, std) weights
+    /// `[d_in, out..]`, zero bias `[out..]`. The draws are those of
+    /// [`Linear::new_normal`] with `d_out` = the product of `out`, in the same
+    /// row-major order, so host and device init give the values of the flat
+    /// weight.
+    pub fn new_normal_shaped(ps: &mut ParamStore, name: &str, d_in: usize, out: &[usize], std: f64) -> Result<Linear> {
+        let mut dims = vec![d_in];
+        dims.extend_from_slice(out);
+        let weight = ps.normal(&format!("{name}.weight"), dims, std)?;
+        let bias = Some(ps.constant(&format!("{name}.bias"), out.to_vec(), 0.0)?);
+        Ok(Linear { weight, bias })
+    }
+
     /// In the weight's dtype, or in the autocast dtype inside a scope (bias
     /// included, as a fused `x W + b` would). The input must be floating
     /// point: integer data (raw `u8` pixels) is refused, not converted.
@@ -278,7 +295,61 @@ impl Linear {
                     });
                 }
                 let dtype = amp::compute_dtype(self.weight.dtype());
-                let y = x.to_dtype(dtype)?.matmul(&self.weight)?;
+                let w = &self.weight;
+                if w.rank() == 2 {
+                    let y = x.to_dtype(dtype)?.matmul(w)?;
+                    return match &self.bias {
+                        Some(b) => y.add(&b.to_dtype(dtype)?),
+                        None => Ok(y),
+                    };
+                }
+                // Shaped outputs `[in, o1, o2, ..]`.
+                let xr = x.rank();
+                if xr == 0 || w.rank() < 2 || x.dims()[xr - 1] != w.dims()[0] {
+                    return Err(FrontendError::InnerDims {
+                        op: "linear",
+                        lhs: x.shape().clone(),
+                        rhs: w.shape().clone(),
+                        lhs_inner: x.dims().last().copied().unwrap_or(0),
+                        rhs_inner: w.dims().first().copied().unwrap_or(0),
+                    });
+                }
+                let out = &w.dims()[1..];
+                let mut y_dims = x.dims()[..xr - 1].to_vec();
+                y_dims.extend_from_slice(out);
+                let split_out = w.sharding().is_some_and(|s| s.dims()[1..].iter().any(Option::is_some));
+                if !split_out {
+                    // Output features whole on every device: the flat product
+                    // `x [.., in] · W [in, o1·o2·..]`, reshaped. The same
+                    // values as the shaped one, and what XLA compiles best:
+                    // a 2-D weight's transpose in the input gradient (`dy ·
+                    // Wᵀ`) folds into the GEMM, while a weight with several
+                    // free dimensions is transposed into a copy first (the
+                    // tiny GPT's CPU step: +2 copies, +2 transposes). This
+                    // keeps the unsharded program the one of the flat
+                    // `[in, 3·dim]` qkv Linear.
+                    let n = out.iter().product::<usize>();
+                    let y = x.to_dtype(dtype)?.matmul(&w.reshape([w.dims()[0], n])?)?;
+                    let y = match &self.bias {
+                        Some(b) => y.add(&b.to_dtype(dtype)?.reshape([n])?)?,
+                        None => y,
+                    };
+                    return y.reshape(y_dims);
+                }
+                // An output dimension split over a mesh axis (tensor
+                // parallelism on the attention's heads): the contraction
+                // `matmul` records for a 2-D weight (x's last dimension with
+                // the weight's first), its free dimensions kept apart, so
+                // the partitioner keeps the split on the result with no
+                // communication (a reshape to the flat weight could not
+                // express the split and would reshard it).
+                let dims = kiln_compiler::ir::DotDims {
+                    lhs_batch: vec![],
+                    rhs_batch: vec![],
+                    lhs_contract: vec![xr - 1],
+                    rhs_contract: vec![0],
+                };
+                let y = x.to_dtype(dtype)?.dot_general(w, dims)?;
                 match &self.bias {
                     Some(b) => y.add(&b.to_dtype(dtype)?),
                     None => Ok(y),
@@ -294,7 +365,10 @@ impl Module for Linear {
     }
     fn describe(&self) -> String {
         let d = self.weight.dims();
-        format!("Linear({} -> {})", d[0], d[1])
+        match d {
+            [i, o] => format!("Linear({i} -> {o})"),
+            _ => format!("Linear({} -> {:?})", d[0], &d[1..]),
+        }
     }
     fn own_parameters(&self) -> Vec<Tensor> {
         std::iter::once(self.weight.clone()).chain(self.bias.clone()).collect()
@@ -556,6 +630,15 @@ pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> 
 }
 
 /// Multi-head causal self-attention with a fused qkv projection.
+///
+/// The projection's output features have their own shape, `[3, heads,
+/// head_dim]` (weight `[dim, 3, heads, head_dim]`, bias `[3, heads,
+/// head_dim]`): the row-major values of the flat `[dim, 3·dim]` projection,
+/// so the init draws and the arithmetic are those of the flat one, but the
+/// head axis is a dimension a sharding can name. Tensor parallelism splits
+/// it (`shard::ShardPolicy::TensorParallel`): each device then holds q, k
+/// and v of the same contiguous group of heads, and the attention runs on
+/// its heads with no communication (`docs/sharding.md`).
 #[derive(Clone, Debug)]
 pub struct CausalSelfAttention {
     pub qkv: Linear,
@@ -574,7 +657,7 @@ impl CausalSelfAttention {
             });
         }
         Ok(CausalSelfAttention {
-            qkv: Linear::new_normal(ps, &format!("{name}.qkv"), dim, 3 * dim, std)?,
+            qkv: Linear::new_normal_shaped(ps, &format!("{name}.qkv"), dim, &[3, heads, dim / heads], std)?,
             proj: Linear::new_normal(ps, &format!("{name}.proj"), dim, dim, proj_std)?,
             heads,
         })
@@ -600,7 +683,10 @@ impl CausalSelfAttention {
         // call. Slicing on a leading `3` axis instead cost a transpose of the
         // whole gradient plus a separate bias reduction per layer
         // (`docs/composites.md`).
-        let qkv = self.qkv.forward(x)?.reshape([b, t, 3, h, hd])?;
+        // The projection gives `[b, t, 3, h, hd]` itself (a flat `[dim,
+        // 3·dim]` Linear put in the public field by hand is reshaped).
+        let qkv = self.qkv.forward(x)?;
+        let qkv = if qkv.dims() == [b, t, 3, h, hd] { qkv } else { qkv.reshape([b, t, 3, h, hd])? };
         let pick = |i: usize| qkv.narrow(2, i, 1)?.reshape([b, t, h, hd])?.permute(vec![0, 2, 1, 3]);
         let (q, k, v) = (pick(0)?, pick(1)?, pick(2)?);
         let y = scaled_dot_product_attention(&q, &k, &v, true)?.permute(vec![0, 2, 1, 3])?.reshape([b, t, d])?;
