@@ -214,7 +214,8 @@ fn expensive(g: &Graph, n: NodeId) -> bool {
             | BinaryOp::Min
             | BinaryOp::And
             | BinaryOp::Or
-            | BinaryOp::Xor => false,
+            | BinaryOp::Xor
+            | BinaryOp::ShiftRightLogical => false,
         },
         _ => false,
     }
