@@ -96,3 +96,26 @@ fn a_checkpoint_of_the_flat_qkv_layout_loads_into_the_heads_layout() -> anyhow::
     assert!(msg.contains("h0.attn.qkv.weight") && msg.contains("tensor<192x64xf32>") && msg.contains("tensor<64x3x4x16xf32>"), "{msg}");
     Ok(())
 }
+
+/// The eager step's program writes back the training state and the loss, not
+/// the gradients: they are dead once the update is recorded, and as outputs
+/// they would cost a parameter-sized write per step (and a gather of whole
+/// gradients under a mesh).
+#[test]
+fn the_eager_step_does_not_output_the_gradients() -> anyhow::Result<()> {
+    use kiln::models::gpt::GptTrainer;
+    kiln::set_disk_cache(None)?;
+    let text = gpt::read_text(Path::new(TEXT), 32)?;
+    let vocab = CharVocab::new(&text);
+    let cfg = GptConfig { batch: 4, layers: 1, ..GptConfig::tiny(vocab.len()) };
+    let mut t = GptTrainer::new(vocab.encode(&text), &cfg)?;
+    t.train_step(3e-3)?;
+    let state_bytes: u64 = t.state().iter().map(|(_, x)| x.ty().size_in_bytes() as u64).sum();
+    let stats = kiln::shard::program_memory_stats()?;
+    let step = stats.last().expect("the step compiled a program");
+    let outputs = step.output_size_in_bytes as u64;
+    // The state plus the loss and a few scalars; the gradients alone would add
+    // about a third of the state (parameters, AdamW m and v).
+    assert!(outputs <= state_bytes + 1024, "outputs {outputs} B, training state {state_bytes} B");
+    Ok(())
+}

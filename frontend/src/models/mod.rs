@@ -176,6 +176,10 @@ pub(crate) fn update_and_step(params: &ParamStore, opt: &mut AdamW, loss: &Tenso
     let tensors = params.tensors();
     let grads = replicas::all_reduce_mean(&grad(loss, &tensors)?)?;
     opt.step(&tensors, &grads, lr)?;
+    // The gradients are dead once the update is recorded; held across
+    // `mark_step` they would become outputs of the step (written back, and
+    // gathered whole under a mesh).
+    drop(grads);
     let mean_loss = replicas::all_reduce_mean(std::slice::from_ref(loss))?.remove(0);
     mark_step()?;
     mean_loss.item()
