@@ -44,6 +44,60 @@ pub struct GptConfig {
     /// Where parameters are initialised; `None`: `KILN_INIT`, else on the
     /// devices on the PJRT backend (`super::init_placement`).
     pub init: Option<InitPlacement>,
+    /// How the loss meets the tied LM head; `None`: `KILN_LM_HEAD`, else
+    /// [`LmHeadLoss::DEFAULT`] ([`LmHeadLoss::resolve`]).
+    pub lm_head: Option<LmHeadLoss>,
+}
+
+/// Environment variable for [`GptConfig::lm_head`]: `logits`, `blocks` or
+/// `blocks:MIB` (blocks of at most MIB MiB of f32 logits).
+pub const ENV_LM_HEAD: &str = "KILN_LM_HEAD";
+
+/// How [`Gpt::loss`] computes the cross-entropy of the tied LM head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LmHeadLoss {
+    /// `[tokens, vocab]` logits through `nn::cross_entropy`, as
+    /// [`Gpt::forward`] returns them.
+    Logits,
+    /// `nn::lm_head_cross_entropy_blocks`: the logits made in row blocks of at
+    /// most `block_bytes` f32 bytes and never whole; with the mean's uniform
+    /// cotangent the compiler fuses loss and gradient into one loop
+    /// (`docs/composites.md`).
+    Blocks { block_bytes: u64 },
+}
+
+impl LmHeadLoss {
+    /// What a GPT uses when neither the config nor `KILN_LM_HEAD` says.
+    pub const DEFAULT: LmHeadLoss = LmHeadLoss::Blocks { block_bytes: nn::LM_HEAD_BLOCK_BYTES };
+
+    /// `chosen`, else `KILN_LM_HEAD`, else [`LmHeadLoss::DEFAULT`].
+    pub fn resolve(chosen: Option<LmHeadLoss>) -> Result<LmHeadLoss> {
+        if let Some(c) = chosen {
+            return Ok(c);
+        }
+        match std::env::var(ENV_LM_HEAD) {
+            Ok(v) if !v.trim().is_empty() => LmHeadLoss::parse(v.trim()).ok_or(FrontendError::BadEnv {
+                var: ENV_LM_HEAD,
+                value: v,
+                expected: "logits, blocks or blocks:MIB (a whole number of MiB >= 1)",
+            }),
+            _ => Ok(LmHeadLoss::DEFAULT),
+        }
+    }
+
+    /// `logits`, `blocks` or `blocks:MIB`.
+    pub fn parse(s: &str) -> Option<LmHeadLoss> {
+        match s.split_once(':') {
+            None if s == "logits" => Some(LmHeadLoss::Logits),
+            None if s == "blocks" => Some(LmHeadLoss::DEFAULT),
+            None => None,
+            Some(("blocks", mib)) => {
+                let mib: u64 = mib.parse().ok().filter(|&m| m >= 1)?;
+                Some(LmHeadLoss::Blocks { block_bytes: mib.checked_mul(1 << 20)? })
+            }
+            Some(_) => None,
+        }
+    }
 }
 
 impl GptConfig {
@@ -63,6 +117,7 @@ impl GptConfig {
             amp: None,
             max_grad_norm: None,
             init: None,
+            lm_head: None,
         }
     }
 
@@ -82,6 +137,7 @@ impl GptConfig {
             amp: None,
             max_grad_norm: None,
             init: None,
+            lm_head: None,
         }
     }
 }
@@ -166,6 +222,13 @@ impl Gpt {
 
     /// `ids: [batch, seq]` s32 -> logits `[batch, seq, vocab]`.
     pub fn forward(&self, ids: &Tensor, train: bool) -> Result<Tensor> {
+        // The LM head shares the token embedding: logits = h · Eᵀ.
+        self.hidden(ids, train)?.matmul(&self.tok.table.t()?)
+    }
+
+    /// `ids: [batch, seq]` -> the final-norm output `[batch, seq, dim]` that
+    /// the tied LM head reads.
+    fn hidden(&self, ids: &Tensor, train: bool) -> Result<Tensor> {
         let t = ids.dims()[1];
         let positions = Tensor::arange(t, DType::I32)?;
         let mut h = self.tok.forward(ids)?.add(&self.pos.forward(&positions)?)?;
@@ -174,15 +237,24 @@ impl Gpt {
             h = h.add(&nn::dropout(&b.attn.forward(&b.ln1.forward(&h)?)?, self.cfg.dropout, train)?)?;
             h = h.add(&nn::dropout(&b.mlp.forward(&b.ln2.forward(&h)?)?, self.cfg.dropout, train)?)?;
         }
-        // The LM head shares the token embedding: logits = h · Eᵀ.
-        self.ln_f.forward(&h)?.matmul(&self.tok.table.t()?)
+        self.ln_f.forward(&h)
     }
 
-    /// Mean next-character cross-entropy over every position.
+    /// Mean next-character cross-entropy over every position, through the
+    /// LM head the config's [`LmHeadLoss`] names.
     pub fn loss(&self, ids: &Tensor, targets: &Tensor, train: bool) -> Result<Tensor> {
-        let logits = self.forward(ids, train)?;
-        let (b, t, v) = (logits.dims()[0], logits.dims()[1], logits.dims()[2]);
-        nn::cross_entropy(&logits.reshape([b * t, v])?, targets, None)
+        match LmHeadLoss::resolve(self.cfg.lm_head)? {
+            LmHeadLoss::Logits => {
+                let logits = self.forward(ids, train)?;
+                let (b, t, v) = (logits.dims()[0], logits.dims()[1], logits.dims()[2]);
+                nn::cross_entropy(&logits.reshape([b * t, v])?, targets, None)
+            }
+            LmHeadLoss::Blocks { block_bytes } => {
+                let h = self.hidden(ids, train)?;
+                let (b, t, d) = (h.dims()[0], h.dims()[1], h.dims()[2]);
+                nn::lm_head_cross_entropy_blocks(&h.reshape([b * t, d])?, &self.tok.table, targets, block_bytes)
+            }
+        }
     }
 }
 

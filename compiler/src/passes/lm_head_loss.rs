@@ -1,0 +1,160 @@
+//! Fuses the LM-head loss with its gradient when the gradient's cotangent is
+//! one scalar for every token (`docs/composites.md`).
+//!
+//! Autodiff turns `mean(lm_head_cross_entropy(h, w, labels))` into the forward
+//! composite and, later in the program, `lm_head_cross_entropy_grad` with
+//! `dnll = broadcast(s)`: the seed (or loss scale) times `1/n`, a rank-0 value.
+//! The grad op recomputes every block's logits from the saved log-sum-exp. When
+//! `s` does not depend on the forward's outputs, both can run in one loop over
+//! the row blocks instead: [`Op::LmHeadCrossEntropyFused`] makes each block's
+//! logits once and takes the loss and the gradient from them (three matmuls in
+//! all, as the plain program, and no `[n, vocab]` buffer).
+//!
+//! The pair is matched when: the grad's `lse` is output `#1` of a forward
+//! composite with the same `h`, `w`, `labels` and `chunk`; `dnll` is a
+//! `broadcast_in_dim` of a rank-0 f32 value `s`; and the forward node is not an
+//! ancestor of `s`. Anything else (a weighted mean, a cotangent built from the
+//! loss) is left alone.
+//!
+//! The fused node takes the forward's place. The nodes of `s`'s cone that come
+//! after the forward move before it (with every later parameter when the cone
+//! holds one, so parameters stay in index order): insertion order stays
+//! topological and parameters keep their indices. Outputs, aliases and every
+//! other node are kept; the dead broadcast is left for dead-code elimination.
+//!
+//! Runs in the pipeline first, on the graph autodiff made, on every target and
+//! so before remat: the memory model then sees the fused op, not the pair.
+
+use crate::ir::{Alias, Graph, NodeId, Op, TensorType, ValueId};
+use crate::CompileError;
+
+/// One forward/grad pair to fuse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Pair {
+    forward: NodeId,
+    grad: NodeId,
+    scale: ValueId,
+}
+
+/// Rebuilds `g` with every matching forward/grad pair of the LM-head loss
+/// fused into one [`Op::LmHeadCrossEntropyFused`]; returns the graph and the
+/// number of pairs fused.
+pub fn fuse_lm_head_loss(g: &Graph) -> Result<(Graph, usize), CompileError> {
+    let mut out = g.clone();
+    let mut fused = 0;
+    // One pair per rebuild: each rebuild renumbers the nodes. A step has one
+    // loss, so this loop runs once or twice.
+    while let Some(p) = find(&out) {
+        out = rebuild(&out, p)?;
+        fused += 1;
+    }
+    Ok((out, fused))
+}
+
+/// The first grad node (in insertion order) that pairs with its forward.
+fn find(g: &Graph) -> Option<Pair> {
+    g.nodes().find_map(|(id, node)| {
+        let Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk } = &node.op else { return None };
+        if lse.output != 1 {
+            return None;
+        }
+        let forward = lse.node;
+        let same = Op::LmHeadCrossEntropy { h: *h, w: *w, labels: *labels, chunk: *chunk };
+        if g.node(forward).op != same {
+            return None;
+        }
+        let scale = uniform(g, *dnll)?;
+        if ancestors(g, scale.node)[forward.index()] {
+            return None;
+        }
+        Some(Pair { forward, grad: id, scale })
+    })
+}
+
+/// `s` when `v` is `broadcast_in_dim(s)` of a rank-0 f32 `s`.
+fn uniform(g: &Graph, v: ValueId) -> Option<ValueId> {
+    match &g.node(v.node).op {
+        Op::BroadcastInDim { input, dims, .. } if dims.is_empty() => {
+            (*g.ty(*input) == TensorType::scalar(crate::ir::DType::F32)).then_some(*input)
+        }
+        _ => None,
+    }
+}
+
+/// Which nodes are `id` or reach it (indexed by node).
+fn ancestors(g: &Graph, id: NodeId) -> Vec<bool> {
+    let mut seen = vec![false; g.len()];
+    let mut stack = vec![id];
+    while let Some(n) = stack.pop() {
+        if std::mem::replace(&mut seen[n.index()], true) {
+            continue;
+        }
+        stack.extend(g.node(n).op.inputs().into_iter().map(|v| v.node));
+    }
+    seen
+}
+
+fn rebuild(g: &Graph, p: Pair) -> Result<Graph, CompileError> {
+    let f = p.forward.index();
+    let cone = ancestors(g, p.scale.node);
+    let mut hoist: Vec<bool> = (0..g.len()).map(|i| i > f && cone[i]).collect();
+    let hoists_param = g.nodes().any(|(id, n)| hoist[id.index()] && matches!(n.op, Op::Parameter { .. }));
+    if hoists_param {
+        for (id, n) in g.nodes() {
+            if id.index() > f && matches!(n.op, Op::Parameter { .. }) {
+                hoist[id.index()] = true;
+            }
+        }
+    }
+    let mut out = Graph::new();
+    let mut map: Vec<Option<NodeId>> = vec![None; g.len()];
+    let mut fused_id = None;
+    let copy = |out: &mut Graph, map: &mut Vec<Option<NodeId>>, fused: Option<NodeId>, id: NodeId| {
+        let mut op = g.node(id).op.clone();
+        op.map_inputs(|v| remap(map, fused, p, v));
+        let n = out.add(op)?;
+        map[id.index()] = Some(n);
+        Ok::<(), CompileError>(())
+    };
+    for (id, node) in g.nodes() {
+        let i = id.index();
+        if hoist[i] {
+            continue;
+        }
+        if i == f {
+            for (hid, _) in g.nodes().filter(|(h, _)| hoist[h.index()]) {
+                copy(&mut out, &mut map, fused_id, hid)?;
+            }
+            let Op::LmHeadCrossEntropy { h, w, labels, chunk } = node.op else {
+                unreachable!("find matched a forward composite")
+            };
+            let mut op = Op::LmHeadCrossEntropyFused { h, w, labels, scale: p.scale, chunk };
+            op.map_inputs(|v| remap(&map, fused_id, p, v));
+            fused_id = Some(out.add(op)?);
+            continue;
+        }
+        if id == p.grad {
+            continue;
+        }
+        copy(&mut out, &mut map, fused_id, id)?;
+    }
+    let outputs = g.outputs().iter().map(|&v| remap(&map, fused_id, p, v)).collect();
+    out.set_outputs(outputs)?;
+    for &a in g.aliases() {
+        out.add_alias(Alias { ..a })?;
+    }
+    Ok(out)
+}
+
+/// `v` in the rebuilt graph: the forward's `#0`/`#1` and the grad's `#0`/`#1`
+/// become the fused node's `#0`..`#3`.
+fn remap(map: &[Option<NodeId>], fused: Option<NodeId>, p: Pair, v: ValueId) -> ValueId {
+    let fused = || fused.expect("the fused node precedes every user of the pair");
+    if v.node == p.forward {
+        ValueId::new(fused(), v.output)
+    } else if v.node == p.grad {
+        ValueId::new(fused(), 2 + v.output)
+    } else {
+        ValueId::new(map[v.node.index()].expect("insertion order is topological"), v.output)
+    }
+}
