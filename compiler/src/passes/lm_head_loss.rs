@@ -28,12 +28,17 @@
 use crate::ir::{Alias, Graph, NodeId, Op, TensorType, ValueId};
 use crate::CompileError;
 
-/// One forward/grad pair to fuse.
+/// One forward/grad pair to fuse, with the fused op's operands (in the
+/// original graph's ids).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Pair {
     forward: NodeId,
     grad: NodeId,
+    h: ValueId,
+    w: ValueId,
+    labels: ValueId,
     scale: ValueId,
+    chunk: usize,
 }
 
 /// Rebuilds `g` with every matching forward/grad pair of the LM-head loss
@@ -67,7 +72,7 @@ fn find(g: &Graph) -> Option<Pair> {
         if ancestors(g, scale.node)[forward.index()] {
             return None;
         }
-        Some(Pair { forward, grad: id, scale })
+        Some(Pair { forward, grad: id, h: *h, w: *w, labels: *labels, scale, chunk: *chunk })
     })
 }
 
@@ -106,39 +111,48 @@ fn rebuild(g: &Graph, p: Pair) -> Result<Graph, CompileError> {
             }
         }
     }
-    let mut out = Graph::new();
-    let mut map: Vec<Option<NodeId>> = vec![None; g.len()];
-    let mut fused_id = None;
-    let copy = |out: &mut Graph, map: &mut Vec<Option<NodeId>>, fused: Option<NodeId>, id: NodeId| {
-        let mut op = g.node(id).op.clone();
-        op.map_inputs(|v| remap(map, fused, p, v));
-        let n = out.add(op)?;
-        map[id.index()] = Some(n);
-        Ok::<(), CompileError>(())
-    };
-    for (id, node) in g.nodes() {
+    // The new graph's nodes in order: the forward's place takes the hoisted
+    // cone, then the fused node; the grad node is dropped.
+    let order = g.nodes().flat_map(|(id, _)| {
         let i = id.index();
-        if hoist[i] {
-            continue;
-        }
-        if i == f {
-            for (hid, _) in g.nodes().filter(|(h, _)| hoist[h.index()]) {
-                copy(&mut out, &mut map, fused_id, hid)?;
+        let here: Vec<Option<NodeId>> = if i == f {
+            g.nodes().filter(|(h, _)| hoist[h.index()]).map(|(h, _)| Some(h)).chain([None]).collect()
+        } else if hoist[i] || id == p.grad {
+            vec![]
+        } else {
+            vec![Some(id)]
+        };
+        here
+    });
+    let mut r = Remap { map: vec![None; g.len()], fused: None, p };
+    let mut out = Graph::new();
+    for item in order.collect::<Vec<_>>() {
+        match item {
+            Some(id) => {
+                let mut op = g.node(id).op.clone();
+                let mut missing = None;
+                op.map_inputs(|v| r.get(v).unwrap_or_else(|e| {
+                    missing = Some(e);
+                    v
+                }));
+                if let Some(e) = missing {
+                    return Err(e);
+                }
+                r.map[id.index()] = Some(out.add(op)?);
             }
-            let Op::LmHeadCrossEntropy { h, w, labels, chunk } = node.op else {
-                unreachable!("find matched a forward composite")
-            };
-            let mut op = Op::LmHeadCrossEntropyFused { h, w, labels, scale: p.scale, chunk };
-            op.map_inputs(|v| remap(&map, fused_id, p, v));
-            fused_id = Some(out.add(op)?);
-            continue;
+            None => {
+                let op = Op::LmHeadCrossEntropyFused {
+                    h: r.get(p.h)?,
+                    w: r.get(p.w)?,
+                    labels: r.get(p.labels)?,
+                    scale: r.get(p.scale)?,
+                    chunk: p.chunk,
+                };
+                r.fused = Some(out.add(op)?);
+            }
         }
-        if id == p.grad {
-            continue;
-        }
-        copy(&mut out, &mut map, fused_id, id)?;
     }
-    let outputs = g.outputs().iter().map(|&v| remap(&map, fused_id, p, v)).collect();
+    let outputs = g.outputs().iter().map(|&v| r.get(v)).collect::<Result<Vec<_>, _>>()?;
     out.set_outputs(outputs)?;
     for &a in g.aliases() {
         out.add_alias(Alias { ..a })?;
@@ -146,15 +160,28 @@ fn rebuild(g: &Graph, p: Pair) -> Result<Graph, CompileError> {
     Ok(out)
 }
 
-/// `v` in the rebuilt graph: the forward's `#0`/`#1` and the grad's `#0`/`#1`
-/// become the fused node's `#0`..`#3`.
-fn remap(map: &[Option<NodeId>], fused: Option<NodeId>, p: Pair, v: ValueId) -> ValueId {
-    let fused = || fused.expect("the fused node precedes every user of the pair");
-    if v.node == p.forward {
-        ValueId::new(fused(), v.output)
-    } else if v.node == p.grad {
-        ValueId::new(fused(), 2 + v.output)
-    } else {
-        ValueId::new(map[v.node.index()].expect("insertion order is topological"), v.output)
+/// Old values to new: the forward's `#0`/`#1` and the grad's `#0`/`#1` become
+/// the fused node's `#0`..`#3`.
+struct Remap {
+    map: Vec<Option<NodeId>>,
+    fused: Option<NodeId>,
+    p: Pair,
+}
+
+impl Remap {
+    fn get(&self, v: ValueId) -> Result<ValueId, CompileError> {
+        let (node, output) = if v.node == self.p.forward {
+            (self.fused, v.output)
+        } else if v.node == self.p.grad {
+            (self.fused, 2 + v.output)
+        } else {
+            (self.map[v.node.index()], v.output)
+        };
+        // Unreachable while insertion order is topological and `find`'s
+        // guard holds; an error, not a panic, if either is ever broken.
+        node.map(|n| ValueId::new(n, output)).ok_or_else(|| CompileError::Verify {
+            node: v.to_string(),
+            reason: "lm_head_loss: a value is used before the node that makes it".into(),
+        })
     }
 }

@@ -44,8 +44,8 @@ pub struct GptConfig {
     /// Where parameters are initialised; `None`: `KILN_INIT`, else on the
     /// devices on the PJRT backend (`super::init_placement`).
     pub init: Option<InitPlacement>,
-    /// How the loss meets the tied LM head; `None`: `KILN_LM_HEAD`, else
-    /// [`LmHeadLoss::DEFAULT`] ([`LmHeadLoss::resolve`]).
+    /// How the loss meets the tied LM head; `None`: `KILN_LM_HEAD`, else the
+    /// backend's default ([`LmHeadLoss::resolve`]).
     pub lm_head: Option<LmHeadLoss>,
 }
 
@@ -67,10 +67,32 @@ pub enum LmHeadLoss {
 }
 
 impl LmHeadLoss {
-    /// What a GPT uses when neither the config nor `KILN_LM_HEAD` says.
+    /// Blocks of [`nn::LM_HEAD_BLOCK_BYTES`] (256 MiB): the CPU plugin's and
+    /// the interpreter's default, and what `KILN_LM_HEAD=blocks` names.
     pub const DEFAULT: LmHeadLoss = LmHeadLoss::Blocks { block_bytes: nn::LM_HEAD_BLOCK_BYTES };
 
-    /// `chosen`, else `KILN_LM_HEAD`, else [`LmHeadLoss::DEFAULT`].
+    /// The default on a GPU: blocks of 394 MiB, four blocks of 2053 tokens at
+    /// gpt2-small's 8 × 1024 × 50304. Measured on the H100 (`benches/RESULTS.md`,
+    /// "The LM-head loss fused with its gradient"): 8 blocks cut XLA's temp
+    /// most (−1.20 GB) but the CLI's step was 3.8% slower; 4 blocks keep 89%
+    /// of that cut at the explicit-logits step time; 2 blocks run 1–3% faster
+    /// but cut only 0.69 GB.
+    pub const DEFAULT_GPU: LmHeadLoss = LmHeadLoss::Blocks { block_bytes: 394 << 20 };
+
+    /// The default for the current backend: [`LmHeadLoss::DEFAULT_GPU`] on a
+    /// PJRT client that is not the CPU plugin, else [`LmHeadLoss::DEFAULT`].
+    pub fn default_for_backend() -> Result<LmHeadLoss> {
+        Ok(match crate::context::backend() {
+            crate::context::Backend::Pjrt if crate::context::with(|c| c.client())?.platform_name() != "cpu" => {
+                LmHeadLoss::DEFAULT_GPU
+            }
+            crate::context::Backend::Pjrt | crate::context::Backend::Reference | crate::context::Backend::Eager => {
+                LmHeadLoss::DEFAULT
+            }
+        })
+    }
+
+    /// `chosen`, else `KILN_LM_HEAD`, else [`LmHeadLoss::default_for_backend`].
     pub fn resolve(chosen: Option<LmHeadLoss>) -> Result<LmHeadLoss> {
         if let Some(c) = chosen {
             return Ok(c);
@@ -81,7 +103,7 @@ impl LmHeadLoss {
                 value: v,
                 expected: "logits, blocks or blocks:MIB (a whole number of MiB >= 1)",
             }),
-            _ => Ok(LmHeadLoss::DEFAULT),
+            _ => LmHeadLoss::default_for_backend(),
         }
     }
 
