@@ -185,3 +185,58 @@ impl Remap {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{BinaryOp, DType, Literal, Shape};
+
+    /// forward; scale = p3 · (1/6) after it (p3 a later parameter); grad of
+    /// `broadcast(scale)`; outputs nll, dh, dw.
+    fn pair() -> Graph {
+        let mut g = Graph::new();
+        let h = g.parameter(TensorType::new(DType::F32, [6, 4]));
+        let w = g.parameter(TensorType::new(DType::F32, [9, 4]));
+        let labels = g.parameter(TensorType::new(DType::I32, [6]));
+        let ce = g.add(Op::LmHeadCrossEntropy { h, w, labels, chunk: 2 }).unwrap();
+        let seed = g.parameter(TensorType::scalar(DType::F32));
+        let inv = g.value(Op::Constant { literal: Literal::scalar(DType::F32, 1.0 / 6.0) }).unwrap();
+        let s = g.value(Op::Binary { op: BinaryOp::Mul, lhs: seed, rhs: inv }).unwrap();
+        let dnll = g.value(Op::BroadcastInDim { input: s, shape: Shape::new(&[6]), dims: vec![] }).unwrap();
+        let lse = ValueId::new(ce, 1);
+        let gr = g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk: 2 }).unwrap();
+        g.set_outputs(vec![ValueId::new(ce, 0), ValueId::new(gr, 0), ValueId::new(gr, 1)]).unwrap();
+        g
+    }
+
+    #[test]
+    fn the_pair_becomes_one_op_at_the_forwards_place_after_the_hoisted_scale() {
+        let g = pair();
+        let (out, fused) = fuse_lm_head_loss(&g).unwrap();
+        assert_eq!(fused, 1);
+        crate::verify(&out).unwrap();
+        assert_eq!(out.param_types(), g.param_types());
+        let ops: Vec<&str> = out.nodes().map(|(_, n)| n.op.name()).collect();
+        // The scale's parameter, constant and product moved before the fused
+        // op; the broadcast stays (dead, for DCE); the grad is gone.
+        assert_eq!(
+            ops,
+            [
+                "parameter",
+                "parameter",
+                "parameter",
+                "parameter",
+                "constant",
+                "mul",
+                "lm_head_cross_entropy_fused",
+                "broadcast_in_dim"
+            ]
+        );
+        let f = NodeId::from_index(6);
+        let outs: Vec<ValueId> = [0, 2, 3].into_iter().map(|k| ValueId::new(f, k)).collect();
+        assert_eq!(out.outputs(), outs.as_slice());
+        assert_eq!(out.output_types(), g.output_types());
+        // A second run finds nothing more.
+        assert_eq!(fuse_lm_head_loss(&out).unwrap().1, 0);
+    }
+}
