@@ -179,7 +179,7 @@ fn pair_graph(dtype: DType, n: usize, d: usize, vocab: usize, chunk: usize, ct: 
         }
         Cotangent::Uniform | Cotangent::Weighted => g.value(Op::Binary { op: mul, lhs: scale, rhs: inv }).unwrap(),
     };
-    let shape = kiln::compiler::ir::Shape::new(&[n]);
+    let shape = kiln::compiler::ir::Shape::new([n]);
     let mut dnll = g.value(Op::BroadcastInDim { input: s, shape, dims: vec![] }).unwrap();
     if ct == Cotangent::Weighted {
         let weights = g.parameter(TensorType::new(DType::F32, vec![n]));
@@ -281,7 +281,9 @@ fn gpt_with_the_blocked_head_trains_like_explicit_logits() -> anyhow::Result<()>
     use kiln::models::gpt::{self, GptConfig, LmHeadLoss};
     let text = gpt::read_text(std::path::Path::new("/usr/share/common-licenses/Apache-2.0"), 32)?;
     let vocab = gpt::CharVocab::new(&text);
-    let run_with = |lm_head: LmHeadLoss| -> anyhow::Result<(Vec<f64>, Vec<(String, Vec<f32>)>)> {
+    // Per step losses, and each parameter by name.
+    type Run = (Vec<f64>, Vec<(String, Vec<f32>)>);
+    let run_with = |lm_head: LmHeadLoss| -> anyhow::Result<Run> {
         let cfg = GptConfig { lm_head: Some(lm_head), ..GptConfig::tiny(vocab.len()) };
         let mut t = gpt::GptTrainer::new(vocab.encode(&text), &cfg)?;
         let losses = (0..10).map(|_| t.train_step(3e-3)).collect::<kiln::Result<Vec<_>>>()?;

@@ -202,7 +202,7 @@ mod tests {
         let seed = g.parameter(TensorType::scalar(DType::F32));
         let inv = g.value(Op::Constant { literal: Literal::scalar(DType::F32, 1.0 / 6.0) }).unwrap();
         let s = g.value(Op::Binary { op: BinaryOp::Mul, lhs: seed, rhs: inv }).unwrap();
-        let dnll = g.value(Op::BroadcastInDim { input: s, shape: Shape::new(&[6]), dims: vec![] }).unwrap();
+        let dnll = g.value(Op::BroadcastInDim { input: s, shape: Shape::new([6]), dims: vec![] }).unwrap();
         let lse = ValueId::new(ce, 1);
         let gr = g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk: 2 }).unwrap();
         g.set_outputs(vec![ValueId::new(ce, 0), ValueId::new(gr, 0), ValueId::new(gr, 1)]).unwrap();
