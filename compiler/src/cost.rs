@@ -252,10 +252,17 @@ pub fn op_cost(op: &Op, operands: &[TensorType], outputs: &[TensorType]) -> Node
         // Forward: one [n, d] x [d, vocab] matmul (2·n·d·vocab) and a few flops
         // and one exp per logit; backward: the logits again plus two matmuls.
         // Only operands and results touch memory: the logits stay in blocks.
-        Op::LmHeadCrossEntropy { h, w, .. } | Op::LmHeadCrossEntropyGrad { h, w, .. } => {
+        // The fused op: the forward's matmul and the backward's two, with no
+        // recomputation (the logits are made once).
+        Op::LmHeadCrossEntropy { h, w, .. }
+        | Op::LmHeadCrossEntropyGrad { h, w, .. }
+        | Op::LmHeadCrossEntropyFused { h, w, .. } => {
             let (ht, wt) = (ty(*h), ty(*w));
             let logits = (ht.shape.dims()[0] * wt.shape.dims()[0]) as u64;
-            let matmuls = if matches!(op, Op::LmHeadCrossEntropy { .. }) { 1u64 } else { 3 };
+            let matmuls = match op {
+                Op::LmHeadCrossEntropy { .. } => 1u64,
+                _ => 3,
+            };
             NodeCost {
                 flops: (matmuls * 2 * ht.shape.dims()[1] as u64 + 4).saturating_mul(logits),
                 transcendentals: logits,

@@ -67,7 +67,8 @@ pub fn kind(op: &Op) -> FusionKind {
         | Op::LayerNorm { .. }
         | Op::LayerNormGrad { .. }
         | Op::LmHeadCrossEntropy { .. }
-        | Op::LmHeadCrossEntropyGrad { .. } => FusionKind::Opaque,
+        | Op::LmHeadCrossEntropyGrad { .. }
+        | Op::LmHeadCrossEntropyFused { .. } => FusionKind::Opaque,
     }
 }
 

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use crate::fusion::plan_fusion;
 use crate::ir::Graph;
-use crate::passes::{eliminate_common_subexpressions, eliminate_dead_code, eliminate_dead_code_keep_params, Pruned};
+use crate::passes::{
+    eliminate_common_subexpressions, eliminate_dead_code, eliminate_dead_code_keep_params, fuse_lm_head_loss, Pruned,
+};
 use crate::rewrite::{self, RewriteOptions};
 use crate::CompileError;
 
@@ -135,7 +137,8 @@ impl std::fmt::Debug for Pass {
 }
 
 /// Every pass, by name. `PASSES` is the default order.
-pub const ALL_PASSES: [Pass; 5] = [
+pub const ALL_PASSES: [Pass; 6] = [
+    Pass { name: "lm_head_loss", run: run_lm_head_loss },
     Pass { name: "cse", run: run_cse },
     Pass { name: "rewrite", run: run_rewrite },
     Pass { name: "dce", run: run_dce },
@@ -143,10 +146,12 @@ pub const ALL_PASSES: [Pass; 5] = [
     Pass { name: "remat", run: run_remat },
 ];
 
-/// The default pipeline: merge duplicates so the e-graph starts small, rewrite
-/// by equality saturation (extraction already shares equal values), remove
-/// what the rewrites left unused, then plan fusion groups (reports only).
-pub const DEFAULT_PASSES: [&str; 4] = ["cse", "rewrite", "dce", "fusion"];
+/// The default pipeline: fuse the LM-head loss with its gradient where the
+/// cotangent is one scalar (on autodiff's own graph, before anything reshapes
+/// the cotangent), merge duplicates so the e-graph starts small, rewrite by
+/// equality saturation (extraction already shares equal values), remove what
+/// the rewrites left unused, then plan fusion groups (reports only).
+pub const DEFAULT_PASSES: [&str; 5] = ["lm_head_loss", "cse", "rewrite", "dce", "fusion"];
 
 /// The pass called `name`, or an error listing the known names.
 pub fn pass(name: &str) -> Result<Pass, CompileError> {
@@ -324,6 +329,12 @@ fn after(pass: &'static str, e: CompileError) -> CompileError {
     CompileError::AfterPass { pass, source: Box::new(e) }
 }
 
+fn run_lm_head_loss(g: &Graph, _: &PassOptions, s: &mut PassStats) -> Result<Graph, CompileError> {
+    let (g, fused) = fuse_lm_head_loss(g)?;
+    s.changed = fused;
+    Ok(g)
+}
+
 fn run_cse(g: &Graph, _: &PassOptions, s: &mut PassStats) -> Result<Graph, CompileError> {
     let (g, merged) = eliminate_common_subexpressions(g)?;
     s.changed = merged;
@@ -402,13 +413,13 @@ mod tests {
         let mut seen = Vec::new();
         let out = run(&sample(), &opts, &mut |name, g| seen.push((name.to_string(), g.len()))).unwrap();
         let names: Vec<&str> = seen.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["prune", "cse", "rewrite", "dce", "fusion"]);
+        assert_eq!(names, ["prune", "lm_head_loss", "cse", "rewrite", "dce", "fusion"]);
         assert_eq!(out.pruned.kept_params, vec![0]);
         assert_eq!(out.stats.nodes_in, 6);
         assert_eq!(out.stats.nodes_pruned, 4);
         assert_eq!(out.stats.changed_by("cse"), 1);
         assert_eq!(out.graph.len(), 3);
-        assert_eq!(out.stats.passes.len(), 4);
+        assert_eq!(out.stats.passes.len(), 5);
         assert!(out.stats.passes.iter().find(|p| p.name == "fusion").unwrap().fusion_groups.is_some());
         assert!(out.stats.passes.iter().find(|p| p.name == "rewrite").unwrap().stop_reason.is_some());
     }
@@ -466,6 +477,6 @@ mod tests {
     #[test]
     fn without_rewrite_drops_only_that_pass() {
         let o = PipelineOptions::default().without_rewrite();
-        assert_eq!(o.passes, ["cse", "dce", "fusion"]);
+        assert_eq!(o.passes, ["lm_head_loss", "cse", "dce", "fusion"]);
     }
 }

@@ -316,9 +316,10 @@ fn variant(op: &Op) -> usize {
         Op::LayerNormGrad { .. } => 27,
         Op::LmHeadCrossEntropy { .. } => 28,
         Op::LmHeadCrossEntropyGrad { .. } => 29,
+        Op::LmHeadCrossEntropyFused { .. } => 30,
     }
 }
-const VARIANTS: usize = 30;
+const VARIANTS: usize = 31;
 
 type Build = Box<dyn Fn(&mut Graph) -> Result<Vec<ValueId>>>;
 
@@ -600,6 +601,20 @@ fn op_cases() -> Vec<(String, usize, Build)> {
             Ok(vec![nll, ValueId::new(cg, 0), ValueId::new(cg, 1)])
         }),
     );
+    for dtype in [DType::BF16, DType::F32] {
+        add(
+            format!("lm_head_cross_entropy_fused_{dtype}"),
+            1,
+            Box::new(move |g| {
+                let h = g.parameter(t(dtype, &[5, 4]));
+                let w = g.parameter(t(dtype, &[7, 4]));
+                let labels = g.parameter(t(DType::I32, &[5]));
+                let scale = g.parameter(t(DType::F32, &[]));
+                let f = g.add(Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk: 2 })?;
+                Ok((0..4).map(|k| ValueId::new(f, k)).collect())
+            }),
+        );
+    }
     cases
 }
 

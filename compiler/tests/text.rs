@@ -128,9 +128,10 @@ fn variant(op: &Op) -> usize {
         Op::LayerNormGrad { .. } => 27,
         Op::LmHeadCrossEntropy { .. } => 28,
         Op::LmHeadCrossEntropyGrad { .. } => 29,
+        Op::LmHeadCrossEntropyFused { .. } => 30,
     }
 }
-const VARIANTS: usize = 30;
+const VARIANTS: usize = 31;
 
 /// A graph with every `Op` variant and every unary, binary, compare and reduce op.
 fn every_op() -> Graph {
@@ -223,6 +224,9 @@ fn composites() -> Graph {
     let (nll, lse) = (ValueId::new(ce, 0), ValueId::new(ce, 1));
     let cg = g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll: nll, chunk: 4 }).unwrap();
     outs.extend([nll, ValueId::new(cg, 0), ValueId::new(cg, 1)]);
+    let scale = g.parameter(t(DType::F32, &[]));
+    let cf = g.add(Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk: 4 }).unwrap();
+    outs.extend((0..4).map(|k| ValueId::new(cf, k)));
     g.set_outputs(outs).unwrap();
     g
 }

@@ -2,7 +2,7 @@
 //! optimizer pipeline, in kiln's text form.
 //!
 //! Each pipeline run gets its own numbered folder `dir/pipeline-NNNN/`, whose
-//! files `00-prune.kiln`, `01-cse.kiln`, ... follow the pass order, so a diff of
+//! files `00-prune.kiln`, `01-lm_head_loss.kiln`, `02-cse.kiln`, ... follow the pass order, so a diff of
 //! two neighbours shows what one pass did. The compiler only calls the
 //! observer; the files are written here (atomically, so a reader never sees
 //! half a graph). The first write error is kept and returned by

@@ -5,6 +5,13 @@
 //! logits tensor exists in the program. Blocks are static slices chained by
 //! optimization barriers, so XLA runs them one after another
 //! (`docs/composites.md`).
+//!
+//! The fused op (a uniform cotangent `scale`) does both in one loop: each block
+//! makes its logits once, takes the loss from them, and turns them into
+//! `scale · (softmax - onehot)` for its rows of dh and its share of dw, so the
+//! step runs the three matmuls of the plain program and no more. dw is
+//! accumulated in the accumulation dtype (f32 for bf16/f16/f32 operands) and
+//! rounded to w's dtype once at the end.
 
 use crate::ir::{
     BinaryOp, CompareDir, DType, DotDims, Graph, Literal, Op, ReduceOp, Shape, TensorType, UnaryOp, ValueId,
@@ -180,4 +187,61 @@ pub(crate) fn expand_backward(
         }
     };
     Ok([concat(g, dh)?, dw])
+}
+
+/// `[nll, lse, dh, dw]` of `lm_head_cross_entropy_fused`, appended to `g`: per
+/// block exactly three matmuls (logits, dh rows, dw share), and no value of
+/// `[n, vocab]` elements.
+pub(crate) fn expand_fused(
+    g: &mut Graph,
+    h: ValueId,
+    w: ValueId,
+    labels: ValueId,
+    scale: ValueId,
+    chunk: usize,
+) -> Result<[ValueId; 4]> {
+    let dtype = g.ty(h).dtype;
+    let n = g.ty(h).shape.dims()[0];
+    let a = acc(dtype);
+    let scale = convert(g, scale, a)?;
+    let (mut nll, mut lse, mut dh, mut dw) = (Vec::new(), Vec::new(), Vec::new(), None);
+    for (s, e) in blocks(n, chunk) {
+        // Chained on the running dw: block i+1's logits are made after block
+        // i's dw share is added, so at most one block of logits is live.
+        let b = block(g, h, w, labels, s, e, dw)?;
+        let m = v(g, Op::Reduce { op: ReduceOp::Max, input: b.logits, axes: vec![1] })?;
+        let mb = per_row(g, m, &b.shape)?;
+        let d = v(g, Op::Binary { op: BinaryOp::Sub, lhs: b.logits, rhs: mb })?;
+        let ex = v(g, Op::Unary { op: UnaryOp::Exp, input: d })?;
+        let z = row_sum(g, ex)?;
+        let lz = v(g, Op::Unary { op: UnaryOp::Log, input: z })?;
+        let l = v(g, Op::Binary { op: BinaryOp::Add, lhs: m, rhs: lz })?;
+        let picked = v(g, Op::Binary { op: BinaryOp::Mul, lhs: b.logits, rhs: b.onehot })?;
+        let picked = row_sum(g, picked)?;
+        let x = v(g, Op::Binary { op: BinaryOp::Sub, lhs: l, rhs: picked })?;
+        nll.push(convert(g, x, DType::F32)?);
+        lse.push(convert(g, l, DType::F32)?);
+        // softmax = exp(logits - max) / z, from the exponentials already made.
+        let zb = per_row(g, z, &b.shape)?;
+        let p = v(g, Op::Binary { op: BinaryOp::Div, lhs: ex, rhs: zb })?;
+        let diff = v(g, Op::Binary { op: BinaryOp::Sub, lhs: p, rhs: b.onehot })?;
+        let sb = v(g, Op::BroadcastInDim { input: scale, shape: b.shape.clone(), dims: vec![] })?;
+        let dl = v(g, Op::Binary { op: BinaryOp::Mul, lhs: diff, rhs: sb })?;
+        let dl = convert(g, dl, dtype)?;
+        let mm = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![0] };
+        dh.push(v(g, Op::DotGeneral { lhs: dl, rhs: w, dims: mm })?);
+        let hc = rows(g, h, s, e)?;
+        let tm = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![0], rhs_contract: vec![0] };
+        let part = v(g, Op::DotGeneral { lhs: dl, rhs: hc, dims: tm })?;
+        let part = convert(g, part, a)?;
+        dw = Some(match dw {
+            None => part,
+            Some(prev) => v(g, Op::Binary { op: BinaryOp::Add, lhs: prev, rhs: part })?,
+        });
+    }
+    let dw = match dw {
+        Some(x) => convert(g, x, dtype)?,
+        None => return Err(CompileError::Verify { node: "lm_head_cross_entropy_fused".into(), reason: "no rows".into() }),
+    };
+    Ok([concat(g, nll)?, concat(g, lse)?, concat(g, dh)?, dw])
 }

@@ -63,7 +63,9 @@ pub fn fusable(g: &Graph, id: NodeId, target: LowerTarget) -> Result<(), String>
         Op::LayerNorm { .. } | Op::LayerNormGrad { .. } => {
             return Err("no fused layer-norm kernel: XLA fuses the expansion".into())
         }
-        Op::LmHeadCrossEntropy { chunk, .. } | Op::LmHeadCrossEntropyGrad { chunk, .. } => {
+        Op::LmHeadCrossEntropy { chunk, .. }
+        | Op::LmHeadCrossEntropyGrad { chunk, .. }
+        | Op::LmHeadCrossEntropyFused { chunk, .. } => {
             return Err(format!("lowered as plain ops in blocks of {chunk} tokens on every target"))
         }
         other => return Err(format!("`{}` is not a composite", other.name())),
@@ -100,6 +102,7 @@ pub fn is_composite(op: &Op) -> bool {
             | Op::LayerNormGrad { .. }
             | Op::LmHeadCrossEntropy { .. }
             | Op::LmHeadCrossEntropyGrad { .. }
+            | Op::LmHeadCrossEntropyFused { .. }
     )
 }
 
@@ -131,6 +134,9 @@ pub fn expand(g: &Graph, target: LowerTarget) -> Result<Graph, CompileError> {
             }
             (true, Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk }) => {
                 lm_head::expand_backward(&mut out, h, w, labels, lse, dnll, chunk)?.to_vec()
+            }
+            (true, Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk }) => {
+                lm_head::expand_fused(&mut out, h, w, labels, scale, chunk)?.to_vec()
             }
             (_, o) => {
                 let n = out.add(o)?;

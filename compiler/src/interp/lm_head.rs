@@ -1,7 +1,8 @@
 //! The LM-head cross-entropy composite on the host, from its definition:
 //! `logits = h wᵀ`, `lse_i = log Σ_j exp(logits_ij)`, `nll_i = lse_i - logits_{i, label_i}`;
 //! the backward `dlogits = dnll · (softmax - onehot)`, `dh = dlogits w`,
-//! `dw = dlogitsᵀ h`. All in f64, rounded once.
+//! `dw = dlogitsᵀ h`; the fused op is both with `dnll_i = scale` for every
+//! row. All in f64, rounded once.
 
 use crate::ir::{Literal, TensorType};
 
@@ -68,4 +69,35 @@ pub(crate) fn backward(
         }
     }
     Ok(vec![lit(&outs[0], &dh)?, lit(&outs[1], &dw)?])
+}
+
+/// Outputs `[nll, lse, dh, dw]` of the fused op: the forward, then the backward
+/// with every row's cotangent equal to the scalar `scale`.
+pub(crate) fn fused(
+    h: &Literal,
+    w: &Literal,
+    labels: &Literal,
+    scale: &Literal,
+    outs: &[TensorType],
+) -> Result<Vec<Literal>> {
+    let (hv, wv, lv) = (h.to_f64s(), w.to_f64s(), labels.to_f64s());
+    let s = scale.to_f64s()[0];
+    let (n, d) = (h.ty().shape.dims()[0], h.ty().shape.dims()[1]);
+    let vocab = w.ty().shape.dims()[0];
+    let (mut nll, mut lse) = (vec![0.0; n], vec![0.0; n]);
+    let (mut dh, mut dw) = (vec![0.0; n * d], vec![0.0; vocab * d]);
+    for i in 0..n {
+        let (row, l) = logits_row(&hv, &wv, i, d, vocab);
+        let y = label(&lv, i, vocab)?;
+        lse[i] = l;
+        nll[i] = l - row[y];
+        for (j, x) in row.iter().enumerate() {
+            let dl = s * ((x - l).exp() - if j == y { 1.0 } else { 0.0 });
+            for c in 0..d {
+                dh[i * d + c] += dl * wv[j * d + c];
+                dw[j * d + c] += dl * hv[i * d + c];
+            }
+        }
+    }
+    Ok(vec![lit(&outs[0], &nll)?, lit(&outs[1], &lse)?, lit(&outs[2], &dh)?, lit(&outs[3], &dw)?])
 }

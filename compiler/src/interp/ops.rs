@@ -240,6 +240,9 @@ pub(crate) fn eval<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'
         Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk: _ } => {
             super::lm_head::backward(get(*h), get(*w), get(*labels), get(*lse), get(*dnll), outs)
         }
+        Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk: _ } => {
+            super::lm_head::fused(get(*h), get(*w), get(*labels), get(*scale), outs)
+        }
     }
 }
 

@@ -451,6 +451,15 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
             }
             Ok(smallvec::smallvec![h, w])
         }
+        Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk } => {
+            let (h, w) = (ty(*h), ty(*w));
+            let rows = check_lm_head(name, &h, &w, &ty(*labels), *chunk)?;
+            let s = ty(*scale);
+            if s != TensorType::scalar(DType::F32) {
+                return Err(invalid(name, "scale must be a rank-0 f32", vec![h, s]));
+            }
+            Ok(smallvec::smallvec![rows.clone(), rows, h, w])
+        }
     }
 }
 

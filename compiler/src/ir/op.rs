@@ -554,6 +554,20 @@ pub enum Op {
         dnll: ValueId,
         chunk: usize,
     },
+    /// [`Op::LmHeadCrossEntropy`] and its backward in one pass over the row
+    /// blocks, for the case where every token's cotangent is the same scalar
+    /// `scale` (rank 0, f32): the mean of the nll seeded by a constant or a loss
+    /// scale. Outputs `#0` nll and `#1` lse (`[n]` f32, as the forward's), `#2`
+    /// dh (h's type) and `#3` dw (w's type), the backward's with `dnll_i = scale`.
+    /// Made only by the `lm_head_loss` pass (`docs/composites.md`); not
+    /// differentiable.
+    LmHeadCrossEntropyFused {
+        h: ValueId,
+        w: ValueId,
+        labels: ValueId,
+        scale: ValueId,
+        chunk: usize,
+    },
 }
 
 impl Op {
@@ -590,6 +604,7 @@ impl Op {
             Op::LayerNormGrad { .. } => "layer_norm_grad",
             Op::LmHeadCrossEntropy { .. } => "lm_head_cross_entropy",
             Op::LmHeadCrossEntropyGrad { .. } => "lm_head_cross_entropy_grad",
+            Op::LmHeadCrossEntropyFused { .. } => "lm_head_cross_entropy_fused",
         }
     }
 
@@ -625,6 +640,7 @@ impl Op {
             Op::LayerNormGrad { x, gamma, mean, rstd, dy } => vec![*x, *gamma, *mean, *rstd, *dy],
             Op::LmHeadCrossEntropy { h, w, labels, .. } => vec![*h, *w, *labels],
             Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, .. } => vec![*h, *w, *labels, *lse, *dnll],
+            Op::LmHeadCrossEntropyFused { h, w, labels, scale, .. } => vec![*h, *w, *labels, *scale],
         }
     }
 
@@ -707,6 +723,11 @@ impl Op {
             }
             Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, .. } => {
                 for v in [h, w, labels, lse, dnll] {
+                    *v = f(*v);
+                }
+            }
+            Op::LmHeadCrossEntropyFused { h, w, labels, scale, .. } => {
+                for v in [h, w, labels, scale] {
                     *v = f(*v);
                 }
             }

@@ -416,7 +416,8 @@ impl Emitter<'_> {
             Op::LayerNorm { .. }
             | Op::LayerNormGrad { .. }
             | Op::LmHeadCrossEntropy { .. }
-            | Op::LmHeadCrossEntropyGrad { .. } => {
+            | Op::LmHeadCrossEntropyGrad { .. }
+            | Op::LmHeadCrossEntropyFused { .. } => {
                 return Err(CompileError::Verify {
                     node: id.to_string(),
                     reason: format!(

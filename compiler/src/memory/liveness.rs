@@ -306,7 +306,8 @@ fn writes_in_place(op: &Op) -> bool {
         | Op::LayerNorm { .. }
         | Op::LayerNormGrad { .. }
         | Op::LmHeadCrossEntropy { .. }
-        | Op::LmHeadCrossEntropyGrad { .. } => false,
+        | Op::LmHeadCrossEntropyGrad { .. }
+        | Op::LmHeadCrossEntropyFused { .. } => false,
     }
 }
 

@@ -154,7 +154,8 @@ pub(crate) fn loop_fusible(op: &Op) -> bool {
         | Op::LayerNorm { .. }
         | Op::LayerNormGrad { .. }
         | Op::LmHeadCrossEntropy { .. }
-        | Op::LmHeadCrossEntropyGrad { .. } => false,
+        | Op::LmHeadCrossEntropyGrad { .. }
+        | Op::LmHeadCrossEntropyFused { .. } => false,
     }
 }
 

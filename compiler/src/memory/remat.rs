@@ -331,7 +331,13 @@ pub(super) fn clonable(op: &Op) -> bool {
     // The ops whose value depends on more than their operands, or that exist
     // to keep values apart, are the ones the e-graph never merges either.
     !crate::rewrite::needs_token(op)
-        && !matches!(op, Op::AttentionGrad { .. } | Op::LayerNormGrad { .. } | Op::LmHeadCrossEntropyGrad { .. })
+        && !matches!(
+            op,
+            Op::AttentionGrad { .. }
+                | Op::LayerNormGrad { .. }
+                | Op::LmHeadCrossEntropyGrad { .. }
+                | Op::LmHeadCrossEntropyFused { .. }
+        )
 }
 
 pub(super) fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Candidate> {

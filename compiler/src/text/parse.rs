@@ -303,6 +303,14 @@ impl Parser {
                 let chunk = c.comma_attr("chunk", Cursor::usize)?;
                 Op::LmHeadCrossEntropyGrad { h: *h, w: *w, labels: *labels, lse: *lse, dnll: *dnll, chunk }
             }
+            "lm_head_cross_entropy_fused" => {
+                let vs = self.values(c)?;
+                let [h, w, labels, scale] = vs.as_slice() else {
+                    return Err(c.err("`lm_head_cross_entropy_fused` takes h, w, labels, scale"));
+                };
+                let chunk = c.comma_attr("chunk", Cursor::usize)?;
+                Op::LmHeadCrossEntropyFused { h: *h, w: *w, labels: *labels, scale: *scale, chunk }
+            }
             other => {
                 if let Some(&op) = UnaryOp::ALL.iter().find(|u| u.name() == other) {
                     let input = self.value(c)?;

@@ -127,6 +127,9 @@ fn write_node(out: &mut impl Write, id: NodeId, node: &Node) -> fmt::Result {
         Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk } => {
             write!(out, " {h}, {w}, {labels}, {lse}, {dnll}, chunk = {chunk}")?
         }
+        Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk } => {
+            write!(out, " {h}, {w}, {labels}, {scale}, chunk = {chunk}")?
+        }
     }
     out.write_str(" : ")?;
     write_types(out, &node.outputs)

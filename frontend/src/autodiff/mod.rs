@@ -196,6 +196,25 @@ mod tests {
     }
 
     #[test]
+    fn the_fused_lm_head_loss_is_not_differentiable() {
+        // It is made by the compiler after autodiff; differentiating through
+        // it is a typed error naming the op and operand.
+        let mut g = Graph::new();
+        let h = g.parameter(TensorType::new(DType::F32, [4, 3]));
+        let w = g.parameter(TensorType::new(DType::F32, [5, 3]));
+        let labels = g.parameter(TensorType::new(DType::I32, [4]));
+        let scale = g.parameter(TensorType::new(DType::F32, []));
+        let f = g.add(Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk: 2 }).unwrap();
+        let loss = g.value(Op::Reduce { op: ReduceOp::Sum, input: ValueId::new(f, 0), axes: vec![0] }).unwrap();
+        match grad_with_info(&mut g, loss, &[h]) {
+            Err(crate::error::FrontendError::NotDifferentiable { op, operand, .. }) => {
+                assert_eq!((op, operand), ("lm_head_cross_entropy_fused", 0));
+            }
+            other => panic!("expected NotDifferentiable, got {:?}", other.map(|_| ())),
+        }
+    }
+
+    #[test]
     fn every_forward_operand_of_a_backward_node_is_in_the_map() {
         let mut g = Graph::new();
         let x = g.parameter(TensorType::new(DType::F32, [2, 3]));

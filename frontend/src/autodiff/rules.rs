@@ -29,7 +29,12 @@ pub(crate) fn differentiable(op: &Op, pos: usize) -> bool {
         Op::LayerNorm { .. } => true,
         Op::LmHeadCrossEntropy { .. } => pos < 2,
         // Second derivatives of composites are not built.
-        Op::AttentionGrad { .. } | Op::LayerNormGrad { .. } | Op::LmHeadCrossEntropyGrad { .. } => false,
+        // The fused LM-head loss already holds its own gradient (made by the
+        // compiler after autodiff).
+        Op::AttentionGrad { .. }
+        | Op::LayerNormGrad { .. }
+        | Op::LmHeadCrossEntropyGrad { .. }
+        | Op::LmHeadCrossEntropyFused { .. } => false,
         Op::Unary { .. }
         | Op::Binary { .. }
         | Op::Convert { .. }
@@ -334,7 +339,10 @@ pub(crate) fn backward(
                 }
             }
         }
-        Op::AttentionGrad { .. } | Op::LayerNormGrad { .. } | Op::LmHeadCrossEntropyGrad { .. } => {}
+        Op::AttentionGrad { .. }
+        | Op::LayerNormGrad { .. }
+        | Op::LmHeadCrossEntropyGrad { .. }
+        | Op::LmHeadCrossEntropyFused { .. } => {}
     }
     Ok(out)
 }

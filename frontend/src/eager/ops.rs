@@ -121,7 +121,8 @@ fn engine(op: &Op, outs: &[TensorType], dtype_of: &dyn Fn(ValueId) -> DType) -> 
         | Op::LayerNorm { .. }
         | Op::LayerNormGrad { .. }
         | Op::LmHeadCrossEntropy { .. }
-        | Op::LmHeadCrossEntropyGrad { .. } => false,
+        | Op::LmHeadCrossEntropyGrad { .. }
+        | Op::LmHeadCrossEntropyFused { .. } => false,
     };
     if ok {
         Engine::Candle
@@ -288,7 +289,8 @@ fn eval_candle<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'a Ct
         | Op::LayerNorm { .. }
         | Op::LayerNormGrad { .. }
         | Op::LmHeadCrossEntropy { .. }
-        | Op::LmHeadCrossEntropyGrad { .. } => unreachable!("run by the interpreter"),
+        | Op::LmHeadCrossEntropyGrad { .. }
+        | Op::LmHeadCrossEntropyFused { .. } => unreachable!("run by the interpreter"),
     }
 }
 

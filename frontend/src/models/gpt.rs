@@ -44,6 +44,87 @@ pub struct GptConfig {
     /// Where parameters are initialised; `None`: `KILN_INIT`, else on the
     /// devices on the PJRT backend (`super::init_placement`).
     pub init: Option<InitPlacement>,
+    /// How the loss meets the tied LM head; `None`: `KILN_LM_HEAD`, else the
+    /// backend's default ([`LmHeadLoss::resolve`]).
+    pub lm_head: Option<LmHeadLoss>,
+}
+
+/// Environment variable for [`GptConfig::lm_head`]: `logits`, `blocks` or
+/// `blocks:MIB` (blocks of at most MIB MiB of f32 logits).
+pub const ENV_LM_HEAD: &str = "KILN_LM_HEAD";
+
+/// How [`Gpt::loss`] computes the cross-entropy of the tied LM head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LmHeadLoss {
+    /// `[tokens, vocab]` logits through `nn::cross_entropy`, as
+    /// [`Gpt::forward`] returns them.
+    Logits,
+    /// `nn::lm_head_cross_entropy_blocks`: the logits made in row blocks of at
+    /// most `block_bytes` f32 bytes and never whole; with the mean's uniform
+    /// cotangent the compiler fuses loss and gradient into one loop
+    /// (`docs/composites.md`).
+    Blocks { block_bytes: u64 },
+}
+
+impl LmHeadLoss {
+    /// Blocks of [`nn::LM_HEAD_BLOCK_BYTES`] (256 MiB): what
+    /// `KILN_LM_HEAD=blocks` names.
+    pub const DEFAULT: LmHeadLoss = LmHeadLoss::Blocks { block_bytes: nn::LM_HEAD_BLOCK_BYTES };
+
+    /// The default on a GPU: blocks of 394 MiB, four blocks of 2053 tokens at
+    /// gpt2-small's 8 × 1024 × 50304. Measured on the H100 (`benches/RESULTS.md`,
+    /// "The LM-head loss fused with its gradient"): 8 blocks cut XLA's temp
+    /// most (−1.20 GB) but the CLI's step was 3.8% slower; 4 blocks keep 89%
+    /// of that cut at the explicit-logits step time; 2 blocks run 1–3% faster
+    /// but cut only 0.69 GB.
+    pub const DEFAULT_GPU: LmHeadLoss = LmHeadLoss::Blocks { block_bytes: 394 << 20 };
+
+    /// The default for the current backend: [`LmHeadLoss::DEFAULT_GPU`] on a
+    /// PJRT client that is not the CPU plugin, else [`LmHeadLoss::Logits`].
+    /// On the CPU plugin the blocks cut XLA's unplanned temp of the gpt2-small
+    /// step (16.22 → 14.46 GB) but the greedy remat plan then reaches only
+    /// 12.02 GB where it reaches 8.45 GB with explicit logits
+    /// (`testsuite/tests/memory.rs`, `docs/composites.md`), and XLA CPU does not
+    /// run the blocks one at a time; so the CPU keeps the logits.
+    pub fn default_for_backend() -> Result<LmHeadLoss> {
+        Ok(match crate::context::backend() {
+            crate::context::Backend::Pjrt if crate::context::with(|c| c.client())?.platform_name() != "cpu" => {
+                LmHeadLoss::DEFAULT_GPU
+            }
+            crate::context::Backend::Pjrt | crate::context::Backend::Reference | crate::context::Backend::Eager => {
+                LmHeadLoss::Logits
+            }
+        })
+    }
+
+    /// `chosen`, else `KILN_LM_HEAD`, else [`LmHeadLoss::default_for_backend`].
+    pub fn resolve(chosen: Option<LmHeadLoss>) -> Result<LmHeadLoss> {
+        if let Some(c) = chosen {
+            return Ok(c);
+        }
+        match std::env::var(ENV_LM_HEAD) {
+            Ok(v) if !v.trim().is_empty() => LmHeadLoss::parse(v.trim()).ok_or(FrontendError::BadEnv {
+                var: ENV_LM_HEAD,
+                value: v,
+                expected: "logits, blocks or blocks:MIB (a whole number of MiB >= 1)",
+            }),
+            _ => LmHeadLoss::default_for_backend(),
+        }
+    }
+
+    /// `logits`, `blocks` or `blocks:MIB`.
+    pub fn parse(s: &str) -> Option<LmHeadLoss> {
+        match s.split_once(':') {
+            None if s == "logits" => Some(LmHeadLoss::Logits),
+            None if s == "blocks" => Some(LmHeadLoss::DEFAULT),
+            None => None,
+            Some(("blocks", mib)) => {
+                let mib: u64 = mib.parse().ok().filter(|&m| m >= 1)?;
+                Some(LmHeadLoss::Blocks { block_bytes: mib.checked_mul(1 << 20)? })
+            }
+            Some(_) => None,
+        }
+    }
 }
 
 impl GptConfig {
@@ -63,6 +144,7 @@ impl GptConfig {
             amp: None,
             max_grad_norm: None,
             init: None,
+            lm_head: None,
         }
     }
 
@@ -82,6 +164,7 @@ impl GptConfig {
             amp: None,
             max_grad_norm: None,
             init: None,
+            lm_head: None,
         }
     }
 }
@@ -166,6 +249,13 @@ impl Gpt {
 
     /// `ids: [batch, seq]` s32 -> logits `[batch, seq, vocab]`.
     pub fn forward(&self, ids: &Tensor, train: bool) -> Result<Tensor> {
+        // The LM head shares the token embedding: logits = h · Eᵀ.
+        self.hidden(ids, train)?.matmul(&self.tok.table.t()?)
+    }
+
+    /// `ids: [batch, seq]` -> the final-norm output `[batch, seq, dim]` that
+    /// the tied LM head reads.
+    fn hidden(&self, ids: &Tensor, train: bool) -> Result<Tensor> {
         let t = ids.dims()[1];
         let positions = Tensor::arange(t, DType::I32)?;
         let mut h = self.tok.forward(ids)?.add(&self.pos.forward(&positions)?)?;
@@ -174,15 +264,24 @@ impl Gpt {
             h = h.add(&nn::dropout(&b.attn.forward(&b.ln1.forward(&h)?)?, self.cfg.dropout, train)?)?;
             h = h.add(&nn::dropout(&b.mlp.forward(&b.ln2.forward(&h)?)?, self.cfg.dropout, train)?)?;
         }
-        // The LM head shares the token embedding: logits = h · Eᵀ.
-        self.ln_f.forward(&h)?.matmul(&self.tok.table.t()?)
+        self.ln_f.forward(&h)
     }
 
-    /// Mean next-character cross-entropy over every position.
+    /// Mean next-character cross-entropy over every position, through the
+    /// LM head the config's [`LmHeadLoss`] names.
     pub fn loss(&self, ids: &Tensor, targets: &Tensor, train: bool) -> Result<Tensor> {
-        let logits = self.forward(ids, train)?;
-        let (b, t, v) = (logits.dims()[0], logits.dims()[1], logits.dims()[2]);
-        nn::cross_entropy(&logits.reshape([b * t, v])?, targets, None)
+        match LmHeadLoss::resolve(self.cfg.lm_head)? {
+            LmHeadLoss::Logits => {
+                let logits = self.forward(ids, train)?;
+                let (b, t, v) = (logits.dims()[0], logits.dims()[1], logits.dims()[2]);
+                nn::cross_entropy(&logits.reshape([b * t, v])?, targets, None)
+            }
+            LmHeadLoss::Blocks { block_bytes } => {
+                let h = self.hidden(ids, train)?;
+                let (b, t, d) = (h.dims()[0], h.dims()[1], h.dims()[2]);
+                nn::lm_head_cross_entropy_blocks(&h.reshape([b * t, d])?, &self.tok.table, targets, block_bytes)
+            }
+        }
     }
 }
 

@@ -599,6 +599,17 @@ pub fn cross_entropy_with(
 /// never exist whole. Matmuls in the autocast dtype inside a scope, the softmax
 /// in f32.
 pub fn lm_head_cross_entropy(h: &Tensor, table: &Tensor, labels: &Tensor) -> Result<Tensor> {
+    lm_head_cross_entropy_blocks(h, table, labels, LM_HEAD_BLOCK_BYTES)
+}
+
+/// The default block of [`lm_head_cross_entropy`]: 256 MiB of f32 logits.
+pub const LM_HEAD_BLOCK_BYTES: u64 = 256 << 20;
+
+/// [`lm_head_cross_entropy`] with blocks of at most `block_bytes` of f32
+/// logits (`block_bytes / (4 · vocab)` tokens, at least one). Fewer, bigger
+/// blocks mean fewer kernel launches and fewer passes over dw's f32
+/// accumulator; smaller ones a smaller transient (`docs/composites.md`).
+pub fn lm_head_cross_entropy_blocks(h: &Tensor, table: &Tensor, labels: &Tensor, block_bytes: u64) -> Result<Tensor> {
     for (what, t, expected, layout) in
         [("h", h, 2, "[n, d]"), ("table", table, 2, "[vocab, d]"), ("labels", labels, 1, "[n]")]
     {
@@ -607,10 +618,10 @@ pub fn lm_head_cross_entropy(h: &Tensor, table: &Tensor, labels: &Tensor) -> Res
             return Err(FrontendError::OperandRank { op, what, got: t.ty().clone(), expected, layout });
         }
     }
+    crate::device_checks::check_index_range("lm_head_cross_entropy", "label", labels, table.dims()[0])?;
     let dtype = amp::compute_dtype(h.dtype());
     let (h, table) = (h.to_dtype(dtype)?, table.to_dtype(dtype)?);
-    // Blocks of at most 256 MiB of f32 logits.
-    let chunk = ((256usize << 20) / (4 * table.dims()[0].max(1))).max(1);
+    let chunk = (block_bytes / (4 * table.dims()[0].max(1) as u64)).max(1) as usize;
     let (hv, wv, lv) = (
         h.value("lm_head_cross_entropy")?,
         table.value("lm_head_cross_entropy")?,
