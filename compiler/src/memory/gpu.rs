@@ -96,11 +96,12 @@ impl Materialization for XlaGpuFusion {
             }
             // The chunked LM-head loss runs one block of `chunk` tokens at a
             // time: the block's logits (the GEMM's output, in h's dtype) live
-            // inside the composite, and in the backward also their gradient.
+            // inside the composite, and in the backward (or the fused loss and
+            // gradient) also their gradient.
             // An estimate from the expansion's structure, not yet measured
             // against XLA on the device.
             Op::LmHeadCrossEntropy { h, w, chunk, .. } => CUBLAS_WORKSPACE_BYTES + lm_head_block(g, *h, *w, *chunk),
-            Op::LmHeadCrossEntropyGrad { h, w, chunk, .. } => {
+            Op::LmHeadCrossEntropyGrad { h, w, chunk, .. } | Op::LmHeadCrossEntropyFused { h, w, chunk, .. } => {
                 CUBLAS_WORKSPACE_BYTES + 2 * lm_head_block(g, *h, *w, *chunk)
             }
             _ => 0,
@@ -163,7 +164,8 @@ fn absorbs(user: &Op, producer: &Op) -> bool {
         Op::LayerNorm { .. }
         | Op::LayerNormGrad { .. }
         | Op::LmHeadCrossEntropy { .. }
-        | Op::LmHeadCrossEntropyGrad { .. } => true,
+        | Op::LmHeadCrossEntropyGrad { .. }
+        | Op::LmHeadCrossEntropyFused { .. } => true,
         // cuBLAS takes an operand in either layout: a transpose (or a
         // reshape) before a GEMM is folded; anything else is written first.
         Op::DotGeneral { .. } => matches!(producer, Op::Transpose { .. } | Op::Reshape { .. }),
