@@ -326,7 +326,11 @@ pub fn restore(path: impl AsRef<Path>, targets: &[(String, Tensor)]) -> Result<u
             let mut all = vec![lit.clone()];
             for o in others {
                 // Regrouped as the first replica's value was.
-                all.push(if o.ty() == t.ty() { o.clone() } else { Literal::from_bytes(t.ty().clone(), o.bytes().to_vec())? });
+                all.push(if o.ty() == t.ty() {
+                    o.clone()
+                } else {
+                    Literal::from_bytes(t.ty().clone(), o.bytes().to_vec())?
+                });
             }
             crate::replicas::from_literal_shards(all)?
         };

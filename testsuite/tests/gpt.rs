@@ -93,7 +93,12 @@ fn a_checkpoint_of_the_flat_qkv_layout_loads_into_the_heads_layout() -> anyhow::
     let err = checkpoint::restore(&bad, &[("h0.attn.qkv.weight".to_string(), w)]).unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, kiln::FrontendError::Checkpoint { .. }), "{msg}");
-    assert!(msg.contains("h0.attn.qkv.weight") && msg.contains("tensor<192x64xf32>") && msg.contains("tensor<64x3x4x16xf32>"), "{msg}");
+    assert!(
+        msg.contains("h0.attn.qkv.weight")
+            && msg.contains("tensor<192x64xf32>")
+            && msg.contains("tensor<64x3x4x16xf32>"),
+        "{msg}"
+    );
     Ok(())
 }
 

@@ -57,7 +57,10 @@ fn collectives(hlo: &str) -> Vec<Collective> {
         // `<shape> <opcode>(`; a tuple shape has spaces and parentheses of
         // its own, so the opcode is found by name.
         let Some((opcode, at)) = COLLECTIVES.iter().find_map(|op| {
-            [format!(" {op}("), format!(" {op}-start(")].iter().find_map(|pat| rhs.find(pat.as_str())).map(|at| (*op, at))
+            [format!(" {op}("), format!(" {op}-start(")]
+                .iter()
+                .find_map(|pat| rhs.find(pat.as_str()))
+                .map(|at| (*op, at))
         }) else {
             continue;
         };

@@ -241,7 +241,9 @@ pub(crate) fn expand_fused(
     }
     let dw = match dw {
         Some(x) => convert(g, x, dtype)?,
-        None => return Err(CompileError::Verify { node: "lm_head_cross_entropy_fused".into(), reason: "no rows".into() }),
+        None => {
+            return Err(CompileError::Verify { node: "lm_head_cross_entropy_fused".into(), reason: "no rows".into() })
+        }
     };
     Ok([concat(g, nll)?, concat(g, lse)?, concat(g, dh)?, dw])
 }

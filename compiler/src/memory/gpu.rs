@@ -270,9 +270,7 @@ mod tests {
         let mut outs = Vec::new();
         for _ in 0..8 {
             let n = g.value(Op::Unary { op: UnaryOp::Neg, input: x }).unwrap();
-            let f = g
-                .value(Op::DotGeneral { lhs: n, rhs: w, dims: crate::ir::DotDims::matmul() })
-                .unwrap();
+            let f = g.value(Op::DotGeneral { lhs: n, rhs: w, dims: crate::ir::DotDims::matmul() }).unwrap();
             outs.push(sum_rows(&mut g, x));
             x = g.value(Op::Binary { op: BinaryOp::Add, lhs: x, rhs: f }).unwrap();
             adds.push(x.node);
@@ -294,9 +292,7 @@ mod tests {
         let a = g.parameter(TensorType::new(DType::F32, [256, 128]));
         let b = g.parameter(TensorType::new(DType::F32, [256, 128]));
         let at = g.value(Op::Transpose { input: a, perm: vec![1, 0] }).unwrap();
-        let d = g
-            .value(Op::DotGeneral { lhs: at, rhs: b, dims: crate::ir::DotDims::matmul() })
-            .unwrap();
+        let d = g.value(Op::DotGeneral { lhs: at, rhs: b, dims: crate::ir::DotDims::matmul() }).unwrap();
         g.set_outputs(vec![d]).unwrap();
         let l = liveness(&g, &XlaGpuFusion);
         assert!(!l.materialized[at.node.index()]);

@@ -131,10 +131,12 @@ fn rebuild(g: &Graph, p: Pair) -> Result<Graph, CompileError> {
             Some(id) => {
                 let mut op = g.node(id).op.clone();
                 let mut missing = None;
-                op.map_inputs(|v| r.get(v).unwrap_or_else(|e| {
-                    missing = Some(e);
-                    v
-                }));
+                op.map_inputs(|v| {
+                    r.get(v).unwrap_or_else(|e| {
+                        missing = Some(e);
+                        v
+                    })
+                });
                 if let Some(e) = missing {
                     return Err(e);
                 }

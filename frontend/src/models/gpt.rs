@@ -501,14 +501,13 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
         warmup_steps: (cfg.steps / 10).max(1),
         total_steps: cfg.steps,
     };
-    let mut report =
-        TrainReport {
-            setup_seconds,
-            client_seconds,
-            setup: Some(breakdown),
-            init: Some(t.params.placement()),
-            ..TrainReport::default()
-        };
+    let mut report = TrainReport {
+        setup_seconds,
+        client_seconds,
+        setup: Some(breakdown),
+        init: Some(t.params.placement()),
+        ..TrainReport::default()
+    };
     let start = Instant::now();
     // The step is captured (`compile_step`), with or without an ordered step:
     // traced once, replayed with each batch and learning rate; the loss of

@@ -16,8 +16,8 @@ mod module;
 
 use kiln_compiler::ir::{CompareDir, DType, Shape, ValueId};
 
-pub use device_init::{init_value, Init, InitForm, InitPlacement, ParamSpec, ENV_INIT_FORM};
 pub(crate) use device_init::own_full;
+pub use device_init::{init_value, Init, InitForm, InitPlacement, ParamSpec, ENV_INIT_FORM};
 pub use init::HostRng;
 pub use module::{scoped, Dropout, Func, Module, Sequential};
 
