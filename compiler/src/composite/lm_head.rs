@@ -166,17 +166,9 @@ pub(crate) fn expand_backward(
         let gb = per_row(g, gc, &b.shape)?;
         let dl = v(g, Op::Binary { op: BinaryOp::Mul, lhs: diff, rhs: gb })?;
         let dl = convert(g, dl, dtype)?;
-        // dh_block = dlogits · w ([c, v] x [v, d]); dw += dlogitsᵀ · h_block.
-        let mm = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![0] };
-        dh.push(v(g, Op::DotGeneral { lhs: dl, rhs: w, dims: mm })?);
-        let hc = rows(g, h, s, e)?;
-        let tm = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![0], rhs_contract: vec![0] };
-        let part = v(g, Op::DotGeneral { lhs: dl, rhs: hc, dims: tm })?;
-        let part = convert(g, part, a)?;
-        dw = Some(match dw {
-            None => part,
-            Some(prev) => v(g, Op::Binary { op: BinaryOp::Add, lhs: prev, rhs: part })?,
-        });
+        let (dh_block, dw_sum) = block_grads(g, dl, w, h, (s, e), dw)?;
+        dh.push(dh_block);
+        dw = Some(dw_sum);
     }
     let dw = match dw {
         Some(x) => convert(g, x, dtype)?,
@@ -187,6 +179,31 @@ pub(crate) fn expand_backward(
         }
     };
     Ok([concat(g, dh)?, dw])
+}
+
+/// One block's share of the gradient from its `dl` (`[c, vocab]`, in h's
+/// dtype): the block's rows of dh, `dl · w`, and the running dw plus
+/// `dlᵀ · h_block`, accumulated in f32 (f64 for f64).
+fn block_grads(
+    g: &mut Graph,
+    dl: ValueId,
+    w: ValueId,
+    h: ValueId,
+    (start, end): (usize, usize),
+    dw: Option<ValueId>,
+) -> Result<(ValueId, ValueId)> {
+    let a = acc(g.ty(h).dtype);
+    let mm = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![0] };
+    let dh = v(g, Op::DotGeneral { lhs: dl, rhs: w, dims: mm })?;
+    let hc = rows(g, h, start, end)?;
+    let tm = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![0], rhs_contract: vec![0] };
+    let part = v(g, Op::DotGeneral { lhs: dl, rhs: hc, dims: tm })?;
+    let part = convert(g, part, a)?;
+    let dw = match dw {
+        None => part,
+        Some(prev) => v(g, Op::Binary { op: BinaryOp::Add, lhs: prev, rhs: part })?,
+    };
+    Ok((dh, dw))
 }
 
 /// `[nll, lse, dh, dw]` of `lm_head_cross_entropy_fused`, appended to `g`: per
@@ -228,16 +245,9 @@ pub(crate) fn expand_fused(
         let sb = v(g, Op::BroadcastInDim { input: scale, shape: b.shape.clone(), dims: vec![] })?;
         let dl = v(g, Op::Binary { op: BinaryOp::Mul, lhs: diff, rhs: sb })?;
         let dl = convert(g, dl, dtype)?;
-        let mm = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![0] };
-        dh.push(v(g, Op::DotGeneral { lhs: dl, rhs: w, dims: mm })?);
-        let hc = rows(g, h, s, e)?;
-        let tm = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![0], rhs_contract: vec![0] };
-        let part = v(g, Op::DotGeneral { lhs: dl, rhs: hc, dims: tm })?;
-        let part = convert(g, part, a)?;
-        dw = Some(match dw {
-            None => part,
-            Some(prev) => v(g, Op::Binary { op: BinaryOp::Add, lhs: prev, rhs: part })?,
-        });
+        let (dh_block, dw_sum) = block_grads(g, dl, w, h, (s, e), dw)?;
+        dh.push(dh_block);
+        dw = Some(dw_sum);
     }
     let dw = match dw {
         Some(x) => convert(g, x, dtype)?,
