@@ -270,9 +270,11 @@ fn greedy_remat_cuts_xla_temp_bytes_of_gpt2_small() -> anyhow::Result<()> {
         m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
     };
     eprintln!(
-        "gpt2-small: {} recomputed, +{} FLOPs; XLA temp {} -> {}, args + outputs + temps {} -> {}",
+        "gpt2-small: {} recomputed, +{} FLOPs; model {:?} -> {:?}; XLA temp {} -> {}, args + outputs + temps {} -> {}",
         plan.choices.len(),
         plan.extra_flops,
+        plan.before,
+        plan.after,
         m0.temp_size_in_bytes,
         m1.temp_size_in_bytes,
         peak(&m0),
@@ -281,7 +283,9 @@ fn greedy_remat_cuts_xla_temp_bytes_of_gpt2_small() -> anyhow::Result<()> {
     // Measured 2026-11-23: temp 16,223,965,184 -> 8,450,478,080 B (1.92x),
     // peak 1.82x; the 2x is not reached yet (docs/memory.md). (The
     // CPU's GPT default is the explicit logits; with the fused blocked loss,
-    // KILN_LM_HEAD=blocks, it was 14,461,655,040 -> 12,017,784,832 B.)
+    // KILN_LM_HEAD=blocks, it was 14,461,655,040 -> 12,017,784,832 B.) The
+    // model's unplanned temp peak here is 9,703,231,488 B, 41% under XLA's:
+    // docs/memory.md, "The CPU model on gpt2-small".
     assert!(m1.temp_size_in_bytes * 100 <= m0.temp_size_in_bytes * 55, "{m0:?} -> {m1:?}");
     Ok(())
 }
