@@ -109,6 +109,30 @@ fn concat(g: &mut Graph, parts: Vec<ValueId>) -> Result<ValueId> {
     v(g, Op::Concatenate { inputs: parts, axis: 0 })
 }
 
+/// One block's loss in the accumulation dtype: the log-sum-exp of each row,
+/// the nll (`lse - picked logit`), and the shifted exponentials and their
+/// row sums, which the fused loss reuses for the softmax.
+struct BlockLoss {
+    lse: ValueId,
+    nll: ValueId,
+    exp: ValueId,
+    z: ValueId,
+}
+
+fn block_loss(g: &mut Graph, b: &Block) -> Result<BlockLoss> {
+    let m = v(g, Op::Reduce { op: ReduceOp::Max, input: b.logits, axes: vec![1] })?;
+    let mb = per_row(g, m, &b.shape)?;
+    let d = v(g, Op::Binary { op: BinaryOp::Sub, lhs: b.logits, rhs: mb })?;
+    let exp = v(g, Op::Unary { op: UnaryOp::Exp, input: d })?;
+    let z = row_sum(g, exp)?;
+    let lz = v(g, Op::Unary { op: UnaryOp::Log, input: z })?;
+    let lse = v(g, Op::Binary { op: BinaryOp::Add, lhs: m, rhs: lz })?;
+    let picked = v(g, Op::Binary { op: BinaryOp::Mul, lhs: b.logits, rhs: b.onehot })?;
+    let picked = row_sum(g, picked)?;
+    let nll = v(g, Op::Binary { op: BinaryOp::Sub, lhs: lse, rhs: picked })?;
+    Ok(BlockLoss { lse, nll, exp, z })
+}
+
 /// `[nll, lse]` of `lm_head_cross_entropy`, appended to `g`.
 pub(crate) fn expand_forward(
     g: &mut Graph,
@@ -122,19 +146,10 @@ pub(crate) fn expand_forward(
     let mut after = None;
     for (s, e) in blocks(n, chunk) {
         let b = block(g, h, w, labels, s, e, after)?;
-        let m = v(g, Op::Reduce { op: ReduceOp::Max, input: b.logits, axes: vec![1] })?;
-        let mb = per_row(g, m, &b.shape)?;
-        let d = v(g, Op::Binary { op: BinaryOp::Sub, lhs: b.logits, rhs: mb })?;
-        let ex = v(g, Op::Unary { op: UnaryOp::Exp, input: d })?;
-        let z = row_sum(g, ex)?;
-        let lz = v(g, Op::Unary { op: UnaryOp::Log, input: z })?;
-        let l = v(g, Op::Binary { op: BinaryOp::Add, lhs: m, rhs: lz })?;
-        let picked = v(g, Op::Binary { op: BinaryOp::Mul, lhs: b.logits, rhs: b.onehot })?;
-        let picked = row_sum(g, picked)?;
-        let x = v(g, Op::Binary { op: BinaryOp::Sub, lhs: l, rhs: picked })?;
-        after = Some(x);
-        nll.push(convert(g, x, DType::F32)?);
-        lse.push(convert(g, l, DType::F32)?);
+        let r = block_loss(g, &b)?;
+        after = Some(r.nll);
+        nll.push(convert(g, r.nll, DType::F32)?);
+        lse.push(convert(g, r.lse, DType::F32)?);
     }
     Ok([concat(g, nll)?, concat(g, lse)?])
 }
@@ -226,21 +241,12 @@ pub(crate) fn expand_fused(
         // Chained on the running dw: block i+1's logits are made after block
         // i's dw share is added, so at most one block of logits is live.
         let b = block(g, h, w, labels, s, e, dw)?;
-        let m = v(g, Op::Reduce { op: ReduceOp::Max, input: b.logits, axes: vec![1] })?;
-        let mb = per_row(g, m, &b.shape)?;
-        let d = v(g, Op::Binary { op: BinaryOp::Sub, lhs: b.logits, rhs: mb })?;
-        let ex = v(g, Op::Unary { op: UnaryOp::Exp, input: d })?;
-        let z = row_sum(g, ex)?;
-        let lz = v(g, Op::Unary { op: UnaryOp::Log, input: z })?;
-        let l = v(g, Op::Binary { op: BinaryOp::Add, lhs: m, rhs: lz })?;
-        let picked = v(g, Op::Binary { op: BinaryOp::Mul, lhs: b.logits, rhs: b.onehot })?;
-        let picked = row_sum(g, picked)?;
-        let x = v(g, Op::Binary { op: BinaryOp::Sub, lhs: l, rhs: picked })?;
-        nll.push(convert(g, x, DType::F32)?);
-        lse.push(convert(g, l, DType::F32)?);
+        let r = block_loss(g, &b)?;
+        nll.push(convert(g, r.nll, DType::F32)?);
+        lse.push(convert(g, r.lse, DType::F32)?);
         // softmax = exp(logits - max) / z, from the exponentials already made.
-        let zb = per_row(g, z, &b.shape)?;
-        let p = v(g, Op::Binary { op: BinaryOp::Div, lhs: ex, rhs: zb })?;
+        let zb = per_row(g, r.z, &b.shape)?;
+        let p = v(g, Op::Binary { op: BinaryOp::Div, lhs: r.exp, rhs: zb })?;
         let diff = v(g, Op::Binary { op: BinaryOp::Sub, lhs: p, rhs: b.onehot })?;
         let sb = v(g, Op::BroadcastInDim { input: scale, shape: b.shape.clone(), dims: vec![] })?;
         let dl = v(g, Op::Binary { op: BinaryOp::Mul, lhs: diff, rhs: sb })?;
