@@ -12,42 +12,32 @@ use crate::error::{FrontendError, Result};
 use crate::nn::InitPlacement;
 use crate::tensor::Tensor;
 
-/// Zeros on the host, in `t`'s sharding (optimizer state is split where its
-/// parameter is: FSDP shards the state with the parameters).
-fn zeros_like_host(t: &Tensor) -> Result<Tensor> {
-    // All-zero bytes are 0.0 in f32: `vec![0u8; n]` takes zeroed pages from
-    // the allocator instead of encoding every element (gpt2-small's two
-    // AdamW states took 4.2 s of set-up that way on a loaded 2-core box).
-    let ty = TensorType::new(DType::F32, t.shape().clone());
-    let z = Tensor::from_literal(Literal::from_bytes(ty.clone(), vec![0u8; ty.size_in_bytes()])?);
-    if let Some(s) = t.sharding() {
-        z.set_sharding(s)?;
-    }
-    Ok(z)
-}
-
-/// Zeros recorded in the current step, in `t`'s sharding: a program
-/// computes them where they live (no host buffer, no upload). Each is a
-/// value of its own, not the step's shared broadcast constant
-/// (`Tensor::zeros`): a shared value becomes one output whose buffer every
-/// receiver holds, and a shared buffer cannot be donated, so the first
-/// training step would compile without the state's aliases.
-fn zeros_like_device(t: &Tensor) -> Result<Tensor> {
-    let z = crate::nn::own_full(0.0, t.shape())?;
-    if let Some(s) = t.sharding() {
-        z.set_sharding(s)?;
-    }
-    Ok(z)
-}
-
-/// Zeros like `t` where `placement` says: host data (uploaded by the first
-/// step) or recorded for the device (run by the next step, e.g. with the
-/// init program by `ParamStore::materialize`).
+/// Zeros like `t`, in `t`'s sharding (optimizer state is split where its
+/// parameter is: FSDP shards the state with the parameters), made where
+/// `placement` says:
+/// - host: all-zero bytes, uploaded by the first step. `vec![0u8; n]` takes
+///   zeroed pages from the allocator instead of encoding every element
+///   (gpt2-small's two AdamW states took 4.2 s of set-up that way on a
+///   loaded 2-core box);
+/// - device: recorded in the current step, computed where they live (run by
+///   the next step, e.g. with the init program by `ParamStore::materialize`;
+///   no host buffer, no upload). Each is a value of its own, not the step's
+///   shared broadcast constant (`Tensor::zeros`): a shared value becomes one
+///   output whose buffer every receiver holds, and a shared buffer cannot be
+///   donated, so the first training step would compile without the state's
+///   aliases.
 fn zeros_like(t: &Tensor, placement: InitPlacement) -> Result<Tensor> {
-    match placement {
-        InitPlacement::Host => zeros_like_host(t),
-        InitPlacement::Device => zeros_like_device(t),
+    let z = match placement {
+        InitPlacement::Host => {
+            let ty = TensorType::new(DType::F32, t.shape().clone());
+            Tensor::from_literal(Literal::from_bytes(ty.clone(), vec![0u8; ty.size_in_bytes()])?)
+        }
+        InitPlacement::Device => crate::nn::own_full(0.0, t.shape())?,
+    };
+    if let Some(s) = t.sharding() {
+        z.set_sharding(s)?;
     }
+    Ok(z)
 }
 
 fn check(params: &[Tensor], grads: &[Tensor]) -> Result<()> {
@@ -231,7 +221,11 @@ pub struct Sgd {
 
 impl Sgd {
     pub fn new(params: &[Tensor], momentum: f64, weight_decay: f64) -> Result<Sgd> {
-        Ok(Sgd { momentum, weight_decay, buf: params.iter().map(zeros_like_host).collect::<Result<_>>()? })
+        Ok(Sgd {
+            momentum,
+            weight_decay,
+            buf: params.iter().map(|p| zeros_like(p, InitPlacement::Host)).collect::<Result<_>>()?,
+        })
     }
 
     pub fn step(&mut self, params: &[Tensor], grads: &[Tensor], lr: f64) -> Result<()> {
