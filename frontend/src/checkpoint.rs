@@ -291,27 +291,29 @@ pub fn restore(path: impl AsRef<Path>, targets: &[(String, Tensor)]) -> Result<u
         let lit = loaded.tensors.iter().find(|(n, _)| n == name).map(|(_, l)| l).ok_or_else(|| {
             FrontendError::Checkpoint { path: path.to_path_buf(), reason: format!("no tensor {name}") }
         })?;
-        let regrouped;
-        let lit = if lit.ty() == t.ty() {
-            lit
-        } else if merges_trailing_dims(lit.ty(), t.ty()) {
-            // The same row-major values with the trailing dimensions grouped
-            // differently: a layout kiln moved to without reordering (the
-            // attention's qkv `[dim, 3·dim]` → `[dim, 3, heads, head_dim]`).
-            regrouped = Literal::from_bytes(t.ty().clone(), lit.bytes().to_vec())?;
-            &regrouped
-        } else {
-            return Err(FrontendError::Checkpoint {
-                path: path.to_path_buf(),
-                reason: format!("tensor {name} is {} in the file but {} in the model", lit.ty(), t.ty()),
-            });
+        // Every replica's value in the model's type: as saved, or regrouped
+        // when the file holds it with its trailing dimensions merged (the same
+        // row-major values in a layout kiln moved to without reordering: the
+        // attention's qkv `[dim, 3·dim]` → `[dim, 3, heads, head_dim]`).
+        let fit = |l: &Literal| -> Result<Literal> {
+            if l.ty() == t.ty() {
+                Ok(l.clone())
+            } else if merges_trailing_dims(l.ty(), t.ty()) {
+                Ok(Literal::from_bytes(t.ty().clone(), l.bytes().to_vec())?)
+            } else {
+                Err(FrontendError::Checkpoint {
+                    path: path.to_path_buf(),
+                    reason: format!("tensor {name} is {} in the file but {} in the model", l.ty(), t.ty()),
+                })
+            }
         };
+        let lit = fit(lit)?;
         // Replicas 1.. saved apart: there must be one per replica of this run.
         let others: Vec<&Literal> = (1..)
             .map_while(|r| loaded.tensors.iter().find(|(n, _)| *n == format!("{name}{REPLICA_SEP}{r}")).map(|(_, l)| l))
             .collect();
         let value = if others.is_empty() {
-            Tensor::from_literal(lit.clone())
+            Tensor::from_literal(lit)
         } else {
             let replicas = crate::replicas::num_replicas()?;
             if others.len() + 1 != replicas {
@@ -323,14 +325,9 @@ pub fn restore(path: impl AsRef<Path>, targets: &[(String, Tensor)]) -> Result<u
                     ),
                 });
             }
-            let mut all = vec![lit.clone()];
+            let mut all = vec![lit];
             for o in others {
-                // Regrouped as the first replica's value was.
-                all.push(if o.ty() == t.ty() {
-                    o.clone()
-                } else {
-                    Literal::from_bytes(t.ty().clone(), o.bytes().to_vec())?
-                });
+                all.push(fit(o)?);
             }
             crate::replicas::from_literal_shards(all)?
         };
