@@ -7,6 +7,7 @@
 pub mod composite;
 pub mod cost;
 mod error;
+mod fence;
 pub mod fingerprint;
 pub mod fusion;
 pub mod interp;

@@ -143,3 +143,69 @@ fn cudnn_lowering_matches_the_plain_lowering() {
         );
     }
 }
+
+/// `layers` attention layers, each reading the previous one's output as its
+/// queries, keys and values, then their gradients in reverse (the cotangent
+/// of each layer's input is `dq + dk + dv`); parameters x `[b, h, t, d]` and
+/// the last output's cotangent; outputs the last output and x's cotangent.
+fn stack_graph(dims: [usize; 4], layers: usize) -> Graph {
+    let mut g = Graph::new();
+    let ty = TensorType::new(DType::F32, dims.to_vec());
+    let x = g.parameter(ty.clone());
+    let attrs = AttentionAttrs::new(1.0 / (dims[3] as f64).sqrt(), true);
+    let mut saved = Vec::new();
+    let mut h = x;
+    for _ in 0..layers {
+        let a = g.add(Op::Attention { q: h, k: h, v: h, attrs }).unwrap();
+        saved.push((h, ValueId::new(a, 0), ValueId::new(a, 1)));
+        h = ValueId::new(a, 0);
+    }
+    let mut d = g.parameter(ty);
+    for &(x, out, stats) in saved.iter().rev() {
+        let gr = g.add(Op::AttentionGrad { q: x, k: x, v: x, out, stats, dout: d, attrs }).unwrap();
+        let add = kiln::compiler::ir::BinaryOp::Add;
+        let s = g.value(Op::Binary { op: add, lhs: ValueId::new(gr, 0), rhs: ValueId::new(gr, 1) }).unwrap();
+        d = g.value(Op::Binary { op: add, lhs: s, rhs: ValueId::new(gr, 2) }).unwrap();
+    }
+    g.set_outputs(vec![h, d]).unwrap();
+    g
+}
+
+/// XLA's CPU pipeline drops optimization barriers before its CSE, which
+/// merged the backward's recomputed scores `q·kᵀ` with the forward's and kept
+/// every layer's scores from the forward to its backward. The CPU expansion
+/// reads q through a runtime guard on the cotangent (`kiln::compiler`'s
+/// fence): the same values bit for bit on the interpreter, and XLA's temp no
+/// longer grows with depth, where the unguarded expansion (the CUDA target's,
+/// which keeps barriers) holds one more layer of scores per layer.
+#[test]
+fn the_cpu_backward_recomputes_the_scores_under_xla() {
+    let dims = [1, 4, 256, 16];
+    let scores = (dims[0] * dims[1] * dims[2] * dims[2] * 4) as i64;
+    let c = Client::new(&ClientOptions::default()).unwrap();
+    let temp = |g: &Graph| {
+        let text = lower(g, &LowerOptions::default()).unwrap();
+        c.compile(&text, &CompileOptions::default()).unwrap().compiled_memory_stats().unwrap().temp_size_in_bytes
+    };
+    let mut temps = Vec::new();
+    for layers in [2, 6] {
+        let g = stack_graph(dims, layers);
+        let guarded = composite::expand(&g, LowerTarget::Cpu).unwrap();
+        let unguarded = composite::expand(&g, LowerTarget::Cuda).unwrap();
+        let x = inputs(&g, &mut Rng::new(seed()));
+        let (a, b) = (interpret(&guarded, &x).unwrap(), interpret(&unguarded, &x).unwrap());
+        assert!(a.iter().zip(&b).all(|(a, b)| a.bytes() == b.bytes()), "the guard changed a value");
+        if c.platform_name() != "cpu" {
+            return;
+        }
+        let (with, without) = (temp(&guarded), temp(&unguarded));
+        eprintln!("{layers} layers, scores {scores} B each: XLA CPU temp {with} B guarded, {without} B unguarded");
+        temps.push((with, without));
+    }
+    let [(with2, without2), (with6, without6)] = temps[..] else { unreachable!() };
+    assert!(with6 < with2 + scores, "guarded: {with2} B at 2 layers, {with6} B at 6 (scores {scores} B)");
+    assert!(
+        without6 >= without2 + 3 * scores,
+        "unguarded: {without2} B at 2 layers, {without6} B at 6; if XLA keeps the recomputation now, the guard is not needed"
+    );
+}

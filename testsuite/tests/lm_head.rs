@@ -324,3 +324,30 @@ fn gpt_with_the_blocked_head_trains_like_explicit_logits() -> anyhow::Result<()>
     assert_eq!(count_fused(&opt), 1);
     Ok(())
 }
+
+/// XLA's CPU pipeline drops the barriers that chain the blocks, and its
+/// scheduler then made every block's logits at once. On the CPU target the
+/// chain is also a data dependence: the temp stays under three blocks of
+/// logits, where the barrier-only expansion (the CUDA target's) holds more
+/// than half of them.
+#[test]
+fn xla_cpu_runs_the_blocks_one_at_a_time() {
+    let (n, d, vocab, chunk) = (4096, 64, 8192, 512);
+    let block = (chunk * vocab * 4) as i64;
+    let g = pair_graph(DType::F32, n, d, vocab, chunk, Cotangent::Uniform);
+    let (f, fused) = fuse_lm_head_loss(&g).unwrap();
+    assert_eq!(fused, 1);
+    let c = Client::new(&ClientOptions::default()).unwrap();
+    if c.platform_name() != "cpu" {
+        return;
+    }
+    let temp = |g: &Graph| {
+        let text = lower(g, &LowerOptions::default()).unwrap();
+        c.compile(&text, &CompileOptions::default()).unwrap().compiled_memory_stats().unwrap().temp_size_in_bytes
+    };
+    let guarded = temp(&f);
+    let unguarded = temp(&composite::expand(&f, LowerTarget::Cuda).unwrap());
+    eprintln!("8 blocks of {block} B: XLA CPU temp {guarded} B chained by data, {unguarded} B by barriers only");
+    assert!(guarded < 3 * block, "chained by data: {guarded} B of temp");
+    assert!(unguarded > 4 * block, "barriers only: {unguarded} B; if XLA keeps the order now, the guard is not needed");
+}

@@ -128,11 +128,12 @@ fn greedy_remat_cuts_xla_temp_bytes_of_the_tiny_gpt() -> anyhow::Result<()> {
         plan.before.temp_peak_bytes,
         plan.after.temp_peak_bytes
     );
-    // Measured 2026-11-23: 1.39x (6,971,520 -> 5,013,504 B, 20 values, the
-    // floating backward kernels pinned); 1.33x without the pins, 1.08x before
-    // anchors were found through views. The 2x is not reached: XLA's
-    // live bytes at its peak fall 1.71x, but its allocator packs the planned
-    // temporaries with 52% fragmentation (docs/memory.md).
+    // Measured 2026-11-23: 1.28x (7,248,000 -> 5,668,864 B, 13 values). Before
+    // the CPU expansion of attention's backward recomputed its scores for
+    // real (docs/memory.md, "Fences the CPU plugin keeps") it was 1.39x
+    // (6,971,520 -> 5,013,504 B), the pins doing that recomputation. The
+    // issue's 2x is not reached: XLA's allocator packs the planned
+    // temporaries with heavy fragmentation (docs/memory.md).
     assert!(after * 100 <= before * 80, "XLA temp {before} -> {after}");
     // The fence is what keeps XLA from merging the clones back.
     assert!(plan.graph.nodes().any(|(_, n)| matches!(n.op, Op::OptimizationBarrier { .. })));
@@ -258,8 +259,9 @@ fn the_exact_strategy_is_within_10_percent_of_greedy_on_small_graphs() -> anyhow
 }
 
 /// GPT-2 small's shape (b8, T1024, 12 layers, vocabulary 50,304), forward and
-/// gradients, compiled only (no step runs on the CPU): XLA's own temp bytes
-/// with and without the tightest greedy plan.
+/// gradients, compiled only (no step runs on the CPU): the peak model against
+/// XLA's unplanned figures (within 15%, as for the small steps above), and
+/// XLA's own temp bytes with and without the tightest greedy plan.
 #[test]
 fn greedy_remat_cuts_xla_temp_bytes_of_gpt2_small() -> anyhow::Result<()> {
     let g = gpt_step(&gpt::GptConfig::gpt2_small(50304))?;
@@ -280,12 +282,16 @@ fn greedy_remat_cuts_xla_temp_bytes_of_gpt2_small() -> anyhow::Result<()> {
         peak(&m0),
         peak(&m1)
     );
-    // Measured 2026-11-23: temp 16,223,965,184 -> 8,450,478,080 B (1.92x),
-    // peak 1.82x; the 2x is not reached yet (docs/memory.md). (The
-    // CPU's GPT default is the explicit logits; with the fused blocked loss,
-    // KILN_LM_HEAD=blocks, it was 14,461,655,040 -> 12,017,784,832 B.) The
-    // model's unplanned temp peak here is 9,703,231,488 B, 41% under XLA's:
-    // docs/memory.md, "The CPU model on gpt2-small".
-    assert!(m1.temp_size_in_bytes * 100 <= m0.temp_size_in_bytes * 55, "{m0:?} -> {m1:?}");
+    // Measured 2026-11-23 (docs/memory.md, "Fences the CPU plugin keeps"):
+    // the model's unplanned peak 7,942,285,316 B against XLA's 8,810,724,524 B
+    // (-9.9%); it was 41% under before the attention backward's recomputation
+    // and the LM-head blocks were fenced by data on the CPU target.
+    let err = (plan.before.peak_bytes as f64 - peak(&m0) as f64).abs() / peak(&m0) as f64;
+    assert!(err <= 0.15, "model {} vs XLA {} B", plan.before.peak_bytes, peak(&m0));
+    // XLA temp 7,814,850,560 -> 6,909,394,944 B (1.13x; peak 1.11x). The
+    // unplanned step itself fell from 16,223,965,184 B of temp (explicit
+    // logits, scores merged by XLA's CSE), where the tightest plan had reached
+    // 8,273,137,664 B; the 2x from the unplanned step is not reached.
+    assert!(m1.temp_size_in_bytes * 100 <= m0.temp_size_in_bytes * 92, "{m0:?} -> {m1:?}");
     Ok(())
 }

@@ -423,10 +423,15 @@ pub(crate) fn expand_backward(
     stats: ValueId,
     dout: ValueId,
     attrs: AttentionAttrs,
+    guard: bool,
 ) -> Result<[ValueId; 3], CompileError> {
     let dtype = g.ty(q).dtype;
+    // Where the backend drops barriers, its CSE would merge these scores with
+    // the forward's and keep every layer's scores from the forward to here;
+    // the scores read q only once the cotangent exists ([`crate::fence`]).
+    let qs = if guard { crate::fence::after(g, &[q], dout, true)?[0] } else { q };
     let mut e = Expander { g };
-    let s = e.scores(q, k, attrs)?;
+    let s = e.scores(qs, k, attrs)?;
     let shape = e.g.ty(s).shape.clone();
     let acc = accumulate(dtype);
     let stats = e.convert(stats, acc)?;

@@ -4,7 +4,9 @@
 //! recomputes them for `softmax - onehot` (backward), so no `[tokens, vocab]`
 //! logits tensor exists in the program. Blocks are static slices chained by
 //! optimization barriers, so XLA runs them one after another
-//! (`docs/composites.md`).
+//! (`docs/composites.md`); on a target whose backend drops barriers (XLA CPU)
+//! the chain is also a data dependence ([`crate::fence`]), else XLA's
+//! scheduler computes every block's logits at once.
 //!
 //! The fused op (a uniform cotangent `scale`) does both in one loop: each block
 //! makes its logits once, takes the loss from them, and turns them into
@@ -58,22 +60,24 @@ struct Block {
 }
 
 /// Block `start..end`; with `after`, its rows of h pass through an
-/// optimization barrier together with `after` (the previous block's result), so
-/// XLA neither merges the blocks' matmuls back into one nor runs them side by
-/// side: one block's logits are dead before the next block's exist.
+/// optimization barrier together with `after` (the previous block's result),
+/// and, with `guard` (a target that drops barriers), also through the runtime
+/// guard on it ([`crate::fence::after`]), so XLA neither merges the blocks'
+/// matmuls back into one nor runs them side by side: one block's logits are
+/// dead before the next block's exist.
 fn block(
     g: &mut Graph,
     h: ValueId,
     w: ValueId,
     labels: ValueId,
-    start: usize,
-    end: usize,
+    (start, end): (usize, usize),
     after: Option<ValueId>,
+    guard: bool,
 ) -> Result<Block> {
     let dtype = g.ty(h).dtype;
     let hc = rows(g, h, start, end)?;
     let hc = match after {
-        Some(prev) => ValueId::new(g.add(Op::OptimizationBarrier { inputs: vec![hc, prev] })?, 0),
+        Some(prev) => crate::fence::after(g, &[hc], prev, guard)?[0],
         None => hc,
     };
     let lc = rows(g, labels, start, end)?;
@@ -140,12 +144,13 @@ pub(crate) fn expand_forward(
     w: ValueId,
     labels: ValueId,
     chunk: usize,
+    guard: bool,
 ) -> Result<[ValueId; 2]> {
     let n = g.ty(h).shape.dims()[0];
     let (mut nll, mut lse) = (Vec::new(), Vec::new());
     let mut after = None;
     for (s, e) in blocks(n, chunk) {
-        let b = block(g, h, w, labels, s, e, after)?;
+        let b = block(g, h, w, labels, (s, e), after, guard)?;
         let r = block_loss(g, &b)?;
         after = Some(r.nll);
         nll.push(convert(g, r.nll, DType::F32)?);
@@ -156,6 +161,7 @@ pub(crate) fn expand_forward(
 
 /// `[dh, dw]` of `lm_head_cross_entropy_grad`, appended to `g`:
 /// `dlogits = dnll · (softmax - onehot)` per block, recomputed from `lse`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn expand_backward(
     g: &mut Graph,
     h: ValueId,
@@ -164,6 +170,7 @@ pub(crate) fn expand_backward(
     lse: ValueId,
     dnll: ValueId,
     chunk: usize,
+    guard: bool,
 ) -> Result<[ValueId; 2]> {
     let dtype = g.ty(h).dtype;
     let n = g.ty(h).shape.dims()[0];
@@ -171,7 +178,7 @@ pub(crate) fn expand_backward(
     let a = acc(dtype);
     let (lse, dnll) = (convert(g, lse, a)?, convert(g, dnll, a)?);
     for (s, e) in blocks(n, chunk) {
-        let b = block(g, h, w, labels, s, e, dw)?;
+        let b = block(g, h, w, labels, (s, e), dw, guard)?;
         let lc = rows(g, lse, s, e)?;
         let lb = per_row(g, lc, &b.shape)?;
         let d = v(g, Op::Binary { op: BinaryOp::Sub, lhs: b.logits, rhs: lb })?;
@@ -231,6 +238,7 @@ pub(crate) fn expand_fused(
     labels: ValueId,
     scale: ValueId,
     chunk: usize,
+    guard: bool,
 ) -> Result<[ValueId; 4]> {
     let dtype = g.ty(h).dtype;
     let n = g.ty(h).shape.dims()[0];
@@ -240,7 +248,7 @@ pub(crate) fn expand_fused(
     for (s, e) in blocks(n, chunk) {
         // Chained on the running dw: block i+1's logits are made after block
         // i's dw share is added, so at most one block of logits is live.
-        let b = block(g, h, w, labels, s, e, dw)?;
+        let b = block(g, h, w, labels, (s, e), dw, guard)?;
         let r = block_loss(g, &b)?;
         nll.push(convert(g, r.nll, DType::F32)?);
         lse.push(convert(g, r.lse, DType::F32)?);

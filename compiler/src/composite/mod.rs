@@ -113,6 +113,7 @@ pub fn expand(g: &Graph, target: LowerTarget) -> Result<Graph, CompileError> {
     if !todo.iter().any(|&t| t) {
         return Ok(g.clone());
     }
+    let guard = !target.keeps_barriers();
     let mut out = Graph::new();
     let mut map: Vec<Vec<ValueId>> = Vec::with_capacity(g.len());
     for (id, node) in g.nodes() {
@@ -121,7 +122,7 @@ pub fn expand(g: &Graph, target: LowerTarget) -> Result<Graph, CompileError> {
         let values: Vec<ValueId> = match (todo[id.index()], o) {
             (true, Op::Attention { q, k, v, attrs }) => attention::expand_forward(&mut out, q, k, v, attrs)?.to_vec(),
             (true, Op::AttentionGrad { q, k, v, out: o, stats, dout, attrs }) => {
-                attention::expand_backward(&mut out, q, k, v, o, stats, dout, attrs)?.to_vec()
+                attention::expand_backward(&mut out, q, k, v, o, stats, dout, attrs, guard)?.to_vec()
             }
             (true, Op::LayerNorm { x, gamma, beta, eps_bits }) => {
                 layer_norm::expand_forward(&mut out, x, gamma, beta, f64::from_bits(eps_bits))?.to_vec()
@@ -130,13 +131,13 @@ pub fn expand(g: &Graph, target: LowerTarget) -> Result<Graph, CompileError> {
                 layer_norm::expand_backward(&mut out, x, gamma, mean, rstd, dy)?.to_vec()
             }
             (true, Op::LmHeadCrossEntropy { h, w, labels, chunk }) => {
-                lm_head::expand_forward(&mut out, h, w, labels, chunk)?.to_vec()
+                lm_head::expand_forward(&mut out, h, w, labels, chunk, guard)?.to_vec()
             }
             (true, Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk }) => {
-                lm_head::expand_backward(&mut out, h, w, labels, lse, dnll, chunk)?.to_vec()
+                lm_head::expand_backward(&mut out, h, w, labels, lse, dnll, chunk, guard)?.to_vec()
             }
             (true, Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk }) => {
-                lm_head::expand_fused(&mut out, h, w, labels, scale, chunk)?.to_vec()
+                lm_head::expand_fused(&mut out, h, w, labels, scale, chunk, guard)?.to_vec()
             }
             (_, o) => {
                 let n = out.add(o)?;

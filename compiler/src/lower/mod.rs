@@ -75,6 +75,17 @@ impl LowerTarget {
             _ => LowerTarget::Cpu,
         }
     }
+
+    /// Whether the backend keeps `optimization_barrier`s through its CSE and
+    /// scheduling. XLA's CPU pipeline removes them before a CSE pass
+    /// (`docs/memory.md`), so ordering there needs a data dependence
+    /// ([`crate::fence`]).
+    pub fn keeps_barriers(self) -> bool {
+        match self {
+            LowerTarget::Cpu => false,
+            LowerTarget::Cuda => true,
+        }
+    }
 }
 
 impl Default for LowerOptions {

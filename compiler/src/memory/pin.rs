@@ -21,8 +21,8 @@ use crate::ir::{Graph, NodeId, Op, ValueId};
 use crate::CompileError;
 
 use super::liveness::{liveness, BufferKind};
-use super::remat::{always_true, read_through};
 use super::Materialization;
+use crate::fence::{always_true, read_through};
 
 /// Kernels with outputs smaller than this fraction of the largest buffer are
 /// left alone (guards cost a select each; small kernels do not move peaks).

@@ -22,15 +22,13 @@
 //! torch_xla's checkpointing lost).
 //!
 //! The barrier alone is not enough on XLA's CPU backend: its pipeline removes
-//! barriers (`OptimizationBarrierExpander`) before a later CSE, which then
-//! merged the clones back (seen 2026-11-23: gpt tiny's XLA temp unchanged at
-//! 7.27 MiB with 15 fenced recomputations). So each fenced leaf is also read
-//! through `select(always, leaf, 0)`, where `always` is `x == x || x != x` on
-//! the anchor's first element: true at run time for every value, NaN included,
-//! so the select is the identity bit for bit, but no simplifier can prove it,
-//! so the clone's operands differ from the original's after the barrier is
-//! gone, and the clone still waits for the anchor. The select is elementwise
-//! and fuses into the clone's first kernel.
+//! barriers before a later CSE, which then merged the clones back (seen
+//! 2026-11-23: gpt tiny's XLA temp unchanged at 7.27 MiB with 15 fenced
+//! recomputations). So each fenced leaf is also read through the runtime
+//! guard of [`crate::fence`], anchored on the barrier's anchor: the identity
+//! bit for bit, which no simplifier can prove, so the clone's operands differ
+//! from the original's after the barrier is gone, and the clone still waits
+//! for the anchor.
 //!
 //! Invariants:
 //! - The rewrite computes the same values: clones are the same ops on the
@@ -46,7 +44,7 @@
 //!   discarded, so the plan never predicts more memory than no plan.
 
 use crate::cost::{self, Target};
-use crate::ir::{Graph, Literal, NodeId, Op, ValueId};
+use crate::ir::{Graph, NodeId, Op, ValueId};
 use crate::CompileError;
 
 use super::liveness::{liveness, users_of, BufferKind, Liveness};
@@ -596,7 +594,7 @@ pub(super) fn rewrite(g: &Graph, c: &Candidate) -> Result<(Graph, Vec<NodeId>), 
             // The runtime guard (see the module docs): every fenced leaf is read
             // through `select(always, leaf, 0)`, `always` computed from the anchor.
             let guard = match (barrier, c.anchor) {
-                (Some(b), Some(_)) => Some(always_true(&mut out, ValueId::new(b, n_leaves as u32))?),
+                (Some(b), Some(_)) => Some(crate::fence::always_true(&mut out, ValueId::new(b, n_leaves as u32))?),
                 _ => None,
             };
             let mut guarded: Vec<ValueId> = Vec::with_capacity(n_leaves);
@@ -604,7 +602,7 @@ pub(super) fn rewrite(g: &Graph, c: &Candidate) -> Result<(Graph, Vec<NodeId>), 
                 for k in 0..n_leaves {
                     let leaf = ValueId::new(b, k as u32);
                     guarded.push(match guard {
-                        Some(p) => read_through(&mut out, p, leaf)?,
+                        Some(p) => crate::fence::read_through(&mut out, p, leaf)?,
                         None => leaf,
                     });
                 }
@@ -638,43 +636,10 @@ pub(super) fn rewrite(g: &Graph, c: &Candidate) -> Result<(Graph, Vec<NodeId>), 
     Ok((out, map))
 }
 
-/// A `pred` scalar that is true at run time whatever `anchor` holds, but that
-/// no compiler can fold: `x == x || x != x` for the anchor's first element
-/// `x` (as a float, where `x == x` is not a tautology because of NaN).
-pub(super) fn always_true(out: &mut Graph, anchor: ValueId) -> Result<ValueId, CompileError> {
-    let ty = out.ty(anchor).clone();
-    let rank = ty.shape.rank();
-    let mut x = anchor;
-    if rank > 0 {
-        let one =
-            out.value(Op::Slice { input: x, start: vec![0; rank], limit: vec![1; rank], stride: vec![1; rank] })?;
-        x = out.value(Op::Reshape { input: one, shape: crate::ir::Shape::scalar() })?;
-    }
-    if !ty.dtype.is_float() {
-        x = out.value(Op::Convert { input: x, to: crate::ir::DType::F32 })?;
-    }
-    let eq = out.value(Op::Compare { dir: crate::ir::CompareDir::Eq, lhs: x, rhs: x })?;
-    let ne = out.value(Op::Compare { dir: crate::ir::CompareDir::Ne, lhs: x, rhs: x })?;
-    out.value(Op::Binary { op: crate::ir::BinaryOp::Or, lhs: eq, rhs: ne })
-}
-
-/// `select(always, x, 0)`: `x` read through the runtime guard (`always` from
-/// [`always_true`]), so that whatever reads it waits for the anchor.
-pub(super) fn read_through(out: &mut Graph, always: ValueId, x: ValueId) -> Result<ValueId, CompileError> {
-    let ty = out.ty(x).clone();
-    let zero = out.value(Op::Constant { literal: Literal::scalar(ty.dtype, 0.0) })?;
-    let zeros = if ty.shape.rank() == 0 {
-        zero
-    } else {
-        out.value(Op::BroadcastInDim { input: zero, shape: ty.shape.clone(), dims: vec![] })?
-    };
-    out.value(Op::Select { pred: always, on_true: x, on_false: zeros })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{DType, TensorType, UnaryOp};
+    use crate::ir::{DType, Literal, TensorType, UnaryOp};
     use crate::memory::{peak_memory, EveryNodeAKernel};
 
     /// A "forward" chain a0..a3 of tanh, then a "backward" chain that reads

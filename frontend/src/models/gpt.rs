@@ -79,26 +79,33 @@ impl LmHeadLoss {
     /// but cut only 0.69 GB.
     pub const DEFAULT_GPU: LmHeadLoss = LmHeadLoss::Blocks { block_bytes: 394 << 20 };
 
-    /// The default for the current backend: [`LmHeadLoss::DEFAULT_GPU`] on a
-    /// PJRT client that is not the CPU plugin, else [`LmHeadLoss::Logits`].
-    /// On the CPU plugin the blocks cut XLA's unplanned temp of the gpt2-small
-    /// step (16.22 → 14.46 GB) but the greedy remat plan then reaches only
-    /// 12.02 GB where it reaches 8.45 GB with explicit logits
-    /// (`testsuite/tests/memory.rs`, `docs/composites.md`), and XLA CPU does not
-    /// run the blocks one at a time; so the CPU keeps the logits.
-    pub fn default_for_backend() -> Result<LmHeadLoss> {
+    /// The default for the current backend, for logits of `logits_bytes` (f32):
+    /// [`LmHeadLoss::DEFAULT_GPU`] on a GPU; on the CPU plugin
+    /// [`LmHeadLoss::DEFAULT`] when the logits need more than one of its
+    /// blocks, else [`LmHeadLoss::Logits`] (one block saves nothing); the
+    /// logits on the interpreter and the eager backend. On the CPU plugin the
+    /// blocks cut XLA's temp of the gpt2-small step from 12.30 to 7.81 GB
+    /// (`testsuite/tests/memory.rs`). (Before the compiler chained the blocks
+    /// by data on the CPU target, XLA CPU ran them side by side and the CPU
+    /// kept the logits: `docs/memory.md`, "Fences the CPU plugin keeps".)
+    pub fn default_for_backend(logits_bytes: u64) -> Result<LmHeadLoss> {
         Ok(match crate::context::backend() {
-            crate::context::Backend::Pjrt if crate::context::with(|c| c.client())?.platform_name() != "cpu" => {
-                LmHeadLoss::DEFAULT_GPU
+            crate::context::Backend::Pjrt => {
+                if crate::context::with(|c| c.client())?.platform_name() != "cpu" {
+                    LmHeadLoss::DEFAULT_GPU
+                } else if logits_bytes > nn::LM_HEAD_BLOCK_BYTES {
+                    LmHeadLoss::DEFAULT
+                } else {
+                    LmHeadLoss::Logits
+                }
             }
-            crate::context::Backend::Pjrt | crate::context::Backend::Reference | crate::context::Backend::Eager => {
-                LmHeadLoss::Logits
-            }
+            crate::context::Backend::Reference | crate::context::Backend::Eager => LmHeadLoss::Logits,
         })
     }
 
-    /// `chosen`, else `KILN_LM_HEAD`, else [`LmHeadLoss::default_for_backend`].
-    pub fn resolve(chosen: Option<LmHeadLoss>) -> Result<LmHeadLoss> {
+    /// `chosen`, else `KILN_LM_HEAD`, else [`LmHeadLoss::default_for_backend`]
+    /// for logits of `logits_bytes`.
+    pub fn resolve(chosen: Option<LmHeadLoss>, logits_bytes: u64) -> Result<LmHeadLoss> {
         if let Some(c) = chosen {
             return Ok(c);
         }
@@ -108,7 +115,7 @@ impl LmHeadLoss {
                 value: v,
                 expected: "logits, blocks or blocks:MIB (a whole number of MiB >= 1)",
             }),
-            _ => LmHeadLoss::default_for_backend(),
+            _ => LmHeadLoss::default_for_backend(logits_bytes),
         }
     }
 
@@ -270,7 +277,8 @@ impl Gpt {
     /// Mean next-character cross-entropy over every position, through the
     /// LM head the config's [`LmHeadLoss`] names.
     pub fn loss(&self, ids: &Tensor, targets: &Tensor, train: bool) -> Result<Tensor> {
-        match LmHeadLoss::resolve(self.cfg.lm_head)? {
+        let tokens = ids.dims().iter().product::<usize>() as u64;
+        match LmHeadLoss::resolve(self.cfg.lm_head, 4 * tokens * self.cfg.vocab as u64)? {
             LmHeadLoss::Logits => {
                 let logits = self.forward(ids, train)?;
                 let (b, t, v) = (logits.dims()[0], logits.dims()[1], logits.dims()[2]);
