@@ -8,14 +8,16 @@
 //!
 //! The fence that survives is a data dependence that no simplifier can fold:
 //! `x` read as `select(always, x, 0)`, where `always` is `a == a || a != a`
-//! for the first element `a` of an anchor value. It is true at run time for
+//! for the first element `a` of an anchor value, or for each of its elements
+//! when x has the anchor's shape. It is true at run time for
 //! every value, NaN included, so the select is the identity bit for bit; no
 //! compiler can prove it, so whatever reads the guarded `x` waits for the
 //! anchor and differs from whatever reads `x` itself. The select is
 //! elementwise and fuses into its reader's kernel.
 //!
-//! Used by the remat pass (recomputed chains, pinned backward kernels) and by
-//! the LM-head loss's blocks on the CPU target.
+//! Used by the remat pass (recomputed chains, pinned backward kernels) and, on
+//! the CPU target, by the attention backward's expansion and the LM-head
+//! loss's blocks.
 
 use crate::error::CompileError;
 use crate::ir::{BinaryOp, CompareDir, DType, Graph, Literal, Op, Shape, ValueId};
@@ -24,20 +26,14 @@ use crate::ir::{BinaryOp, CompareDir, DType, Graph, Literal, Op, Shape, ValueId}
 /// no compiler can fold: `x == x || x != x` for the anchor's first element
 /// `x` (as a float, where `x == x` is not a tautology because of NaN).
 pub(crate) fn always_true(out: &mut Graph, anchor: ValueId) -> Result<ValueId, CompileError> {
-    let ty = out.ty(anchor).clone();
-    let rank = ty.shape.rank();
+    let rank = out.ty(anchor).shape.rank();
     let mut x = anchor;
     if rank > 0 {
         let one =
             out.value(Op::Slice { input: x, start: vec![0; rank], limit: vec![1; rank], stride: vec![1; rank] })?;
         x = out.value(Op::Reshape { input: one, shape: Shape::scalar() })?;
     }
-    if !ty.dtype.is_float() {
-        x = out.value(Op::Convert { input: x, to: DType::F32 })?;
-    }
-    let eq = out.value(Op::Compare { dir: CompareDir::Eq, lhs: x, rhs: x })?;
-    let ne = out.value(Op::Compare { dir: CompareDir::Ne, lhs: x, rhs: x })?;
-    out.value(Op::Binary { op: BinaryOp::Or, lhs: eq, rhs: ne })
+    always_true_each(out, x)
 }
 
 /// `select(always, x, 0)`: `x` read through the runtime guard (`always` from
