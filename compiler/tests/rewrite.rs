@@ -455,11 +455,11 @@ fn golden_layout() {
     insta::assert_snapshot!(out, @r"
     graph(%0: tensor<2x3x4xf32>, %1: tensor<4x5xf32>, %2: tensor<f32>) {
       %3 = transpose %0, perm = [2, 1, 0] : tensor<4x3x2xf32>
-      %4 = reshape %0 : tensor<24xf32>
-      %5 = reshape %0 : tensor<6x4xf32>
-      %6 = dot_general %5, %1, batch = [] x [], contract = [1] x [0] : tensor<6x5xf32>
+      %4 = reshape %0 : tensor<6x4xf32>
+      %5 = reshape %0 : tensor<24xf32>
+      %6 = dot_general %4, %1, batch = [] x [], contract = [1] x [0] : tensor<6x5xf32>
       %7 = broadcast_in_dim %2, dims = [] : tensor<2x3xf32>
-      return %3, %4, %6, %7
+      return %3, %5, %6, %7
     }
     ");
 }

@@ -138,7 +138,7 @@ pub fn rewrite(g: &Graph, opts: &RewriteOptions) -> Result<Rewritten, CompileErr
 /// runner itself, for tests and for callers with rules of their own.
 pub fn rewrite_with(g: &Graph, opts: &RewriteOptions, rules: &[Rule]) -> Result<Rewritten, CompileError> {
     let started = Instant::now();
-    let (mut eg, roots) = extract::to_egraph(g)?;
+    let extract::Encoded { egraph: mut eg, roots, places } = extract::to_egraph(g)?;
     let mut fired: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut banned_until = vec![0usize; rules.len()];
     let mut times_banned = vec![0u32; rules.len()];
@@ -210,7 +210,7 @@ pub fn rewrite_with(g: &Graph, opts: &RewriteOptions, rules: &[Rule]) -> Result<
             break;
         }
     }
-    let graph = extract::from_egraph(&eg, g, &roots)?;
+    let graph = extract::from_egraph(&eg, g, &roots, &places)?;
     let report = RewriteReport {
         rules_fired: fired,
         stop_reason: stop,
