@@ -43,7 +43,9 @@ pub struct ClientOptions {
     /// the CUDA plugin (`crate::gpu_memory`).
     pub memory_fraction: Option<MemoryFraction>,
     /// Whether the CUDA allocator reserves its fraction at start
-    /// (`preallocate`); `None` leaves the plugin's default (it does).
+    /// (`preallocate`); `None` leaves the plugin's default (it does). kiln's
+    /// own clients (`ReplicaPlan::create_client`) fill it from
+    /// `KILN_GPU_PREALLOCATE`, else `false` (`crate::gpu_memory`).
     pub preallocate: Option<bool>,
 }
 

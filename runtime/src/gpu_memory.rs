@@ -6,8 +6,10 @@
 //! PJRT plugin reads in `PJRT_Client_Create`):
 //! - `memory_fraction` (a `float`): from `KILN_GPU_MEMORY_FRACTION`, or
 //!   [`MemoryFraction::new`] through [`crate::ClientOptions`];
-//! - `preallocate` (a `bool`): from `KILN_GPU_PREALLOCATE`; `false` makes the
-//!   allocator take memory as it needs it, up to the fraction.
+//! - `preallocate` (a `bool`): from `KILN_GPU_PREALLOCATE`, else
+//!   [`DEFAULT_PREALLOCATE`] (`false`): the allocator takes memory as it needs
+//!   it, up to the fraction. `true` is the plugin's own default: it reserves
+//!   the whole fraction at the first allocation.
 //!
 //! Invariants: a [`MemoryFraction`] is always in `(0, 1]` (a finite number; a
 //! value outside is a typed error naming where it came from, never clamped);
@@ -24,6 +26,16 @@ use crate::error::{Result, RuntimeError};
 pub const ENV_GPU_MEMORY_FRACTION: &str = "KILN_GPU_MEMORY_FRACTION";
 /// Env var: whether the CUDA plugin reserves its fraction at start (a boolean).
 pub const ENV_GPU_PREALLOCATE: &str = "KILN_GPU_PREALLOCATE";
+
+/// Whether kiln's CUDA clients reserve their fraction at start when neither
+/// the API nor `KILN_GPU_PREALLOCATE` says. Measured on the H100
+/// (`benches/RESULTS.md`, "Preallocation", 2026-11-23): gpt2-small bf16 from a
+/// filled disk cache, 300 steps, twice each way: set-up 202–225 ms without
+/// preallocation against 1,196–1,282 ms with it (the pool's ~1 s at the first
+/// allocation), the first step 0.1–0.3 s slower (its buffers are allocated
+/// then), the step median the same (20.74–20.75 against 20.76–20.77 ms), and
+/// 8.8 GiB held on the GPU (nvidia-smi) instead of 61.4 GiB.
+pub const DEFAULT_PREALLOCATE: bool = false;
 
 /// A fraction of a GPU's memory, in `(0, 1]`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -78,10 +90,11 @@ impl GpuMemory {
         Ok(GpuMemory { memory_fraction: fraction, preallocate: bool_var(ENV_GPU_PREALLOCATE)? })
     }
 
-    /// Fills the settings `options` leaves unset.
+    /// Fills the settings `options` leaves unset: from these, and
+    /// `preallocate` from [`DEFAULT_PREALLOCATE`] when these leave it unset too.
     pub fn apply(self, options: &mut ClientOptions) {
         options.memory_fraction = options.memory_fraction.or(self.memory_fraction);
-        options.preallocate = options.preallocate.or(self.preallocate);
+        options.preallocate = options.preallocate.or(self.preallocate).or(Some(DEFAULT_PREALLOCATE));
     }
 }
 
@@ -115,5 +128,19 @@ mod tests {
         env.apply(&mut set);
         assert_eq!(set.memory_fraction.map(MemoryFraction::get), Some(0.9));
         assert_eq!(set.preallocate, Some(false));
+        let mut set = ClientOptions { preallocate: Some(true), ..Default::default() };
+        env.apply(&mut set);
+        assert_eq!(set.preallocate, Some(true));
+    }
+
+    #[test]
+    fn preallocation_is_off_unless_asked_for() {
+        let mut unset = ClientOptions::default();
+        GpuMemory::default().apply(&mut unset);
+        assert_eq!(unset.preallocate, Some(false));
+        assert_eq!(unset.memory_fraction, None, "the plugin's fraction stays the cap");
+        let mut asked = ClientOptions::default();
+        GpuMemory { preallocate: Some(true), ..Default::default() }.apply(&mut asked);
+        assert_eq!(asked.preallocate, Some(true));
     }
 }

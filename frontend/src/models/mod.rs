@@ -45,8 +45,9 @@ impl ClientStart {
 /// model, its parameters and the optimizer, not the plugin's own start
 /// (CUDA context), which `client_seconds` reports. On an accelerator it then
 /// starts reserving the devices' memory pool on a thread of its own
-/// (`Client::reserve_device_memory`): the plugin reserves it at the first
-/// allocation, about 1 s on an H100, which this overlaps with the set-up's
+/// (`Client::reserve_device_memory`): with preallocation
+/// (`KILN_GPU_PREALLOCATE=true`; off by default) the plugin reserves it at the
+/// first allocation, about 1 s on an H100, which this overlaps with the set-up's
 /// host work (recording the model, compiling or loading the init program);
 /// the set-up's first allocation waits for the rest. An error there is left
 /// to that allocation, which meets it again and reports it.
