@@ -365,7 +365,8 @@ fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, Com
         (None, Some(limit)) => limit,
         (None, None) => return Ok(g.clone()),
     };
-    let ro = crate::memory::RematOptions::new(crate::memory::RematBudget::Bytes(limit), fusion);
+    let mut ro = crate::memory::RematOptions::new(crate::memory::RematBudget::Bytes(limit), fusion);
+    ro.guard_leaves = !o.target.keeps_barriers();
     let plan = crate::memory::rematerialize(g, &crate::memory::Greedy, &ro)?;
     s.changed = plan.choices.len();
     s.extra_flops = plan.extra_flops;

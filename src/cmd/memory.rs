@@ -102,7 +102,8 @@ pub fn plan_and_compile(
     let budget = parse_budget(limit)?;
     let target = kiln::compiler::LowerTarget::from_platform(client.platform_name());
     let fusion = fusion_for(target);
-    let opts = RematOptions::new(budget, fusion);
+    let mut opts = RematOptions::new(budget, fusion);
+    opts.guard_leaves = !target.keeps_barriers();
     let offload = HostOffload { target };
     let strategy: &dyn RematStrategy = match args.remat_strategy {
         Strategy::Off => &Off,

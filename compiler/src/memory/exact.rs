@@ -83,7 +83,7 @@ impl RematStrategy for Exact {
         let base = base_l.live_curve();
         let mut delta = Vec::with_capacity(cands.len());
         for c in &cands {
-            let (next, map) = rewrite(g, c)?;
+            let (next, map) = rewrite(g, c, opts.guard_leaves)?;
             let l = liveness(&next, opts.fusion);
             let curve = l.live_curve();
             let mut new_pos = vec![None; next.len()];
@@ -285,7 +285,7 @@ fn apply(
         let v = ValueId::new(map[c0.value.node.index()], c0.value.output);
         let l = liveness(&cur, opts.fusion);
         let Some(c) = candidates(&cur, &l, opts).into_iter().find(|c| c.value == v) else { continue };
-        let (next, m) = rewrite(&cur, &c)?;
+        let (next, m) = rewrite(&cur, &c, opts.guard_leaves)?;
         choices.push(c.choice(&cur));
         for slot in &mut map {
             *slot = m[slot.index()];

@@ -28,7 +28,8 @@
 //! guard of [`crate::fence`], anchored on the barrier's anchor: the identity
 //! bit for bit, which no simplifier can prove, so the clone's operands differ
 //! from the original's after the barrier is gone, and the clone still waits
-//! for the anchor.
+//! for the anchor. Targets that keep barriers (XLA CUDA) skip the guards
+//! (`RematOptions::guard_leaves`, set by the pipeline from the target).
 //!
 //! Invariants:
 //! - The rewrite computes the same values: clones are the same ops on the
@@ -80,6 +81,12 @@ pub struct RematOptions<'a> {
     /// values behind a runtime guard ([`super::pin`]), so XLA cannot run
     /// them early.
     pub pin_floating: bool,
+    /// Read each fenced leaf through the runtime guard as well as the barrier
+    /// (see the module docs): needed where the target's compiler drops
+    /// barriers before CSE (XLA CPU); where it keeps them (XLA CUDA) the
+    /// barrier alone keeps clones apart and the guards' selects are work the
+    /// step need not do. `true` unless the caller knows the target.
+    pub guard_leaves: bool,
 }
 
 impl<'a> RematOptions<'a> {
@@ -92,6 +99,7 @@ impl<'a> RematOptions<'a> {
             only: None,
             segments: false,
             pin_floating: true,
+            guard_leaves: true,
         }
     }
 }
@@ -217,7 +225,7 @@ impl RematStrategy for Greedy {
             });
             let mut accepted = false;
             for c in cands.iter().take(GREEDY_TRIES) {
-                let (next, _) = rewrite(&cur, c)?;
+                let (next, _) = rewrite(&cur, c, opts.guard_leaves)?;
                 let next_l = liveness(&next, opts.fusion);
                 let np = pressure(&next_l, peak.peak_bytes);
                 if np < score {
@@ -576,8 +584,9 @@ pub(super) fn clone_closure(
 }
 
 /// `g` with `c`'s chain cloned before its first late user and every user at
-/// or after that point reading the clone; also the node map old -> new.
-pub(super) fn rewrite(g: &Graph, c: &Candidate) -> Result<(Graph, Vec<NodeId>), CompileError> {
+/// or after that point reading the clone, its leaves read through the barrier
+/// (and the runtime guard when `guard_leaves`); also the node map old -> new.
+pub(super) fn rewrite(g: &Graph, c: &Candidate, guard_leaves: bool) -> Result<(Graph, Vec<NodeId>), CompileError> {
     let mut out = Graph::new();
     let mut map: Vec<NodeId> = Vec::with_capacity(g.len());
     // Original chain node -> its clone, once the late point is reached.
@@ -594,7 +603,9 @@ pub(super) fn rewrite(g: &Graph, c: &Candidate) -> Result<(Graph, Vec<NodeId>), 
             // The runtime guard (see the module docs): every fenced leaf is read
             // through `select(always, leaf, 0)`, `always` computed from the anchor.
             let guard = match (barrier, c.anchor) {
-                (Some(b), Some(_)) => Some(crate::fence::always_true(&mut out, ValueId::new(b, n_leaves as u32))?),
+                (Some(b), Some(_)) if guard_leaves => {
+                    Some(crate::fence::always_true(&mut out, ValueId::new(b, n_leaves as u32))?)
+                }
                 _ => None,
             };
             let mut guarded: Vec<ValueId> = Vec::with_capacity(n_leaves);
@@ -685,6 +696,27 @@ mod tests {
         let plan = rematerialize(&g, &Greedy, &opts).unwrap();
         let barriers = plan.graph.nodes().filter(|(_, n)| matches!(n.op, Op::OptimizationBarrier { .. })).count();
         assert_eq!(barriers, plan.choices.len());
+    }
+
+    #[test]
+    fn without_guards_the_barrier_alone_fences_and_values_are_unchanged() {
+        let g = ladder(6);
+        let selects = |g: &Graph| g.nodes().filter(|(_, n)| matches!(n.op, Op::Select { .. })).count();
+        let mut opts = RematOptions::new(RematBudget::Bytes(0), &EveryNodeAKernel);
+        opts.pin_floating = false;
+        let guarded = rematerialize(&g, &Greedy, &opts).unwrap();
+        opts.guard_leaves = false;
+        let bare = rematerialize(&g, &Greedy, &opts).unwrap();
+        assert!(selects(&guarded.graph) > 0, "the default reads fenced leaves through the guard");
+        assert_eq!(selects(&bare.graph), 0);
+        assert!(!bare.choices.is_empty());
+        let barriers = bare.graph.nodes().filter(|(_, n)| matches!(n.op, Op::OptimizationBarrier { .. })).count();
+        assert_eq!(barriers, bare.choices.len());
+        crate::verify(&bare.graph).unwrap();
+        let x = Literal::from_f64s(DType::F32, [256], &(0..256).map(|i| (i as f64 * 0.61).cos()).collect::<Vec<_>>())
+            .unwrap();
+        let want = crate::interpret(&g, std::slice::from_ref(&x)).unwrap();
+        assert_eq!(crate::interpret(&bare.graph, &[x]).unwrap(), want);
     }
 
     #[test]
