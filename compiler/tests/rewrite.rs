@@ -436,6 +436,36 @@ fn golden_identities() {
     ");
 }
 
+/// Extraction keeps the recorded order: a walk from the outputs would emit
+/// `%3` (the first output's) before `%2`, as it put every weight gradient of
+/// a training step after the whole input-gradient chain (docs/memory.md).
+#[test]
+fn extraction_keeps_the_recorded_order() {
+    let out = golden(
+        "identities",
+        "graph(%0: tensor<4xf32>, %1: tensor<4xf32>) {
+  %2 = tanh %0 : tensor<4xf32>
+  %3 = exp %1 : tensor<4xf32>
+  %4 = constant dense<0.0> : tensor<f32>
+  %5 = broadcast_in_dim %4, dims = [] : tensor<4xf32>
+  %6 = add %3, %5 : tensor<4xf32>
+  %7 = mul %2, %6 : tensor<4xf32>
+  return %6, %2, %7
+}",
+    );
+    insta::assert_snapshot!(out, @r"
+    graph(%0: tensor<4xf32>, %1: tensor<4xf32>) {
+      %2 = tanh %0 : tensor<4xf32>
+      %3 = exp %1 : tensor<4xf32>
+      %4 = constant dense<0.0> : tensor<f32>
+      %5 = broadcast_in_dim %4, dims = [] : tensor<4xf32>
+      %6 = add %3, %5 : tensor<4xf32>
+      %7 = mul %2, %6 : tensor<4xf32>
+      return %6, %2, %7
+    }
+    ");
+}
+
 #[test]
 fn golden_layout() {
     let out = golden(

@@ -130,8 +130,8 @@ fn choose(eg: &EGraph) -> HashMap<Id, (u128, TensorLang)> {
 /// node of `original` comes first; a class the rules made (no node of
 /// `original`) takes the place of its earliest user, just before it. So the
 /// output keeps the program order the frontend recorded (autodiff's: each
-/// layer's weight gradient beside its input gradient), which the peak model
-/// and the remat pass judge and XLA's schedulers start from. A walk from the
+/// layer's weight gradient beside its input gradient), the order the peak
+/// model and the remat pass judge (docs/memory.md, "The program's order"). A walk from the
 /// outputs would emit, after the whole input-gradient chain, the weight
 /// gradients in the order of the parameters they update, keeping every
 /// layer's activations and cotangents live to the end of the backward.
@@ -199,15 +199,16 @@ pub fn from_egraph(eg: &EGraph, original: &Graph, roots: &[Id], places: &[(Id, u
         let e = place.entry(eg.find(c)).or_insert(i);
         *e = (*e).min(i);
     }
+    // Each class's distinct operands still to emit, and its users.
+    let mut waiting: HashMap<Id, usize> = HashMap::new();
     let mut users: HashMap<Id, Vec<Id>> = HashMap::new();
     for &c in &post {
-        let mut ks = kids_of[&c].clone();
+        let mut ks: Vec<Id> = kids_of[&c].iter().copied().filter(|k| !memo.contains_key(k)).collect();
         ks.sort();
         ks.dedup();
+        waiting.insert(c, ks.len());
         for k in ks {
-            if !memo.contains_key(&k) {
-                users.entry(k).or_default().push(c);
-            }
+            users.entry(k).or_default().push(c);
         }
     }
     let mut key: HashMap<Id, (usize, usize)> = HashMap::new();
@@ -219,19 +220,9 @@ pub fn from_egraph(eg: &EGraph, original: &Graph, roots: &[Id], places: &[(Id, u
         key.insert(c, (p, rank));
     }
     // Emit in that order among the classes whose operands are out.
-    let mut waiting: HashMap<Id, usize> = HashMap::new();
-    let mut ready: BinaryHeap<Reverse<((usize, usize), Id)>> = BinaryHeap::new();
-    for &c in &post {
-        let mut ks = kids_of[&c].clone();
-        ks.sort();
-        ks.dedup();
-        let n = ks.iter().filter(|k| !memo.contains_key(k)).count();
-        if n == 0 {
-            ready.push(Reverse((key[&c], c)));
-        } else {
-            waiting.insert(c, n);
-        }
-    }
+    waiting.retain(|_, n| *n > 0);
+    let mut ready: BinaryHeap<Reverse<((usize, usize), Id)>> =
+        post.iter().filter(|c| !waiting.contains_key(c)).map(|&c| Reverse((key[&c], c))).collect();
     while let Some(Reverse((_, c))) = ready.pop() {
         let (_, node) = &best[&c];
         let kids = &kids_of[&c];
