@@ -218,9 +218,9 @@ fn the_exact_strategy_is_within_10_percent_of_greedy_on_small_graphs() -> anyhow
     // held to the 10% bar. Greedy is the cheaper on the MLP with XLA-like
     // fusion at 70% (measured 2026-11-23: greedy +139.0e6 FLOPs, exact
     // +274.1e6), and on the tiny GPT from 80% down (measured 2026-11-23,
-    // since the rewrite keeps the program's
-    // order: at 80% greedy +2,101,391 FLOPs, exact +11,276,912; at 70%
-    // +20.0e6 against +53.4e6; at 60% +40.4e6 against +107.0e6). Greedy's
+    // since the rewrite keeps the program's order: at 80% greedy +2,101,391
+    // FLOPs, exact +11,276,912; at 70% +20.0e6 against +53.4e6; at 60%
+    // +40.4e6 against +107.0e6). Greedy's
     // later choices read clones its earlier ones made (tiny at 80%: a 12-node
     // chain of 917,504 FLOPs for a value whose chain in the unplanned graph is
     // 27 nodes and 17.7e6 FLOPs), which the program over the unplanned
