@@ -111,6 +111,15 @@ pub fn plan_and_compile(
         Strategy::Exact => &Exact,
         Strategy::HostOffload => &offload,
     };
+    // As the pipeline does under a budget: the backward held to the
+    // program's order where the target reorders it, then the strategy.
+    let sequenced;
+    let optimized = if target.keeps_barriers() {
+        optimized
+    } else {
+        sequenced = kiln::compiler::memory::sequence_backward(optimized, fusion).context("ordering the backward")?.0;
+        &sequenced
+    };
     let plan = rematerialize(optimized, strategy, &opts).context("planning rematerialization")?;
     let module = lower(
         &plan.graph,

@@ -32,6 +32,7 @@ mod offload;
 mod peak;
 mod pin;
 mod remat;
+mod sequence;
 
 pub use exact::Exact;
 pub use gpu::XlaGpuFusion;
@@ -39,6 +40,7 @@ pub use liveness::{liveness, Buffer, BufferKind, Liveness};
 pub use offload::HostOffload;
 pub use peak::{peak_memory, PeakMemory};
 pub use remat::{rematerialize, Greedy, Off, RematBudget, RematChoice, RematOptions, RematPlan, RematStrategy};
+pub use sequence::sequence_backward;
 
 use crate::ir::{BinaryOp, Graph, NodeId, Op};
 

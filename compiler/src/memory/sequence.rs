@@ -1,0 +1,104 @@
+//! Holding XLA to the program's order in the backward: each backward kernel
+//! that does not already read the kernel before it (in the program's order)
+//! reads its smallest operand through the runtime guard of [`crate::fence`]
+//! anchored on that kernel, so a scheduler that orders the step itself (XLA
+//! CPU's depth-first walk from the outputs) runs them in the program's order.
+
+use crate::fence::{always_true, read_through};
+use crate::ir::{Graph, NodeId, Op, ValueId};
+use crate::CompileError;
+
+use super::liveness::liveness;
+use super::remat::{candidates, RematBudget, RematOptions};
+use super::Materialization;
+
+/// `g` with its backward kernels chained by guards; how many were guarded.
+pub fn sequence_backward(g: &Graph, fusion: &dyn Materialization) -> Result<(Graph, usize), CompileError> {
+    let l = liveness(g, fusion);
+    let opts = RematOptions::new(RematBudget::Bytes(0), fusion);
+    let Some(bwd) = candidates(g, &l, &opts).iter().map(|c| c.late_pos).min() else { return Ok((g.clone(), 0)) };
+    let n = g.len();
+    let mut kernels: Vec<NodeId> = Vec::new();
+    for &id in &l.order[bwd..] {
+        let trivial =
+            matches!(g.node(id).op, Op::Reshape { .. } | Op::Parameter { .. } | Op::Constant { .. } | Op::Iota { .. });
+        if l.materialized[id.index()] && !trivial {
+            kernels.push(id);
+        }
+    }
+    // (kernel, anchor): the kernel waits for the anchor.
+    let mut pins: Vec<(NodeId, ValueId)> = Vec::new();
+    for w in kernels.windows(2) {
+        let (k, m) = (w[0], w[1]);
+        if g.node(m).op.inputs().iter().any(|u| u.node == k) {
+            continue;
+        }
+        pins.push((m, ValueId::new(k, 0)));
+    }
+    if pins.is_empty() {
+        return Ok((g.clone(), 0));
+    }
+    let mut out = Graph::new();
+    let mut map: Vec<NodeId> = Vec::with_capacity(n);
+    let remap = |map: &[NodeId], v: ValueId| ValueId::new(map[v.node.index()], v.output);
+    let mut pi = 0;
+    for (id, node) in g.nodes() {
+        let mut op = node.op.clone();
+        if pi < pins.len() && pins[pi].0 == id {
+            let anchor = pins[pi].1;
+            pi += 1;
+            let inputs = node.op.inputs();
+            let smallest = inputs.iter().copied().min_by_key(|u| g.ty(*u).size_in_bytes());
+            if let Some(x) = smallest {
+                let always = always_true(&mut out, remap(&map, anchor))?;
+                let gx = read_through(&mut out, always, remap(&map, x))?;
+                op.map_inputs(|u| if u == x { gx } else { remap(&map, u) });
+            } else {
+                op.map_inputs(|u| remap(&map, u));
+            }
+        } else {
+            op.map_inputs(|u| remap(&map, u));
+        }
+        map.push(out.add(op)?);
+    }
+    out.set_outputs(g.outputs().iter().map(|&v| remap(&map, v)).collect())?;
+    for &a in g.aliases() {
+        out.add_alias(a)?;
+    }
+    Ok((out, pins.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{BinaryOp, DType, Literal, TensorType, UnaryOp};
+    use crate::memory::EveryNodeAKernel;
+
+    /// Forward a = tanh(p), b = tanh(a); backward d = exp(b) * a (reads a
+    /// late: the first backward read), then a "weight gradient" w = d * p
+    /// that nothing after it reads, then e = exp(d): e must wait for w.
+    #[test]
+    fn a_backward_kernel_waits_for_the_one_before_it() {
+        let mut g = Graph::new();
+        let t = TensorType::new(DType::F32, [64]);
+        let p = g.parameter(t.clone());
+        let a = g.value(Op::Unary { op: UnaryOp::Tanh, input: p }).unwrap();
+        let b = g.value(Op::Unary { op: UnaryOp::Tanh, input: a }).unwrap();
+        let eb = g.value(Op::Unary { op: UnaryOp::Exp, input: b }).unwrap();
+        let d = g.value(Op::Binary { op: BinaryOp::Mul, lhs: eb, rhs: a }).unwrap();
+        let w = g.value(Op::Binary { op: BinaryOp::Mul, lhs: d, rhs: p }).unwrap();
+        let e = g.value(Op::Unary { op: UnaryOp::Exp, input: d }).unwrap();
+        g.set_outputs(vec![w, e]).unwrap();
+        let (s, guarded) = sequence_backward(&g, &EveryNodeAKernel).unwrap();
+        crate::verify(&s).unwrap();
+        assert!(guarded >= 1, "{}", crate::text::print(&s));
+        // e reads d through the guard anchored on w.
+        let exp_of_d =
+            s.nodes().filter(|(_, n)| matches!(n.op, Op::Unary { op: UnaryOp::Exp, .. })).last().expect("e").1;
+        let Op::Unary { input, .. } = exp_of_d.op else { unreachable!() };
+        assert!(matches!(s.node(input.node).op, Op::Select { .. }), "{}", crate::text::print(&s));
+        let x =
+            Literal::from_f64s(DType::F32, [64], &(0..64).map(|i| (i as f64 * 0.3).sin()).collect::<Vec<_>>()).unwrap();
+        assert_eq!(crate::interpret(&g, std::slice::from_ref(&x)).unwrap(), crate::interpret(&s, &[x]).unwrap());
+    }
+}
