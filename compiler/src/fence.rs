@@ -20,7 +20,7 @@
 //! loss's blocks.
 
 use crate::error::CompileError;
-use crate::ir::{BinaryOp, CompareDir, DType, Graph, Literal, Op, Shape, ValueId};
+use crate::ir::{BinaryOp, CompareDir, DType, Graph, Literal, NodeId, Op, Shape, ValueId};
 
 /// A `pred` scalar that is true at run time whatever `anchor` holds, but that
 /// no compiler can fold: `x == x || x != x` for the anchor's first element
@@ -47,6 +47,52 @@ pub(crate) fn read_through(out: &mut Graph, always: ValueId, x: ValueId) -> Resu
         out.value(Op::BroadcastInDim { input: zero, shape: ty.shape.clone(), dims: vec![] })?
     };
     out.value(Op::Select { pred: always, on_true: x, on_false: zeros })
+}
+
+/// One node held back: it reads `operands` (some of its own) through the
+/// runtime guard on `anchor`, so it cannot run before the anchor exists.
+pub(crate) struct Hold {
+    pub(crate) node: NodeId,
+    pub(crate) anchor: ValueId,
+    pub(crate) operands: Vec<ValueId>,
+}
+
+/// `g` rebuilt with each of `holds` (in node order, one per node) applied;
+/// parameters, outputs and aliases keep their indices.
+pub(crate) fn hold(g: &Graph, holds: &[Hold]) -> Result<Graph, CompileError> {
+    let mut out = Graph::new();
+    let mut map: Vec<NodeId> = Vec::with_capacity(g.len());
+    let remap = |map: &[NodeId], v: ValueId| ValueId::new(map[v.node.index()], v.output);
+    let mut next = holds.iter().peekable();
+    for (id, node) in g.nodes() {
+        let mut op = node.op.clone();
+        match next.next_if(|h| h.node == id) {
+            Some(h) => {
+                let always = always_true(&mut out, remap(&map, h.anchor))?;
+                let mut guarded: Vec<(ValueId, ValueId)> = Vec::with_capacity(h.operands.len());
+                for &u in &h.operands {
+                    guarded.push((u, read_through(&mut out, always, remap(&map, u))?));
+                }
+                op.map_inputs(|u| match guarded.iter().find(|(o, _)| *o == u) {
+                    Some(&(_, gv)) => gv,
+                    None => remap(&map, u),
+                });
+            }
+            None => op.map_inputs(|u| remap(&map, u)),
+        }
+        map.push(out.add(op)?);
+    }
+    if let Some(h) = next.next() {
+        return Err(CompileError::Verify {
+            node: format!("{:?}", h.node),
+            reason: "a hold out of node order, or on a node the graph does not have".into(),
+        });
+    }
+    out.set_outputs(g.outputs().iter().map(|&v| remap(&map, v)).collect())?;
+    for &a in g.aliases() {
+        out.add_alias(a)?;
+    }
+    Ok(out)
 }
 
 /// `xs` read only after `anchor` exists, on every backend: through one

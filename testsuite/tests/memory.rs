@@ -61,6 +61,11 @@ fn mlp_step(hidden: &[usize], batch: usize) -> anyhow::Result<Graph> {
     Ok(pipeline::optimize(&g)?.0)
 }
 
+/// What the program holds at once: arguments + outputs - aliased + temps.
+fn peak(m: &kiln::runtime::CompiledMemoryStats) -> i64 {
+    m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+}
+
 fn xla_stats(client: &Client, g: &Graph) -> anyhow::Result<kiln::runtime::CompiledMemoryStats> {
     let module = lower(g, &LowerOptions::default())?;
     Ok(client.compile(&module, &CompileOptions::default())?.compiled_memory_stats()?)
@@ -107,8 +112,7 @@ fn the_peak_model_predicts_xla_memory_within_15_percent() -> anyhow::Result<()> 
         let tolerance = if name == "gpt tiny" { 0.20 } else { 0.15 };
         let p = peak_memory(&g, &XlaCpuFusion);
         let m = xla_stats(&client, &g)?;
-        let xla =
-            (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes) as f64;
+        let xla = peak(&m) as f64;
         let predicted = p.peak_bytes as f64;
         let err = (predicted - xla).abs() / xla;
         eprintln!(
@@ -132,9 +136,6 @@ fn greedy_remat_cuts_xla_temp_bytes_of_the_tiny_gpt() -> anyhow::Result<()> {
     let plan = rematerialize(&sequenced, &Greedy, &RematOptions::new(RematBudget::Bytes(0), &XlaCpuFusion))?;
     let (m0, m1) = (xla_stats(&client, &g)?, xla_stats(&client, &plan.graph)?);
     let (before, after) = (m0.temp_size_in_bytes, m1.temp_size_in_bytes);
-    let peak = |m: &kiln::runtime::CompiledMemoryStats| {
-        m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
-    };
     eprintln!(
         "gpt tiny: {} recomputed, +{} FLOPs; predicted temp {} -> {}, XLA temp {before} -> {after}, \
          args + outputs + temps {} -> {}",
@@ -294,9 +295,6 @@ fn greedy_remat_cuts_xla_temp_bytes_of_gpt2_small() -> anyhow::Result<()> {
     let (sequenced, _) = sequence_backward(&g, &XlaCpuFusion)?;
     let plan = rematerialize(&sequenced, &Greedy, &RematOptions::new(RematBudget::Bytes(0), &XlaCpuFusion))?;
     let (m0, m1) = (xla_stats(&client, &g)?, xla_stats(&client, &plan.graph)?);
-    let peak = |m: &kiln::runtime::CompiledMemoryStats| {
-        m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
-    };
     eprintln!(
         "gpt2-small: {} recomputed, +{} FLOPs; model {:?} -> {:?}; XLA temp {} -> {}, args + outputs + temps {} -> {}",
         plan.choices.len(),
@@ -333,8 +331,7 @@ fn sequencing_the_backward_cuts_xla_temp_of_the_tiny_gpt() -> anyhow::Result<()>
     let (s, guarded) = sequence_backward(&g, &XlaCpuFusion)?;
     let (m0, m1) = (xla_stats(&client, &g)?, xla_stats(&client, &s)?);
     let model = peak_memory(&s, &XlaCpuFusion).peak_bytes as f64;
-    let xla =
-        (m1.argument_size_in_bytes + m1.output_size_in_bytes - m1.alias_size_in_bytes + m1.temp_size_in_bytes) as f64;
+    let xla = peak(&m1) as f64;
     eprintln!(
         "gpt tiny: {guarded} kernels guarded; XLA temp {} -> {}; model {model} against XLA {xla} ({:+.1}%)",
         m0.temp_size_in_bytes,

@@ -22,7 +22,7 @@ use crate::CompileError;
 
 use super::liveness::{liveness, BufferKind};
 use super::Materialization;
-use crate::fence::{always_true, read_through};
+use crate::fence::{hold, Hold};
 
 /// Kernels with outputs smaller than this fraction of the largest buffer are
 /// left alone (guards cost a select each; small kernels do not move peaks).
@@ -89,35 +89,19 @@ pub(super) fn pin_floating(
     if pins.is_empty() {
         return Ok((g.clone(), 0));
     }
-    let mut out = Graph::new();
-    let mut map: Vec<NodeId> = Vec::with_capacity(n);
-    let remap = |map: &[NodeId], v: ValueId| ValueId::new(map[v.node.index()], v.output);
-    for (id, node) in g.nodes() {
-        let mut op = node.op.clone();
-        if let Some(&(_, anchor)) = pins.iter().find(|(k, _)| *k == id) {
-            let always = always_true(&mut out, remap(&map, anchor))?;
-            let mut guarded: Vec<(ValueId, ValueId)> = Vec::new();
-            for u in node.op.inputs() {
-                if pos[u.node.index()].is_none_or(|q| q >= bwd) || guarded.iter().any(|(o, _)| *o == u) {
-                    continue;
+    let holds: Vec<Hold> = pins
+        .iter()
+        .map(|&(id, anchor)| {
+            let mut operands: Vec<ValueId> = Vec::new();
+            for u in g.node(id).op.inputs() {
+                if pos[u.node.index()].is_some_and(|q| q < bwd) && !operands.contains(&u) {
+                    operands.push(u);
                 }
-                let x = remap(&map, u);
-                guarded.push((u, read_through(&mut out, always, x)?));
             }
-            op.map_inputs(|u| match guarded.iter().find(|(o, _)| *o == u) {
-                Some(&(_, gv)) => gv,
-                None => remap(&map, u),
-            });
-        } else {
-            op.map_inputs(|u| remap(&map, u));
-        }
-        map.push(out.add(op)?);
-    }
-    out.set_outputs(g.outputs().iter().map(|&v| remap(&map, v)).collect())?;
-    for &a in g.aliases() {
-        out.add_alias(a)?;
-    }
-    Ok((out, pins.len()))
+            Hold { node: id, anchor, operands }
+        })
+        .collect();
+    Ok((hold(g, &holds)?, pins.len()))
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! anchored on that kernel, so a scheduler that orders the step itself (XLA
 //! CPU's depth-first walk from the outputs) runs them in the program's order.
 
-use crate::fence::{always_true, read_through};
+use crate::fence::{hold, Hold};
 use crate::ir::{Graph, NodeId, Op, ValueId};
 use crate::CompileError;
 
@@ -17,7 +17,6 @@ pub fn sequence_backward(g: &Graph, fusion: &dyn Materialization) -> Result<(Gra
     let l = liveness(g, fusion);
     let opts = RematOptions::new(RematBudget::Bytes(0), fusion);
     let Some(bwd) = candidates(g, &l, &opts).iter().map(|c| c.late_pos).min() else { return Ok((g.clone(), 0)) };
-    let n = g.len();
     let mut kernels: Vec<NodeId> = Vec::new();
     for &id in &l.order[bwd..] {
         let trivial =
@@ -26,46 +25,22 @@ pub fn sequence_backward(g: &Graph, fusion: &dyn Materialization) -> Result<(Gra
             kernels.push(id);
         }
     }
-    // (kernel, anchor): the kernel waits for the anchor.
-    let mut pins: Vec<(NodeId, ValueId)> = Vec::new();
+    // Each kernel that does not read the one before it waits for it.
+    let mut holds: Vec<Hold> = Vec::new();
     for w in kernels.windows(2) {
         let (k, m) = (w[0], w[1]);
-        if g.node(m).op.inputs().iter().any(|u| u.node == k) {
+        let inputs = g.node(m).op.inputs();
+        if inputs.iter().any(|u| u.node == k) {
             continue;
         }
-        pins.push((m, ValueId::new(k, 0)));
+        if let Some(x) = inputs.iter().copied().min_by_key(|u| g.ty(*u).size_in_bytes()) {
+            holds.push(Hold { node: m, anchor: ValueId::new(k, 0), operands: vec![x] });
+        }
     }
-    if pins.is_empty() {
+    if holds.is_empty() {
         return Ok((g.clone(), 0));
     }
-    let mut out = Graph::new();
-    let mut map: Vec<NodeId> = Vec::with_capacity(n);
-    let remap = |map: &[NodeId], v: ValueId| ValueId::new(map[v.node.index()], v.output);
-    let mut pi = 0;
-    for (id, node) in g.nodes() {
-        let mut op = node.op.clone();
-        if pi < pins.len() && pins[pi].0 == id {
-            let anchor = pins[pi].1;
-            pi += 1;
-            let inputs = node.op.inputs();
-            let smallest = inputs.iter().copied().min_by_key(|u| g.ty(*u).size_in_bytes());
-            if let Some(x) = smallest {
-                let always = always_true(&mut out, remap(&map, anchor))?;
-                let gx = read_through(&mut out, always, remap(&map, x))?;
-                op.map_inputs(|u| if u == x { gx } else { remap(&map, u) });
-            } else {
-                op.map_inputs(|u| remap(&map, u));
-            }
-        } else {
-            op.map_inputs(|u| remap(&map, u));
-        }
-        map.push(out.add(op)?);
-    }
-    out.set_outputs(g.outputs().iter().map(|&v| remap(&map, v)).collect())?;
-    for &a in g.aliases() {
-        out.add_alias(a)?;
-    }
-    Ok((out, pins.len()))
+    Ok((hold(g, &holds)?, holds.len()))
 }
 
 #[cfg(test)]
