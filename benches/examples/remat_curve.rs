@@ -108,7 +108,7 @@ fn main() -> Res<()> {
     let flops_per_step = (after.flops_executed - flops_before) / steps;
 
     let plan = plan_json(&pipeline);
-    let peak = xla.argument_size_in_bytes + xla.output_size_in_bytes - xla.alias_size_in_bytes + xla.temp_size_in_bytes;
+    let peak = xla.held_bytes();
     let out = json!({
         "system": "kiln",
         "config": config,

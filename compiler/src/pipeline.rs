@@ -369,8 +369,7 @@ fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, Com
         (None, Some(limit)) => limit,
         (None, None) => return Ok(g.clone()),
     };
-    let mut ro = crate::memory::RematOptions::new(crate::memory::RematBudget::Bytes(limit), fusion);
-    ro.guard_leaves = !o.target.keeps_barriers();
+    let ro = crate::memory::RematOptions::for_target(crate::memory::RematBudget::Bytes(limit), o.target);
     let plan = crate::memory::rematerialize(g, &crate::memory::Greedy, &ro)?;
     s.changed = plan.choices.len();
     s.extra_flops = plan.extra_flops;
@@ -395,10 +394,7 @@ fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, Com
 /// GPT on the CPU plugin: XLA temp -11.4%, step time +4-8%), so it runs
 /// with a memory budget, before `remat`, or when listed.
 fn run_sequence(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, CompileError> {
-    if o.target.keeps_barriers() {
-        return Ok(g.clone());
-    }
-    let (out, guarded) = crate::memory::sequence_backward(g, crate::memory::fusion_for(o.target))?;
+    let (out, guarded) = crate::memory::sequence_for(g, o.target)?;
     s.changed = guarded;
     Ok(out)
 }

@@ -98,6 +98,14 @@ pub struct CompiledMemoryStats {
     pub peak_memory_in_bytes: i64,
 }
 
+impl CompiledMemoryStats {
+    /// What the program holds at once on the device: arguments and outputs
+    /// (aliased outputs counted once) and temporaries.
+    pub fn held_bytes(&self) -> i64 {
+        self.argument_size_in_bytes + self.output_size_in_bytes - self.alias_size_in_bytes + self.temp_size_in_bytes
+    }
+}
+
 /// A compiled, loaded program. `Send + Sync`.
 pub struct Executable {
     // Field order is drop order: the executable handles go before the

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use kiln::compiler::ir::Graph;
 use kiln::compiler::memory::{
-    fusion_for, liveness, rematerialize, Exact, Greedy, HostOffload, Materialization, Off, RematBudget, RematOptions,
-    RematPlan, RematStrategy,
+    fusion_for, liveness, rematerialize, sequence_for, Exact, Greedy, HostOffload, Materialization, Off, RematBudget,
+    RematOptions, RematPlan, RematStrategy,
 };
 use kiln::compiler::{lower, LowerOptions};
 use kiln::runtime::{Client, CompileOptions, CompiledMemoryStats};
@@ -101,9 +101,8 @@ pub fn plan_and_compile(
     let Some(limit) = &args.memory_limit else { return Ok(None) };
     let budget = parse_budget(limit)?;
     let target = kiln::compiler::LowerTarget::from_platform(client.platform_name());
-    let fusion = fusion_for(target);
-    let mut opts = RematOptions::new(budget, fusion);
-    opts.guard_leaves = !target.keeps_barriers();
+    let opts = RematOptions::for_target(budget, target);
+    let fusion = opts.fusion;
     let offload = HostOffload { target };
     let strategy: &dyn RematStrategy = match args.remat_strategy {
         Strategy::Off => &Off,
@@ -113,42 +112,25 @@ pub fn plan_and_compile(
     };
     // As the pipeline does under a budget: the backward held to the
     // program's order where the target reorders it, then the strategy.
-    let sequenced;
-    let optimized = if target.keeps_barriers() {
-        optimized
-    } else {
-        sequenced = kiln::compiler::memory::sequence_backward(optimized, fusion).context("ordering the backward")?.0;
-        &sequenced
-    };
-    let plan = rematerialize(optimized, strategy, &opts).context("planning rematerialization")?;
-    let module = lower(
-        &plan.graph,
-        &LowerOptions {
-            num_replicas: replicas,
-            target: kiln::compiler::LowerTarget::from_platform(client.platform_name()),
-            shardings: None,
-        },
-    )
-    .context("lowering the planned graph")?;
+    let (sequenced, _) = sequence_for(optimized, target).context("ordering the backward")?;
+    let plan = rematerialize(&sequenced, strategy, &opts).context("planning rematerialization")?;
+    let module = lower(&plan.graph, &LowerOptions { num_replicas: replicas, target, shardings: None })
+        .context("lowering the planned graph")?;
     let xla_after = client
         .compile(&module, &CompileOptions { num_replicas: replicas, ..CompileOptions::default() })
         .context("compiling the planned graph")?
         .compiled_memory_stats()
         .map_err(|e| e.to_string());
     if let Some(path) = &args.memory_plot {
-        plot(path, optimized, &plan.graph, fusion)?;
+        plot(path, &sequenced, &plan.graph, fusion)?;
     }
     Ok(Some(PlanReport { plan, xla_before, xla_after }))
-}
-
-fn xla_peak(m: &CompiledMemoryStats) -> i64 {
-    m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
 }
 
 impl PlanReport {
     pub fn json(&self) -> Value {
         let p = &self.plan;
-        let xla = |m: &CompiledMemoryStats| json!({"temp_bytes": m.temp_size_in_bytes, "peak_bytes": xla_peak(m)});
+        let xla = |m: &CompiledMemoryStats| json!({"temp_bytes": m.temp_size_in_bytes, "peak_bytes": m.held_bytes()});
         json!({
             "strategy": p.strategy,
             "budget_bytes": p.budget_bytes,
@@ -197,8 +179,8 @@ impl PlanReport {
                 "  XLA temporaries {} -> {}, XLA peak (args + outputs + temps) {} -> {}",
                 mib(b.temp_size_in_bytes as u64),
                 mib(a.temp_size_in_bytes as u64),
-                mib(xla_peak(b) as u64),
-                mib(xla_peak(a) as u64)
+                mib(b.held_bytes() as u64),
+                mib(a.held_bytes() as u64)
             )),
             (_, Err(e)) => lines.push(format!("  XLA gave no memory stats for the planned program: {e}")),
             (None, Ok(a)) => lines.push(format!("  XLA temporaries after: {}", mib(a.temp_size_in_bytes as u64))),
@@ -365,7 +347,7 @@ pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json:
             .context("compiling the advised step")?
             .compiled_memory_stats()
             .ok()
-            .map(|m| xla_peak(&m));
+            .map(|m| m.held_bytes());
         summary.push(json!({"remat": remat, "max_batch": b, "predicted_peak_bytes": peak, "xla_peak_bytes_without_optimizer_state": xla}));
     }
     let out = json!({"device_memory_bytes": device_bytes, "search": rows, "max_batch": summary});

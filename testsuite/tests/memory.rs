@@ -61,11 +61,6 @@ fn mlp_step(hidden: &[usize], batch: usize) -> anyhow::Result<Graph> {
     Ok(pipeline::optimize(&g)?.0)
 }
 
-/// What the program holds at once: arguments + outputs - aliased + temps.
-fn peak(m: &kiln::runtime::CompiledMemoryStats) -> i64 {
-    m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
-}
-
 fn xla_stats(client: &Client, g: &Graph) -> anyhow::Result<kiln::runtime::CompiledMemoryStats> {
     let module = lower(g, &LowerOptions::default())?;
     Ok(client.compile(&module, &CompileOptions::default())?.compiled_memory_stats()?)
@@ -112,7 +107,7 @@ fn the_peak_model_predicts_xla_memory_within_15_percent() -> anyhow::Result<()> 
         let tolerance = if name == "gpt tiny" { 0.20 } else { 0.15 };
         let p = peak_memory(&g, &XlaCpuFusion);
         let m = xla_stats(&client, &g)?;
-        let xla = peak(&m) as f64;
+        let xla = m.held_bytes() as f64;
         let predicted = p.peak_bytes as f64;
         let err = (predicted - xla).abs() / xla;
         eprintln!(
@@ -143,8 +138,8 @@ fn greedy_remat_cuts_xla_temp_bytes_of_the_tiny_gpt() -> anyhow::Result<()> {
         plan.extra_flops,
         plan.before.temp_peak_bytes,
         plan.after.temp_peak_bytes,
-        peak(&m0),
-        peak(&m1)
+        m0.held_bytes(),
+        m1.held_bytes()
     );
     // Measured 2026-11-23: temp 2.19x (7,248,000 -> 3,305,600 B, 25 values),
     // peak 1.95x (8,102,252 -> 4,159,852 B). Without the sequencing, 1.90x
@@ -303,21 +298,21 @@ fn greedy_remat_cuts_xla_temp_bytes_of_gpt2_small() -> anyhow::Result<()> {
         plan.after,
         m0.temp_size_in_bytes,
         m1.temp_size_in_bytes,
-        peak(&m0),
-        peak(&m1)
+        m0.held_bytes(),
+        m1.held_bytes()
     );
     // Measured 2026-11-23: the model's unplanned peak 7,686,713,348 B against
     // XLA's 8,810,724,524 B (-12.8%; -9.9% while the rewrite emitted the step
     // in XLA's own order, see the_peak_model_predicts_xla_memory_within_15_percent).
-    let err = (before.peak_bytes as f64 - peak(&m0) as f64).abs() / peak(&m0) as f64;
-    assert!(err <= 0.15, "model {} vs XLA {} B", before.peak_bytes, peak(&m0));
+    let err = (before.peak_bytes as f64 - m0.held_bytes() as f64).abs() / m0.held_bytes() as f64;
+    assert!(err <= 0.15, "model {} vs XLA {} B", before.peak_bytes, m0.held_bytes());
     // The bar, the XLA-reported peak cut at least 2x at the tightest
     // budget, from the step kiln compiles without one: measured 2.54x
     // (8,810,724,524 -> 3,463,046,316 B; temp 7,814,850,560 -> 2,467,172,352
     // B; 124 values, +2.33e12 FLOPs). Remat alone, without the sequencing:
     // 2.41x (172 values, +2.95e12 FLOPs); before the rewrite kept the
     // program's order, 1.11x (docs/memory.md, "The program's order").
-    assert!(peak(&m1) * 2 <= peak(&m0), "{m0:?} -> {m1:?}");
+    assert!(m1.held_bytes() * 2 <= m0.held_bytes(), "{m0:?} -> {m1:?}");
     Ok(())
 }
 
@@ -331,7 +326,7 @@ fn sequencing_the_backward_cuts_xla_temp_of_the_tiny_gpt() -> anyhow::Result<()>
     let (s, guarded) = sequence_backward(&g, &XlaCpuFusion)?;
     let (m0, m1) = (xla_stats(&client, &g)?, xla_stats(&client, &s)?);
     let model = peak_memory(&s, &XlaCpuFusion).peak_bytes as f64;
-    let xla = peak(&m1) as f64;
+    let xla = m1.held_bytes() as f64;
     eprintln!(
         "gpt tiny: {guarded} kernels guarded; XLA temp {} -> {}; model {model} against XLA {xla} ({:+.1}%)",
         m0.temp_size_in_bytes,

@@ -40,7 +40,7 @@ pub use liveness::{liveness, Buffer, BufferKind, Liveness};
 pub use offload::HostOffload;
 pub use peak::{peak_memory, PeakMemory};
 pub use remat::{rematerialize, Greedy, Off, RematBudget, RematChoice, RematOptions, RematPlan, RematStrategy};
-pub use sequence::sequence_backward;
+pub use sequence::{sequence_backward, sequence_for};
 
 use crate::ir::{BinaryOp, Graph, NodeId, Op};
 

@@ -89,6 +89,14 @@ pub struct RematOptions<'a> {
     pub guard_leaves: bool,
 }
 
+impl RematOptions<'static> {
+    /// The options for compiling to `target`: its fusion model, and the
+    /// runtime guards only where it drops barriers.
+    pub fn for_target(budget: RematBudget, target: crate::LowerTarget) -> RematOptions<'static> {
+        RematOptions { guard_leaves: !target.keeps_barriers(), ..RematOptions::new(budget, super::fusion_for(target)) }
+    }
+}
+
 impl<'a> RematOptions<'a> {
     pub fn new(budget: RematBudget, fusion: &'a dyn Materialization) -> RematOptions<'a> {
         RematOptions {
@@ -245,7 +253,7 @@ impl RematStrategy for Greedy {
         }
         if opts.pin_floating && !choices.is_empty() {
             let l = liveness(&cur, opts.fusion);
-            if let Some(bwd) = candidates(&cur, &l, opts).iter().map(|c| c.late_pos).min() {
+            if let Some(bwd) = first_backward_read(&cur, &l, opts) {
                 cur = super::pin::pin_floating(&cur, opts.fusion, bwd)?.0;
             }
         }
@@ -344,6 +352,13 @@ pub(super) fn clonable(op: &Op) -> bool {
                 | Op::LmHeadCrossEntropyGrad { .. }
                 | Op::LmHeadCrossEntropyFused { .. }
         )
+}
+
+/// Where the backward starts in `l`'s order: the first late read of any
+/// candidate (in a training step, the first backward kernel that reads a
+/// forward value).
+pub(super) fn first_backward_read(g: &Graph, l: &Liveness, opts: &RematOptions) -> Option<usize> {
+    candidates(g, l, opts).iter().map(|c| c.late_pos).min()
 }
 
 pub(super) fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Candidate> {

@@ -9,14 +9,14 @@ use crate::ir::{Graph, NodeId, Op, ValueId};
 use crate::CompileError;
 
 use super::liveness::liveness;
-use super::remat::{candidates, RematBudget, RematOptions};
+use super::remat::{first_backward_read, RematBudget, RematOptions};
 use super::Materialization;
 
 /// `g` with its backward kernels chained by guards; how many were guarded.
 pub fn sequence_backward(g: &Graph, fusion: &dyn Materialization) -> Result<(Graph, usize), CompileError> {
     let l = liveness(g, fusion);
     let opts = RematOptions::new(RematBudget::Bytes(0), fusion);
-    let Some(bwd) = candidates(g, &l, &opts).iter().map(|c| c.late_pos).min() else { return Ok((g.clone(), 0)) };
+    let Some(bwd) = first_backward_read(g, &l, &opts) else { return Ok((g.clone(), 0)) };
     let mut kernels: Vec<NodeId> = Vec::new();
     for &id in &l.order[bwd..] {
         let trivial =
@@ -41,6 +41,16 @@ pub fn sequence_backward(g: &Graph, fusion: &dyn Materialization) -> Result<(Gra
         return Ok((g.clone(), 0));
     }
     Ok((hold(g, &holds)?, holds.len()))
+}
+
+/// [`sequence_backward`] for compiling to `target`: `g` unchanged where the
+/// target keeps barriers (XLA CUDA keeps its own order through them, and
+/// sequencing there was not measured), else with its fusion model.
+pub fn sequence_for(g: &Graph, target: crate::LowerTarget) -> Result<(Graph, usize), CompileError> {
+    if target.keeps_barriers() {
+        return Ok((g.clone(), 0));
+    }
+    sequence_backward(g, super::fusion_for(target))
 }
 
 #[cfg(test)]
