@@ -205,37 +205,33 @@ fn ladder(n: usize) -> anyhow::Result<Graph> {
     Ok(g)
 }
 
-/// The exact strategy (an integer program over every candidate, each
-/// solution checked by the peak model) against greedy on small graphs at
-/// several budgets: on the ladder and the tiny GPT, wherever greedy meets a
+/// The exact strategy (an integer program over every candidate and the
+/// conditional versions of them, each solution checked by the peak model)
+/// against greedy on small graphs at several budgets: wherever greedy meets a
 /// budget the exact plan meets it too, with at most 10% more extra FLOPs (the
-/// issue's bar); on two MLPs the figures are printed (the bar does not hold
-/// there); the values never change.
+/// issue's bar); where neither meets it, the exact plan's peak is no higher
+/// than greedy's; the values never change.
+///
+/// Measured 2026-11-23 (the figures are printed): before the conditional
+/// variables, greedy was the cheaper on the tiny GPT from 80% down (at 80%
+/// greedy +2,101,391 FLOPs, exact +11,276,912; at 60% +40.4e6 against
+/// +107.0e6) and on the MLP with XLA-like fusion at 70% (+139.0e6 against
+/// +274.1e6): greedy's later choices read clones its earlier ones made, which
+/// a program over the unplanned graph's candidates alone cannot choose
+/// (`docs/memory.md`, "The exact strategy's conditional candidates").
 #[test]
 fn the_exact_strategy_is_within_10_percent_of_greedy_on_small_graphs() -> anyhow::Result<()> {
     let every = kiln::compiler::memory::EveryNodeAKernel;
     let xla = XlaCpuFusion;
-    // The last field: the tightest budget (fraction of the unplanned peak)
-    // held to the 10% bar. Greedy is the cheaper on the MLP with XLA-like
-    // fusion at 70% (measured 2026-11-23: greedy +139.0e6 FLOPs, exact
-    // +274.1e6), and on the tiny GPT from 80% down (measured 2026-11-23,
-    // since the rewrite keeps the program's order: at 80% greedy +2,101,391
-    // FLOPs, exact +11,276,912; at 70% +20.0e6 against +53.4e6; at 60%
-    // +40.4e6 against +107.0e6). Greedy's
-    // later choices read clones its earlier ones made (tiny at 80%: a 12-node
-    // chain of 917,504 FLOPs for a value whose chain in the unplanned graph is
-    // 27 nodes and 17.7e6 FLOPs), which the program over the unplanned
-    // graph's candidates cannot choose (docs/memory.md). Those figures are
-    // printed, and the exact plans must still compute the same values.
-    type Case<'a> = (&'a str, Graph, &'a dyn kiln::compiler::memory::Materialization, f64);
+    type Case<'a> = (&'a str, Graph, &'a dyn kiln::compiler::memory::Materialization);
     let graphs: Vec<Case> = vec![
-        ("ladder 12", ladder(12)?, &every, 0.0),
-        ("gpt tiny, XLA-like fusion", gpt_tiny_step()?, &xla, 0.9),
-        ("mlp 784-256x6-10 b1024, XLA-like fusion", mlp_step(&[256; 6], 1024)?, &xla, 0.8),
-        ("mlp 784-256x6-10 b1024, every node a kernel", mlp_step(&[256; 6], 1024)?, &every, 0.0),
+        ("ladder 12", ladder(12)?, &every),
+        ("gpt tiny, XLA-like fusion", gpt_tiny_step()?, &xla),
+        ("mlp 784-256x6-10 b1024, XLA-like fusion", mlp_step(&[256; 6], 1024)?, &xla),
+        ("mlp 784-256x6-10 b1024, every node a kernel", mlp_step(&[256; 6], 1024)?, &every),
     ];
     let mut compared = 0;
-    for (name, g, fusion, bar_down_to) in &graphs {
+    for (name, g, fusion) in &graphs {
         let before = peak_memory(g, *fusion).peak_bytes;
         let mut exact_plans = Vec::new();
         for frac in [0.95, 0.9, 0.8, 0.7, 0.6] {
@@ -254,7 +250,7 @@ fn the_exact_strategy_is_within_10_percent_of_greedy_on_small_graphs() -> anyhow
                 t.elapsed().as_millis()
             );
             assert_eq!(exact.after, peak_memory(&exact.graph, *fusion), "{name}: the plan's peak is the model's");
-            if greedy.met && frac >= *bar_down_to {
+            if greedy.met {
                 compared += 1;
                 assert!(exact.met, "{name} budget {frac}: greedy meets it, the exact plan does not");
                 assert!(
@@ -262,6 +258,13 @@ fn the_exact_strategy_is_within_10_percent_of_greedy_on_small_graphs() -> anyhow
                     "{name} budget {frac}: exact +{} FLOPs vs greedy +{}",
                     exact.extra_flops,
                     greedy.extra_flops
+                );
+            } else if !exact.met {
+                assert!(
+                    exact.after.peak_bytes <= greedy.after.peak_bytes,
+                    "{name} budget {frac}: neither meets it, exact's peak {} over greedy's {}",
+                    exact.after.peak_bytes,
+                    greedy.after.peak_bytes
                 );
             }
             if exact.met && !exact.choices.is_empty() {
@@ -274,7 +277,7 @@ fn the_exact_strategy_is_within_10_percent_of_greedy_on_small_graphs() -> anyhow
             assert_eq!(interpret(g, &x)?, interpret(planned, &x)?, "{name}: bit-identical on the interpreter");
         }
     }
-    assert!(compared >= 12, "only {compared} budgets were met by greedy");
+    assert!(compared >= 17, "only {compared} budgets were met by greedy");
     Ok(())
 }
 
