@@ -81,8 +81,8 @@ const MAX_CONDITION_DEPTH: usize = 3;
 /// Conditional variables per candidate of the unplanned graph, at most.
 const MAX_CONDITIONALS_PER_CANDIDATE: usize = 8;
 
-/// Exact by an integer program over the unplanned graph's candidates (see the
-/// module docs). For small graphs, and to measure [`super::Greedy`] against.
+/// Exact by an integer program over the unplanned graph's candidates and
+/// their conditional versions (see the module docs). For small graphs, and to measure [`super::Greedy`] against.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Exact;
 
@@ -132,6 +132,18 @@ impl Program {
             given: vec![None; n],
             reads: self.reads[..n].to_vec(),
         }
+    }
+
+    /// A peak no choice can go under: at some position, the unplanned bytes
+    /// less every variable's saving there.
+    fn floor(&self) -> f64 {
+        let mut at = self.base.iter().map(|&b| b as f64).collect::<Vec<_>>();
+        for d in &self.delta {
+            for &(t, v) in d {
+                at[t] += v.min(0) as f64;
+            }
+        }
+        at.into_iter().fold(0.0, f64::max)
     }
 
     /// The unplanned candidate a variable recomputes.
@@ -203,9 +215,9 @@ impl RematStrategy for Exact {
                 grow.push_back(Applied { var: k, applied, leaves, graph, map, l, change });
             }
         }
-        // Autodiff's order: an unconditional candidate's chain recomputes a
-        // chosen leaf candidate again (the conditional variables are the
-        // other order).
+        // Applied in value order, an unconditional candidate's chain
+        // recomputes a chosen candidate it reads (the conditional variables
+        // are the other order).
         let mut leaf_of = reads[..cands.len()].to_vec();
         leaf_of.resize(flops.len(), Vec::new());
         let program = Program { flops, leaf_of, delta, base, given, reads };
@@ -225,14 +237,14 @@ impl RematStrategy for Exact {
             (true, true) => (key.1, key.2) < (k.1, k.2),
             (false, false) => (key.2, key.1) < (k.2, k.1),
         };
-        let deadline = std::time::Instant::now() + Duration::from_secs(ROUNDS_SECONDS);
         let rounds = |program: &Program, best: &mut Best| -> Result<(), CompileError> {
             // The bound the program holds every position to: the budget, or
-            // the lowest peak the program can reach when it cannot meet it.
-            let mut bound = match solve(program, budget as f64, &[], Duration::from_secs(SOLVE_SECONDS))? {
-                Some(_) => budget as f64,
-                None => solve_lowest_peak(program)?,
-            };
+            // the lowest peak the program can reach when it cannot meet it
+            // (surely so under the sum of every saving at some position).
+            let feasible = budget as f64 >= program.floor()
+                && solve(program, budget as f64, &[], Duration::from_secs(SOLVE_SECONDS))?.is_some();
+            let mut bound = if feasible { budget as f64 } else { solve_lowest_peak(program)? };
+            let deadline = std::time::Instant::now() + Duration::from_secs(ROUNDS_SECONDS);
             let mut excluded: Vec<Vec<usize>> = Vec::new();
             for _ in 0..MAX_ROUNDS {
                 let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) else { break };
