@@ -43,9 +43,12 @@ for r in rows:
     model = (f"{mib(plan['model_before']['temp_bytes'])} -> {mib(plan['model_after']['temp_bytes'])}"
              + ("" if plan["met"] else " (budget not met)")) if plan else "—"
     budget = "none" if r["budget_pct"] is None else f"{r['budget_pct']:.0f}%"
+    # Without a `none` row (REMAT_BUDGETS without it) there is nothing to cut from.
+    k = lambda v, fmt: "—" if v is None else fmt.format(v)
     print(f"| kiln | {budget} | {rec} | {flp if plan else '—'} | {model} "
           f"| {gib(x['argument_bytes'])} / {gib(x['output_bytes'])} / {gib(x['alias_bytes'])} | {gib(x['temp_bytes'])} "
-          f"| {cut:.2f}× | {gib(x['peak_bytes'])} | {pcut:.2f}× | {r['ms']:.2f} | {100 * over:+.1f}% |")
+          f"| {k(cut, '{:.2f}×')} | {gib(x['peak_bytes'])} | {k(pcut, '{:.2f}×')} | {r['ms']:.2f} "
+          f"| {k(over if over is None else 100 * over, '{:+.1f}%')} |")
     summary.append({"system": "kiln", "budget_pct": r["budget_pct"], "temp_cut": cut, "peak_cut": pcut,
                     "overhead": over})
 jbase = next((j for j in jax if not j["system"].endswith("checkpoint")), None)
