@@ -39,7 +39,9 @@ pub use gpu::XlaGpuFusion;
 pub use liveness::{liveness, Buffer, BufferKind, Liveness};
 pub use offload::HostOffload;
 pub use peak::{peak_memory, PeakMemory};
-pub use remat::{rematerialize, Greedy, Off, RematBudget, RematChoice, RematOptions, RematPlan, RematStrategy};
+pub use remat::{
+    rematerialize, Greedy, LeafGuards, Off, RematBudget, RematChoice, RematOptions, RematPlan, RematStrategy,
+};
 pub use sequence::{sequence_backward, sequence_for};
 
 use crate::ir::{BinaryOp, Graph, NodeId, Op};

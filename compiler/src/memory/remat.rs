@@ -28,8 +28,17 @@
 //! guard of [`crate::fence`], anchored on the barrier's anchor: the identity
 //! bit for bit, which no simplifier can prove, so the clone's operands differ
 //! from the original's after the barrier is gone, and the clone still waits
-//! for the anchor. Targets that keep barriers (XLA CUDA) skip the guards
-//! (`RematOptions::guard_leaves`, set by the pipeline from the target).
+//! for the anchor.
+//!
+//! XLA CUDA keeps barriers through CSE but expands them into tuples before
+//! it schedules (seen 2026-11-23 in the H100's optimized module: the barrier
+//! of a recomputed residual add became a tuple without its anchor, and the
+//! add ran before the LM-head loss, in the forward). So there the barrier
+//! keeps clones apart but does not hold them back; one guarded operand per
+//! *entry* of the chain (a clone that reads no other clone) does, as every
+//! clone then waits for the anchor through its entries. The guard is a
+//! select on the smallest operand, which fuses into an elementwise reader.
+//! (`RematOptions::guard_leaves`, set by the pipeline from the target.)
 //!
 //! Invariants:
 //! - The rewrite computes the same values: clones are the same ops on the
@@ -83,12 +92,25 @@ pub struct RematOptions<'a> {
     /// values behind a runtime guard ([`super::pin`]), so XLA cannot run
     /// them early.
     pub pin_floating: bool,
-    /// Read each fenced leaf through the runtime guard as well as the barrier
-    /// (see the module docs): needed where the target's compiler drops
-    /// barriers before CSE (XLA CPU); where it keeps them (XLA CUDA) the
-    /// barrier alone keeps clones apart and the guards' selects are work the
-    /// step need not do. `true` unless the caller knows the target.
-    pub guard_leaves: bool,
+    /// Which fenced leaves are read through the runtime guard as well as
+    /// the barrier (see the module docs). [`LeafGuards::Every`] unless the
+    /// caller knows the target.
+    pub guard_leaves: LeafGuards,
+}
+
+/// Which of a recomputed chain's fenced leaves the clones read through the
+/// runtime guard ([`crate::fence`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeafGuards {
+    /// Every leaf: where the target drops barriers before CSE (XLA CPU), so
+    /// that no clone can merge with its original.
+    Every,
+    /// The smallest leaf of each entry of the chain (a clone that reads no
+    /// other clone): where barriers keep clones apart but are expanded before
+    /// scheduling (XLA CUDA), so that every clone waits for the anchor.
+    Entries,
+    /// None: the barrier alone.
+    Off,
 }
 
 impl RematOptions<'static> {
@@ -103,7 +125,8 @@ impl RematOptions<'static> {
     /// the step's FLOPs, so CUDA skips the second plan.
     pub fn for_target(budget: RematBudget, target: crate::LowerTarget) -> RematOptions<'static> {
         let drops = !target.keeps_barriers();
-        RematOptions { guard_leaves: drops, segments: drops, ..RematOptions::new(budget, super::fusion_for(target)) }
+        let guard_leaves = if drops { LeafGuards::Every } else { LeafGuards::Entries };
+        RematOptions { guard_leaves, segments: drops, ..RematOptions::new(budget, super::fusion_for(target)) }
     }
 }
 
@@ -117,7 +140,7 @@ impl<'a> RematOptions<'a> {
             only: None,
             segments: false,
             pin_floating: true,
-            guard_leaves: true,
+            guard_leaves: LeafGuards::Every,
         }
     }
 }
@@ -623,8 +646,13 @@ pub(super) fn clone_closure(
 
 /// `g` with `c`'s chain cloned before its first late user and every user at
 /// or after that point reading the clone, its leaves read through the barrier
-/// (and the runtime guard when `guard_leaves`); also the node map old -> new.
-pub(super) fn rewrite(g: &Graph, c: &Candidate, guard_leaves: bool) -> Result<(Graph, Vec<NodeId>), CompileError> {
+/// (and the runtime guard on the leaves `guard_leaves` picks); also the node
+/// map old -> new.
+pub(super) fn rewrite(
+    g: &Graph,
+    c: &Candidate,
+    guard_leaves: LeafGuards,
+) -> Result<(Graph, Vec<NodeId>), CompileError> {
     let mut out = Graph::new();
     let mut map: Vec<NodeId> = Vec::with_capacity(g.len());
     // Original chain node -> its clone, once the late point is reached.
@@ -638,21 +666,43 @@ pub(super) fn rewrite(g: &Graph, c: &Candidate, guard_leaves: bool) -> Result<(G
                 fenced.push(remap(&map, a));
             }
             let barrier = if n_leaves > 0 { Some(out.add(Op::OptimizationBarrier { inputs: fenced })?) } else { None };
-            // The runtime guard (see the module docs): every fenced leaf is read
-            // through `select(always, leaf, 0)`, `always` computed from the anchor.
+            // The runtime guard (see the module docs): the fenced leaves to
+            // guard are read through `select(always, leaf, 0)`, `always`
+            // computed from the anchor.
+            let to_guard: Vec<bool> = match guard_leaves {
+                LeafGuards::Every => vec![true; n_leaves],
+                LeafGuards::Off => vec![false; n_leaves],
+                LeafGuards::Entries => {
+                    let mut pick = vec![false; n_leaves];
+                    for &n in &c.chain {
+                        let inputs = g.node(n).op.inputs();
+                        if inputs.iter().any(|u| c.chain.contains(&u.node)) {
+                            continue;
+                        }
+                        let smallest = inputs
+                            .iter()
+                            .filter_map(|u| c.leaves.iter().position(|x| x == u))
+                            .min_by_key(|&k| g.ty(c.leaves[k]).size_in_bytes());
+                        if let Some(k) = smallest {
+                            pick[k] = true;
+                        }
+                    }
+                    pick
+                }
+            };
             let guard = match (barrier, c.anchor) {
-                (Some(b), Some(_)) if guard_leaves => {
+                (Some(b), Some(_)) if to_guard.contains(&true) => {
                     Some(crate::fence::always_true(&mut out, ValueId::new(b, n_leaves as u32))?)
                 }
                 _ => None,
             };
             let mut guarded: Vec<ValueId> = Vec::with_capacity(n_leaves);
             if let Some(b) = barrier {
-                for k in 0..n_leaves {
+                for (k, &wanted) in to_guard.iter().enumerate() {
                     let leaf = ValueId::new(b, k as u32);
                     guarded.push(match guard {
-                        Some(p) => crate::fence::read_through(&mut out, p, leaf)?,
-                        None => leaf,
+                        Some(p) if wanted => crate::fence::read_through(&mut out, p, leaf)?,
+                        _ => leaf,
                     });
                 }
             }
@@ -743,7 +793,7 @@ mod tests {
         let mut opts = RematOptions::new(RematBudget::Bytes(0), &EveryNodeAKernel);
         opts.pin_floating = false;
         let guarded = rematerialize(&g, &Greedy, &opts).unwrap();
-        opts.guard_leaves = false;
+        opts.guard_leaves = LeafGuards::Off;
         let bare = rematerialize(&g, &Greedy, &opts).unwrap();
         assert!(selects(&guarded.graph) > 0, "the default reads fenced leaves through the guard");
         assert_eq!(selects(&bare.graph), 0);
@@ -755,6 +805,34 @@ mod tests {
             .unwrap();
         let want = crate::interpret(&g, std::slice::from_ref(&x)).unwrap();
         assert_eq!(crate::interpret(&bare.graph, &[x]).unwrap(), want);
+    }
+
+    /// On targets that expand barriers before scheduling, each chain's entry
+    /// reads one guarded leaf: every barrier feeds a select, there are no
+    /// more selects than with every leaf guarded, and the values are the same.
+    #[test]
+    fn entry_guards_hold_every_chain_and_values_are_unchanged() {
+        let g = ladder(6);
+        let selects = |g: &Graph| g.nodes().filter(|(_, n)| matches!(n.op, Op::Select { .. })).count();
+        let mut opts = RematOptions::new(RematBudget::Bytes(0), &EveryNodeAKernel);
+        opts.pin_floating = false;
+        let every = rematerialize(&g, &Greedy, &opts).unwrap();
+        opts.guard_leaves = LeafGuards::Entries;
+        let entries = rematerialize(&g, &Greedy, &opts).unwrap();
+        assert!(!entries.choices.is_empty());
+        assert!(selects(&entries.graph) <= selects(&every.graph));
+        for (b, _) in entries.graph.nodes().filter(|(_, n)| matches!(n.op, Op::OptimizationBarrier { .. })) {
+            let guarded = entries.graph.nodes().any(|(_, n)| match n.op {
+                Op::Select { on_true, .. } => on_true.node == b,
+                _ => false,
+            });
+            assert!(guarded, "the barrier {b:?} feeds no guard");
+        }
+        crate::verify(&entries.graph).unwrap();
+        let x = Literal::from_f64s(DType::F32, [256], &(0..256).map(|i| (i as f64 * 0.37).sin()).collect::<Vec<_>>())
+            .unwrap();
+        let want = crate::interpret(&g, std::slice::from_ref(&x)).unwrap();
+        assert_eq!(crate::interpret(&entries.graph, &[x]).unwrap(), want);
     }
 
     #[test]
