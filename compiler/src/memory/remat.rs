@@ -115,7 +115,8 @@ pub enum LeafGuards {
 
 impl RematOptions<'static> {
     /// The options for compiling to `target`: its fusion model, and the
-    /// runtime guards only where it drops barriers.
+    /// runtime guard on every fenced leaf where it drops barriers (XLA CPU),
+    /// on each chain's entries where it keeps them through CSE (XLA CUDA).
     ///
     /// Block segments are tried where the target drops barriers (XLA CPU):
     /// there XLA orders the step itself and follows a plan of whole blocks
