@@ -787,25 +787,35 @@ mod tests {
         assert_eq!(barriers, plan.choices.len());
     }
 
-    #[test]
-    fn without_guards_the_barrier_alone_fences_and_values_are_unchanged() {
+    fn selects(g: &Graph) -> usize {
+        g.nodes().filter(|(_, n)| matches!(n.op, Op::Select { .. })).count()
+    }
+
+    /// The ladder's lowest-peak plan with every leaf guarded, and with
+    /// `guards`; checks the second verifies and computes the same values.
+    fn ladder_plans(guards: LeafGuards) -> (RematPlan, RematPlan) {
         let g = ladder(6);
-        let selects = |g: &Graph| g.nodes().filter(|(_, n)| matches!(n.op, Op::Select { .. })).count();
         let mut opts = RematOptions::new(RematBudget::Bytes(0), &EveryNodeAKernel);
         opts.pin_floating = false;
-        let guarded = rematerialize(&g, &Greedy, &opts).unwrap();
-        opts.guard_leaves = LeafGuards::Off;
-        let bare = rematerialize(&g, &Greedy, &opts).unwrap();
-        assert!(selects(&guarded.graph) > 0, "the default reads fenced leaves through the guard");
-        assert_eq!(selects(&bare.graph), 0);
-        assert!(!bare.choices.is_empty());
-        let barriers = bare.graph.nodes().filter(|(_, n)| matches!(n.op, Op::OptimizationBarrier { .. })).count();
-        assert_eq!(barriers, bare.choices.len());
-        crate::verify(&bare.graph).unwrap();
+        let every = rematerialize(&g, &Greedy, &opts).unwrap();
+        opts.guard_leaves = guards;
+        let plan = rematerialize(&g, &Greedy, &opts).unwrap();
+        assert!(!plan.choices.is_empty());
+        crate::verify(&plan.graph).unwrap();
         let x = Literal::from_f64s(DType::F32, [256], &(0..256).map(|i| (i as f64 * 0.61).cos()).collect::<Vec<_>>())
             .unwrap();
         let want = crate::interpret(&g, std::slice::from_ref(&x)).unwrap();
-        assert_eq!(crate::interpret(&bare.graph, &[x]).unwrap(), want);
+        assert_eq!(crate::interpret(&plan.graph, &[x]).unwrap(), want);
+        (every, plan)
+    }
+
+    #[test]
+    fn without_guards_the_barrier_alone_fences_and_values_are_unchanged() {
+        let (guarded, bare) = ladder_plans(LeafGuards::Off);
+        assert!(selects(&guarded.graph) > 0, "the default reads fenced leaves through the guard");
+        assert_eq!(selects(&bare.graph), 0);
+        let barriers = bare.graph.nodes().filter(|(_, n)| matches!(n.op, Op::OptimizationBarrier { .. })).count();
+        assert_eq!(barriers, bare.choices.len());
     }
 
     /// On targets that expand barriers before scheduling, each chain's entry
@@ -813,14 +823,7 @@ mod tests {
     /// more selects than with every leaf guarded, and the values are the same.
     #[test]
     fn entry_guards_hold_every_chain_and_values_are_unchanged() {
-        let g = ladder(6);
-        let selects = |g: &Graph| g.nodes().filter(|(_, n)| matches!(n.op, Op::Select { .. })).count();
-        let mut opts = RematOptions::new(RematBudget::Bytes(0), &EveryNodeAKernel);
-        opts.pin_floating = false;
-        let every = rematerialize(&g, &Greedy, &opts).unwrap();
-        opts.guard_leaves = LeafGuards::Entries;
-        let entries = rematerialize(&g, &Greedy, &opts).unwrap();
-        assert!(!entries.choices.is_empty());
+        let (every, entries) = ladder_plans(LeafGuards::Entries);
         assert!(selects(&entries.graph) <= selects(&every.graph));
         for (b, _) in entries.graph.nodes().filter(|(_, n)| matches!(n.op, Op::OptimizationBarrier { .. })) {
             let guarded = entries.graph.nodes().any(|(_, n)| match n.op {
@@ -829,11 +832,6 @@ mod tests {
             });
             assert!(guarded, "the barrier {b:?} feeds no guard");
         }
-        crate::verify(&entries.graph).unwrap();
-        let x = Literal::from_f64s(DType::F32, [256], &(0..256).map(|i| (i as f64 * 0.37).sin()).collect::<Vec<_>>())
-            .unwrap();
-        let want = crate::interpret(&g, std::slice::from_ref(&x)).unwrap();
-        assert_eq!(crate::interpret(&entries.graph, &[x]).unwrap(), want);
     }
 
     #[test]
