@@ -4,7 +4,7 @@
 
 use kiln::compiler::ir::{Graph, Literal, Op};
 use kiln::compiler::memory::{
-    peak_memory, rematerialize, sequence_backward, Exact, Greedy, RematBudget, RematOptions, XlaCpuFusion,
+    peak_memory, rematerialize, sequence_backward, sequence_for, Exact, Greedy, RematBudget, RematOptions, XlaCpuFusion,
 };
 use kiln::compiler::{interpret, lower, pipeline, LowerOptions, LowerTarget};
 use kiln::models::{gpt, mlp};
@@ -59,6 +59,13 @@ fn mlp_step(hidden: &[usize], batch: usize) -> anyhow::Result<Graph> {
         Ok(out)
     })?;
     Ok(pipeline::optimize(&g)?.0)
+}
+
+/// The lowest-peak greedy plan as the pipeline plans under a budget on the
+/// CPU target: the backward held to the program's order, then remat.
+fn tightest_cpu_plan(g: &Graph) -> anyhow::Result<kiln::compiler::memory::RematPlan> {
+    let (sequenced, _) = sequence_for(g, LowerTarget::Cpu)?;
+    Ok(rematerialize(&sequenced, &Greedy, &RematOptions::for_target(RematBudget::Bytes(0), LowerTarget::Cpu))?)
 }
 
 fn xla_stats(client: &Client, g: &Graph) -> anyhow::Result<kiln::runtime::CompiledMemoryStats> {
@@ -125,10 +132,7 @@ fn the_peak_model_predicts_xla_memory_within_15_percent() -> anyhow::Result<()> 
 fn greedy_remat_cuts_xla_temp_bytes_of_the_tiny_gpt() -> anyhow::Result<()> {
     let client = Client::new(&ClientOptions::default())?;
     let g = gpt_tiny_step()?;
-    // As the pipeline plans under a budget on the CPU target: the backward
-    // held to the program's order, then remat.
-    let (sequenced, _) = sequence_backward(&g, &XlaCpuFusion)?;
-    let plan = rematerialize(&sequenced, &Greedy, &RematOptions::for_target(RematBudget::Bytes(0), LowerTarget::Cpu))?;
+    let plan = tightest_cpu_plan(&g)?;
     let (m0, m1) = (xla_stats(&client, &g)?, xla_stats(&client, &plan.graph)?);
     let (before, after) = (m0.temp_size_in_bytes, m1.temp_size_in_bytes);
     eprintln!(
@@ -292,8 +296,7 @@ fn greedy_remat_cuts_xla_temp_bytes_of_gpt2_small() -> anyhow::Result<()> {
     let g = gpt_step(&gpt::GptConfig::gpt2_small(50304))?;
     let client = Client::new(&ClientOptions::default())?;
     let before = peak_memory(&g, &XlaCpuFusion);
-    let (sequenced, _) = sequence_backward(&g, &XlaCpuFusion)?;
-    let plan = rematerialize(&sequenced, &Greedy, &RematOptions::for_target(RematBudget::Bytes(0), LowerTarget::Cpu))?;
+    let plan = tightest_cpu_plan(&g)?;
     let (m0, m1) = (xla_stats(&client, &g)?, xla_stats(&client, &plan.graph)?);
     eprintln!(
         "gpt2-small: {} recomputed, +{} FLOPs; model {:?} -> {:?}; XLA temp {} -> {}, args + outputs + temps {} -> {}",

@@ -91,10 +91,6 @@ pub struct Exact;
 /// graph's candidates; the rest are conditional ones.
 struct Program {
     flops: Vec<f64>,
-    /// `leaf_of[c]`: the candidates whose value is a leaf of `c`'s chain.
-    /// When both are chosen `c`'s chain recomputes that one's too (its value
-    /// is no longer in memory), and so on through the chosen ones.
-    leaf_of: Vec<Vec<usize>>,
     delta: Vec<Vec<(usize, i64)>>,
     base: Vec<u64>,
     /// `given[k]` for a conditional variable `k`: `(c, d)`, candidate `d` as
@@ -110,8 +106,6 @@ struct Applied {
     var: usize,
     /// The candidates applied, in order (the variable's last).
     applied: Vec<usize>,
-    /// The candidates whose values the variable's chain reads.
-    leaves: Vec<usize>,
     graph: Graph,
     /// Each unplanned node's image in `graph`.
     map: Vec<NodeId>,
@@ -126,7 +120,6 @@ impl Program {
     fn unconditional(&self, n: usize) -> Program {
         Program {
             flops: self.flops[..n].to_vec(),
-            leaf_of: self.leaf_of[..n].to_vec(),
             delta: self.delta[..n].to_vec(),
             base: self.base.clone(),
             given: vec![None; n],
@@ -144,6 +137,19 @@ impl Program {
             }
         }
         at.into_iter().fold(0.0, f64::max)
+    }
+
+    /// The candidates whose value is a leaf of unconditional candidate `c`'s
+    /// chain: applied in value order, when both are chosen `c`'s chain
+    /// recomputes that one's too (its value is no longer in memory), and so
+    /// on through the chosen ones. None for a conditional variable (they are
+    /// the other order).
+    fn leaf_of(&self, c: usize) -> &[usize] {
+        if self.given[c].is_none() {
+            &self.reads[c]
+        } else {
+            &[]
+        }
     }
 
     /// The unplanned candidate a variable recomputes.
@@ -174,10 +180,8 @@ impl RematStrategy for Exact {
             let l = liveness(&graph, opts.fusion);
             let change = curve_change(&base_l, &base, &map, &l);
             delta.push(change.clone());
-            let leaves: Vec<usize> =
-                (0..cands.len()).filter(|&j| j != i && c.leaves.contains(&cands[j].value)).collect();
-            reads.push(leaves.clone());
-            grow.push_back(Applied { var: i, applied: vec![i], leaves, graph, map, l, change });
+            reads.push((0..cands.len()).filter(|&j| j != i && c.leaves.contains(&cands[j].value)).collect());
+            grow.push_back(Applied { var: i, applied: vec![i], graph, map, l, change });
         }
         let cap = MAX_CONDITIONALS_PER_CANDIDATE * cands.len();
         while let Some(a) = grow.pop_front() {
@@ -195,7 +199,7 @@ impl RematStrategy for Exact {
                 // the last one's chain reads its value (then one
                 // recomputation serves that chain and its own readers, where
                 // applying it first would make the chain recompute it again).
-                let changed = cn.flops < cands[j].flops || a.leaves.contains(&j);
+                let changed = cn.flops < cands[j].flops || reads[a.var].contains(&j);
                 if a.applied.contains(&j) || !changed {
                     continue;
                 }
@@ -209,18 +213,11 @@ impl RematStrategy for Exact {
                 delta.push(subtract(&change, &a.change));
                 let mut applied = a.applied.clone();
                 applied.push(j);
-                let leaves: Vec<usize> =
-                    (0..cands.len()).filter(|&j| cn.leaves.contains(&image(cands[j].value))).collect();
-                reads.push(leaves.clone());
-                grow.push_back(Applied { var: k, applied, leaves, graph, map, l, change });
+                reads.push((0..cands.len()).filter(|&j| cn.leaves.contains(&image(cands[j].value))).collect());
+                grow.push_back(Applied { var: k, applied, graph, map, l, change });
             }
         }
-        // Applied in value order, an unconditional candidate's chain
-        // recomputes a chosen candidate it reads (the conditional variables
-        // are the other order).
-        let mut leaf_of = reads[..cands.len()].to_vec();
-        leaf_of.resize(flops.len(), Vec::new());
-        let program = Program { flops, leaf_of, delta, base, given, reads };
+        let program = Program { flops, delta, base, given, reads };
         let base_flops = cost::graph_cost(g).total.flops;
         // (meets budget, extra flops, peak) of the best measured plan: the
         // empty one first.
@@ -323,7 +320,7 @@ fn solve(
     // direct leaf d of c, z[c][e] >= z[c][d] + x_e - 1 for a leaf e of such a d.
     for c in 0..xs.len() {
         let mut z: Vec<(usize, Variable)> = Vec::new();
-        let mut stack: Vec<(Option<usize>, usize)> = p.leaf_of[c].iter().map(|&d| (None, d)).collect();
+        let mut stack: Vec<(Option<usize>, usize)> = p.leaf_of(c).iter().map(|&d| (None, d)).collect();
         while let Some((via, d)) = stack.pop() {
             if d == c {
                 continue;
@@ -333,7 +330,7 @@ fn solve(
                 None => {
                     let v = lp.add_var(p.flops[d] / scale, (0.0, 1.0));
                     z.push((d, v));
-                    stack.extend(p.leaf_of[d].iter().map(|&e| (Some(d), e)));
+                    stack.extend(p.leaf_of(d).iter().map(|&e| (Some(d), e)));
                     v
                 }
             };
@@ -443,10 +440,10 @@ fn subtract(a: &[(usize, i64)], b: &[(usize, i64)]) -> Vec<(usize, i64)> {
 /// Walks the candidates whose chains `c`'s would recompute: `visit(d)`
 /// says whether to go on through `d`'s leaves.
 fn closure(p: &Program, c: usize, visit: &mut dyn FnMut(usize) -> bool) {
-    let mut stack = p.leaf_of[c].clone();
+    let mut stack = p.leaf_of(c).to_vec();
     while let Some(d) = stack.pop() {
         if visit(d) {
-            stack.extend(p.leaf_of[d].iter().copied());
+            stack.extend(p.leaf_of(d).iter().copied());
         }
     }
 }
