@@ -59,6 +59,9 @@ pub struct RematSummary {
     pub after: crate::memory::PeakMemory,
     /// Each recomputed value: its producer's op, bytes, nodes cloned, FLOPs.
     pub recomputed: Vec<RecomputedValue>,
+    /// Step time the plan adds by the strategy's time model
+    /// ([`crate::memory::RematPlan::extra_seconds`]), in nanoseconds.
+    pub extra_ns: u64,
 }
 
 /// One value the remat pass recomputes.
@@ -383,6 +386,7 @@ fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, Com
             .iter()
             .map(|c| RecomputedValue { op: c.op, bytes: c.bytes, cloned_nodes: c.recomputed_nodes, flops: c.flops })
             .collect(),
+        extra_ns: (plan.extra_seconds * 1e9).round() as u64,
     });
     Ok(plan.graph)
 }

@@ -188,7 +188,7 @@ fn segment(
     }
     let anchor = anchor_for(g, l, late_node, late_pos, early_end, &chain, &[]);
     anchor?;
-    let (flops, seconds) = recompute_cost(g, &chain, opts);
+    let (flops, seconds) = recompute_cost(g, &chain, &leaves, bytes, opts);
     Some(Candidate { value, bytes, early_end, late_node, late_pos, chain, leaves, anchor, flops, seconds })
 }
 

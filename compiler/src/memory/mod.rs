@@ -27,6 +27,7 @@
 mod blocks;
 mod exact;
 mod gpu;
+mod kernel_time;
 mod liveness;
 mod offload;
 mod peak;
@@ -36,11 +37,13 @@ mod sequence;
 
 pub use exact::Exact;
 pub use gpu::XlaGpuFusion;
+pub use kernel_time::{kernel_seconds, MIN_KERNEL_SECONDS};
 pub use liveness::{liveness, Buffer, BufferKind, Liveness};
 pub use offload::HostOffload;
 pub use peak::{peak_memory, PeakMemory};
 pub use remat::{
-    rematerialize, Greedy, LeafGuards, Off, RematBudget, RematChoice, RematOptions, RematPlan, RematStrategy,
+    rematerialize, Greedy, LeafGuards, Off, RecomputeCost, RematBudget, RematChoice, RematOptions, RematPlan,
+    RematStrategy,
 };
 pub use sequence::{sequence_backward, sequence_for};
 

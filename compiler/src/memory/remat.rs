@@ -57,6 +57,7 @@ use crate::cost::{self, Target};
 use crate::ir::{Graph, NodeId, Op, ValueId};
 use crate::CompileError;
 
+use super::kernel_time::kernel_seconds;
 use super::liveness::{liveness, users_of, BufferKind, Liveness};
 use super::peak::{peak_of, PeakMemory};
 use super::Materialization;
@@ -96,7 +97,31 @@ pub struct RematOptions<'a> {
     /// the barrier (see the module docs). [`LeafGuards::Every`] unless the
     /// caller knows the target.
     pub guard_leaves: LeafGuards,
+    /// How greedy prices a recomputation.
+    pub cost: RecomputeCost,
 }
+
+/// How greedy prices a recomputation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecomputeCost {
+    /// By the chain alone: loop-fusible clones add their arithmetic (they
+    /// fuse into their readers), the others the roofline's slower of
+    /// arithmetic and memory; of the candidates that cover the excess, the
+    /// fewest FLOPs. Each round takes the first candidate in that order
+    /// that lowers the peak.
+    Arithmetic,
+    /// By kernels: candidates are ordered by the chain's bytes read and
+    /// written, then the first [`KERNEL_TRIES`] that lower the peak are
+    /// each applied and the step's kernel time ([`super::kernel_seconds`])
+    /// measured; the round takes the one that covers the excess for the
+    /// least added time, else the most bytes freed per second added. For
+    /// GPUs, where a clone feeding a GEMM is a kernel of its own and
+    /// elementwise recomputation costs memory traffic, not arithmetic.
+    Kernels,
+}
+
+/// Candidates measured by kernel time per round ([`RecomputeCost::Kernels`]).
+pub const KERNEL_TRIES: usize = 32;
 
 /// Which of a recomputed chain's fenced leaves the clones read through the
 /// runtime guard ([`crate::fence`]).
@@ -127,7 +152,8 @@ impl RematOptions<'static> {
     pub fn for_target(budget: RematBudget, target: crate::LowerTarget) -> RematOptions<'static> {
         let drops = !target.keeps_barriers();
         let guard_leaves = if drops { LeafGuards::Every } else { LeafGuards::Entries };
-        RematOptions { guard_leaves, segments: drops, ..RematOptions::new(budget, super::fusion_for(target)) }
+        let cost = if drops { RecomputeCost::Arithmetic } else { RecomputeCost::Kernels };
+        RematOptions { guard_leaves, segments: drops, cost, ..RematOptions::new(budget, super::fusion_for(target)) }
     }
 }
 
@@ -142,6 +168,7 @@ impl<'a> RematOptions<'a> {
             segments: false,
             pin_floating: true,
             guard_leaves: LeafGuards::Every,
+            cost: RecomputeCost::Arithmetic,
         }
     }
 }
@@ -174,7 +201,9 @@ pub struct RematPlan {
     /// Whether `after.peak_bytes <= budget_bytes`.
     pub met: bool,
     pub extra_flops: u64,
-    /// Roofline seconds added on the options' target.
+    /// Seconds added on the options' target: by the node roofline
+    /// ([`crate::cost::estimate`]) with [`RecomputeCost::Arithmetic`], by
+    /// kernels ([`super::kernel_seconds`]) with [`RecomputeCost::Kernels`].
     pub extra_seconds: f64,
 }
 
@@ -208,9 +237,9 @@ impl RematStrategy for Off {
 }
 
 /// Greedy by the cost model: while the peak is over budget, recompute a
-/// candidate live across the peak: the cheapest (FLOPs, then roofline seconds
-/// on the target) of those whose bytes alone cover the excess over the budget, else
-/// the one that frees the most bytes per second of recomputation; a
+/// candidate live across the peak: the cheapest of those that cover the
+/// excess over the budget, else the one that frees the most memory per
+/// second of recomputation, priced as [`RematOptions::cost`] says; a
 /// candidate that does not lower the peak is skipped. Chosen values may
 /// themselves be recomputed later in the loop.
 #[derive(Clone, Copy, Debug, Default)]
@@ -248,6 +277,7 @@ fn greedy(name: &'static str, g: &Graph, opts: &RematOptions, segments: bool) ->
     // Keyed by value and chain length: a segment and a single value may share
     // their representative value.
     let mut rejected: Vec<(ValueId, usize)> = Vec::new();
+    let mut cur_t = if opts.cost == RecomputeCost::Kernels { kernel_seconds(&cur, &cur_l, &opts.target) } else { 0.0 };
     loop {
         let peak = peak_of(&cur_l);
         if peak.peak_bytes <= budget {
@@ -265,33 +295,58 @@ fn greedy(name: &'static str, g: &Graph, opts: &RematOptions, segments: bool) ->
         // small excess is not paid for with a large recomputation); then
         // the others by bytes freed per second of recomputation.
         let excess = peak.peak_bytes.saturating_sub(budget);
+        let by_time = opts.cost == RecomputeCost::Kernels;
         cands.sort_by(|a, b| {
             let (ca, cb) = (a.bytes >= excess, b.bytes >= excess);
             let ka = a.bytes as f64 / (a.seconds + 1e-12);
             let kb = b.bytes as f64 / (b.seconds + 1e-12);
             cb.cmp(&ca)
-                .then_with(|| {
-                    if ca && cb {
-                        a.flops.cmp(&b.flops).then(a.seconds.total_cmp(&b.seconds))
-                    } else {
-                        kb.total_cmp(&ka)
-                    }
+                .then_with(|| match (ca && cb, by_time) {
+                    (true, false) => a.flops.cmp(&b.flops).then(a.seconds.total_cmp(&b.seconds)),
+                    (true, true) => a.seconds.total_cmp(&b.seconds).then(a.flops.cmp(&b.flops)),
+                    (false, _) => kb.total_cmp(&ka),
                 })
                 .then(a.value.cmp(&b.value))
         });
-        let mut accepted = false;
+        // Arithmetic: the first that lowers the pressure. Kernels: of the
+        // first KERNEL_TRIES that do, the best by measured kernel time.
+        let tries = if by_time { KERNEL_TRIES } else { 1 };
+        let cur_excess = if by_time { excess_area(&cur_l, budget) } else { 0 };
+        let mut best: Option<(Measured, RematChoice, Graph, Liveness)> = None;
+        let mut lowered = 0;
         for c in cands.iter().take(GREEDY_TRIES) {
             let (next, _) = rewrite(&cur, c, opts.guard_leaves)?;
             let next_l = liveness(&next, opts.fusion);
             let np = pressure(&next_l, peak.peak_bytes);
-            if np < score {
-                choices.push(c.choice(&cur));
-                cur = next;
-                cur_l = next_l;
-                accepted = true;
+            if np >= score {
+                rejected.push((c.value, c.chain.len()));
+                continue;
+            }
+            let m = if by_time {
+                let t = kernel_seconds(&next, &next_l, &opts.target);
+                Measured {
+                    covers: peak_of(&next_l).peak_bytes <= budget,
+                    added: (t - cur_t).max(0.0),
+                    freed: cur_excess.saturating_sub(excess_area(&next_l, budget)),
+                    seconds: t,
+                }
+            } else {
+                Measured { covers: false, added: 0.0, freed: 0, seconds: 0.0 }
+            };
+            if best.as_ref().is_none_or(|(b, ..)| m.better_than(b)) {
+                best = Some((m, c.choice(&cur), next, next_l));
+            }
+            lowered += 1;
+            if lowered == tries {
                 break;
             }
-            rejected.push((c.value, c.chain.len()));
+        }
+        let accepted = best.is_some();
+        if let Some((m, choice, next, next_l)) = best {
+            choices.push(choice);
+            cur = next;
+            cur_l = next_l;
+            cur_t = m.seconds;
         }
         if !accepted {
             break;
@@ -306,6 +361,40 @@ fn greedy(name: &'static str, g: &Graph, opts: &RematOptions, segments: bool) ->
         }
     }
     Ok(finish(name, g, cur, choices, before, opts))
+}
+
+/// A candidate applied and measured by kernel time.
+struct Measured {
+    /// The planned peak is within the budget after it.
+    covers: bool,
+    /// Kernel seconds it adds to the step.
+    added: f64,
+    /// How much it lowers the live bytes over the budget, summed over the
+    /// program's positions ([`excess_area`]).
+    freed: u128,
+    /// The step's kernel seconds after it.
+    seconds: f64,
+}
+
+impl Measured {
+    /// Covering the excess first, for the least time; else the most excess
+    /// freed per second added.
+    fn better_than(&self, other: &Measured) -> bool {
+        match (self.covers, other.covers) {
+            (true, false) => true,
+            (false, true) => false,
+            (true, true) => self.added < other.added,
+            (false, false) => self.freed as f64 / (self.added + 1e-9) > other.freed as f64 / (other.added + 1e-9),
+        }
+    }
+}
+
+/// Live bytes over `budget`, summed over the program's positions: what a
+/// plan must bring to zero. A value's buffer counts for every position it
+/// is live over the budget at, so a layer norm's output that is dead at the
+/// peak (only its small statistics are live there) frees little.
+fn excess_area(l: &Liveness, budget: u64) -> u128 {
+    l.live_curve().iter().map(|&b| b.saturating_sub(budget) as u128).sum()
 }
 
 pub(super) fn budget_bytes(budget: RematBudget, before: &PeakMemory) -> u64 {
@@ -334,8 +423,16 @@ pub(super) fn finish(
     let after = peak_of(&liveness(&graph, opts.fusion));
     let budget = budget_bytes(opts.budget, &before);
     let extra_flops = cost::graph_cost(&graph).total.flops.saturating_sub(cost::graph_cost(original).total.flops);
-    let extra_seconds =
-        (cost::estimate_seconds(&graph, &opts.target) - cost::estimate_seconds(original, &opts.target)).max(0.0);
+    let extra_seconds = match opts.cost {
+        RecomputeCost::Arithmetic => {
+            cost::estimate_seconds(&graph, &opts.target) - cost::estimate_seconds(original, &opts.target)
+        }
+        RecomputeCost::Kernels => {
+            let t = |g: &Graph| kernel_seconds(g, &liveness(g, opts.fusion), &opts.target);
+            t(&graph) - t(original)
+        }
+    }
+    .max(0.0);
     RematPlan {
         strategy,
         graph,
@@ -478,7 +575,7 @@ pub(super) fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Ca
         // Recompute time: loop-fusible ops fuse into the kernel that reads
         // them and add only their arithmetic; the others (dots, reductions,
         // gathers) pay the roofline's slower of arithmetic and memory.
-        let (flops, seconds) = recompute_cost(g, &chain, opts);
+        let (flops, seconds) = recompute_cost(g, &chain, &leaves, b.bytes, opts);
         chain.extend(view_clones);
         chain.sort();
         chain.dedup();
@@ -498,11 +595,21 @@ pub(super) fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Ca
     out
 }
 
-/// FLOPs and roofline seconds of recomputing `chain`: loop-fusible ops fuse
-/// into the kernel that reads them and add only their arithmetic; the others
-/// (dots, reductions, gathers) pay the slower of arithmetic and memory.
-pub(super) fn recompute_cost(g: &Graph, chain: &[NodeId], opts: &RematOptions) -> (u64, f64) {
-    chain.iter().fold((0u64, 0.0f64), |(f, s), &n| {
+/// FLOPs and roofline seconds of recomputing `chain`, which reads `leaves`
+/// and yields a buffer of `bytes`. [`RecomputeCost::Arithmetic`]:
+/// loop-fusible ops fuse into the kernel that reads them and add only their
+/// arithmetic; the others (dots, reductions, gathers) pay the slower of
+/// arithmetic and memory. [`RecomputeCost::Kernels`]: the chain as one
+/// kernel, the slower of its arithmetic and its traffic (the leaves read,
+/// the value written): greedy's order before it measures kernel time.
+pub(super) fn recompute_cost(
+    g: &Graph,
+    chain: &[NodeId],
+    leaves: &[ValueId],
+    bytes: u64,
+    opts: &RematOptions,
+) -> (u64, f64) {
+    let (flops, seconds, compute) = chain.iter().fold((0u64, 0.0f64, 0.0f64), |(f, s, a), &n| {
         let c = cost::node_cost(g, n);
         let compute = c.flops as f64 / opts.target.peak_flops_per_s(c.peak);
         let t = if super::loop_fusible(&g.node(n).op) {
@@ -510,8 +617,15 @@ pub(super) fn recompute_cost(g: &Graph, chain: &[NodeId], opts: &RematOptions) -
         } else {
             compute.max(c.bytes() as f64 / opts.target.mem_bytes_per_s)
         };
-        (f.saturating_add(c.flops), s + t)
-    })
+        (f.saturating_add(c.flops), s + t, a + compute)
+    });
+    match opts.cost {
+        RecomputeCost::Arithmetic => (flops, seconds),
+        RecomputeCost::Kernels => {
+            let read: u64 = leaves.iter().map(|&v| g.ty(v).size_in_bytes() as u64).sum();
+            (flops, compute.max(read.saturating_add(bytes) as f64 / opts.target.mem_bytes_per_s))
+        }
+    }
 }
 
 /// A buffer the kernel `late` reads (directly, or through fused producers and
@@ -759,6 +873,24 @@ mod tests {
         }
         g.set_outputs(vec![ct]).unwrap();
         g
+    }
+
+    #[test]
+    fn kernel_priced_greedy_cuts_the_ladder_peak_and_keeps_the_values() {
+        let g = ladder(8);
+        let mut opts = RematOptions::new(RematBudget::Bytes(0), &EveryNodeAKernel);
+        let arith = rematerialize(&g, &Greedy, &opts).unwrap();
+        opts.cost = RecomputeCost::Kernels;
+        let plan = rematerialize(&g, &Greedy, &opts).unwrap();
+        crate::verify(&plan.graph).unwrap();
+        assert!(plan.after.peak_bytes < plan.before.peak_bytes, "{:?} -> {:?}", plan.before, plan.after);
+        assert!(plan.after.peak_bytes <= arith.after.peak_bytes, "{:?} vs {:?}", plan.after, arith.after);
+        assert!(plan.extra_seconds > 0.0);
+        let x = Literal::from_f64s(DType::F32, [256], &(0..256).map(|i| (i as f64 * 0.61).cos()).collect::<Vec<_>>())
+            .unwrap();
+        let want = crate::interpret(&g, std::slice::from_ref(&x)).unwrap();
+        let got = crate::interpret(&plan.graph, &[x]).unwrap();
+        assert_eq!(want, got, "recomputation is bit-identical on the interpreter");
     }
 
     #[test]

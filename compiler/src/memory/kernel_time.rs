@@ -1,0 +1,191 @@
+//! Step time by kernels: the roofline over the kernels a fusion model makes
+//! of a graph, not over its nodes.
+//!
+//! [`crate::cost::estimate`] prices every node as a kernel of its own, so
+//! elementwise work costs its operands' and result's bytes even where XLA
+//! fuses it away, and [`super::remat`]'s first cost of a recomputation
+//! prices fusible work at its arithmetic alone, as if it always fused into
+//! its reader. Neither is what a recomputed chain costs on a GPU: a clone
+//! that feeds a GEMM (GELU's output for the weight gradient, a layer norm's
+//! output, a bf16 weight copy) is written by a kernel of its own that reads
+//! the chain's inputs, while one that feeds an elementwise kernel fuses into
+//! it and costs that kernel its extra inputs' bytes. Measured on the H100
+//! (`docs/memory.md`, "What a plan's step time is made of"): a plan of 2.1%
+//! extra FLOPs, almost all elementwise, cost 1.05 ms of kernel time, 5.2%.
+//!
+//! The model: each materialized node of a [`Liveness`] is a kernel; its
+//! fused producers (the non-materialized nodes it reaches through its
+//! operands) run inside it. A kernel takes the slower of its arithmetic (its
+//! own and its fused producers' FLOPs at the target's peaks) and its memory
+//! traffic (the buffers at the fused region's edge it reads, once each, and
+//! what it writes) at the target's bandwidth, and no less than
+//! [`MIN_KERNEL_SECONDS`]. Reshapes and barriers are views; parameters and
+//! constants are read, never run. Kernels run one after another. Absolute
+//! times are rough (no efficiency below peak, no overlap); what remat uses is
+//! the difference between two graphs, where the kernels they share cancel.
+
+use crate::cost::{self, Target};
+use crate::ir::{Graph, NodeId, Op, ValueId};
+
+use super::liveness::Liveness;
+
+/// The shortest kernel: what a tiny elementwise kernel took on the H100
+/// (2026-11-23 trace of the gpt2-small step: 1.3–1.4 µs for the bf16 copies
+/// of the bias vectors).
+pub const MIN_KERNEL_SECONDS: f64 = 1.4e-6;
+
+/// Seconds of `g`'s kernels as `l` (its liveness under a fusion model) makes
+/// them, on `target`.
+pub fn kernel_seconds(g: &Graph, l: &Liveness, target: &Target) -> f64 {
+    let mut walk = Walk::new(g.len());
+    g.nodes()
+        .filter(|&(id, node)| l.materialized[id.index()] && l.exec_pos[id.index()].is_some() && runs(&node.op))
+        .map(|(id, _)| walk.kernel(g, l, id, target))
+        .sum()
+}
+
+/// Whether a materialized node is work of its own (not a view, an input or
+/// a pass-through).
+fn runs(op: &Op) -> bool {
+    !matches!(op, Op::Parameter { .. } | Op::Constant { .. } | Op::Reshape { .. } | Op::OptimizationBarrier { .. })
+}
+
+/// Scratch for one kernel's walk over its fused region, reused across
+/// kernels (stamped, so nothing is cleared between them).
+struct Walk {
+    stamp: u32,
+    in_region: Vec<u32>,
+    read: Vec<(ValueId, u32)>,
+    stack: Vec<NodeId>,
+}
+
+impl Walk {
+    fn new(n: usize) -> Walk {
+        Walk { stamp: 0, in_region: vec![0; n], read: Vec::new(), stack: Vec::new() }
+    }
+
+    fn kernel(&mut self, g: &Graph, l: &Liveness, k: NodeId, target: &Target) -> f64 {
+        self.stamp += 1;
+        let stamp = self.stamp;
+        self.read.clear();
+        self.stack.clear();
+        self.stack.push(k);
+        self.in_region[k.index()] = stamp;
+        let node_k = g.node(k);
+        let mut compute = 0.0;
+        let mut bytes_read = 0u64;
+        while let Some(m) = self.stack.pop() {
+            let node = g.node(m);
+            let c = cost::node_cost(g, m);
+            compute += c.flops as f64 / target.peak_flops_per_s(c.peak);
+            for u in node.op.inputs() {
+                let u = through_views(g, u);
+                let p = u.node;
+                let edge =
+                    l.materialized[p.index()] || matches!(g.node(p).op, Op::Parameter { .. } | Op::Constant { .. });
+                if edge {
+                    if self.read.iter().any(|&(v, s)| v == u && s == stamp) {
+                        continue;
+                    }
+                    self.read.push((u, stamp));
+                    // A slice or gather reads what it selects.
+                    let b = match node.op {
+                        Op::Slice { .. } | Op::DynamicSlice { .. } | Op::Gather { .. } => {
+                            node.outputs[0].size_in_bytes()
+                        }
+                        _ => g.ty(u).size_in_bytes(),
+                    };
+                    bytes_read = bytes_read.saturating_add(b as u64);
+                } else if self.in_region[p.index()] != stamp {
+                    self.in_region[p.index()] = stamp;
+                    self.stack.push(p);
+                }
+            }
+        }
+        // In-place updates move the update, not the whole operand.
+        let traffic = match node_k.op {
+            Op::DynamicUpdateSlice { .. } | Op::ScatterAdd { .. } => cost::node_cost(g, k).bytes(),
+            _ => bytes_read.saturating_add(node_k.outputs.iter().map(|t| t.size_in_bytes() as u64).sum::<u64>()),
+        };
+        compute.max(traffic as f64 / target.mem_bytes_per_s).max(MIN_KERNEL_SECONDS)
+    }
+}
+
+/// The value a read of `v` reaches memory at: reshapes (bitcasts) and
+/// barriers (pass-throughs) are looked through to their operands.
+fn through_views(g: &Graph, mut v: ValueId) -> ValueId {
+    loop {
+        match &g.node(v.node).op {
+            Op::Reshape { input, .. } => v = *input,
+            Op::OptimizationBarrier { inputs } => v = inputs[v.output as usize],
+            _ => return v,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{BinaryOp, DType, DotDims, Shape, TensorType, UnaryOp};
+    use crate::memory::{liveness, EveryNodeAKernel, Materialization, XlaCpuFusion};
+
+    const T: Target = Target::H100_SXM_MEASURED;
+    const MIB4: f64 = (4 << 20) as f64;
+
+    fn seconds(g: &Graph, fusion: &dyn Materialization) -> f64 {
+        kernel_seconds(g, &liveness(g, fusion), &T)
+    }
+
+    /// `exp(p) + p` over a 4 MiB f32 parameter.
+    fn exp_add() -> Graph {
+        let mut g = Graph::new();
+        let p = g.parameter(TensorType::new(DType::F32, [1024, 1024]));
+        let e = g.value(Op::Unary { op: UnaryOp::Exp, input: p }).unwrap();
+        let s = g.value(Op::Binary { op: BinaryOp::Add, lhs: e, rhs: p }).unwrap();
+        g.set_outputs(vec![s]).unwrap();
+        g
+    }
+
+    #[test]
+    fn a_fused_producer_adds_no_traffic_and_its_input_is_read_once() {
+        let g = exp_add();
+        // One kernel: reads p once (the exp and the add both read it), writes the sum.
+        let fused = seconds(&g, &XlaCpuFusion);
+        assert!((fused - 2.0 * MIB4 / T.mem_bytes_per_s).abs() < 1e-12, "{fused}");
+        // Two kernels: exp reads p and writes e; the add reads e and p and writes.
+        let apart = seconds(&g, &EveryNodeAKernel);
+        assert!((apart - 5.0 * MIB4 / T.mem_bytes_per_s).abs() < 1e-12, "{apart}");
+    }
+
+    #[test]
+    fn a_matmul_is_bound_by_arithmetic_and_a_tiny_kernel_by_the_floor() {
+        let mut g = Graph::new();
+        let t = TensorType::new(DType::BF16, [2048, 2048]);
+        let a = g.parameter(t.clone());
+        let b = g.parameter(t);
+        let d = g.value(Op::DotGeneral { lhs: a, rhs: b, dims: DotDims::matmul() }).unwrap();
+        g.set_outputs(vec![d]).unwrap();
+        let flops = 2.0 * 2048f64.powi(3);
+        let s = seconds(&g, &EveryNodeAKernel);
+        assert!((s - flops / T.peak_bf16_flops_per_s).abs() < 1e-12, "{s}");
+
+        let mut g = Graph::new();
+        let p = g.parameter(TensorType::new(DType::F32, [16]));
+        let n = g.value(Op::Unary { op: UnaryOp::Neg, input: p }).unwrap();
+        g.set_outputs(vec![n]).unwrap();
+        assert_eq!(seconds(&g, &EveryNodeAKernel), MIN_KERNEL_SECONDS);
+    }
+
+    #[test]
+    fn reshapes_and_barriers_are_views_not_kernels() {
+        let mut g = Graph::new();
+        let p = g.parameter(TensorType::new(DType::F32, [1024, 1024]));
+        let r = g.value(Op::Reshape { input: p, shape: Shape::from(vec![1 << 20]) }).unwrap();
+        let b = g.value(Op::OptimizationBarrier { inputs: vec![r] }).unwrap();
+        let n = g.value(Op::Unary { op: UnaryOp::Neg, input: b }).unwrap();
+        g.set_outputs(vec![n]).unwrap();
+        // The negation alone: reads p's 4 MiB through the views, writes 4 MiB.
+        let s = seconds(&g, &EveryNodeAKernel);
+        assert!((s - 2.0 * MIB4 / T.mem_bytes_per_s).abs() < 1e-12, "{s}");
+    }
+}
