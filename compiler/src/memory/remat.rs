@@ -114,7 +114,9 @@ pub enum RecomputeCost {
     /// written, then the first [`KERNEL_TRIES`] that lower the peak are
     /// each applied and the step's kernel time ([`super::kernel_seconds`])
     /// measured; the round takes the one that covers the excess for the
-    /// least added time, else the most bytes freed per second added. For
+    /// least added time, else the one that lowers the live bytes over the
+    /// budget, summed over the program (`excess_area`), most per second
+    /// added. For
     /// GPUs, where a clone feeding a GEMM is a kernel of its own and
     /// elementwise recomputation costs memory traffic, not arithmetic.
     Kernels,
@@ -572,9 +574,7 @@ pub(super) fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Ca
         if leaves.is_empty() || anchor.is_none() {
             continue;
         }
-        // Recompute time: loop-fusible ops fuse into the kernel that reads
-        // them and add only their arithmetic; the others (dots, reductions,
-        // gathers) pay the roofline's slower of arithmetic and memory.
+        // Recompute time, as `opts.cost` prices a chain.
         let (flops, seconds) = recompute_cost(g, &chain, &leaves, b.bytes, opts);
         chain.extend(view_clones);
         chain.sort();
