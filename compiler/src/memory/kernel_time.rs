@@ -51,11 +51,12 @@ fn runs(op: &Op) -> bool {
 }
 
 /// Scratch for one kernel's walk over its fused region, reused across
-/// kernels (stamped, so nothing is cleared between them).
+/// kernels (`in_region` is stamped per kernel, so it is never cleared).
 struct Walk {
     stamp: u32,
     in_region: Vec<u32>,
-    read: Vec<(ValueId, u32)>,
+    /// Buffers the current kernel reads, each counted once.
+    read: Vec<ValueId>,
     stack: Vec<NodeId>,
 }
 
@@ -84,10 +85,10 @@ impl Walk {
                 let edge =
                     l.materialized[p.index()] || matches!(g.node(p).op, Op::Parameter { .. } | Op::Constant { .. });
                 if edge {
-                    if self.read.iter().any(|&(v, s)| v == u && s == stamp) {
+                    if self.read.contains(&u) {
                         continue;
                     }
-                    self.read.push((u, stamp));
+                    self.read.push(u);
                     // A slice or gather reads what it selects.
                     let b = match node.op {
                         Op::Slice { .. } | Op::DynamicSlice { .. } | Op::Gather { .. } => {

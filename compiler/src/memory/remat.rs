@@ -314,7 +314,7 @@ fn greedy(name: &'static str, g: &Graph, opts: &RematOptions, segments: bool) ->
         // first KERNEL_TRIES that do, the best by measured kernel time.
         let tries = if by_time { KERNEL_TRIES } else { 1 };
         let cur_excess = if by_time { excess_area(&cur_l, budget) } else { 0 };
-        let mut best: Option<(Measured, RematChoice, Graph, Liveness)> = None;
+        let mut best: Option<(Option<Measured>, RematChoice, Graph, Liveness)> = None;
         let mut lowered = 0;
         for c in cands.iter().take(GREEDY_TRIES) {
             let (next, _) = rewrite(&cur, c, opts.guard_leaves)?;
@@ -324,7 +324,8 @@ fn greedy(name: &'static str, g: &Graph, opts: &RematOptions, segments: bool) ->
                 rejected.push((c.value, c.chain.len()));
                 continue;
             }
-            let m = if by_time {
+            // Arithmetic takes the first that helps, unmeasured.
+            let m = by_time.then(|| {
                 let t = kernel_seconds(&next, &next_l, &opts.target);
                 Measured {
                     covers: peak_of(&next_l).peak_bytes <= budget,
@@ -332,10 +333,13 @@ fn greedy(name: &'static str, g: &Graph, opts: &RematOptions, segments: bool) ->
                     freed: cur_excess.saturating_sub(excess_area(&next_l, budget)),
                     seconds: t,
                 }
-            } else {
-                Measured { covers: false, added: 0.0, freed: 0, seconds: 0.0 }
+            });
+            let better = match (&best, &m) {
+                (None, _) => true,
+                (Some((Some(b), ..)), Some(m)) => m.better_than(b),
+                _ => false,
             };
-            if best.as_ref().is_none_or(|(b, ..)| m.better_than(b)) {
+            if better {
                 best = Some((m, c.choice(&cur), next, next_l));
             }
             lowered += 1;
@@ -348,7 +352,9 @@ fn greedy(name: &'static str, g: &Graph, opts: &RematOptions, segments: bool) ->
             choices.push(choice);
             cur = next;
             cur_l = next_l;
-            cur_t = m.seconds;
+            if let Some(m) = m {
+                cur_t = m.seconds;
+            }
         }
         if !accepted {
             break;
@@ -422,7 +428,8 @@ pub(super) fn finish(
     before: PeakMemory,
     opts: &RematOptions,
 ) -> RematPlan {
-    let after = peak_of(&liveness(&graph, opts.fusion));
+    let after_l = liveness(&graph, opts.fusion);
+    let after = peak_of(&after_l);
     let budget = budget_bytes(opts.budget, &before);
     let extra_flops = cost::graph_cost(&graph).total.flops.saturating_sub(cost::graph_cost(original).total.flops);
     let extra_seconds = match opts.cost {
@@ -430,8 +437,8 @@ pub(super) fn finish(
             cost::estimate_seconds(&graph, &opts.target) - cost::estimate_seconds(original, &opts.target)
         }
         RecomputeCost::Kernels => {
-            let t = |g: &Graph| kernel_seconds(g, &liveness(g, opts.fusion), &opts.target);
-            t(&graph) - t(original)
+            kernel_seconds(&graph, &after_l, &opts.target)
+                - kernel_seconds(original, &liveness(original, opts.fusion), &opts.target)
         }
     }
     .max(0.0);
