@@ -11,8 +11,8 @@
 //! temporaries, `docs/memory.md`). One process per budget, so no compiled
 //! program is shared between budgets; run it with `KILN_CACHE=off`.
 //!
-//! `remat_curve CONFIG plan PERCENT...` runs nothing: it records the step's
-//! forward and gradients (no optimizer update) and prints the remat pass's plan
+//! `remat_curve CONFIG plan PERCENT...` runs nothing: it records the same
+//! train step (forward, gradients, the AdamW update) and prints the remat pass's plan
 //! at each budget (`PLAN {json}`), judged by the CUDA fusion model
 //! (`XlaGpuFusion`), for choosing budgets for the H100 on a machine without it.
 //!
@@ -173,10 +173,16 @@ fn plan_only(cfg: &GptConfig, pcts: &[String]) -> Res<()> {
     let ids = |seed: usize| (0..cfg.batch * cfg.seq).map(|i| ((i * 7919 + seed) % top) as i32).collect::<Vec<_>>();
     let x = Tensor::from_vec(ids(1), [cfg.batch, cfg.seq])?;
     let y = Tensor::from_vec(ids(2), [cfg.batch * cfg.seq])?;
+    let mut opt = AdamW::new(&params, AdamWConfig { weight_decay: 0.1, ..Default::default() })?;
+    let lr = Tensor::scalar(3e-4f32);
+    kiln::mark_step()?;
     let graph = kiln::capture_graph(|| {
         let loss = kiln::amp::autocast(DType::BF16, || model.loss(&x, &y, true))?;
-        let mut out = vec![loss.clone()];
-        out.extend(grad(&loss, &params)?);
+        let grads = grad(&loss, &params)?;
+        opt.step_lr(&params, &grads, &lr)?;
+        let mut out = vec![loss];
+        out.extend(params.iter().cloned());
+        out.extend(opt.state().into_iter().map(|(_, t)| t));
         Ok(out)
     })?;
     for p in pcts {
@@ -190,7 +196,9 @@ fn plan_only(cfg: &GptConfig, pcts: &[String]) -> Res<()> {
         println!(
             "PLAN {}",
             json!({"budget_pct": f, "extra_flops": out.stats.remat_extra_flops,
-                   "pipeline_ms": t.elapsed().as_secs_f64() * 1e3, "plan": plan})
+                   "pipeline_ms": t.elapsed().as_secs_f64() * 1e3,
+                   "remat_pass_ms": out.stats.passes.iter().find(|p| p.name == "remat").map(|p| p.time.as_secs_f64() * 1e3),
+                   "plan": plan})
         );
     }
     Ok(())

@@ -203,3 +203,39 @@ fn kernel_priced_plans_of_gpt2_small_add_less_predicted_time() {
         assert!(k < a, "{pct}%: kernels +{k} s, arithmetic +{a} s");
     }
 }
+
+/// Greedy priced by kernels, lazy (the default: earlier rounds' scores stand
+/// in until they matter) against measuring every candidate each round, on
+/// gpt2-small's step by the CUDA model: both meet 70% and 50% of activation
+/// memory, the lazy plan adding no more than 1% more predicted time (this
+/// saved step, 2026-11-23: the same 0.592 ms at 70%, 2.306 against 2.308 ms
+/// at 50%, in 0.4 against 2.5 s and 1.6 against 10.8 s).
+#[test]
+fn lazy_kernel_priced_plans_are_the_plans_of_measuring_every_round() {
+    use kiln_compiler::memory::{rematerialize, Greedy, RecomputeCost, RematBudget, RematOptions};
+    let g = load("gpt2-small-bf16-adamw-step.kiln.gz");
+    let before = peak_memory(&g, &XlaGpuFusion);
+    for pct in [70.0, 50.0] {
+        let limit = kiln_compiler::pipeline::activation_budget_bytes(&before, pct / 100.0);
+        let mut opts = RematOptions::new(RematBudget::Bytes(limit), &XlaGpuFusion);
+        opts.cost = RecomputeCost::Kernels;
+        let t = std::time::Instant::now();
+        let lazy = rematerialize(&g, &Greedy, &opts).unwrap();
+        let lazy_s = t.elapsed().as_secs_f64();
+        opts.lazy = false;
+        let t = std::time::Instant::now();
+        let every = rematerialize(&g, &Greedy, &opts).unwrap();
+        let every_s = t.elapsed().as_secs_f64();
+        eprintln!(
+            "{pct}%: lazy {} values +{:.3} ms in {lazy_s:.1} s; every round {} values +{:.3} ms in {every_s:.1} s",
+            lazy.choices.len(),
+            lazy.extra_seconds * 1e3,
+            every.choices.len(),
+            every.extra_seconds * 1e3
+        );
+        assert!(lazy.met && every.met, "{pct}%");
+        // Ties may be taken in another order, and a stale score can let a
+        // later round choose otherwise: the plans may differ, by little.
+        assert!(lazy.extra_seconds <= every.extra_seconds * 1.01, "{pct}%");
+    }
+}

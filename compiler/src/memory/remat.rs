@@ -99,6 +99,11 @@ pub struct RematOptions<'a> {
     pub guard_leaves: LeafGuards,
     /// How greedy prices a recomputation.
     pub cost: RecomputeCost,
+    /// Under [`RecomputeCost::Kernels`], whether a round reuses the scores
+    /// earlier rounds measured until they matter (true), or measures every
+    /// candidate again (false: the reference the lazy plans are checked
+    /// against).
+    pub lazy: bool,
 }
 
 /// How greedy prices a recomputation.
@@ -113,7 +118,7 @@ pub enum RecomputeCost {
     /// By kernels: candidates are ordered by the chain's bytes read and
     /// written, then the first [`KERNEL_TRIES`] that lower the peak are
     /// each applied and the step's kernel time ([`super::kernel_seconds`])
-    /// measured; the round takes the one that covers the excess for the
+    /// measured (lazily: [`RematOptions::lazy`]); the round takes the one that covers the excess for the
     /// least added time, else the one that lowers the live bytes over the
     /// budget, summed over the program (`excess_area`), most per second
     /// added. For
@@ -171,6 +176,7 @@ impl<'a> RematOptions<'a> {
             pin_floating: true,
             guard_leaves: LeafGuards::Every,
             cost: RecomputeCost::Arithmetic,
+            lazy: true,
         }
     }
 }
@@ -273,31 +279,28 @@ fn greedy(name: &'static str, g: &Graph, opts: &RematOptions, segments: bool) ->
     let base = liveness(g, opts.fusion);
     let before = peak_of(&base);
     let budget = budget_bytes(opts.budget, &before);
+    let by_time = opts.cost == RecomputeCost::Kernels;
     let mut cur = g.clone();
     let mut cur_l = base;
     let mut choices = Vec::new();
-    // Keyed by value and chain length: a segment and a single value may share
-    // their representative value.
-    let mut rejected: Vec<(ValueId, usize)> = Vec::new();
-    let mut cur_t = if opts.cost == RecomputeCost::Kernels { kernel_seconds(&cur, &cur_l, &opts.target) } else { 0.0 };
+    let mut cur_t = if by_time { kernel_seconds(&cur, &cur_l, &opts.target) } else { 0.0 };
+    let mut memo = Memo::default();
     loop {
         let peak = peak_of(&cur_l);
         if peak.peak_bytes <= budget {
             break;
         }
-        let score = pressure(&cur_l, peak.peak_bytes);
         let at = peak.peak_position;
         let mut cands: Vec<Candidate> = candidates(&cur, &cur_l, opts);
         if segments {
             let segs = super::blocks::segment_candidates(&cur, &cur_l, &cands, opts);
             cands.extend(segs);
         }
-        cands.retain(|c| c.early_end < at && at < c.late_pos && !rejected.contains(&(c.value, c.chain.len())));
+        cands.retain(|c| c.early_end < at && at < c.late_pos);
         // Candidates that alone cover the excess, cheapest first (so a
         // small excess is not paid for with a large recomputation); then
         // the others by bytes freed per second of recomputation.
         let excess = peak.peak_bytes.saturating_sub(budget);
-        let by_time = opts.cost == RecomputeCost::Kernels;
         cands.sort_by(|a, b| {
             let (ca, cb) = (a.bytes >= excess, b.bytes >= excess);
             let ka = a.bytes as f64 / (a.seconds + 1e-12);
@@ -310,57 +313,16 @@ fn greedy(name: &'static str, g: &Graph, opts: &RematOptions, segments: bool) ->
                 })
                 .then(a.value.cmp(&b.value))
         });
-        // Arithmetic: the first that lowers the pressure. Kernels: of the
-        // first KERNEL_TRIES that do, the best by measured kernel time.
-        let tries = if by_time { KERNEL_TRIES } else { 1 };
-        let cur_excess = if by_time { excess_area(&cur_l, budget) } else { 0 };
-        let mut best: Option<(Option<Measured>, RematChoice, Graph, Liveness)> = None;
-        let mut lowered = 0;
-        for c in cands.iter().take(GREEDY_TRIES) {
-            let (next, _) = rewrite(&cur, c, opts.guard_leaves)?;
-            let next_l = liveness(&next, opts.fusion);
-            let np = pressure(&next_l, peak.peak_bytes);
-            if np >= score {
-                rejected.push((c.value, c.chain.len()));
-                continue;
-            }
-            // Arithmetic takes the first that helps, unmeasured.
-            let m = by_time.then(|| {
-                let t = kernel_seconds(&next, &next_l, &opts.target);
-                Measured {
-                    covers: peak_of(&next_l).peak_bytes <= budget,
-                    added: (t - cur_t).max(0.0),
-                    freed: cur_excess.saturating_sub(excess_area(&next_l, budget)),
-                    seconds: t,
-                }
-            });
-            let better = match (&best, &m) {
-                (None, _) => true,
-                (Some((Some(b), ..)), Some(m)) => m.better_than(b),
-                _ => false,
-            };
-            if better {
-                best = Some((m, c.choice(&cur), next, next_l));
-            }
-            lowered += 1;
-            if lowered == tries {
-                break;
-            }
+        let round = Round { g: &cur, l: &cur_l, opts, budget, seconds: cur_t };
+        let step = if by_time { round.by_kernels(&cands, &mut memo)? } else { round.first_that_helps(&cands)? };
+        let Some(step) = step else { break };
+        choices.push(step.choice);
+        memo.remap(&step.map);
+        cur = step.graph;
+        cur_l = step.liveness;
+        if let Some(m) = step.measured {
+            cur_t = m.seconds;
         }
-        let accepted = best.is_some();
-        if let Some((m, choice, next, next_l)) = best {
-            choices.push(choice);
-            cur = next;
-            cur_l = next_l;
-            if let Some(m) = m {
-                cur_t = m.seconds;
-            }
-        }
-        if !accepted {
-            break;
-        }
-        // Ids shift after a rewrite; what was rejected is re-judged.
-        rejected.clear();
     }
     if opts.pin_floating && !choices.is_empty() {
         let l = liveness(&cur, opts.fusion);
@@ -371,7 +333,159 @@ fn greedy(name: &'static str, g: &Graph, opts: &RematOptions, segments: bool) ->
     Ok(finish(name, g, cur, choices, before, opts))
 }
 
+/// One round of greedy: the graph so far, its liveness and its peak.
+struct Round<'r, 'a> {
+    g: &'r Graph,
+    l: &'r Liveness,
+    opts: &'r RematOptions<'a>,
+    budget: u64,
+    /// The step's kernel seconds (`Kernels` only).
+    seconds: f64,
+}
+
+/// A candidate applied: the rewritten graph, its liveness and the old→new
+/// node map.
+struct Step {
+    choice: RematChoice,
+    graph: Graph,
+    liveness: Liveness,
+    map: Vec<NodeId>,
+    measured: Option<Measured>,
+}
+
+impl Round<'_, '_> {
+    /// `c` applied, if it lowers the peak (or the positions at it).
+    fn apply(&self, c: &Candidate) -> Result<Option<Step>, CompileError> {
+        let peak = peak_of(self.l).peak_bytes;
+        let (graph, map) = rewrite(self.g, c, self.opts.guard_leaves)?;
+        let liveness = liveness(&graph, self.opts.fusion);
+        if pressure(&liveness, peak) >= pressure(self.l, peak) {
+            return Ok(None);
+        }
+        let choice = c.choice(self.g);
+        Ok(Some(Step { choice, graph, liveness, map, measured: None }))
+    }
+
+    /// `c` applied and measured by kernel time, if it lowers the peak.
+    fn measure(&self, c: &Candidate) -> Result<Option<Step>, CompileError> {
+        let Some(mut step) = self.apply(c)? else { return Ok(None) };
+        let t = kernel_seconds(&step.graph, &step.liveness, &self.opts.target);
+        step.measured = Some(Measured {
+            covers: peak_of(&step.liveness).peak_bytes <= self.budget,
+            added: (t - self.seconds).max(0.0),
+            freed: excess_area(self.l, self.budget).saturating_sub(excess_area(&step.liveness, self.budget)),
+            seconds: t,
+        });
+        Ok(Some(step))
+    }
+
+    /// [`RecomputeCost::Arithmetic`]: the first candidate in order that
+    /// lowers the peak.
+    fn first_that_helps(&self, cands: &[Candidate]) -> Result<Option<Step>, CompileError> {
+        for c in cands.iter().take(GREEDY_TRIES) {
+            if let Some(step) = self.apply(c)? {
+                return Ok(Some(step));
+            }
+        }
+        Ok(None)
+    }
+
+    /// [`RecomputeCost::Kernels`]: of the first [`KERNEL_TRIES`] candidates
+    /// in order that lower the peak, the best by measured kernel time
+    /// ([`Measured::better_than`]).
+    ///
+    /// Lazily ([`RematOptions::lazy`]): a score an earlier round measured
+    /// (in `memo`) stands in for its candidate until it is the round's best,
+    /// and only then is it measured again; the round takes the first best
+    /// that is fresh. An old score is taken as a bound: the excess a
+    /// candidate frees mostly shrinks as the plan lowers the curve. Where it
+    /// cannot be one, the candidate is measured at once: it freed no excess
+    /// then (it lowered the peak only by its count of positions, so its
+    /// score of zero orders nothing), or it did not cover the excess then
+    /// and its bytes could cover it now. A candidate that did not lower the
+    /// peak is tried again each round, as the peak moves. On gpt2-small's
+    /// train step this gives the plans of measuring every candidate each
+    /// round at a quarter of the time (`docs/memory.md`).
+    fn by_kernels(&self, cands: &[Candidate], memo: &mut Memo) -> Result<Option<Step>, CompileError> {
+        let excess = peak_of(self.l).peak_bytes.saturating_sub(self.budget);
+        // Each candidate of the window with its score, and whether the score
+        // was measured this round.
+        let mut window: Vec<(&Candidate, Measured, bool)> = Vec::new();
+        // The best step measured this round, kept so the winner is not
+        // applied twice.
+        let mut best_fresh: Option<Step> = None;
+        let mut measure = |c: &Candidate, memo: &mut Memo| -> Result<Option<Measured>, CompileError> {
+            let key = (c.value, c.chain.len());
+            let Some(step) = self.measure(c)? else {
+                memo.scores.remove(&key);
+                return Ok(None);
+            };
+            let m = step.measured.expect("measured");
+            memo.scores.insert(key, m);
+            if best_fresh.as_ref().is_none_or(|b| m.better_than(b.measured.as_ref().expect("measured"))) {
+                best_fresh = Some(step);
+            }
+            Ok(Some(m))
+        };
+        for c in cands.iter().take(GREEDY_TRIES) {
+            let old = memo.scores.get(&(c.value, c.chain.len())).copied();
+            match old {
+                Some(m) if self.opts.lazy && m.freed > 0 && (m.covers || c.bytes < excess) => {
+                    window.push((c, m, false))
+                }
+                _ => match measure(c, memo)? {
+                    Some(m) => window.push((c, m, true)),
+                    None => continue,
+                },
+            }
+            if window.len() == KERNEL_TRIES {
+                break;
+            }
+        }
+        loop {
+            let Some(top) = (0..window.len()).reduce(|a, b| if window[b].1.better_than(&window[a].1) { b } else { a })
+            else {
+                return Ok(None);
+            };
+            let (c, _, fresh) = window[top];
+            if !fresh {
+                match measure(c, memo)? {
+                    Some(m) => window[top] = (c, m, true),
+                    None => {
+                        window.remove(top);
+                    }
+                }
+                continue;
+            }
+            let same = |s: &Step| s.choice.value == c.value && s.choice.recomputed_nodes == c.chain.len();
+            return match best_fresh.filter(same) {
+                Some(step) => Ok(Some(step)),
+                None => self.measure(c),
+            };
+        }
+    }
+}
+
+/// The scores earlier rounds measured, keyed by the candidate's value and
+/// chain length in the current graph ([`Round::by_kernels`]).
+#[derive(Default)]
+struct Memo {
+    scores: std::collections::HashMap<(ValueId, usize), Measured>,
+}
+
+impl Memo {
+    /// Re-keys the scores for the graph a rewrite made (`map`: old node
+    /// index → new node).
+    fn remap(&mut self, map: &[NodeId]) {
+        self.scores = std::mem::take(&mut self.scores)
+            .into_iter()
+            .map(|((v, n), m)| ((ValueId::new(map[v.node.index()], v.output), n), m))
+            .collect();
+    }
+}
+
 /// A candidate applied and measured by kernel time.
+#[derive(Clone, Copy)]
 struct Measured {
     /// The planned peak is within the budget after it.
     covers: bool,
