@@ -118,10 +118,10 @@ pub enum RecomputeCost {
     /// By kernels: candidates are ordered by the chain's bytes read and
     /// written, then the first [`KERNEL_TRIES`] that lower the peak are
     /// each applied and the step's kernel time ([`super::kernel_seconds`])
-    /// measured (lazily: [`RematOptions::lazy`]); the round takes the one that covers the excess for the
-    /// least added time, else the one that lowers the live bytes over the
-    /// budget, summed over the program (`excess_area`), most per second
-    /// added. For
+    /// measured (lazily: [`RematOptions::lazy`]); the round takes the one
+    /// that covers the excess for the least added time, else the one that
+    /// lowers the live bytes over the budget, summed over the program
+    /// (`excess_area`), most per second added. For
     /// GPUs, where a clone feeding a GEMM is a kernel of its own and
     /// elementwise recomputation costs memory traffic, not arithmetic.
     Kernels,
@@ -321,7 +321,15 @@ fn greedy(name: &'static str, g: &Graph, opts: &RematOptions, segments: bool) ->
                 })
                 .then(a.value.cmp(&b.value))
         });
-        let round = Round { g: &cur, l: &cur_l, opts, budget, seconds: cur_t };
+        let round = Round {
+            g: &cur,
+            l: &cur_l,
+            opts,
+            budget,
+            pressure: pressure(&cur_l, peak.peak_bytes),
+            excess_area: if by_time { excess_area(&cur_l, budget) } else { 0 },
+            seconds: cur_t,
+        };
         let step = if by_time { round.by_kernels(&cands, &mut memo)? } else { round.first_that_helps(&cands)? };
         let Some(step) = step else { break };
         choices.push(step.choice);
@@ -347,6 +355,10 @@ struct Round<'r, 'a> {
     l: &'r Liveness,
     opts: &'r RematOptions<'a>,
     budget: u64,
+    /// [`pressure`] at the peak.
+    pressure: (u64, usize),
+    /// [`excess_area`] over the budget (`Kernels` only).
+    excess_area: u128,
     /// The step's kernel seconds (`Kernels` only).
     seconds: f64,
 }
@@ -364,10 +376,9 @@ struct Step {
 impl Round<'_, '_> {
     /// `c` applied, if it lowers the peak (or the positions at it).
     fn apply(&self, c: &Candidate) -> Result<Option<Step>, CompileError> {
-        let peak = peak_of(self.l).peak_bytes;
         let (graph, map) = rewrite(self.g, c, self.opts.guard_leaves)?;
         let liveness = liveness(&graph, self.opts.fusion);
-        if pressure(&liveness, peak) >= pressure(self.l, peak) {
+        if pressure(&liveness, self.pressure.0) >= self.pressure {
             return Ok(None);
         }
         let choice = c.choice(self.g);
@@ -381,7 +392,7 @@ impl Round<'_, '_> {
         step.measured = Some(Measured {
             covers: peak_of(&step.liveness).peak_bytes <= self.budget,
             added: (t - self.seconds).max(0.0),
-            freed: excess_area(self.l, self.budget).saturating_sub(excess_area(&step.liveness, self.budget)),
+            freed: self.excess_area.saturating_sub(excess_area(&step.liveness, self.budget)),
             seconds: t,
         });
         Ok(Some(step))
