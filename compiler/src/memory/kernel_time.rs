@@ -20,10 +20,11 @@
 //! traffic (the buffers at the fused region's edge it reads, once each, and
 //! what it writes) at the target's bandwidth, each at the share of the
 //! target's peak the H100 trace showed ([`ACHIEVED_BANDWIDTH`],
-//! [`ACHIEVED_GEMM`]), and no less than [`MIN_KERNEL_SECONDS`]. Reshapes and barriers are views; parameters and
-//! constants are read, never run. Kernels run one after another. Absolute
-//! times are rough (one efficiency for every shape, no overlap); what remat uses is
-//! the difference between two graphs, where the kernels they share cancel.
+//! [`ACHIEVED_GEMM`]), and no less than [`MIN_KERNEL_SECONDS`]. Reshapes and
+//! barriers are views; parameters and constants are read, never run.
+//! Kernels run one after another. Absolute times are rough (one efficiency
+//! for every shape, no overlap); what remat uses is the difference between
+//! two graphs, where the kernels they share cancel.
 
 use crate::cost::{self, Target};
 use crate::ir::{Graph, NodeId, Op, ValueId};
