@@ -12,8 +12,8 @@
 //! program is shared between budgets; run it with `KILN_CACHE=off`.
 //!
 //! `remat_curve CONFIG plan PERCENT...` runs nothing: it records the same
-//! train step (forward, gradients, the AdamW update) and prints the remat pass's plan
-//! at each budget (`PLAN {json}`), judged by the CUDA fusion model
+//! train step (forward, gradients, the AdamW update) and prints the remat
+//! pass's plan at each budget (`PLAN {json}`), judged by the CUDA fusion model
 //! (`XlaGpuFusion`), for choosing budgets for the H100 on a machine without it.
 //!
 //! Prints one line `RESULT {json}`: XLA's compiled memory stats of the step
@@ -62,7 +62,7 @@ fn main() -> Res<()> {
     let mut ps = ParamStore::new(0);
     let model = Gpt::new(&mut ps, &cfg)?;
     let params = ps.tensors();
-    let mut opt = AdamW::new(&params, AdamWConfig { weight_decay: 0.1, ..Default::default() })?;
+    let mut opt = adamw(&params)?;
     let top = cfg.vocab.min(50257);
     let ids = |seed: usize| (0..cfg.batch * cfg.seq).map(|i| ((i * 7919 + seed) % top) as i32).collect::<Vec<_>>();
     let x = Tensor::from_vec(ids(1), [cfg.batch, cfg.seq])?;
@@ -71,12 +71,8 @@ fn main() -> Res<()> {
     kiln::mark_step()?;
     let inputs = [x, y, lr];
     let mut losses = Vec::new();
-    let mut step = kiln::compile_step(|i: &[Tensor]| {
-        let loss = kiln::amp::autocast(DType::BF16, || model.loss(&i[0], &i[1], true))?;
-        let grads = grad(&loss, &params)?;
-        opt.step_lr(&params, &grads, &i[2])?;
-        Ok(vec![loss])
-    });
+    let mut step =
+        kiln::compile_step(|i: &[Tensor]| Ok(vec![train_step(&model, &params, &mut opt, &i[0], &i[1], &i[2])?]));
 
     let t = Instant::now();
     let first = step.call(&inputs)?;
@@ -135,6 +131,27 @@ fn main() -> Res<()> {
     Ok(())
 }
 
+/// The benchmark's optimizer: AdamW with weight decay 0.1.
+fn adamw(params: &[Tensor]) -> kiln::Result<AdamW> {
+    AdamW::new(params, AdamWConfig { weight_decay: 0.1, ..Default::default() })
+}
+
+/// One train step: the loss under bf16 autocast, its gradients, the AdamW
+/// update at `lr`; the loss.
+fn train_step(
+    model: &Gpt,
+    params: &[Tensor],
+    opt: &mut AdamW,
+    x: &Tensor,
+    y: &Tensor,
+    lr: &Tensor,
+) -> kiln::Result<Tensor> {
+    let loss = kiln::amp::autocast(DType::BF16, || model.loss(x, y, true))?;
+    let grads = grad(&loss, params)?;
+    opt.step_lr(params, &grads, lr)?;
+    Ok(loss)
+}
+
 /// The remat pass's plan in `pipeline`, as JSON (`null`: no remat pass).
 fn plan_json(pipeline: &kiln::compiler::pipeline::PipelineStats) -> Value {
     let remat = pipeline.passes.iter().find(|p| p.name == "remat").and_then(|p| p.remat.clone());
@@ -173,14 +190,11 @@ fn plan_only(cfg: &GptConfig, pcts: &[String]) -> Res<()> {
     let ids = |seed: usize| (0..cfg.batch * cfg.seq).map(|i| ((i * 7919 + seed) % top) as i32).collect::<Vec<_>>();
     let x = Tensor::from_vec(ids(1), [cfg.batch, cfg.seq])?;
     let y = Tensor::from_vec(ids(2), [cfg.batch * cfg.seq])?;
-    let mut opt = AdamW::new(&params, AdamWConfig { weight_decay: 0.1, ..Default::default() })?;
+    let mut opt = adamw(&params)?;
     let lr = Tensor::scalar(3e-4f32);
     kiln::mark_step()?;
     let graph = kiln::capture_graph(|| {
-        let loss = kiln::amp::autocast(DType::BF16, || model.loss(&x, &y, true))?;
-        let grads = grad(&loss, &params)?;
-        opt.step_lr(&params, &grads, &lr)?;
-        let mut out = vec![loss];
+        let mut out = vec![train_step(&model, &params, &mut opt, &x, &y, &lr)?];
         out.extend(params.iter().cloned());
         out.extend(opt.state().into_iter().map(|(_, t)| t));
         Ok(out)
