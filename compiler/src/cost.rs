@@ -176,7 +176,9 @@ pub fn op_cost(op: &Op, operands: &[TensorType], outputs: &[TensorType]) -> Node
         Op::BroadcastInDim { .. } | Op::Transpose { .. } | Op::Concatenate { .. } | Op::Pad { .. } => {
             NodeCost::moves(read_all(), written)
         }
-        Op::Reshape { .. } | Op::OptimizationBarrier { .. } => NodeCost::free(),
+        // A placement is a copy over the host link (an async copy engine), no
+        // arithmetic and no device kernel.
+        Op::Reshape { .. } | Op::OptimizationBarrier { .. } | Op::Place { .. } => NodeCost::free(),
         // Reads the selected elements only: as many as it writes.
         Op::Slice { .. } => NodeCost::moves(out_bytes, written),
         Op::DynamicSlice { input: _, starts, sizes: _ } => {

@@ -60,6 +60,7 @@ pub fn kind(op: &Op) -> FusionKind {
         | Op::ScatterAdd { .. }
         | Op::RngBitGenerator { .. }
         | Op::OptimizationBarrier { .. }
+        | Op::Place { .. }
         | Op::AllReduce { .. }
         // Composites: a fused library call or their own expansion.
         | Op::Attention { .. }

@@ -9,8 +9,8 @@
 use kiln_compiler::ir::Alias;
 use kiln_compiler::ir::AttentionAttrs;
 use kiln_compiler::ir::{
-    BinaryOp, CompareDir, DType, DotDims, Graph, Literal, Op, ReduceOp, RngAlgorithm, Shape, TensorType, UnaryOp,
-    ValueId,
+    BinaryOp, CompareDir, DType, DotDims, Graph, Literal, MemorySpace, Op, ReduceOp, RngAlgorithm, Shape, TensorType,
+    UnaryOp, ValueId,
 };
 use kiln_compiler::{lower, LowerOptions, LowerTarget};
 
@@ -317,9 +317,10 @@ fn variant(op: &Op) -> usize {
         Op::LmHeadCrossEntropy { .. } => 28,
         Op::LmHeadCrossEntropyGrad { .. } => 29,
         Op::LmHeadCrossEntropyFused { .. } => 30,
+        Op::Place { .. } => 31,
     }
 }
-const VARIANTS: usize = 31;
+const VARIANTS: usize = 32;
 
 type Build = Box<dyn Fn(&mut Graph) -> Result<Vec<ValueId>>>;
 
@@ -573,6 +574,7 @@ fn op_cases() -> Vec<(String, usize, Build)> {
             Ok(vec![ValueId::new(one, 0), ValueId::new(two, 0), ValueId::new(two, 1)])
         }),
     );
+    add("place".into(), 1, Box::new(place_case));
     for causal in [true, false] {
         add(format!("attention_causal_{causal}"), 1, Box::new(move |g| attention_case(g, causal)));
     }
@@ -651,6 +653,37 @@ fn attention_lowers_per_target() -> Result<()> {
     assert!(!text.contains("custom_call"));
     let why = kiln_compiler::composite::decisions(&g, LowerTarget::Cuda);
     assert!(matches!(&why[0].fused, Err(r) if r.contains("bf16 or f16")), "{why:?}");
+    Ok(())
+}
+
+/// A value sent to pinned host memory and back, as host offload emits it:
+/// the host copy passes through a barrier with a later value.
+fn place_case(g: &mut Graph) -> Result<Vec<ValueId>> {
+    let x = g.parameter(t(DType::BF16, &[4, 8]));
+    let a = g.value(Op::Unary { op: UnaryOp::Tanh, input: x })?;
+    let host = g.value(Op::Place { input: a, to: MemorySpace::PinnedHost })?;
+    let later = g.value(Op::Unary { op: UnaryOp::Exp, input: x })?;
+    let held = g.add(Op::OptimizationBarrier { inputs: vec![host, later] })?;
+    let back = g.value(Op::Place { input: ValueId::new(held, 0), to: MemorySpace::Device })?;
+    Ok(vec![g.value(Op::Binary { op: BinaryOp::Mul, lhs: back, rhs: later })?])
+}
+
+#[test]
+fn placements_are_xla_annotations_on_cuda_and_nothing_on_the_cpu() -> Result<()> {
+    let mut g = Graph::new();
+    let outs = place_case(&mut g)?;
+    g.set_outputs(outs)?;
+    let cuda = lower(&g, &LowerOptions { target: kiln_compiler::LowerTarget::Cuda, ..LowerOptions::default() })?;
+    let calls: Vec<&str> = cuda.lines().filter(|l| l.contains("@annotate_device_placement")).collect();
+    assert_eq!(calls.len(), 2, "{cuda}");
+    assert!(
+        calls[0].contains("_xla_buffer_placement = \"pinned_host\"") && calls[0].contains("has_side_effect = true")
+    );
+    assert!(calls[1].contains("_xla_buffer_placement = \"device\""), "{cuda}");
+    assert!(calls[1].contains("(%v4#0)"), "the device copy reads the barrier's pass-through: {cuda}");
+    let cpu = lower(&g, &LowerOptions::default())?;
+    assert!(!cpu.contains("annotate_device_placement"), "{cpu}");
+    assert!(cpu.contains("stablehlo.multiply %v4#0, %v3"), "the CPU reads the barrier's value itself: {cpu}");
     Ok(())
 }
 

@@ -3,8 +3,8 @@
 
 use half::{bf16, f16};
 use kiln_compiler::ir::{
-    Alias, AttentionAttrs, BinaryOp, CompareDir, DType, DotDims, Graph, Literal, Op, ReduceOp, RngAlgorithm, Shape,
-    TensorType, UnaryOp, ValueId,
+    Alias, AttentionAttrs, BinaryOp, CompareDir, DType, DotDims, Graph, Literal, MemorySpace, Op, ReduceOp,
+    RngAlgorithm, Shape, TensorType, UnaryOp, ValueId,
 };
 use kiln_compiler::text::{parse, print};
 use kiln_compiler::{verify, CompileError};
@@ -129,9 +129,10 @@ fn variant(op: &Op) -> usize {
         Op::LmHeadCrossEntropy { .. } => 28,
         Op::LmHeadCrossEntropyGrad { .. } => 29,
         Op::LmHeadCrossEntropyFused { .. } => 30,
+        Op::Place { .. } => 31,
     }
 }
-const VARIANTS: usize = 31;
+const VARIANTS: usize = 32;
 
 /// A graph with every `Op` variant and every unary, binary, compare and reduce op.
 fn every_op() -> Graph {
@@ -186,6 +187,8 @@ fn every_op() -> Graph {
     .unwrap();
     let barrier = g.add(Op::OptimizationBarrier { inputs: vec![x, ValueId::new(rng, 1)] }).unwrap();
     g.add(Op::OptimizationBarrier { inputs: vec![] }).unwrap();
+    let host = add(&mut g, Op::Place { input: x, to: MemorySpace::PinnedHost });
+    add(&mut g, Op::Place { input: host, to: MemorySpace::Device });
     for op in ReduceOp::ALL {
         add(&mut g, Op::AllReduce { op, input: x });
     }
@@ -317,13 +320,15 @@ fn every_op_prints() {
           %64:2 = rng_bit_generator PHILOX %63 : (tensor<2xui64>, tensor<2x2xui64>)
           %65:2 = optimization_barrier %0, %63#1 : (tensor<2x3xf32>, tensor<4xui32>)
           %66:0 = optimization_barrier : ()
-          %67 = all_reduce sum %0 : tensor<2x3xf32>
-          %68 = all_reduce max %0 : tensor<2x3xf32>
-          %69 = all_reduce min %0 : tensor<2x3xf32>
-          %70 = all_reduce prod %0 : tensor<2x3xf32>
-          %71 = parameter 5 : tensor<2x3xf32>
-          %72 = add %65, %71 : tensor<2x3xf32>
-          return %72, %63#1, %71 {aliases = [0 -> 0, 5 -> 2]}
+          %67 = place pinned_host %0 : tensor<2x3xf32>
+          %68 = place device %67 : tensor<2x3xf32>
+          %69 = all_reduce sum %0 : tensor<2x3xf32>
+          %70 = all_reduce max %0 : tensor<2x3xf32>
+          %71 = all_reduce min %0 : tensor<2x3xf32>
+          %72 = all_reduce prod %0 : tensor<2x3xf32>
+          %73 = parameter 5 : tensor<2x3xf32>
+          %74 = add %65, %73 : tensor<2x3xf32>
+          return %74, %63#1, %73 {aliases = [0 -> 0, 5 -> 2]}
         }
     ");
 }

@@ -1,16 +1,24 @@
 //! Host-offload trial: does the plugin accept XLA's host-offload annotations,
-//! and does the compiled program then keep a saved activation in host memory?
+//! and does the compiled program then keep saved activations in host memory?
 //!
-//! Two programs compute the same value: `a = tanh(x)` is written early,
+//! Three programs compute the same value: `a = tanh(x)` is written early,
 //! three matmuls run, and `a` is read again at the end (the shape of an
-//! activation saved for a backward pass). The second program sends `a` to
-//! pinned host memory right after it is written and back just before it is
-//! read, with the custom calls JAX emits for `memory_kind="pinned_host"`:
+//! activation saved for a backward pass). The second sends `a` to pinned
+//! host memory right after it is written and back just before it is read,
+//! with the custom calls JAX emits for `memory_kind="pinned_host"`:
 //! `annotate_device_placement` with the frontend attribute
-//! `_xla_buffer_placement` = `pinned_host`, then = `device`. Prints both
-//! programs' compiled memory stats (device and host temp bytes), runs both on
-//! the same random inputs and compares the outputs bit for bit. Any compile
-//! or run error is printed whole (it is what docs/memory.md records).
+//! `_xla_buffer_placement` = `pinned_host`, then = `device`; the third passes
+//! the host copy through an `optimization_barrier` with the last matmul.
+//!
+//! Then a chain of [`LAYERS`] layers whose outputs a backward reads in
+//! reverse, kept on the device, and offloaded with the copy back tied (by a
+//! barrier) to the backward's value 0, 1 or 2 layers before its read.
+//!
+//! Prints every program's compiled memory stats (device and host temp
+//! bytes), runs each on the same random inputs and compares the outputs
+//! with the plain program's bit for bit (`HOST_OFFLOAD_PRINT=1` prints the
+//! programs). Any compile or run error is printed whole (docs/memory.md
+//! records them).
 //!
 //! ```text
 //! PJRT_DEVICE=CUDA cargo run --release -p kiln-runtime --example host_offload
@@ -80,6 +88,57 @@ fn program(variant: Variant) -> String {
     )
 }
 
+/// A forward of `LAYERS` layers whose outputs are all read again by a
+/// backward in reverse order: the shape of a train step's saved activations.
+/// `lag` (with offloading) says how many backward layers before its use each
+/// saved value is brought back: its host copy passes through an
+/// `optimization_barrier` with the backward's value of that many layers
+/// earlier.
+const LAYERS: usize = 8;
+
+fn chain(offload: Option<usize>) -> String {
+    let t = format!("tensor<{N}x{N}xf32>");
+    let dot = |a: &str| format!("stablehlo.dot_general {a}, %w, contracting_dims = [1] x [0] : ({t}, {t}) -> {t}");
+    let place = |v: &str, to: &str| {
+        format!(
+            "stablehlo.custom_call @annotate_device_placement({v}) {{has_side_effect = true, \
+             mhlo.frontend_attributes = {{_xla_buffer_placement = \"{to}\"}}}} : ({t}) -> {t}"
+        )
+    };
+    let mut body = String::new();
+    let mut h = "%x".to_string();
+    for i in 0..LAYERS {
+        body += &format!("  %m{i} = {}\n  %a{i} = stablehlo.tanh %m{i} : {t}\n", dot(&h));
+        if offload.is_some() {
+            body += &format!("  %host{i} = {}\n", place(&format!("%a{i}"), "pinned_host"));
+        }
+        h = format!("%a{i}");
+    }
+    // g_L = a_{L-1}; g_i = (g_{i+1} . w) * a_i.
+    let mut g = vec![String::new(); LAYERS + 1];
+    g[LAYERS] = h.clone();
+    let mut back = vec![String::new(); LAYERS];
+    for i in (0..LAYERS).rev() {
+        if let Some(lag) = offload {
+            // Bring a_j back once g_{j+1+lag} exists (lag layers early).
+            for j in 0..LAYERS {
+                if back[j].is_empty() && (j + 1 + lag >= LAYERS || j + 1 + lag == i + 1) {
+                    let anchor = &g[(j + 1 + lag).min(LAYERS)];
+                    body += &format!(
+                        "  %hb{j}:2 = stablehlo.optimization_barrier %host{j}, {anchor} : {t}, {t}\n  %dev{j} = {}\n",
+                        place(&format!("%hb{j}#0"), "device")
+                    );
+                    back[j] = format!("%dev{j}");
+                }
+            }
+        }
+        let saved = if offload.is_some() { back[i].clone() } else { format!("%a{i}") };
+        body += &format!("  %n{i} = {}\n  %g{i} = stablehlo.multiply %n{i}, {saved} : {t}\n", dot(&g[i + 1]));
+        g[i] = format!("%g{i}");
+    }
+    format!("func.func public @main(%x: {t}, %w: {t}) -> {t} {{\n{body}  return %g0 : {t}\n}}\n")
+}
+
 fn main() -> anyhow::Result<()> {
     let client = Client::new(&ClientOptions::default())?;
     println!("platform: {}", client.platform_name());
@@ -96,9 +155,25 @@ fn main() -> anyhow::Result<()> {
     let xb = client.buffer_from_host(&x, &[N, N], &device)?;
     let wb = client.buffer_from_host(&w, &[N, N], &device)?;
     let mut outs = Vec::new();
-    for variant in [Variant::Plain, Variant::Offloaded, Variant::OffloadedThroughBarrier] {
-        let name = format!("{variant:?}");
-        let exe = match client.compile(&program(variant), &CompileOptions::default()) {
+    let mut programs: Vec<(String, String)> = [Variant::Plain, Variant::Offloaded, Variant::OffloadedThroughBarrier]
+        .into_iter()
+        .map(|v| (format!("{v:?}"), program(v)))
+        .collect();
+    programs.push((format!("chain of {LAYERS}, on the device"), chain(None)));
+    for lag in [0, 1, 2] {
+        programs.push((format!("chain of {LAYERS}, offloaded, back {lag} layers early"), chain(Some(lag))));
+    }
+    if std::env::var_os("HOST_OFFLOAD_PRINT").is_some() {
+        for (name, text) in &programs {
+            println!("// {name}\n{text}");
+        }
+    }
+    for (i, (name, text)) in programs.iter().enumerate() {
+        if i == 3 {
+            compare(&outs);
+            outs.clear();
+        }
+        let exe = match client.compile(text, &CompileOptions::default()) {
             Ok(e) => e,
             Err(e) => {
                 println!("{name}: compile error: {e:#}");
@@ -132,11 +207,16 @@ fn main() -> anyhow::Result<()> {
             Err(e) => println!("{name}: run error: {e:#}"),
         }
     }
+    compare(&outs);
+    Ok(())
+}
+
+/// Prints how each output after the first compares with the first.
+fn compare(outs: &[Vec<f32>]) {
     for b in outs.iter().skip(1) {
         let a = &outs[0];
         let same = a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
         let worst = a.iter().zip(b).map(|(p, q)| (p - q).abs()).fold(0.0f32, f32::max);
         println!("outputs bit-identical to the plain program: {same}, max abs difference {worst:e}");
     }
-    Ok(())
 }

@@ -11,5 +11,5 @@ mod shape;
 pub use dtype::DType;
 pub use graph::{Alias, Graph, Node, NodeId, Outputs, ValueId};
 pub use literal::{decode, Literal};
-pub use op::{AttentionAttrs, BinaryOp, CompareDir, DotDims, Op, ReduceOp, RngAlgorithm, UnaryOp};
+pub use op::{AttentionAttrs, BinaryOp, CompareDir, DotDims, MemorySpace, Op, ReduceOp, RngAlgorithm, UnaryOp};
 pub use shape::{Dims, Shape, TensorType};

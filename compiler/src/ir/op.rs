@@ -319,6 +319,25 @@ impl RngAlgorithm {
     }
 }
 
+/// Where a value's buffer lives ([`Op::Place`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MemorySpace {
+    /// The accelerator's own memory, where every value lives unless placed.
+    Device,
+    /// Page-locked host memory the accelerator's copy engines read and write.
+    PinnedHost,
+}
+
+impl MemorySpace {
+    /// Name in kiln's text form and in XLA's `_xla_buffer_placement` attribute.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemorySpace::Device => "device",
+            MemorySpace::PinnedHost => "pinned_host",
+        }
+    }
+}
+
 /// Dimension numbers of a `dot_general`: batch dimensions pair up and lead the
 /// result; contracting dimensions pair up and are summed over; the remaining
 /// (free) dimensions of lhs then rhs follow in order.
@@ -485,6 +504,15 @@ pub enum Op {
     OptimizationBarrier {
         inputs: Vec<ValueId>,
     },
+    /// The input, with its buffer in memory space `to`: the identity on every
+    /// value. Made only by host offload (`memory::HostOffload`), which sends a
+    /// saved activation to pinned host memory after its forward write and
+    /// back before its backward read; lowered to XLA's placement annotation
+    /// on the CUDA target and to nothing elsewhere.
+    Place {
+        input: ValueId,
+        to: MemorySpace,
+    },
     /// Reduction of `input` across all replicas of the program.
     AllReduce {
         op: ReduceOp,
@@ -597,6 +625,7 @@ impl Op {
             Op::ScatterAdd { .. } => "scatter_add",
             Op::RngBitGenerator { .. } => "rng_bit_generator",
             Op::OptimizationBarrier { .. } => "optimization_barrier",
+            Op::Place { .. } => "place",
             Op::AllReduce { .. } => "all_reduce",
             Op::Attention { .. } => "attention",
             Op::AttentionGrad { .. } => "attention_grad",
@@ -619,6 +648,7 @@ impl Op {
             | Op::Transpose { input, .. }
             | Op::Slice { input, .. }
             | Op::Reduce { input, .. }
+            | Op::Place { input, .. }
             | Op::AllReduce { input, .. } => vec![*input],
             Op::Binary { lhs, rhs, .. } | Op::Compare { lhs, rhs, .. } | Op::DotGeneral { lhs, rhs, .. } => {
                 vec![*lhs, *rhs]
@@ -655,6 +685,7 @@ impl Op {
             | Op::Transpose { input, .. }
             | Op::Slice { input, .. }
             | Op::Reduce { input, .. }
+            | Op::Place { input, .. }
             | Op::AllReduce { input, .. } => *input = f(*input),
             Op::Binary { lhs, rhs, .. } | Op::Compare { lhs, rhs, .. } | Op::DotGeneral { lhs, rhs, .. } => {
                 *lhs = f(*lhs);

@@ -22,7 +22,13 @@ const BODY: &str = "    ";
 
 /// Writes the whole module.
 pub(super) fn module(g: &Graph, opts: &LowerOptions, live: &[bool]) -> Result<String, CompileError> {
-    let mut e = Emitter { g, num_replicas: opts.num_replicas, names: vec![Vec::new(); g.len()], out: String::new() };
+    let mut e = Emitter {
+        g,
+        num_replicas: opts.num_replicas,
+        target: opts.target,
+        names: vec![Vec::new(); g.len()],
+        out: String::new(),
+    };
     // MLIR prints attribute dictionaries sorted by name; so do we (JAX's order).
     let _ = writeln!(
         e.out,
@@ -50,6 +56,7 @@ pub(super) fn module(g: &Graph, opts: &LowerOptions, live: &[bool]) -> Result<St
 struct Emitter<'g> {
     g: &'g Graph,
     num_replicas: usize,
+    target: super::LowerTarget,
     /// SSA name of each output of each emitted node, indexed by node id.
     names: Vec<Vec<String>>,
     out: String,
@@ -342,6 +349,24 @@ impl Emitter<'_> {
                     join(node.outputs.to_vec())
                 ));
             }
+            // XLA's host-offload annotation, which its CUDA pipeline turns into
+            // an async copy to or from host memory. The CPU plugin has no
+            // host memory space and refuses the call; there the value stays
+            // where it is.
+            Op::Place { input, to } => match self.target {
+                super::LowerTarget::Cuda => {
+                    let x = self.name(*input);
+                    let t = self.ty(*input).clone();
+                    let def = self.define(id, node);
+                    self.line(format!(
+                        "{def} = stablehlo.custom_call @annotate_device_placement({x}) {{backend_config = \"\", \
+                         has_side_effect = true, mhlo.frontend_attributes = {{_xla_buffer_placement = \"{}\"}}}} \
+                         : ({t}) -> {t}",
+                        to.name()
+                    ));
+                }
+                super::LowerTarget::Cpu => self.names[id.index()] = vec![self.name(*input)],
+            },
             Op::AllReduce { op, input } => {
                 let x = self.name(*input);
                 let t = self.ty(*input).clone();

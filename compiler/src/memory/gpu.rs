@@ -193,6 +193,7 @@ fn absorbs(user: &Op, producer: &Op) -> bool {
         | Op::ScatterAdd { .. }
         | Op::RngBitGenerator { .. }
         | Op::OptimizationBarrier { .. }
+        | Op::Place { .. }
         | Op::AllReduce { .. }
         | Op::Attention { .. }
         | Op::AttentionGrad { .. } => false,

@@ -11,7 +11,7 @@
 //!   argument), temps from definition to last use, a kernel's scratch
 //!   (workspace) at that kernel's position only.
 
-use crate::ir::{Graph, NodeId, Op, ValueId};
+use crate::ir::{Graph, MemorySpace, NodeId, Op, ValueId};
 
 use super::Materialization;
 
@@ -26,6 +26,9 @@ pub enum BufferKind {
     /// kernel runs, holds no value (`value` names the kernel's node), and is
     /// in no `buffer_of` entry.
     Scratch,
+    /// A value in pinned host memory (`place pinned_host`): in no device
+    /// curve.
+    Host,
 }
 
 /// One allocation: a materialized value and the values that alias it.
@@ -141,7 +144,7 @@ pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
         let node = g.node(id);
         materialized[i] = forced[i]
             || is_output[i]
-            || matches!(node.op, Op::Parameter { .. } | Op::OptimizationBarrier { .. })
+            || matches!(node.op, Op::Parameter { .. } | Op::OptimizationBarrier { .. } | Op::Place { .. })
             || node.outputs.len() > 1
             || planned[i];
         if materialized[i] && matches!(node.op, Op::Reshape { .. } | Op::OptimizationBarrier { .. }) {
@@ -186,6 +189,7 @@ pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
                 let kind = match op {
                     Op::Parameter { .. } => BufferKind::Argument,
                     Op::Constant { .. } => BufferKind::Constant,
+                    Op::Place { to: MemorySpace::PinnedHost, .. } => BufferKind::Host,
                     _ => BufferKind::Temp,
                 };
                 for (k, t) in node.outputs.iter().enumerate() {
@@ -300,6 +304,7 @@ fn writes_in_place(op: &Op) -> bool {
         | Op::Gather { .. }
         | Op::RngBitGenerator { .. }
         | Op::OptimizationBarrier { .. }
+        | Op::Place { .. }
         | Op::AllReduce { .. }
         | Op::Attention { .. }
         | Op::AttentionGrad { .. }

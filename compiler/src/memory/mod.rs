@@ -155,6 +155,7 @@ pub(crate) fn loop_fusible(op: &Op) -> bool {
         | Op::ScatterAdd { .. }
         | Op::RngBitGenerator { .. }
         | Op::OptimizationBarrier { .. }
+        | Op::Place { .. }
         | Op::AllReduce { .. }
         | Op::Attention { .. }
         | Op::AttentionGrad { .. }

@@ -109,9 +109,11 @@ pub fn enode(op: &Op, children: Vec<Id>, token: u32) -> TensorLang {
 /// the replica, a side channel) or they exist to keep values apart.
 pub fn needs_token(op: &Op) -> bool {
     match op {
-        Op::Parameter { .. } | Op::RngBitGenerator { .. } | Op::OptimizationBarrier { .. } | Op::AllReduce { .. } => {
-            true
-        }
+        Op::Parameter { .. }
+        | Op::RngBitGenerator { .. }
+        | Op::OptimizationBarrier { .. }
+        | Op::Place { .. }
+        | Op::AllReduce { .. } => true,
         Op::Constant { .. }
         | Op::Iota { .. }
         | Op::Unary { .. }

@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use half::{bf16, f16};
 
 use crate::ir::{
-    Alias, AttentionAttrs, BinaryOp, CompareDir, DType, DotDims, Graph, Literal, NodeId, Op, ReduceOp, RngAlgorithm,
-    Shape, TensorType, UnaryOp, ValueId,
+    Alias, AttentionAttrs, BinaryOp, CompareDir, DType, DotDims, Graph, Literal, MemorySpace, NodeId, Op, ReduceOp,
+    RngAlgorithm, Shape, TensorType, UnaryOp, ValueId,
 };
 use crate::CompileError;
 
@@ -259,6 +259,11 @@ impl Parser {
             "optimization_barrier" => {
                 let inputs = if c.peek() == Some('%') { self.values(c)? } else { Vec::new() };
                 Op::OptimizationBarrier { inputs }
+            }
+            "place" => {
+                let to = c.keyword(&[MemorySpace::Device, MemorySpace::PinnedHost], |m| m.name(), "memory space")?;
+                let input = self.value(c)?;
+                Op::Place { input, to }
             }
             "all_reduce" => {
                 let op = c.keyword(&ReduceOp::ALL, |r| r.name(), "reduction")?;

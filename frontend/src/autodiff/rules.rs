@@ -29,12 +29,14 @@ pub(crate) fn differentiable(op: &Op, pos: usize) -> bool {
         Op::LayerNorm { .. } => true,
         Op::LmHeadCrossEntropy { .. } => pos < 2,
         // Second derivatives of composites are not built.
-        // The fused LM-head loss already holds its own gradient (made by the
-        // compiler after autodiff).
+        // The fused LM-head loss already holds its own gradient, and
+        // placements are host offload's (both made by the compiler after
+        // autodiff).
         Op::AttentionGrad { .. }
         | Op::LayerNormGrad { .. }
         | Op::LmHeadCrossEntropyGrad { .. }
-        | Op::LmHeadCrossEntropyFused { .. } => false,
+        | Op::LmHeadCrossEntropyFused { .. }
+        | Op::Place { .. } => false,
         Op::Unary { .. }
         | Op::Binary { .. }
         | Op::Convert { .. }
@@ -342,7 +344,8 @@ pub(crate) fn backward(
         Op::AttentionGrad { .. }
         | Op::LayerNormGrad { .. }
         | Op::LmHeadCrossEntropyGrad { .. }
-        | Op::LmHeadCrossEntropyFused { .. } => {}
+        | Op::LmHeadCrossEntropyFused { .. }
+        | Op::Place { .. } => {}
     }
     Ok(out)
 }

@@ -122,7 +122,8 @@ fn engine(op: &Op, outs: &[TensorType], dtype_of: &dyn Fn(ValueId) -> DType) -> 
         | Op::LayerNormGrad { .. }
         | Op::LmHeadCrossEntropy { .. }
         | Op::LmHeadCrossEntropyGrad { .. }
-        | Op::LmHeadCrossEntropyFused { .. } => false,
+        | Op::LmHeadCrossEntropyFused { .. }
+        | Op::Place { .. } => false,
     };
     if ok {
         Engine::Candle
@@ -290,7 +291,8 @@ fn eval_candle<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'a Ct
         | Op::LayerNormGrad { .. }
         | Op::LmHeadCrossEntropy { .. }
         | Op::LmHeadCrossEntropyGrad { .. }
-        | Op::LmHeadCrossEntropyFused { .. } => unreachable!("run by the interpreter"),
+        | Op::LmHeadCrossEntropyFused { .. }
+        | Op::Place { .. } => unreachable!("run by the interpreter"),
     }
 }
 
