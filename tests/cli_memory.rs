@@ -69,3 +69,22 @@ fn a_bad_memory_limit_is_named() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("2 parsecs") && err.contains("unit"), "{err}");
 }
+
+#[test]
+fn host_offload_on_the_cpu_plugin_is_a_typed_error_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ladder.kiln");
+    std::fs::write(&path, text::print(&ladder())).unwrap();
+    let plot = dir.path().join("live.svg");
+    let out = Command::cargo_bin("kiln")
+        .unwrap()
+        .args(["compile", path.to_str().unwrap(), "--memory-limit", "0", "--remat-strategy", "host-offload"])
+        .arg("--memory-plot")
+        .arg(&plot)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("host-offload") && err.contains("no host memory space"), "{err}");
+    assert!(!plot.exists(), "no plot for a plan that was refused");
+}

@@ -16,6 +16,9 @@
 //! pass's plan at each budget (`PLAN {json}`), judged by the CUDA fusion model
 //! (`XlaGpuFusion`), for choosing budgets for the H100 on a machine without it.
 //!
+//! `REMAT_OFFLOAD=1`: the remat pass offloads saved activations to pinned
+//! host memory before it recomputes (`kiln::set_host_offload`, CUDA only).
+//!
 //! Prints one line `RESULT {json}`: XLA's compiled memory stats of the step
 //! program, the remat plan (the model's bytes before/after, each recomputed
 //! value), the step's FLOPs and the step time.
@@ -58,6 +61,7 @@ fn main() -> Res<()> {
     let platform = client.platform_name().to_string();
     kiln::set_client(client);
     kiln::set_activation_budget(fraction)?;
+    kiln::set_host_offload(offload_from_env());
 
     let mut ps = ParamStore::new(0);
     let model = Gpt::new(&mut ps, &cfg)?;
@@ -152,6 +156,11 @@ fn train_step(
     Ok(loss)
 }
 
+/// Whether `REMAT_OFFLOAD` asks for host offload.
+fn offload_from_env() -> bool {
+    std::env::var("REMAT_OFFLOAD").is_ok_and(|v| v == "1")
+}
+
 /// The remat pass's plan in `pipeline`, as JSON (`null`: no remat pass).
 fn plan_json(pipeline: &kiln::compiler::pipeline::PipelineStats) -> Value {
     let remat = pipeline.passes.iter().find(|p| p.name == "remat").and_then(|p| p.remat.clone());
@@ -174,6 +183,9 @@ fn plan_json(pipeline: &kiln::compiler::pipeline::PipelineStats) -> Value {
                 "model_extra_ms": r.extra_ns as f64 / 1e6,
                 "cloned_nodes": r.recomputed.iter().map(|v| v.cloned_nodes).sum::<usize>(),
                 "recomputed_bytes": r.recomputed.iter().map(|v| v.bytes).sum::<u64>(),
+                "offloaded": r.offloaded.len(),
+                "offloaded_bytes": r.offloaded.iter().map(|v| v.bytes).sum::<u64>(),
+                "offloaded_ops": r.offloaded.iter().map(|v| v.op).collect::<Vec<_>>(),
                 "by_op": by_op.iter().map(|(op, (n, b))| json!({"op": op, "values": n, "bytes": b})).collect::<Vec<_>>(),
             })
         }
@@ -204,6 +216,7 @@ fn plan_only(cfg: &GptConfig, pcts: &[String]) -> Res<()> {
         let t = Instant::now();
         let opts = PipelineOptions::default()
             .with_activation_budget(Some(f / 100.0))
+            .with_host_offload(offload_from_env())
             .with_target(kiln::compiler::LowerTarget::Cuda);
         let out = run(&graph, &opts, &mut |_, _| {})?;
         let plan = plan_json(&out.stats);

@@ -62,6 +62,9 @@ pub struct RematSummary {
     /// Step time the plan adds by the strategy's time model
     /// ([`crate::memory::RematPlan::extra_seconds`]), in nanoseconds.
     pub extra_ns: u64,
+    /// Each value kept in pinned host memory (`cloned_nodes` and `flops`
+    /// zero).
+    pub offloaded: Vec<RecomputedValue>,
 }
 
 /// One value the remat pass recomputes.
@@ -123,6 +126,9 @@ pub struct PassOptions {
     /// The backend the graph is compiled for: the remat pass judges memory
     /// by its fusion model ([`crate::memory::fusion_for`]).
     pub target: crate::LowerTarget,
+    /// The remat pass offloads saved activations to pinned host memory
+    /// before it recomputes ([`crate::memory::HostOffload`]; CUDA only).
+    pub host_offload: bool,
 }
 
 /// One pass: a name (what `--passes` spells) and a function from graph to graph
@@ -193,6 +199,7 @@ impl Default for PipelineOptions {
                 memory_limit_bytes: None,
                 activation_fraction: None,
                 target: crate::LowerTarget::Cpu,
+                host_offload: false,
             },
         }
     }
@@ -229,6 +236,13 @@ impl PipelineOptions {
     /// The backend the graph is for (the remat pass's fusion model).
     pub fn with_target(mut self, target: crate::LowerTarget) -> PipelineOptions {
         self.pass_options.target = target;
+        self
+    }
+
+    /// Whether the remat pass may offload to host memory
+    /// ([`PassOptions::host_offload`]).
+    pub fn with_host_offload(mut self, on: bool) -> PipelineOptions {
+        self.pass_options.host_offload = on;
         self
     }
 
@@ -373,7 +387,9 @@ fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, Com
         (None, None) => return Ok(g.clone()),
     };
     let ro = crate::memory::RematOptions::for_target(crate::memory::RematBudget::Bytes(limit), o.target);
-    let plan = crate::memory::rematerialize(g, &crate::memory::Greedy, &ro)?;
+    let offload = crate::memory::HostOffload { target: o.target };
+    let strategy: &dyn crate::memory::RematStrategy = if o.host_offload { &offload } else { &crate::memory::Greedy };
+    let plan = crate::memory::rematerialize(g, strategy, &ro)?;
     s.changed = plan.choices.len();
     s.extra_flops = plan.extra_flops;
     s.remat = Some(RematSummary {
@@ -387,6 +403,11 @@ fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, Com
             .map(|c| RecomputedValue { op: c.op, bytes: c.bytes, cloned_nodes: c.recomputed_nodes, flops: c.flops })
             .collect(),
         extra_ns: (plan.extra_seconds * 1e9).round() as u64,
+        offloaded: plan
+            .offloaded
+            .iter()
+            .map(|c| RecomputedValue { op: c.op, bytes: c.bytes, cloned_nodes: 0, flops: 0 })
+            .collect(),
     });
     Ok(plan.graph)
 }
@@ -442,6 +463,41 @@ mod tests {
         assert_eq!(out.stats.passes.len(), 5);
         assert!(out.stats.passes.iter().find(|p| p.name == "fusion").unwrap().fusion_groups.is_some());
         assert!(out.stats.passes.iter().find(|p| p.name == "rewrite").unwrap().stop_reason.is_some());
+    }
+
+    #[test]
+    fn placements_pass_through_every_pass() {
+        // A value sent to the host and back twice: CSE merges the two round
+        // trips into one (as it merges equal barriers), and the values stay.
+        let mut g = Graph::new();
+        let t = TensorType::new(DType::F32, [4]);
+        let a = g.parameter(t);
+        let e = g.value(Op::Unary { op: UnaryOp::Exp, input: a }).unwrap();
+        let mut outs = Vec::new();
+        for _ in 0..2 {
+            let h = g.value(Op::Place { input: e, to: crate::ir::MemorySpace::PinnedHost }).unwrap();
+            outs.push(g.value(Op::Place { input: h, to: crate::ir::MemorySpace::Device }).unwrap());
+        }
+        let s = g.value(Op::Binary { op: BinaryOp::Add, lhs: outs[0], rhs: outs[1] }).unwrap();
+        g.set_outputs(vec![s]).unwrap();
+        let out = run(&g, &PipelineOptions { verify: true, ..PipelineOptions::default() }, &mut |_, _| {}).unwrap();
+        let places = out.graph.nodes().filter(|(_, n)| matches!(n.op, Op::Place { .. })).count();
+        assert_eq!(places, 2);
+        let x = crate::ir::Literal::from_f64s(DType::F32, [4], &[0.3, -1.2, 2.5, 0.01]).unwrap();
+        assert_eq!(
+            crate::interpret(&g, std::slice::from_ref(&x)).unwrap(),
+            crate::interpret(&out.graph, &[x]).unwrap()
+        );
+    }
+
+    #[test]
+    fn host_offload_under_a_budget_on_the_cpu_target_is_the_strategys_typed_error() {
+        let opts = PipelineOptions::default().with_memory_limit(Some(0)).with_host_offload(true);
+        let err = run(&sample(), &opts, &mut |_, _| {}).unwrap_err().to_string();
+        assert!(err.contains("host-offload") && err.contains("annotate_device_placement"), "{err}");
+        // Without a budget there is no remat pass, and nothing to refuse.
+        let opts = PipelineOptions::default().with_host_offload(true);
+        assert!(run(&sample(), &opts, &mut |_, _| {}).is_ok());
     }
 
     #[test]

@@ -12,6 +12,22 @@ use std::cell::Cell;
 thread_local! {
     static LIMIT: Cell<Option<u64>> = const { Cell::new(None) };
     static ACTIVATION: Cell<Option<f64>> = const { Cell::new(None) };
+    static HOST_OFFLOAD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the remat pass may keep saved activations in pinned host memory
+/// under the budget ([`kiln_compiler::memory::HostOffload`]) before it
+/// recomputes. CUDA only: on the CPU plugin a step compiled under a budget
+/// with this on fails with the compiler's typed `Remat` error.
+pub fn set_host_offload(on: bool) {
+    if HOST_OFFLOAD.with(|l| l.replace(on)) != on {
+        crate::context::clear_compile_cache();
+    }
+}
+
+/// Whether host offload is on for this thread's steps.
+pub fn host_offload() -> bool {
+    HOST_OFFLOAD.with(Cell::get)
 }
 
 /// Sets this thread's step memory budget in bytes (`None`: no remat pass).

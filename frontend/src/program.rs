@@ -157,7 +157,10 @@ fn pipeline_options() -> Result<pipeline::PipelineOptions> {
             pipeline::pass(p)?;
         }
     }
-    Ok(opts.with_memory_limit(crate::memory_limit()).with_activation_budget(crate::activation_budget()))
+    Ok(opts
+        .with_memory_limit(crate::memory_limit())
+        .with_activation_budget(crate::activation_budget())
+        .with_host_offload(crate::host_offload()))
 }
 
 /// The program of `graph` (a closed raw trace fed by `bindings`), compiled

@@ -139,6 +139,9 @@ impl PlanReport {
                 "value": c.value.to_string(), "op": c.op, "bytes": c.bytes,
                 "recomputed_nodes": c.recomputed_nodes, "flops": c.flops,
             })).collect::<Vec<_>>(),
+            "offloaded": p.offloaded.iter().map(|c| json!({
+                "value": c.value.to_string(), "op": c.op, "bytes": c.bytes,
+            })).collect::<Vec<_>>(),
             "bytes_saved": p.before.peak_bytes.saturating_sub(p.after.peak_bytes),
             "extra_flops": p.extra_flops,
             "extra_roofline_seconds": p.extra_seconds,
@@ -197,6 +200,13 @@ impl PlanReport {
         }
         if p.choices.len() > 20 {
             lines.push(format!("  ... and {} more", p.choices.len() - 20));
+        }
+        if !p.offloaded.is_empty() {
+            let bytes: u64 = p.offloaded.iter().map(|c| c.bytes).sum();
+            lines.push(format!("  {} value(s) offloaded to pinned host memory ({})", p.offloaded.len(), mib(bytes)));
+        }
+        for c in p.offloaded.iter().take(20) {
+            lines.push(format!("  offload {} ({}, {})", c.value, c.op, mib(c.bytes)));
         }
         lines.join("\n") + "\n"
     }

@@ -59,10 +59,32 @@ pub fn kernel_seconds(g: &Graph, l: &Liveness, target: &Target) -> f64 {
         .sum()
 }
 
-/// Whether a materialized node is work of its own (not a view, an input or
-/// a pass-through).
+/// Seconds of the kernels at each position of `l`'s order (zero where no
+/// kernel runs): when each kernel starts and ends, for scheduling copies
+/// beside them.
+pub(crate) fn kernel_times(g: &Graph, l: &Liveness, target: &Target) -> Vec<f64> {
+    let mut walk = Walk::new(g.len());
+    let mut at = vec![0.0; l.order.len()];
+    for (id, node) in g.nodes() {
+        if let (true, Some(p), true) = (l.materialized[id.index()], l.exec_pos[id.index()], runs(&node.op)) {
+            at[p] += walk.kernel(g, l, id, target);
+        }
+    }
+    at
+}
+
+/// Whether a materialized node is work of its own (not a view, an input, a
+/// pass-through, or a copy to or from the host, which runs on the copy
+/// engines beside the kernels).
 fn runs(op: &Op) -> bool {
-    !matches!(op, Op::Parameter { .. } | Op::Constant { .. } | Op::Reshape { .. } | Op::OptimizationBarrier { .. })
+    !matches!(
+        op,
+        Op::Parameter { .. }
+            | Op::Constant { .. }
+            | Op::Reshape { .. }
+            | Op::OptimizationBarrier { .. }
+            | Op::Place { .. }
+    )
 }
 
 /// Scratch for one kernel's walk over its fused region, reused across

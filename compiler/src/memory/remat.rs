@@ -221,6 +221,10 @@ pub struct RematPlan {
     /// ([`crate::cost::estimate`]) with [`RecomputeCost::Arithmetic`], by
     /// kernels ([`super::kernel_seconds`]) with [`RecomputeCost::Kernels`].
     pub extra_seconds: f64,
+    /// Values kept in pinned host memory between their forward write and
+    /// their backward read ([`super::HostOffload`]; `recomputed_nodes` and
+    /// `flops` are zero).
+    pub offloaded: Vec<RematChoice>,
 }
 
 /// A way of choosing what to recompute.
@@ -611,6 +615,7 @@ pub(super) fn finish(
         met: after.peak_bytes <= budget,
         extra_flops,
         extra_seconds,
+        offloaded: Vec::new(),
     }
 }
 
