@@ -29,18 +29,25 @@ fn ladder() -> Graph {
     g
 }
 
-#[test]
-fn memory_limit_reports_the_plan_and_xla_stats_and_draws_the_plot() {
+/// `kiln compile` of the ladder, saved in a fresh directory, with `args`
+/// after the path; `--memory-plot` (when given) draws into `live.svg` there.
+fn compile_ladder(args: &[&str]) -> (tempfile::TempDir, std::path::PathBuf, std::process::Output) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ladder.kiln");
     std::fs::write(&path, text::print(&ladder())).unwrap();
     let plot = dir.path().join("live.svg");
-    let out = Command::cargo_bin("kiln")
-        .unwrap()
-        .args(["compile", path.to_str().unwrap(), "--json", "--memory-limit", "0", "--memory-plot"])
-        .arg(&plot)
-        .output()
-        .unwrap();
+    let mut cmd = Command::cargo_bin("kiln").unwrap();
+    cmd.arg("compile").arg(&path).args(args);
+    if args.contains(&"--memory-plot") {
+        cmd.arg(&plot);
+    }
+    let out = cmd.output().unwrap();
+    (dir, plot, out)
+}
+
+#[test]
+fn memory_limit_reports_the_plan_and_xla_stats_and_draws_the_plot() {
+    let (_dir, plot, out) = compile_ladder(&["--json", "--memory-limit", "0", "--memory-plot"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let plan = &v["memory_plan"];
@@ -57,14 +64,7 @@ fn memory_limit_reports_the_plan_and_xla_stats_and_draws_the_plot() {
 
 #[test]
 fn a_bad_memory_limit_is_named() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ladder.kiln");
-    std::fs::write(&path, text::print(&ladder())).unwrap();
-    let out = Command::cargo_bin("kiln")
-        .unwrap()
-        .args(["compile", path.to_str().unwrap(), "--memory-limit", "2 parsecs"])
-        .output()
-        .unwrap();
+    let (_dir, _, out) = compile_ladder(&["--memory-limit", "2 parsecs"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("2 parsecs") && err.contains("unit"), "{err}");
@@ -72,17 +72,8 @@ fn a_bad_memory_limit_is_named() {
 
 #[test]
 fn host_offload_on_the_cpu_plugin_is_a_typed_error_and_writes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ladder.kiln");
-    std::fs::write(&path, text::print(&ladder())).unwrap();
-    let plot = dir.path().join("live.svg");
-    let out = Command::cargo_bin("kiln")
-        .unwrap()
-        .args(["compile", path.to_str().unwrap(), "--memory-limit", "0", "--remat-strategy", "host-offload"])
-        .arg("--memory-plot")
-        .arg(&plot)
-        .output()
-        .unwrap();
+    let (_dir, plot, out) =
+        compile_ladder(&["--memory-limit", "0", "--remat-strategy", "host-offload", "--memory-plot"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("host-offload") && err.contains("no host memory space"), "{err}");

@@ -9,7 +9,8 @@
 //! - Arguments live for the whole program, outputs from their definition to
 //!   the end, constants are XLA's read-only allocations (neither temp nor
 //!   argument), temps from definition to last use, a kernel's scratch
-//!   (workspace) at that kernel's position only.
+//!   (workspace) at that kernel's position only, values placed in pinned
+//!   host memory (`place pinned_host`) in no device curve.
 
 use crate::ir::{Graph, MemorySpace, NodeId, Op, ValueId};
 
