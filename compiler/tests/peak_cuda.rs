@@ -209,9 +209,10 @@ fn kernel_priced_plans_of_gpt2_small_add_less_predicted_time() {
 /// in until they matter) against measuring every candidate each round, on
 /// gpt2-small's step by the CUDA model: both meet 70% and 50% of activation
 /// memory, the lazy plan adding no more than 1% more predicted time (this
-/// saved step, 2026-11-23: the same 0.696 ms at 70%, 2.760 against 2.762 ms
-/// at 50%, in 0.7 against 2.6 s and 2.8 against 10.3 s; without
-/// `STALE_SLACK`, 2.939 ms at 50%).
+/// saved step, 2026-11-23: the same 0.696 ms at 70%, 2.750 against 2.772 ms
+/// at 50% (2.760 against 2.762 while fused constants counted as reads), in
+/// 0.7 against 2.5 s and 2.8 against 10.2 s; without `STALE_SLACK`, 2.939 ms
+/// at 50%).
 #[test]
 fn lazy_kernel_priced_plans_are_the_plans_of_measuring_every_round() {
     use kiln_compiler::memory::{rematerialize, Greedy, RecomputeCost, RematBudget, RematOptions};

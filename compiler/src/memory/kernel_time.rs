@@ -20,14 +20,16 @@
 //! traffic (the buffers at the fused region's edge it reads, once each, and
 //! what it writes) at the target's bandwidth, each at the share of the
 //! target's peak the H100 trace showed ([`ACHIEVED_BANDWIDTH`],
-//! [`ACHIEVED_GEMM`]), and no less than [`MIN_KERNEL_SECONDS`]. Reshapes and
-//! barriers are views; parameters and constants are read, never run.
-//! Kernels run one after another. Absolute times are rough (one efficiency
+//! [`ACHIEVED_GEMM`]), and no less than [`MIN_KERNEL_SECONDS`]. What a
+//! kernel reads is the liveness's buffers (`Liveness::buffer_of`: reshapes
+//! and barriers alias their operands'); parameters and materialized
+//! constants are read, never run, and a constant the fusion model fuses is
+//! part of its reader. Kernels run one after another. Absolute times are rough (one efficiency
 //! for every shape, no overlap); what remat uses is the difference between
 //! two graphs, where the kernels they share cancel.
 
 use crate::cost::{self, Target};
-use crate::ir::{Graph, NodeId, Op, ValueId};
+use crate::ir::{Graph, NodeId, Op};
 
 use super::liveness::Liveness;
 
@@ -93,7 +95,7 @@ struct Walk {
     stamp: u32,
     in_region: Vec<u32>,
     /// Buffers the current kernel reads, each counted once.
-    read: Vec<ValueId>,
+    read: Vec<usize>,
     stack: Vec<NodeId>,
 }
 
@@ -121,24 +123,26 @@ impl Walk {
             };
             compute += c.flops as f64 / (target.peak_flops_per_s(c.peak) * achieved);
             for u in node.op.inputs() {
-                let u = through_views(g, u);
-                let p = u.node;
-                let edge =
-                    l.materialized[p.index()] || matches!(g.node(p).op, Op::Parameter { .. } | Op::Constant { .. });
-                if edge {
-                    if self.read.contains(&u) {
+                // A value with a buffer (views and barriers alias their
+                // operands') is read from memory; one without is fused into
+                // this kernel.
+                if let Some(b) = l.buffer_of[u.node.index()][u.output as usize] {
+                    if self.read.contains(&b) {
                         continue;
                     }
-                    self.read.push(u);
+                    self.read.push(b);
                     // A slice or gather reads what it selects.
-                    let b = match node.op {
+                    let bytes = match node.op {
                         Op::Slice { .. } | Op::DynamicSlice { .. } | Op::Gather { .. } => {
-                            node.outputs[0].size_in_bytes()
+                            node.outputs[0].size_in_bytes() as u64
                         }
-                        _ => g.ty(u).size_in_bytes(),
+                        _ => l.buffers[b].bytes,
                     };
-                    bytes_read = bytes_read.saturating_add(b as u64);
-                } else if self.in_region[p.index()] != stamp {
+                    bytes_read = bytes_read.saturating_add(bytes);
+                    continue;
+                }
+                let p = u.node;
+                if self.in_region[p.index()] != stamp {
                     self.in_region[p.index()] = stamp;
                     self.stack.push(p);
                 }
@@ -150,18 +154,6 @@ impl Walk {
             _ => bytes_read.saturating_add(node_k.outputs.iter().map(|t| t.size_in_bytes() as u64).sum::<u64>()),
         };
         compute.max(traffic as f64 / (target.mem_bytes_per_s * ACHIEVED_BANDWIDTH)).max(MIN_KERNEL_SECONDS)
-    }
-}
-
-/// The value a read of `v` reaches memory at: reshapes (bitcasts) and
-/// barriers (pass-throughs) are looked through to their operands.
-fn through_views(g: &Graph, mut v: ValueId) -> ValueId {
-    loop {
-        match &g.node(v.node).op {
-            Op::Reshape { input, .. } => v = *input,
-            Op::OptimizationBarrier { inputs } => v = inputs[v.output as usize],
-            _ => return v,
-        }
     }
 }
 
