@@ -15,26 +15,9 @@ thread_local! {
     static HOST_OFFLOAD: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Whether the remat pass may keep saved activations in pinned host memory
-/// under the budget ([`kiln_compiler::memory::HostOffload`]) before it
-/// recomputes. CUDA only: on the CPU plugin a step compiled under a budget
-/// with this on fails with the compiler's typed `Remat` error.
-pub fn set_host_offload(on: bool) {
-    if HOST_OFFLOAD.with(|l| l.replace(on)) != on {
-        crate::context::clear_compile_cache();
-    }
-}
-
-/// Whether host offload is on for this thread's steps.
-pub fn host_offload() -> bool {
-    HOST_OFFLOAD.with(Cell::get)
-}
-
 /// Sets this thread's step memory budget in bytes (`None`: no remat pass).
 pub fn set_memory_limit(bytes: Option<u64>) {
-    if LIMIT.with(|l| l.replace(bytes)) != bytes {
-        crate::context::clear_compile_cache();
-    }
+    set(&LIMIT, bytes);
 }
 
 /// This thread's step memory budget.
@@ -55,15 +38,34 @@ pub fn set_activation_budget(fraction: Option<f64>) -> crate::Result<()> {
             });
         }
     }
-    if ACTIVATION.with(|l| l.replace(fraction)) != fraction {
-        crate::context::clear_compile_cache();
-    }
+    set(&ACTIVATION, fraction);
     Ok(())
 }
 
 /// This thread's activation budget (a fraction), if any.
 pub fn activation_budget() -> Option<f64> {
     ACTIVATION.with(Cell::get)
+}
+
+/// Whether the remat pass may keep saved activations in pinned host memory
+/// under the budget ([`kiln_compiler::memory::HostOffload`]) before it
+/// recomputes. CUDA only: on the CPU plugin a step compiled under a budget
+/// with this on fails with the compiler's typed `Remat` error.
+pub fn set_host_offload(on: bool) {
+    set(&HOST_OFFLOAD, on);
+}
+
+/// Whether host offload is on for this thread's steps.
+pub fn host_offload() -> bool {
+    HOST_OFFLOAD.with(Cell::get)
+}
+
+/// Sets one of this thread's settings, clearing its compile caches when the
+/// value changes (they hold programs built under the old one).
+fn set<T: Copy + PartialEq + 'static>(setting: &'static std::thread::LocalKey<Cell<T>>, value: T) {
+    if setting.with(|c| c.replace(value)) != value {
+        crate::context::clear_compile_cache();
+    }
 }
 
 /// The pruned step graph whose outputs are `f`'s tensors, recorded apart from

@@ -97,10 +97,7 @@ pub(super) fn cuts(g: &Graph, l: &Liveness, users: &[Vec<NodeId>], pos: &[Option
 pub(super) fn segment_candidates(g: &Graph, l: &Liveness, values: &[Candidate], opts: &RematOptions) -> Vec<Candidate> {
     let Some(bwd) = values.iter().map(|c| c.late_pos).min() else { return Vec::new() };
     let users = users_of(g);
-    let mut pos = vec![None; g.len()];
-    for (p, id) in l.order.iter().enumerate() {
-        pos[id.index()] = Some(p);
-    }
+    let pos = l.positions();
     let cuts = cuts(g, l, &users, &pos, bwd);
     let mut bounds: Vec<Option<usize>> = vec![None];
     bounds.extend(cuts.iter().map(|&c| Some(c)));
@@ -225,10 +222,7 @@ mod tests {
         let g = residual(4);
         let l = crate::memory::liveness(&g, &EveryNodeAKernel);
         let users = users_of(&g);
-        let mut pos = vec![None; g.len()];
-        for (p, id) in l.order.iter().enumerate() {
-            pos[id.index()] = Some(p);
-        }
+        let pos = l.positions();
         // The backward starts with the neg after the last add (position 13).
         let cuts = cuts(&g, &l, &users, &pos, 13);
         let adds: Vec<usize> = l

@@ -409,10 +409,7 @@ fn conditions(lp: &mut Problem, p: &Program, xs: &[Variable]) {
 /// node to its image, `l` is the rewritten graph's liveness.
 fn curve_change(base_l: &Liveness, base: &[u64], map: &[NodeId], l: &Liveness) -> Vec<(usize, i64)> {
     let curve = l.live_curve();
-    let mut new_pos = vec![None; l.exec_pos.len()];
-    for (p, id) in l.order.iter().enumerate() {
-        new_pos[id.index()] = Some(p);
-    }
+    let new_pos = l.positions();
     let mut d = Vec::new();
     let mut from = 0usize;
     for (t, id) in base_l.order.iter().enumerate() {

@@ -54,11 +54,7 @@ pub const ACHIEVED_GEMM: f64 = 0.88;
 /// Seconds of `g`'s kernels as `l` (its liveness under a fusion model) makes
 /// them, on `target`.
 pub fn kernel_seconds(g: &Graph, l: &Liveness, target: &Target) -> f64 {
-    let mut walk = Walk::new(g.len());
-    g.nodes()
-        .filter(|&(id, node)| l.materialized[id.index()] && l.exec_pos[id.index()].is_some() && runs(&node.op))
-        .map(|(id, _)| walk.kernel(g, l, id, target))
-        .sum()
+    kernel_times(g, l, target).iter().sum()
 }
 
 /// Seconds of the kernels at each position of `l`'s order (zero where no

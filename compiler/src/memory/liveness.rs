@@ -62,6 +62,16 @@ pub struct Liveness {
 }
 
 impl Liveness {
+    /// Each node's position in `order` (`None` for dead nodes), indexed by
+    /// node.
+    pub fn positions(&self) -> Vec<Option<usize>> {
+        let mut pos = vec![None; self.exec_pos.len()];
+        for (p, id) in self.order.iter().enumerate() {
+            pos[id.index()] = Some(p);
+        }
+        pos
+    }
+
     /// Bytes of temporaries live at each position.
     pub fn temp_curve(&self) -> Vec<u64> {
         self.curve(|b| matches!(b.kind, BufferKind::Temp | BufferKind::Scratch).then_some(b.last_use))

@@ -104,9 +104,10 @@ impl RematStrategy for HostOffload {
         if let Some(reason) = self.unavailable_reason() {
             return Err(CompileError::Remat { strategy: self.name(), reason: reason.to_string() });
         }
-        let before = peak_of(&liveness(g, opts.fusion));
+        let base = liveness(g, opts.fusion);
+        let before = peak_of(&base);
         let budget = budget_bytes(opts.budget, &before);
-        let (offloaded_graph, offloaded) = offload(g, opts, budget)?;
+        let (offloaded_graph, offloaded) = offload(g, &base, opts, budget)?;
         let rest = Greedy.plan(&offloaded_graph, opts)?;
         let mut plan = finish(self.name(), g, rest.graph, rest.choices, before, opts);
         plan.offloaded = offloaded;
@@ -129,25 +130,27 @@ struct Move {
     first_late_user: usize,
 }
 
-/// `g` with values offloaded until the freed bytes cover the excess over
-/// `budget` or the link is full, and what was offloaded.
-fn offload(g: &Graph, opts: &RematOptions, budget: u64) -> Result<(Graph, Vec<RematChoice>), CompileError> {
-    let l = liveness(g, opts.fusion);
-    let peak = peak_of(&l);
+/// `g` (whose liveness is `l`) with values offloaded until the freed bytes
+/// cover the excess over `budget` or the link is full, and what was
+/// offloaded.
+fn offload(
+    g: &Graph,
+    l: &Liveness,
+    opts: &RematOptions,
+    budget: u64,
+) -> Result<(Graph, Vec<RematChoice>), CompileError> {
+    let peak = peak_of(l);
     if peak.peak_bytes <= budget {
         return Ok((g.clone(), Vec::new()));
     }
     let at = peak.peak_position;
     let mut start = vec![0.0f64];
-    for s in kernel_times(g, &l, &opts.target) {
+    for s in kernel_times(g, l, &opts.target) {
         start.push(start.last().copied().unwrap_or(0.0) + s);
     }
     let users = users_of(g);
-    let mut pos = vec![usize::MAX; g.len()];
-    for (p, id) in l.order.iter().enumerate() {
-        pos[id.index()] = p;
-    }
-    let mut cands: Vec<_> = candidates(g, &l, opts)
+    let pos = l.positions();
+    let mut cands: Vec<_> = candidates(g, l, opts)
         .into_iter()
         .filter(|c| c.early_end < at && at < c.late_pos && c.bytes >= MIN_OFFLOAD_BYTES)
         .collect();
@@ -162,14 +165,14 @@ fn offload(g: &Graph, opts: &RematOptions, budget: u64) -> Result<(Graph, Vec<Re
         if freed >= excess {
             break;
         }
-        let Some(m) = move_for(g, &l, &users, &pos, c.value, at) else { continue };
+        let Some(m) = move_for(g, l, &users, &pos, c.value, at) else { continue };
         let mut trial = chosen.clone();
         trial.push(m);
         if !out_fits(&trial, &start, at) {
             continue;
         }
         let Some(a) = back_anchors(&trial, &start, at) else { continue };
-        let Some(a) = a.iter().map(|&p| anchor_at(&l, p, at)).collect::<Option<Vec<_>>>() else { continue };
+        let Some(a) = a.iter().map(|&p| anchor_at(l, p, at)).collect::<Option<Vec<_>>>() else { continue };
         freed += trial.last().map_or(0, |m| m.bytes);
         chosen = trial;
         anchors = a;
@@ -198,7 +201,14 @@ fn offload(g: &Graph, opts: &RematOptions, budget: u64) -> Result<(Graph, Vec<Re
 /// The move for `v` around the peak at `at`, if its direct users split
 /// cleanly: each runs before `at` or after it, and those after it are all
 /// inserted after the peak (so the copy back can precede them).
-fn move_for(g: &Graph, l: &Liveness, users: &[Vec<NodeId>], pos: &[usize], v: ValueId, at: usize) -> Option<Move> {
+fn move_for(
+    g: &Graph,
+    l: &Liveness,
+    users: &[Vec<NodeId>],
+    pos: &[Option<usize>],
+    v: ValueId,
+    at: usize,
+) -> Option<Move> {
     let b = l.buffers[l.buffer_of[v.node.index()][v.output as usize]?].clone();
     if b.kind != BufferKind::Temp || g.outputs().contains(&v) {
         return None;
@@ -214,7 +224,7 @@ fn move_for(g: &Graph, l: &Liveness, users: &[Vec<NodeId>], pos: &[usize], v: Va
             std::cmp::Ordering::Less => {}
             std::cmp::Ordering::Equal => return None,
             std::cmp::Ordering::Greater => {
-                if pos[u.index()] <= at + 1 {
+                if pos[u.index()].is_none_or(|p| p <= at + 1) {
                     return None;
                 }
                 late_users.push(u);
@@ -222,7 +232,7 @@ fn move_for(g: &Graph, l: &Liveness, users: &[Vec<NodeId>], pos: &[usize], v: Va
             }
         }
     }
-    let first_late_user = late_users.iter().map(|u| pos[u.index()]).min()?;
+    let first_late_user = late_users.iter().filter_map(|u| pos[u.index()]).min()?;
     Some(Move { value: v, bytes: b.bytes, def: b.def, late_pos, late_users, first_late_user })
 }
 
@@ -421,7 +431,7 @@ mod tests {
         // back could start after it in time.
         let g = chain(4096, 4096, 4, false);
         let opts = RematOptions::for_target(RematBudget::Bytes(0), LowerTarget::Cuda);
-        let (out, offloaded) = offload(&g, &opts, 0).unwrap();
+        let (out, offloaded) = offload(&g, &liveness(&g, opts.fusion), &opts, 0).unwrap();
         assert!(offloaded.is_empty(), "{offloaded:?}");
         assert_eq!(places(&out, MemorySpace::PinnedHost), 0);
     }
@@ -443,10 +453,7 @@ mod tests {
         let l = liveness(&g, &XlaGpuFusion);
         let at = peak_of(&l).peak_position;
         let users = users_of(&g);
-        let mut pos = vec![usize::MAX; g.len()];
-        for (p, id) in l.order.iter().enumerate() {
-            pos[id.index()] = p;
-        }
+        let pos = l.positions();
         let moves: Vec<Move> = (0..g.len())
             .filter(|&i| matches!(g.node(NodeId::from_index(i)).op, Op::Unary { op: UnaryOp::Tanh, .. }))
             .filter_map(|i| move_for(&g, &l, &users, &pos, ValueId::new(NodeId::from_index(i), 0), at))

@@ -37,10 +37,7 @@ pub(super) fn pin_floating(
 ) -> Result<(Graph, usize), CompileError> {
     let l = liveness(g, fusion);
     let n = g.len();
-    let mut pos = vec![None; n];
-    for (p, id) in l.order.iter().enumerate() {
-        pos[id.index()] = Some(p);
-    }
+    let pos = l.positions();
     // Every backward value derives from forward values, so "floating" is
     // relative to the backward's progress: a node progresses when it is the
     // first backward read (the loss's gradient, where the cotangents start)

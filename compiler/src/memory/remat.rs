@@ -680,10 +680,7 @@ pub(super) fn first_backward_read(g: &Graph, l: &Liveness, opts: &RematOptions) 
 
 pub(super) fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Candidate> {
     let users = users_of(g);
-    let mut pos = vec![None; g.len()];
-    for (p, id) in l.order.iter().enumerate() {
-        pos[id.index()] = Some(p);
-    }
+    let pos = l.positions();
     let mut out = Vec::new();
     for b in &l.buffers {
         if b.kind != BufferKind::Temp {
