@@ -112,12 +112,7 @@ impl Walk {
         let mut bytes_read = 0u64;
         while let Some(m) = self.stack.pop() {
             let node = g.node(m);
-            let c = cost::node_cost(g, m);
-            let achieved = match c.peak {
-                cost::PeakClass::Bf16Matmul | cost::PeakClass::Tf32Matmul => ACHIEVED_GEMM,
-                cost::PeakClass::Vector => 1.0,
-            };
-            compute += c.flops as f64 / (target.peak_flops_per_s(c.peak) * achieved);
+            compute += achieved_compute_seconds(&cost::node_cost(g, m), target);
             for u in node.op.inputs() {
                 // A value with a buffer (views and barriers alias their
                 // operands') is read from memory; one without is fused into
@@ -149,8 +144,23 @@ impl Walk {
             Op::DynamicUpdateSlice { .. } | Op::ScatterAdd { .. } => cost::node_cost(g, k).bytes(),
             _ => bytes_read.saturating_add(node_k.outputs.iter().map(|t| t.size_in_bytes() as u64).sum::<u64>()),
         };
-        compute.max(traffic as f64 / (target.mem_bytes_per_s * ACHIEVED_BANDWIDTH)).max(MIN_KERNEL_SECONDS)
+        compute.max(traffic_seconds(traffic, target)).max(MIN_KERNEL_SECONDS)
     }
+}
+
+/// Seconds of `c`'s arithmetic at the rate the target achieves for its
+/// class (GEMMs at [`ACHIEVED_GEMM`] of the peak, vector work at the peak).
+pub(super) fn achieved_compute_seconds(c: &cost::NodeCost, target: &Target) -> f64 {
+    let achieved = match c.peak {
+        cost::PeakClass::Bf16Matmul | cost::PeakClass::Tf32Matmul => ACHIEVED_GEMM,
+        cost::PeakClass::Vector => 1.0,
+    };
+    c.flops as f64 / (target.peak_flops_per_s(c.peak) * achieved)
+}
+
+/// Seconds to move `bytes` at [`ACHIEVED_BANDWIDTH`] of the target's.
+pub(super) fn traffic_seconds(bytes: u64, target: &Target) -> f64 {
+    bytes as f64 / (target.mem_bytes_per_s * ACHIEVED_BANDWIDTH)
 }
 
 #[cfg(test)]

@@ -57,7 +57,7 @@ use crate::cost::{self, Target};
 use crate::ir::{Graph, NodeId, Op, ValueId};
 use crate::CompileError;
 
-use super::kernel_time::kernel_seconds;
+use super::kernel_time::{self, kernel_seconds};
 use super::liveness::{liveness, users_of, BufferKind, Liveness};
 use super::peak::{peak_of, PeakMemory};
 use super::Materialization;
@@ -769,7 +769,8 @@ pub(super) fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Ca
 /// arithmetic; the others (dots, reductions, gathers) pay the slower of
 /// arithmetic and memory. [`RecomputeCost::Kernels`]: the chain as one
 /// kernel, the slower of its arithmetic and its traffic (the leaves read,
-/// the value written): greedy's order before it measures kernel time.
+/// the value written) at the rates the kernel model achieves
+/// ([`kernel_time`]): greedy's order before it measures kernel time.
 pub(super) fn recompute_cost(
     g: &Graph,
     chain: &[NodeId],
@@ -777,21 +778,26 @@ pub(super) fn recompute_cost(
     bytes: u64,
     opts: &RematOptions,
 ) -> (u64, f64) {
-    let (flops, seconds, compute) = chain.iter().fold((0u64, 0.0f64, 0.0f64), |(f, s, a), &n| {
-        let c = cost::node_cost(g, n);
-        let compute = c.flops as f64 / opts.target.peak_flops_per_s(c.peak);
-        let t = if super::loop_fusible(&g.node(n).op) {
-            compute
-        } else {
-            compute.max(c.bytes() as f64 / opts.target.mem_bytes_per_s)
-        };
-        (f.saturating_add(c.flops), s + t, a + compute)
-    });
+    let costs = || chain.iter().map(|&n| (n, cost::node_cost(g, n)));
+    let flops = costs().fold(0u64, |f, (_, c)| f.saturating_add(c.flops));
     match opts.cost {
-        RecomputeCost::Arithmetic => (flops, seconds),
+        RecomputeCost::Arithmetic => {
+            let seconds = costs()
+                .map(|(n, c)| {
+                    let compute = c.flops as f64 / opts.target.peak_flops_per_s(c.peak);
+                    if super::loop_fusible(&g.node(n).op) {
+                        compute
+                    } else {
+                        compute.max(c.bytes() as f64 / opts.target.mem_bytes_per_s)
+                    }
+                })
+                .sum();
+            (flops, seconds)
+        }
         RecomputeCost::Kernels => {
+            let compute: f64 = costs().map(|(_, c)| kernel_time::achieved_compute_seconds(&c, &opts.target)).sum();
             let read: u64 = leaves.iter().map(|&v| g.ty(v).size_in_bytes() as u64).sum();
-            (flops, compute.max(read.saturating_add(bytes) as f64 / opts.target.mem_bytes_per_s))
+            (flops, compute.max(kernel_time::traffic_seconds(read.saturating_add(bytes), &opts.target)))
         }
     }
 }
