@@ -23,7 +23,8 @@
 //! - Duplication stops: of two residual adds per block, XLA writes one (the
 //!   add after the MLP) and recomputes the other in its readers. The model
 //!   counts, from the last node back, how many kernels would recompute each
-//!   fused value; a value recomputed by more than [`MAX_RECOMPUTING_KERNELS`]
+//!   fused value (each kernel once, however many of its nodes read the
+//!   value); a value recomputed by more than [`MAX_RECOMPUTING_KERNELS`]
 //!   kernels is written instead.
 
 use crate::ir::{BinaryOp, DType, Graph, NodeId, Op, UnaryOp};
@@ -51,9 +52,11 @@ impl Materialization for XlaGpuFusion {
     fn plan(&self, g: &Graph, users: &[Vec<NodeId>], live: &[bool]) -> Vec<bool> {
         let n = g.len();
         let mut materialized = vec![false; n];
-        // Kernels that compute each node: 1 for a kernel of its own, the sum
-        // over its readers for a fused node.
-        let mut kernels = vec![0usize; n];
+        // The kernels that compute each node: itself for a kernel of its own,
+        // for a fused node the kernels its readers run in, each counted once
+        // (XLA computes a fused value once in a kernel however many of that
+        // kernel's nodes read it), up to one more than the limit.
+        let mut kernels: Vec<Vec<u32>> = vec![Vec::new(); n];
         let sources = sources(g, live);
         for i in (0..n).rev() {
             if !live[i] {
@@ -66,15 +69,23 @@ impl Materialization for XlaGpuFusion {
                 && !us.is_empty()
                 && us.iter().all(|&u| absorbs(&g.node(u).op, op))
                 && !(us.len() > 1 && expensive(g, id));
-            let readers: usize =
-                us.iter().map(|u| if materialized[u.index()] { 1 } else { kernels[u.index()].max(1) }).sum();
+            let mut readers: Vec<u32> = Vec::new();
+            for &u in us {
+                let own = [u.index() as u32];
+                let of_u = if materialized[u.index()] { &own[..] } else { &kernels[u.index()][..] };
+                for &k in of_u {
+                    if readers.len() <= MAX_RECOMPUTING_KERNELS && !readers.contains(&k) {
+                        readers.push(k);
+                    }
+                }
+            }
             // Recomputing a value that reads one buffer costs each reader what
             // reading the value would; one that combines two buffers (a
             // residual add) costs more per reader, so XLA writes it once it
             // has many readers.
             let combines = sources[i].len() > 1;
-            materialized[i] = !fusible || (readers > MAX_RECOMPUTING_KERNELS && combines);
-            kernels[i] = if materialized[i] { 1 } else { readers };
+            materialized[i] = !fusible || (readers.len() > MAX_RECOMPUTING_KERNELS && combines);
+            kernels[i] = if materialized[i] { vec![i as u32] } else { readers };
         }
         materialized
     }
@@ -289,6 +300,41 @@ mod tests {
         // add is cheap.
         let c = liveness(&g, &XlaCpuFusion);
         assert_eq!(adds[..7].iter().filter(|a| c.materialized[a.index()]).count(), 0);
+    }
+
+    /// `v = a * b` (two buffers) read by `k` fused nodes whose results meet
+    /// in one row sum, or each summed by a kernel of its own.
+    fn many_readers(k: usize, one_kernel: bool) -> (Graph, NodeId) {
+        let mut g = Graph::new();
+        let t = TensorType::new(DType::F32, [64, 128]);
+        let a = g.parameter(t.clone());
+        let b = g.parameter(t);
+        let v = g.value(Op::Binary { op: BinaryOp::Mul, lhs: a, rhs: b }).unwrap();
+        let reads: Vec<ValueId> = (0..k).map(|_| g.value(Op::Unary { op: UnaryOp::Neg, input: v }).unwrap()).collect();
+        let outs = if one_kernel {
+            let sum = reads[1..]
+                .iter()
+                .fold(reads[0], |s, &r| g.value(Op::Binary { op: BinaryOp::Add, lhs: s, rhs: r }).unwrap());
+            vec![sum_rows(&mut g, sum)]
+        } else {
+            reads.iter().map(|&r| sum_rows(&mut g, r)).collect()
+        };
+        g.set_outputs(outs).unwrap();
+        (g, v.node)
+    }
+
+    /// XLA computes a fused value once in each kernel that reads it, however
+    /// many of that kernel's nodes do (GELU's derivative reads the `tanh`
+    /// through several products that all end in the one backward kernel,
+    /// H100 2026-11-24): readers are counted by kernel, not by path.
+    #[test]
+    fn a_value_fused_into_one_kernel_by_many_paths_is_not_written() {
+        let (g, v) = many_readers(6, true);
+        assert!(!liveness(&g, &XlaGpuFusion).materialized[v.index()], "six paths into one kernel");
+        let (g, v) = many_readers(6, false);
+        assert!(liveness(&g, &XlaGpuFusion).materialized[v.index()], "six kernels");
+        let (g, v) = many_readers(MAX_RECOMPUTING_KERNELS, false);
+        assert!(!liveness(&g, &XlaGpuFusion).materialized[v.index()], "as many kernels as the limit");
     }
 
     #[test]

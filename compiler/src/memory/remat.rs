@@ -818,11 +818,16 @@ pub(super) fn anchor_for(
     let mut stack = g.node(late).op.inputs();
     let mut seen: Vec<NodeId> = Vec::new();
     while let Some(a) = stack.pop() {
-        if chain.contains(&a.node) || view_clones.contains(&a.node) || seen.contains(&a.node) {
+        if chain.contains(&a.node) || seen.contains(&a.node) {
             continue;
         }
         seen.push(a.node);
         let i = a.node.index();
+        // The value's fused readers are cloned with the chain, but what else
+        // they read is the late region's: GELU's derivative reads the
+        // recomputed `tanh` and, through them, the cotangent. Waiting for the
+        // cotangent keeps the clones in the kernel XLA fuses the derivative
+        // into (docs/memory.md, "One pass over a recomputed leaf").
         let view = !l.materialized[i] || matches!(g.node(a.node).op, Op::Reshape { .. });
         if view {
             stack.extend(g.node(a.node).op.inputs());
@@ -1082,6 +1087,37 @@ mod tests {
         let want = crate::interpret(&g, std::slice::from_ref(&x)).unwrap();
         let got = crate::interpret(&plan.graph, &[x]).unwrap();
         assert_eq!(want, got, "recomputation is bit-identical on the interpreter");
+    }
+
+    /// `t = tanh(h)` is read by a forward row sum and, in the "backward",
+    /// through fused products (`-(t·t)`, then times the cotangent `dg`) by
+    /// one row sum; an unrelated GEMM `w` is written after `dg`. The barrier
+    /// before the late kernel waits for `dg`, which the fused products read,
+    /// not for `w`, the latest buffer of the gap: on the H100 waiting for a
+    /// weight gradient made GELU's two recomputations a cycle to XLA.
+    #[test]
+    fn the_barrier_waits_for_what_the_fused_readers_read() {
+        let mut g = Graph::new();
+        let f32 = |dims: [usize; 2]| TensorType::new(DType::F32, dims);
+        let h = g.parameter(f32([64, 128]));
+        let t = g.value(Op::Unary { op: UnaryOp::Tanh, input: h }).unwrap();
+        let s = g.value(Op::Reduce { op: crate::ir::ReduceOp::Sum, input: t, axes: vec![1] }).unwrap();
+        let (a, b) = (g.parameter(f32([64, 32])), g.parameter(f32([32, 128])));
+        let dg = g.value(Op::DotGeneral { lhs: a, rhs: b, dims: crate::ir::DotDims::matmul() }).unwrap();
+        let (c, d) = (g.parameter(f32([64, 32])), g.parameter(f32([32, 128])));
+        let w = g.value(Op::DotGeneral { lhs: c, rhs: d, dims: crate::ir::DotDims::matmul() }).unwrap();
+        let tt = g.value(Op::Binary { op: crate::ir::BinaryOp::Mul, lhs: t, rhs: t }).unwrap();
+        let factor = g.value(Op::Unary { op: UnaryOp::Neg, input: tt }).unwrap();
+        let prod = g.value(Op::Binary { op: crate::ir::BinaryOp::Mul, lhs: dg, rhs: factor }).unwrap();
+        let r = g.value(Op::Reduce { op: crate::ir::ReduceOp::Sum, input: prod, axes: vec![1] }).unwrap();
+        g.set_outputs(vec![s, w, r]).unwrap();
+        let opts = RematOptions::new(RematBudget::Bytes(0), &crate::memory::XlaGpuFusion);
+        let l = liveness(&g, opts.fusion);
+        assert!(l.materialized[t.node.index()] && !l.materialized[prod.node.index()]);
+        let cands = candidates(&g, &l, &opts);
+        let c = cands.iter().find(|c| c.value == t).expect("tanh is a candidate");
+        assert_eq!(c.late_node, r.node);
+        assert_eq!(c.anchor, Some(dg));
     }
 
     #[test]
