@@ -23,5 +23,5 @@ mod verify;
 pub use error::CompileError;
 pub use fingerprint::{fingerprint, Fingerprint, BUILD_FINGERPRINT};
 pub use interp::{interpret, interpret_op, interpret_replicated};
-pub use lower::{lower, LowerOptions, LowerTarget, ModuleShardings};
+pub use lower::{lower, AttentionSplit, LowerOptions, LowerTarget, ModuleShardings};
 pub use verify::verify;

@@ -656,6 +656,53 @@ fn attention_lowers_per_target() -> Result<()> {
     Ok(())
 }
 
+/// Under a mesh that splits the batch in two and the heads in three, the
+/// CUDA lowering runs each cuDNN call on one device's shard: operands enter
+/// the manual region through `@Sharding` + `@SPMDFullToShardShape`, the call
+/// and its config see the shard's shapes (`[1, 16, 1, 8]` of `[2, 16, 3, 8]`),
+/// results leave through `@SPMDShardToFullShape`. The CPU target, whose
+/// attention is plain ops the partitioner splits, ignores the split.
+#[test]
+fn sharded_attention_runs_on_each_devices_shard_on_cuda() -> Result<()> {
+    let mut g = Graph::new();
+    let outs = attention_case(&mut g, true)?;
+    g.set_outputs(outs)?;
+    let split = kiln_compiler::AttentionSplit {
+        batch: 2,
+        heads: 3,
+        btnh: "{devices=[2,1,3,1]<=[6]}".into(),
+        bnth: "{devices=[2,3,1,1]<=[6]}".into(),
+        bnt: "{devices=[2,3,1]<=[6]}".into(),
+    };
+    let shardings = kiln_compiler::ModuleShardings {
+        num_partitions: 6,
+        params: vec!["{replicated}".into(); 4],
+        outputs: vec!["{replicated}".into(); 4],
+        attention: Some(split),
+    };
+    let opts = |target| LowerOptions { target, shardings: Some(shardings.clone()), ..LowerOptions::default() };
+    let cuda = lower(&g, &opts(LowerTarget::Cuda))?;
+    let count = |s: &str| cuda.matches(s).count();
+    // q, k, v into the forward; q, k, v, the statistics, dout, out into the backward.
+    assert_eq!(count("@SPMDFullToShardShape"), 9, "{cuda}");
+    // out and the statistics from the forward; dq, dk, dv from the backward.
+    assert_eq!(count("@SPMDShardToFullShape"), 5, "{cuda}");
+    assert!(cuda.contains("(tensor<2x16x3x8xbf16>) -> tensor<1x16x1x8xbf16>"), "{cuda}");
+    assert!(cuda.contains("(tensor<1x1x16xf32>) -> tensor<2x3x16xf32>"), "the statistics: {cuda}");
+    assert!(cuda.contains("mhlo.sharding = \"{{manual}, {manual}, {manual}}\""), "{cuda}");
+    assert!(cuda.contains("\\22dimensions\\22: [\\221\\22, \\221\\22, \\2216\\22, \\2216\\22]"), "config: {cuda}");
+    insta::assert_snapshot!("attention_causal_cuda_sharded", cuda);
+    let cpu = lower(&g, &opts(LowerTarget::Cpu))?;
+    assert!(!cpu.contains("custom_call"), "{cpu}");
+    // A split that does not divide the heads leaves the calls whole.
+    let mut odd = shardings.clone();
+    odd.attention.as_mut().unwrap().heads = 2;
+    let whole =
+        lower(&g, &LowerOptions { target: LowerTarget::Cuda, shardings: Some(odd), ..LowerOptions::default() })?;
+    assert!(!whole.contains("SPMDFullToShardShape") && whole.contains("fmhaSoftmax"), "{whole}");
+    Ok(())
+}
+
 /// A value sent to pinned host memory and back, as host offload emits it:
 /// the host copy passes through a barrier with a later value.
 fn place_case(g: &mut Graph) -> Result<Vec<ValueId>> {
@@ -746,6 +793,7 @@ fn shardings_annotate_main_and_set_the_partition_count() -> Result<()> {
         num_partitions: 4,
         params: vec!["{devices=[4,1]0,1,2,3}".into()],
         outputs: vec!["{devices=[4,1]0,1,2,3}".into()],
+        attention: None,
     };
     let text = lower(&g, &LowerOptions { shardings: Some(shardings.clone()), ..LowerOptions::default() })?;
     assert!(text.starts_with("module @kiln attributes {mhlo.num_partitions = 4 : i32, mhlo.num_replicas = 1 : i32}"));

@@ -390,6 +390,7 @@ fn partition(
         num_partitions: mesh.size(),
         params: params.iter().map(|s| s.hlo(mesh)).collect(),
         outputs: outs.iter().map(|s| s.hlo(mesh)).collect(),
+        attention: crate::shard::attention_split(mesh),
     };
     Ok(Partitioned { module, local, layout: Layout { mesh: mesh.clone(), params } })
 }

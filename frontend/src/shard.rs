@@ -487,6 +487,31 @@ pub fn shard_batch(t: &Tensor) -> Result<()> {
     t.set_sharding(Sharding::split(t.rank(), 0, DATA))
 }
 
+/// How the cuDNN attention calls split under `mesh` (the CUDA lowering runs
+/// each on one device's shard, `kiln_compiler::AttentionSplit`): the batch
+/// over `data`, as [`shard_batch`] splits it, and the heads over `model`, as
+/// tensor parallelism splits the fused qkv projection. `None` when neither
+/// axis splits anything.
+pub(crate) fn attention_split(mesh: &Mesh) -> Option<kiln_compiler::AttentionSplit> {
+    let batch = mesh.axis_size(DATA).unwrap_or(1);
+    let heads = mesh.axis_size(MODEL).unwrap_or(1);
+    if batch * heads == 1 {
+        return None;
+    }
+    // The axes of dimension 0 (batch) and of the heads dimension.
+    let split = |rank: usize, heads_dim: usize| {
+        let mut s = Sharding::replicated(rank);
+        if batch > 1 {
+            s = s.with(0, DATA);
+        }
+        if heads > 1 {
+            s = s.with(heads_dim, MODEL);
+        }
+        s.hlo(mesh)
+    };
+    Some(kiln_compiler::AttentionSplit { batch, heads, btnh: split(4, 2), bnth: split(4, 1), bnt: split(3, 1) })
+}
+
 /// The sharding of `inner` (replicated when unset).
 pub(crate) fn of(inner: &Inner) -> Sharding {
     inner.sharding.borrow().clone().unwrap_or_else(|| Sharding::replicated(inner.ty.shape.dims().len()))
@@ -841,6 +866,21 @@ mod tests {
         assert_eq!(Sharding::split(2, 0, "data").hlo(&m22), "{devices=[2,1,2]0,1,2,3 last_tile_dim_replicate}");
         assert_eq!(Sharding::split(2, 1, "model").hlo(&m22), "{devices=[1,2,2]0,2,1,3 last_tile_dim_replicate}");
         assert_eq!(Sharding::split(2, 1, "data").with(0, "model").hlo(&m22), "{devices=[2,2]0,2,1,3}");
+    }
+
+    #[test]
+    fn attention_splits_the_batch_over_data_and_the_heads_over_model() {
+        let split = |spec: &str| attention_split(&Mesh::parse(spec).unwrap());
+        let fsdp = split("data=2").unwrap();
+        assert_eq!((fsdp.batch, fsdp.heads), (2, 1));
+        assert_eq!((fsdp.btnh.as_str(), fsdp.bnt.as_str()), ("{devices=[2,1,1,1]0,1}", "{devices=[2,1,1]0,1}"));
+        let tp = split("model=2").unwrap();
+        assert_eq!((tp.batch, tp.heads), (1, 2));
+        assert_eq!((tp.btnh.as_str(), tp.bnth.as_str()), ("{devices=[1,1,2,1]0,1}", "{devices=[1,2,1,1]0,1}"));
+        let both = split("data=2,model=2").unwrap();
+        assert_eq!((both.batch, both.heads), (2, 2));
+        assert_eq!(both.btnh, "{devices=[2,1,2,1]0,1,2,3}");
+        assert!(split("data=1").is_none());
     }
 
     #[test]

@@ -26,6 +26,10 @@ pub(super) fn module(g: &Graph, opts: &LowerOptions, live: &[bool]) -> Result<St
         g,
         num_replicas: opts.num_replicas,
         target: opts.target,
+        attention: match opts.target {
+            super::LowerTarget::Cuda => opts.shardings.as_ref().and_then(|s| s.attention.clone()),
+            super::LowerTarget::Cpu => None,
+        },
         names: vec![Vec::new(); g.len()],
         out: String::new(),
     };
@@ -57,6 +61,8 @@ struct Emitter<'g> {
     g: &'g Graph,
     num_replicas: usize,
     target: super::LowerTarget,
+    /// The cuDNN attention calls' split over the devices (CUDA only).
+    attention: Option<super::AttentionSplit>,
     /// SSA name of each output of each emitted node, indexed by node id.
     names: Vec<Vec<String>>,
     out: String,
@@ -384,32 +390,49 @@ impl Emitter<'_> {
             Op::Attention { q, k, v, attrs } => {
                 let (tq, s) = (self.ty(*q).clone(), self.ty(*k).shape.dims()[2]);
                 let xs = self.transpose_to_btnh(id, &[("q", *q), ("k", *k), ("v", *v)]);
-                let call = Self::helper(id, "fmha");
-                self.names[id.index()] = vec![format!("{call}#0"), format!("{call}#1")];
                 let ins: Vec<TensorType> = [*q, *k, *v].iter().map(|&x| cudnn::btnh(self.ty(x))).collect();
+                let split = self.attention_split(&tq);
+                let (xs, ins, tq, outs) = match &split {
+                    None => (xs, ins, tq, node.outputs.to_vec()),
+                    Some(sp) => (
+                        self.enter_region(id, &["q", "k", "v"], &xs, &ins, sp),
+                        ins.iter().map(|t| sp.btnh_shard(t)).collect(),
+                        sp.bnth_shard(&tq),
+                        vec![sp.bnth_shard(&node.outputs[0]), sp.bnt_shard(&node.outputs[1])],
+                    ),
+                };
+                let call = Self::helper(id, "fmha");
                 self.line(format!(
-                    "{call}:3 = stablehlo.custom_call @{}({}) {{api_version = 2 : i32, backend_config = \"{}\", \
+                    "{call}:3 = stablehlo.custom_call @{}({}) {{api_version = 2 : i32, backend_config = \"{}\", {}\
                      operand_layouts = [{r4}, {r4}, {r4}], result_layouts = [{}, {}, {}]}} : ({}) -> ({}, {}, {})",
                     cudnn::FORWARD,
                     xs.join(", "),
                     cudnn::backend_config(&tq, s, *attrs, false),
+                    manual_results(split.is_some(), 3),
                     cudnn::BNTH_AS_BTNH,
                     cudnn::ROW_MAJOR_3,
                     cudnn::SCALAR_1,
                     join(ins),
-                    node.outputs[0],
-                    node.outputs[1],
+                    outs[0],
+                    outs[1],
                     cudnn::WORKSPACE,
                     r4 = cudnn::ROW_MAJOR_4,
                 ));
+                let results: Vec<String> = (0..2).map(|i| format!("{call}#{i}")).collect();
+                self.names[id.index()] = match &split {
+                    None => results,
+                    Some(sp) => {
+                        let specs = [sp.bnth.as_str(), sp.bnt.as_str()];
+                        self.leave_region(id, &["out", "stats"], &results, &outs, &node.outputs, &specs)
+                    }
+                };
             }
             Op::AttentionGrad { q, k, v, out, stats, dout, attrs } => {
                 let (tq, s) = (self.ty(*q).clone(), self.ty(*k).shape.dims()[2]);
-                let xs = self.transpose_to_btnh(id, &[("q", *q), ("k", *k), ("v", *v)]);
+                let mut xs = self.transpose_to_btnh(id, &[("q", *q), ("k", *k), ("v", *v)]);
                 let go = self.transpose_to_btnh(id, &[("dout", *dout), ("out", *out)]);
-                let st = self.name(*stats);
-                let call = Self::helper(id, "fmha");
-                self.names[id.index()] = (0..3).map(|i| format!("{call}#{i}")).collect();
+                xs.push(self.name(*stats));
+                xs.extend(go);
                 let bt = |e: &Self, x: ValueId| cudnn::btnh(e.ty(x));
                 let ins = vec![
                     bt(self, *q),
@@ -419,24 +442,44 @@ impl Emitter<'_> {
                     bt(self, *dout),
                     bt(self, *out),
                 ];
+                let split = self.attention_split(&tq);
+                let (xs, ins, tq, outs) = match &split {
+                    None => (xs, ins, tq, node.outputs.to_vec()),
+                    Some(sp) => {
+                        let mut local = self.enter_region(id, &["q", "k", "v"], &xs[..3], &ins[..3], sp);
+                        local.push(self.enter_region_as(id, "stats", &xs[3], &ins[3], &sp.bnt, sp.bnt_shard(&ins[3])));
+                        local.extend(self.enter_region(id, &["dout", "out"], &xs[4..], &ins[4..], sp));
+                        let mut lins: Vec<TensorType> = ins.iter().map(|t| sp.btnh_shard(t)).collect();
+                        lins[3] = sp.bnt_shard(&ins[3]);
+                        (local, lins, sp.bnth_shard(&tq), node.outputs.iter().map(|t| sp.bnth_shard(t)).collect())
+                    }
+                };
+                let call = Self::helper(id, "fmha");
                 self.line(format!(
-                    "{call}:4 = stablehlo.custom_call @{}({}, {st}, {}, {}) {{api_version = 2 : i32, backend_config = \"{}\", \
+                    "{call}:4 = stablehlo.custom_call @{}({}) {{api_version = 2 : i32, backend_config = \"{}\", {}\
                      operand_layouts = [{r4}, {r4}, {r4}, {}, {r4}, {r4}], result_layouts = [{b}, {b}, {b}, {}]}} : ({}) -> ({}, {}, {}, {})",
                     cudnn::BACKWARD,
                     xs.join(", "),
-                    go[0],
-                    go[1],
                     cudnn::backend_config(&tq, s, *attrs, true),
+                    manual_results(split.is_some(), 4),
                     cudnn::ROW_MAJOR_3,
                     cudnn::SCALAR_1,
                     join(ins),
-                    node.outputs[0],
-                    node.outputs[1],
-                    node.outputs[2],
+                    outs[0],
+                    outs[1],
+                    outs[2],
                     cudnn::WORKSPACE,
                     r4 = cudnn::ROW_MAJOR_4,
                     b = cudnn::BNTH_AS_BTNH,
                 ));
+                let results: Vec<String> = (0..3).map(|i| format!("{call}#{i}")).collect();
+                self.names[id.index()] = match &split {
+                    None => results,
+                    Some(sp) => {
+                        let specs = [sp.bnth.as_str(); 3];
+                        self.leave_region(id, &["dq", "dk", "dv"], &results, &outs, &node.outputs, &specs)
+                    }
+                };
             }
             Op::LayerNorm { .. }
             | Op::LayerNormGrad { .. }
@@ -453,6 +496,79 @@ impl Emitter<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The split of an attention call on `q` (BNTH), if the module has one
+    /// whose parts divide its batch and heads.
+    fn attention_split(&self, q: &TensorType) -> Option<super::AttentionSplit> {
+        let sp = self.attention.as_ref()?;
+        let d = q.shape.dims();
+        (d[0] % sp.batch == 0 && d[1] % sp.heads == 0).then(|| sp.clone())
+    }
+
+    /// `xs` (BTNH operands of types `ts`) as this device's shards, inside
+    /// the manual region; returns their names.
+    fn enter_region(
+        &mut self,
+        id: NodeId,
+        roles: &[&str],
+        xs: &[String],
+        ts: &[TensorType],
+        sp: &super::AttentionSplit,
+    ) -> Vec<String> {
+        roles
+            .iter()
+            .zip(xs)
+            .zip(ts)
+            .map(|((r, x), t)| self.enter_region_as(id, r, x, t, &sp.btnh, sp.btnh_shard(t)))
+            .collect()
+    }
+
+    /// `x` (global type `t`, sharded as `spec`) as this device's shard of
+    /// type `local`.
+    fn enter_region_as(
+        &mut self,
+        id: NodeId,
+        role: &str,
+        x: &str,
+        t: &TensorType,
+        spec: &str,
+        local: TensorType,
+    ) -> String {
+        let (a, b) = (Self::helper(id, &format!("{role}_sharded")), Self::helper(id, &format!("{role}_shard")));
+        self.line(format!("{a} = stablehlo.custom_call @Sharding({x}) {{mhlo.sharding = \"{spec}\"}} : ({t}) -> {t}"));
+        self.line(format!(
+            "{b} = stablehlo.custom_call @SPMDFullToShardShape({a}) {{mhlo.sharding = \"{{manual}}\"}} : ({t}) -> {local}"
+        ));
+        b
+    }
+
+    /// The call's per-device `results` (types `locals`) as global values of
+    /// types `globals`, sharded as `specs`; returns their names.
+    fn leave_region(
+        &mut self,
+        id: NodeId,
+        roles: &[&str],
+        results: &[String],
+        locals: &[TensorType],
+        globals: &[TensorType],
+        specs: &[&str],
+    ) -> Vec<String> {
+        let mut names = Vec::with_capacity(results.len());
+        for (i, r) in results.iter().enumerate() {
+            let (a, b) =
+                (Self::helper(id, &format!("{}_manual", roles[i])), Self::helper(id, &format!("{}_full", roles[i])));
+            let (l, g) = (&locals[i], &globals[i]);
+            self.line(format!(
+                "{a} = stablehlo.custom_call @Sharding({r}) {{mhlo.sharding = \"{{manual}}\"}} : ({l}) -> {l}"
+            ));
+            self.line(format!(
+                "{b} = stablehlo.custom_call @SPMDShardToFullShape({a}) {{mhlo.sharding = \"{}\"}} : ({l}) -> {g}",
+                specs[i]
+            ));
+            names.push(b);
+        }
+        names
     }
 
     /// Transposes BNTH operands to BTNH for the cuDNN calls; returns their names.
@@ -650,4 +766,14 @@ fn power_of_two_divisor(g: &Graph, v: ValueId) -> Option<u32> {
     le[..width].copy_from_slice(first);
     let value = u64::from_le_bytes(le);
     (value > 1 && value.is_power_of_two()).then(|| value.trailing_zeros())
+}
+
+/// The `mhlo.sharding` attribute (with its trailing `, `) of a cuDNN call of
+/// `n` results inside the manual region; empty outside one.
+fn manual_results(manual: bool, n: usize) -> String {
+    if manual {
+        format!("mhlo.sharding = \"{{{}}}\", ", vec!["{manual}"; n].join(", "))
+    } else {
+        String::new()
+    }
 }

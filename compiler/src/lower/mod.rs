@@ -27,7 +27,7 @@ mod emit;
 mod guard;
 pub(crate) mod live;
 
-use crate::ir::Graph;
+use crate::ir::{Graph, TensorType};
 use crate::CompileError;
 
 /// Options that change the module's text (and therefore the compile key).
@@ -57,6 +57,52 @@ pub struct ModuleShardings {
     pub params: Vec<String>,
     /// One per graph output, in order.
     pub outputs: Vec<String>,
+    /// How the CUDA target's cuDNN attention calls split over the devices;
+    /// `None` runs them as the partitioner decides.
+    pub attention: Option<AttentionSplit>,
+}
+
+/// XLA's SPMD partitioner does not partition the cuDNN attention custom
+/// calls: it gathers their operands and runs each call whole on every
+/// device (`docs/sharding.md`). With a split, the CUDA lowering runs each
+/// call on one device's shard instead, inside a manual region (`@Sharding`
+/// and `@SPMDFullToShardShape` on the operands, `@SPMDShardToFullShape` on
+/// the results): attention is independent across batch elements and heads,
+/// so any split of those two dimensions computes the same values.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionSplit {
+    /// Parts the batch dimension splits into.
+    pub batch: usize,
+    /// Parts the heads dimension splits into.
+    pub heads: usize,
+    /// HLO sharding text of a `[batch, seq, heads, head_dim]` operand.
+    pub btnh: String,
+    /// Of a `[batch, heads, seq, head_dim]` result.
+    pub bnth: String,
+    /// Of the `[batch, heads, seq]` statistics.
+    pub bnt: String,
+}
+
+impl AttentionSplit {
+    fn shard(t: &TensorType, parts: &[usize]) -> TensorType {
+        let dims = t.shape.dims().iter().zip(parts.iter().chain(std::iter::repeat(&1))).map(|(d, p)| d / p);
+        TensorType::new(t.dtype, dims.collect::<Vec<_>>())
+    }
+
+    /// One device's part of a `[batch, seq, heads, head_dim]` value.
+    pub(crate) fn btnh_shard(&self, t: &TensorType) -> TensorType {
+        Self::shard(t, &[self.batch, 1, self.heads])
+    }
+
+    /// Of a `[batch, heads, seq, head_dim]` value.
+    pub(crate) fn bnth_shard(&self, t: &TensorType) -> TensorType {
+        Self::shard(t, &[self.batch, self.heads])
+    }
+
+    /// Of the `[batch, heads, seq]` statistics.
+    pub(crate) fn bnt_shard(&self, t: &TensorType) -> TensorType {
+        Self::shard(t, &[self.batch, self.heads])
+    }
 }
 
 /// The XLA backend a module is lowered for.
