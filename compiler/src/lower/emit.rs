@@ -397,8 +397,8 @@ impl Emitter<'_> {
                     Some(sp) => (
                         self.enter_region(id, &["q", "k", "v"], &xs, &ins, sp),
                         ins.iter().map(|t| sp.btnh_shard(t)).collect(),
-                        sp.bnth_shard(&tq),
-                        vec![sp.bnth_shard(&node.outputs[0]), sp.bnt_shard(&node.outputs[1])],
+                        sp.bn_shard(&tq),
+                        vec![sp.bn_shard(&node.outputs[0]), sp.bn_shard(&node.outputs[1])],
                     ),
                 };
                 let call = Self::helper(id, "fmha");
@@ -447,11 +447,11 @@ impl Emitter<'_> {
                     None => (xs, ins, tq, node.outputs.to_vec()),
                     Some(sp) => {
                         let mut local = self.enter_region(id, &["q", "k", "v"], &xs[..3], &ins[..3], sp);
-                        local.push(self.enter_region_as(id, "stats", &xs[3], &ins[3], &sp.bnt, sp.bnt_shard(&ins[3])));
+                        local.push(self.enter_region_as(id, "stats", &xs[3], &ins[3], &sp.bnt, sp.bn_shard(&ins[3])));
                         local.extend(self.enter_region(id, &["dout", "out"], &xs[4..], &ins[4..], sp));
                         let mut lins: Vec<TensorType> = ins.iter().map(|t| sp.btnh_shard(t)).collect();
-                        lins[3] = sp.bnt_shard(&ins[3]);
-                        (local, lins, sp.bnth_shard(&tq), node.outputs.iter().map(|t| sp.bnth_shard(t)).collect())
+                        lins[3] = sp.bn_shard(&ins[3]);
+                        (local, lins, sp.bn_shard(&tq), node.outputs.iter().map(|t| sp.bn_shard(t)).collect())
                     }
                 };
                 let call = Self::helper(id, "fmha");

@@ -94,13 +94,8 @@ impl AttentionSplit {
         Self::shard(t, &[self.batch, 1, self.heads])
     }
 
-    /// Of a `[batch, heads, seq, head_dim]` value.
-    pub(crate) fn bnth_shard(&self, t: &TensorType) -> TensorType {
-        Self::shard(t, &[self.batch, self.heads])
-    }
-
-    /// Of the `[batch, heads, seq]` statistics.
-    pub(crate) fn bnt_shard(&self, t: &TensorType) -> TensorType {
+    /// Of a `[batch, heads, ...]` value: the results and the statistics.
+    pub(crate) fn bn_shard(&self, t: &TensorType) -> TensorType {
         Self::shard(t, &[self.batch, self.heads])
     }
 }
