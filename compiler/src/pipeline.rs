@@ -392,22 +392,20 @@ fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, Com
     let plan = crate::memory::rematerialize(g, strategy, &ro)?;
     s.changed = plan.choices.len();
     s.extra_flops = plan.extra_flops;
+    // Offloaded choices carry zero clones and FLOPs, so one mapping serves both.
+    let values = |cs: &[crate::memory::RematChoice]| {
+        cs.iter()
+            .map(|c| RecomputedValue { op: c.op, bytes: c.bytes, cloned_nodes: c.recomputed_nodes, flops: c.flops })
+            .collect()
+    };
     s.remat = Some(RematSummary {
         budget_bytes: plan.budget_bytes,
         met: plan.met,
         before: plan.before,
         after: plan.after,
-        recomputed: plan
-            .choices
-            .iter()
-            .map(|c| RecomputedValue { op: c.op, bytes: c.bytes, cloned_nodes: c.recomputed_nodes, flops: c.flops })
-            .collect(),
+        recomputed: values(&plan.choices),
         extra_ns: (plan.extra_seconds * 1e9).round() as u64,
-        offloaded: plan
-            .offloaded
-            .iter()
-            .map(|c| RecomputedValue { op: c.op, bytes: c.bytes, cloned_nodes: 0, flops: 0 })
-            .collect(),
+        offloaded: values(&plan.offloaded),
     });
     Ok(plan.graph)
 }

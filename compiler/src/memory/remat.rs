@@ -778,24 +778,21 @@ pub(super) fn recompute_cost(
     bytes: u64,
     opts: &RematOptions,
 ) -> (u64, f64) {
-    let costs = || chain.iter().map(|&n| (n, cost::node_cost(g, n)));
-    let flops = costs().fold(0u64, |f, (_, c)| f.saturating_add(c.flops));
+    // One pass: the FLOPs, the arithmetic roofline and the kernel model's
+    // achieved compute time of the chain.
+    let (flops, roofline, compute) = chain.iter().fold((0u64, 0.0f64, 0.0f64), |(f, s, a), &n| {
+        let c = cost::node_cost(g, n);
+        let peak = c.flops as f64 / opts.target.peak_flops_per_s(c.peak);
+        let t = if super::loop_fusible(&g.node(n).op) {
+            peak
+        } else {
+            peak.max(c.bytes() as f64 / opts.target.mem_bytes_per_s)
+        };
+        (f.saturating_add(c.flops), s + t, a + kernel_time::achieved_compute_seconds(&c, &opts.target))
+    });
     match opts.cost {
-        RecomputeCost::Arithmetic => {
-            let seconds = costs()
-                .map(|(n, c)| {
-                    let compute = c.flops as f64 / opts.target.peak_flops_per_s(c.peak);
-                    if super::loop_fusible(&g.node(n).op) {
-                        compute
-                    } else {
-                        compute.max(c.bytes() as f64 / opts.target.mem_bytes_per_s)
-                    }
-                })
-                .sum();
-            (flops, seconds)
-        }
+        RecomputeCost::Arithmetic => (flops, roofline),
         RecomputeCost::Kernels => {
-            let compute: f64 = costs().map(|(_, c)| kernel_time::achieved_compute_seconds(&c, &opts.target)).sum();
             let read: u64 = leaves.iter().map(|&v| g.ty(v).size_in_bytes() as u64).sum();
             (flops, compute.max(kernel_time::traffic_seconds(read.saturating_add(bytes), &opts.target)))
         }
