@@ -38,6 +38,11 @@ pub const CUBLAS_WORKSPACE_BYTES: u64 = 32 << 20;
 /// Kernels that may each recompute one fused value before XLA writes it.
 pub const MAX_RECOMPUTING_KERNELS: usize = 3;
 
+/// The kernels that compute a node, at most one more than
+/// [`MAX_RECOMPUTING_KERNELS`]: inline, as the model keeps one per node on
+/// every liveness it computes.
+type Kernels = smallvec::SmallVec<[u32; MAX_RECOMPUTING_KERNELS + 1]>;
+
 /// An approximation of XLA's GPU fusion (the CUDA plugin), for predicting
 /// the memory of the program XLA compiles from kiln's graph on the H100.
 #[derive(Clone, Copy, Debug, Default)]
@@ -56,7 +61,7 @@ impl Materialization for XlaGpuFusion {
         // for a fused node the kernels its readers run in, each counted once
         // (XLA computes a fused value once in a kernel however many of that
         // kernel's nodes read it), up to one more than the limit.
-        let mut kernels: Vec<Vec<u32>> = vec![Vec::new(); n];
+        let mut kernels: Vec<Kernels> = vec![Kernels::new(); n];
         let sources = sources(g, live);
         for i in (0..n).rev() {
             if !live[i] {
@@ -69,7 +74,7 @@ impl Materialization for XlaGpuFusion {
                 && !us.is_empty()
                 && us.iter().all(|&u| absorbs(&g.node(u).op, op))
                 && !(us.len() > 1 && expensive(g, id));
-            let mut readers: Vec<u32> = Vec::new();
+            let mut readers = Kernels::new();
             for &u in us {
                 let own = [u.index() as u32];
                 let of_u = if materialized[u.index()] { &own[..] } else { &kernels[u.index()][..] };
@@ -85,7 +90,7 @@ impl Materialization for XlaGpuFusion {
             // has many readers.
             let combines = sources[i].len() > 1;
             materialized[i] = !fusible || (readers.len() > MAX_RECOMPUTING_KERNELS && combines);
-            kernels[i] = if materialized[i] { vec![i as u32] } else { readers };
+            kernels[i] = if materialized[i] { smallvec::smallvec![i as u32] } else { readers };
         }
         materialized
     }
