@@ -788,7 +788,7 @@ pub(super) fn recompute_cost(
         } else {
             peak.max(c.bytes() as f64 / opts.target.mem_bytes_per_s)
         };
-        (f.saturating_add(c.flops), s + t, a + kernel_time::achieved_compute_seconds(&c, &opts.target))
+        (f.saturating_add(c.flops), s + t, a + kernel_time::achieved_compute_seconds(&g.node(n).op, &c, &opts.target))
     });
     match opts.cost {
         RecomputeCost::Arithmetic => (flops, roofline),
