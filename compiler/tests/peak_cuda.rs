@@ -244,3 +244,43 @@ fn lazy_kernel_priced_plans_are_the_plans_of_measuring_every_round() {
         assert!(lazy.extra_seconds <= every.extra_seconds * 1.05, "{pct}%");
     }
 }
+
+/// Barriers whose last operand (a remat barrier's anchor) nothing reads
+/// through them: XLA CUDA drops such an operand, and the barrier then no
+/// longer holds its clones back.
+fn barriers_with_an_unread_anchor(g: &Graph) -> usize {
+    use kiln_compiler::ir::{NodeId, Op, ValueId};
+    let mut read = std::collections::HashSet::new();
+    for (_, node) in g.nodes() {
+        read.extend(node.op.inputs());
+    }
+    read.extend(g.outputs().iter().copied());
+    g.nodes()
+        .filter(|(id, node)| match &node.op {
+            Op::OptimizationBarrier { inputs } => {
+                !read.contains(&ValueId::new(NodeId::from_index(id.index()), inputs.len() as u32 - 1))
+            }
+            _ => false,
+        })
+        .count()
+}
+
+/// The CUDA target's plan holds every recomputation back: each remat barrier's
+/// anchor is read through the barrier, by the anchor's later readers or by
+/// an entry guard, at 50% of the saved step's activation memory.
+#[test]
+fn every_remat_barrier_on_cuda_keeps_its_anchor() {
+    use kiln_compiler::memory::{rematerialize, Greedy, LeafGuards, RematBudget, RematOptions};
+    use kiln_compiler::LowerTarget;
+    let g = load("gpt2-small-bf16-adamw-step.kiln.gz");
+    let before = peak_memory(&g, &XlaGpuFusion);
+    let limit = kiln_compiler::pipeline::activation_budget_bytes(&before, 0.5);
+    let opts = RematOptions::for_target(RematBudget::Bytes(limit), LowerTarget::Cuda);
+    assert_eq!(opts.guard_leaves, LeafGuards::PassAnchor);
+    let plan = rematerialize(&g, &Greedy, &opts).unwrap();
+    assert!(plan.choices.len() > 10, "{} values", plan.choices.len());
+    assert_eq!(barriers_with_an_unread_anchor(&plan.graph), barriers_with_an_unread_anchor(&g));
+    // The barrier alone leaves them unread.
+    let bare = rematerialize(&g, &Greedy, &RematOptions { guard_leaves: LeafGuards::Off, ..opts }).unwrap();
+    assert!(barriers_with_an_unread_anchor(&bare.graph) > barriers_with_an_unread_anchor(&g));
+}

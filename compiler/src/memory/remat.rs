@@ -30,15 +30,18 @@
 //! from the original's after the barrier is gone, and the clone still waits
 //! for the anchor.
 //!
-//! XLA CUDA keeps barriers through CSE but expands them into tuples before
-//! it schedules (seen 2026-11-23 in the H100's optimized module: the barrier
-//! of a recomputed residual add became a tuple without its anchor, and the
-//! add ran before the LM-head loss, in the forward). So there the barrier
-//! keeps clones apart but does not hold them back; one guarded operand per
-//! *entry* of the chain (a clone that reads no other clone) does, as every
-//! clone then waits for the anchor through its entries. The guard is a
-//! select on the smallest operand, which fuses into an elementwise reader.
-//! (`RematOptions::guard_leaves`, set by the pipeline from the target.)
+//! XLA CUDA keeps barriers through CSE but drops a barrier operand whose
+//! result nothing reads (seen 2026-11-23 in the H100's optimized module: the
+//! barrier of a recomputed residual add became a tuple without its anchor,
+//! and the add ran before the LM-head loss, in the forward). So there every
+//! reader of the anchor from the barrier on reads the barrier's pass-through
+//! of it, which keeps the anchor in the barrier and the clones behind it
+//! ([`LeafGuards::PassAnchor`]). A chain whose anchor nothing reads from
+//! there on instead reads one guarded operand per *entry* (a clone that reads
+//! no other clone; [`LeafGuards::Entries`]), as every clone then waits for
+//! the anchor through its entries: a select on the smallest operand, which
+//! fuses into an elementwise reader but is a copy kernel of its own before a
+//! GEMM. (`RematOptions::guard_leaves`, set by the pipeline from the target.)
 //!
 //! Invariants:
 //! - The rewrite computes the same values: clones are the same ops on the
@@ -146,17 +149,24 @@ pub enum LeafGuards {
     /// that no clone can merge with its original.
     Every,
     /// The smallest leaf of each entry of the chain (a clone that reads no
-    /// other clone): where barriers keep clones apart but are expanded before
-    /// scheduling (XLA CUDA), so that every clone waits for the anchor.
+    /// other clone), so that every clone waits for the anchor even where the
+    /// target drops the barrier's unread anchor (XLA CUDA).
     Entries,
     /// None: the barrier alone.
     Off,
+    /// None, and every reader of the anchor from the barrier on reads the
+    /// barrier's pass-through of it: XLA CUDA drops a barrier operand whose
+    /// result nothing reads, so only a read anchor holds the clones back. A
+    /// chain whose anchor nothing reads from there on gets
+    /// [`LeafGuards::Entries`].
+    PassAnchor,
 }
 
 impl RematOptions<'static> {
     /// The options for compiling to `target`: its fusion model, and the
     /// runtime guard on every fenced leaf where it drops barriers (XLA CPU),
-    /// on each chain's entries where it keeps them through CSE (XLA CUDA).
+    /// the anchor passed through the barrier where it keeps them through CSE
+    /// (XLA CUDA).
     ///
     /// Block segments are tried where the target drops barriers (XLA CPU):
     /// there XLA orders the step itself and follows a plan of whole blocks
@@ -166,7 +176,7 @@ impl RematOptions<'static> {
     /// the step's FLOPs, so CUDA skips the second plan.
     pub fn for_target(budget: RematBudget, target: crate::LowerTarget) -> RematOptions<'static> {
         let drops = !target.keeps_barriers();
-        let guard_leaves = if drops { LeafGuards::Every } else { LeafGuards::Entries };
+        let guard_leaves = if drops { LeafGuards::Every } else { LeafGuards::PassAnchor };
         let cost = if drops { RecomputeCost::Arithmetic } else { RecomputeCost::Kernels };
         RematOptions { guard_leaves, segments: drops, cost, ..RematOptions::new(budget, super::fusion_for(target)) }
     }
@@ -948,6 +958,9 @@ pub(super) fn rewrite(
     let mut map: Vec<NodeId> = Vec::with_capacity(g.len());
     // Original chain node -> its clone, once the late point is reached.
     let mut clones: Vec<(NodeId, NodeId)> = Vec::new();
+    // The anchor and the barrier's pass-through of it that later readers
+    // read ([`LeafGuards::PassAnchor`]).
+    let mut passed: Option<(ValueId, ValueId)> = None;
     let remap = |map: &[NodeId], v: ValueId| ValueId::new(map[v.node.index()], v.output);
     for (id, node) in g.nodes() {
         if id == c.late_node {
@@ -957,12 +970,27 @@ pub(super) fn rewrite(
                 fenced.push(remap(&map, a));
             }
             let barrier = if n_leaves > 0 { Some(out.add(Op::OptimizationBarrier { inputs: fenced })?) } else { None };
+            // A passed anchor holds the clones back only if something from
+            // here on reads it; otherwise the chain's entries are guarded.
+            let pass = match (guard_leaves, barrier, c.anchor) {
+                (LeafGuards::PassAnchor, Some(b), Some(a))
+                    if (id.index()..g.len()).any(|i| g.node(NodeId::from_index(i)).op.inputs().contains(&a)) =>
+                {
+                    Some((a, ValueId::new(b, n_leaves as u32)))
+                }
+                _ => None,
+            };
+            let guard_leaves = match guard_leaves {
+                LeafGuards::PassAnchor if pass.is_none() => LeafGuards::Entries,
+                other => other,
+            };
+            passed = pass;
             // The runtime guard (see the module docs): the fenced leaves to
             // guard are read through `select(always, leaf, 0)`, `always`
             // computed from the anchor.
             let to_guard: Vec<bool> = match guard_leaves {
                 LeafGuards::Every => vec![true; n_leaves],
-                LeafGuards::Off => vec![false; n_leaves],
+                LeafGuards::Off | LeafGuards::PassAnchor => vec![false; n_leaves],
                 LeafGuards::Entries => {
                     let mut pick = vec![false; n_leaves];
                     for &n in &c.chain {
@@ -1013,9 +1041,10 @@ pub(super) fn rewrite(
             }
         }
         let mut op = node.op.clone();
-        op.map_inputs(|u| match clones.iter().find(|(o, _)| *o == u.node) {
-            Some(&(_, cn)) => ValueId::new(cn, u.output),
-            None => remap(&map, u),
+        op.map_inputs(|u| match (clones.iter().find(|(o, _)| *o == u.node), passed) {
+            (Some(&(_, cn)), _) => ValueId::new(cn, u.output),
+            (None, Some((a, through))) if a == u => through,
+            (None, _) => remap(&map, u),
         });
         map.push(out.add(op)?);
     }
@@ -1170,6 +1199,30 @@ mod tests {
                 _ => false,
             });
             assert!(guarded, "the barrier {b:?} feeds no guard");
+        }
+    }
+
+    /// With the anchor passed through, no leaf is guarded, every barrier's
+    /// last result (the anchor's pass-through) is read, nothing reads an
+    /// anchor itself after its barrier, and the values are the same.
+    #[test]
+    fn a_passed_anchor_is_read_through_every_barrier_and_values_are_unchanged() {
+        let (_, passed) = ladder_plans(LeafGuards::PassAnchor);
+        let g = &passed.graph;
+        assert_eq!(selects(g), 0);
+        let barriers: Vec<_> = g.nodes().filter(|(_, n)| matches!(n.op, Op::OptimizationBarrier { .. })).collect();
+        assert_eq!(barriers.len(), passed.choices.len());
+        for (b, node) in barriers {
+            let Op::OptimizationBarrier { inputs } = &node.op else { unreachable!() };
+            let last = inputs.len() as u32 - 1;
+            let through = ValueId::new(b, last);
+            assert!(g.users(b).iter().any(|&u| g.node(u).op.inputs().contains(&through)), "{b:?}'s anchor is not read");
+            let anchor = inputs[last as usize];
+            for u in g.users(anchor.node) {
+                if u.index() > b.index() {
+                    assert!(!g.node(u).op.inputs().contains(&anchor), "{u:?} reads the anchor past {b:?}");
+                }
+            }
         }
     }
 
