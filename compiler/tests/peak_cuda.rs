@@ -249,7 +249,7 @@ fn lazy_kernel_priced_plans_are_the_plans_of_measuring_every_round() {
 /// through them: XLA CUDA drops such an operand, and the barrier then no
 /// longer holds its clones back.
 fn barriers_with_an_unread_anchor(g: &Graph) -> usize {
-    use kiln_compiler::ir::{NodeId, Op, ValueId};
+    use kiln_compiler::ir::{Op, ValueId};
     let mut read = std::collections::HashSet::new();
     for (_, node) in g.nodes() {
         read.extend(node.op.inputs());
@@ -257,9 +257,7 @@ fn barriers_with_an_unread_anchor(g: &Graph) -> usize {
     read.extend(g.outputs().iter().copied());
     g.nodes()
         .filter(|(id, node)| match &node.op {
-            Op::OptimizationBarrier { inputs } => {
-                !read.contains(&ValueId::new(NodeId::from_index(id.index()), inputs.len() as u32 - 1))
-            }
+            Op::OptimizationBarrier { inputs } => !read.contains(&ValueId::new(*id, inputs.len() as u32 - 1)),
             _ => false,
         })
         .count()

@@ -974,7 +974,7 @@ pub(super) fn rewrite(
             // here on reads it; otherwise the chain's entries are guarded.
             let pass = match (guard_leaves, barrier, c.anchor) {
                 (LeafGuards::PassAnchor, Some(b), Some(a))
-                    if (id.index()..g.len()).any(|i| g.node(NodeId::from_index(i)).op.inputs().contains(&a)) =>
+                    if g.users(a.node).iter().any(|&u| u >= id && g.node(u).op.inputs().contains(&a)) =>
                 {
                     Some((a, ValueId::new(b, n_leaves as u32)))
                 }
