@@ -8,7 +8,8 @@ Result (2026-11-24, jax 0.11.2): XLA aborts in layout assignment for every
 case ("Gemm rewriting should run after layout assignment"); kiln never emits
 the call. benches/RESULTS.md, "kiln's own kernels for the MLP's backward".
 """
-import json, sys, time, jax, jax.numpy as jnp, numpy as np
+import json, sys, jax, jax.numpy as jnp, numpy as np
+from jax_timing import mean_us
 from jax._src.interpreters import mlir
 from jax._src import core
 from jax.extend.core import Primitive
@@ -41,14 +42,8 @@ def ref(x, w, b):
     h = jnp.dot(x, w, preferred_element_type=jnp.float32) + b.astype(jnp.float32)
     return jax.nn.gelu(h, approximate=True), h
 def bench(name, f):
-    jf = jax.jit(f)
-    out = jf(x, w, b); jax.block_until_ready(out)
-    for _ in range(10): out = jf(x, w, b)
-    jax.block_until_ready(out)
-    n = 200; t0 = time.perf_counter()
-    for _ in range(n): out = jf(x, w, b)
-    jax.block_until_ready(out)
-    print(f"{name:16s} {(time.perf_counter()-t0)/n*1e6:7.1f} us", flush=True)
+    dt, out = mean_us(jax.jit(f), x, w, b)
+    print(f"{name:16s} {dt:7.1f} us", flush=True)
     return out
 g_ref, h_ref = jax.jit(ref)(x, w, b)
 case = sys.argv[1]

@@ -8,7 +8,8 @@ XLA_FLAGS=--xla_gpu_enable_cublaslt=true.
 
 Results: benches/RESULTS.md, "kiln's own kernels for the MLP's backward".
 """
-import os, re, time, jax, jax.numpy as jnp
+import os, re, jax, jax.numpy as jnp
+from jax_timing import mean_us
 bf = jnp.bfloat16
 M, K, N = 8192, 768, 3072
 k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
@@ -36,13 +37,8 @@ def bench(name, f):
     epi = sorted(set(re.findall(r'"epilogue":"(\w+)"', txt)))
     calls = sorted(set(re.findall(r'custom_call_target="([^"]+)"', txt)))
     nf = len(re.findall(r' fusion\(', txt))
-    out = jf(x, w, b); jax.block_until_ready(out)
-    for _ in range(10): out = jf(x, w, b)
-    jax.block_until_ready(out)
-    n = 200; t0 = time.perf_counter()
-    for _ in range(n): out = jf(x, w, b)
-    jax.block_until_ready(out)
-    print(f"{name:10s} {(time.perf_counter()-t0)/n*1e6:7.1f} us  epilogues {epi} calls {calls} fusions {nf}", flush=True)
+    dt, _ = mean_us(jf, x, w, b)
+    print(f"{name:10s} {dt:7.1f} us  epilogues {epi} calls {calls} fusions {nf}", flush=True)
 print('XLA_FLAGS', os.environ.get('XLA_FLAGS'))
 for rep in range(2):
     for name, f in [('plain', v_plain), ('bf16', v_bf16), ('f32', v_f32), ('aux', v_aux), ('manual', v_manual)]:

@@ -9,7 +9,8 @@ outputs. Each line: mean wall time per call of the jitted function, 200 calls.
 
 Results: benches/RESULTS.md, "kiln's own kernels for the MLP's backward".
 """
-import jax, jax.numpy as jnp, time, numpy as np
+import jax, jax.numpy as jnp
+from jax_timing import mean_us
 from jax import lax
 C = 0.7978845608028654; A = 0.044715
 M, N = 8192, 3072
@@ -44,15 +45,7 @@ def fwd(h):
 def fwd_one(h):
     _, g, t = parts(h, h); return g
 def bench(name, f, *args):
-    jf = jax.jit(f)
-    out = jf(*args); jax.block_until_ready(out)
-    n = 200
-    for _ in range(20): out = jf(*args)
-    jax.block_until_ready(out)
-    t0 = time.perf_counter()
-    for _ in range(n): out = jf(*args)
-    jax.block_until_ready(out)
-    dt = (time.perf_counter() - t0) / n * 1e6
+    dt, _ = mean_us(jax.jit(f), *args, warmup=20)
     print(f"{name:16s} {dt:7.1f} us", flush=True)
 for rep in range(2):
     bench('unplanned', unplanned, dg, h, t_saved)
