@@ -351,3 +351,30 @@ fn xla_cpu_runs_the_blocks_one_at_a_time() {
     assert!(guarded < 3 * block, "chained by data: {guarded} B of temp");
     assert!(unguarded > 4 * block, "barriers only: {unguarded} B; if XLA keeps the order now, the guard is not needed");
 }
+
+/// Block rows: whole multiples of 64 that fit the block's bytes of f32
+/// logits; fewer than 64 rows as they fit; at least one.
+#[test]
+fn block_rows_are_aligned_and_fit_their_bytes() {
+    let mib = 1u64 << 20;
+    // gpt2-small's GPU default: 394 MiB hold 2053 rows of 50304 f32 logits.
+    assert_eq!(nn::lm_head_block_rows(394 * mib, 50304), 2048);
+    assert_eq!(nn::lm_head_block_rows(256 * mib, 50304), 1280);
+    assert_eq!(nn::lm_head_block_rows(4 * 63 * 1000, 1000), 63);
+    assert_eq!(nn::lm_head_block_rows(100, 50304), 1);
+    let mut rng = Rng::new(seed());
+    for _ in 0..1000 {
+        let vocab = 1 + (rng.next_u64() % 100_000) as usize;
+        let bytes = 1 + rng.next_u64() % (1 << 32);
+        let rows = nn::lm_head_block_rows(bytes, vocab);
+        let fit = bytes / (4 * vocab as u64);
+        assert!(rows >= 1, "{bytes} B, vocab {vocab}");
+        assert!(rows as u64 <= fit.max(1), "{rows} rows exceed {bytes} B of vocab {vocab}");
+        if fit >= nn::LM_HEAD_BLOCK_ALIGN as u64 {
+            assert_eq!(rows % nn::LM_HEAD_BLOCK_ALIGN, 0, "{rows} rows for {bytes} B, vocab {vocab}");
+            assert!(fit - (rows as u64) < nn::LM_HEAD_BLOCK_ALIGN as u64, "{rows} of {fit} rows");
+        } else {
+            assert_eq!(rows as u64, fit.max(1));
+        }
+    }
+}

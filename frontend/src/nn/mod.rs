@@ -606,9 +606,9 @@ pub fn lm_head_cross_entropy(h: &Tensor, table: &Tensor, labels: &Tensor) -> Res
 pub const LM_HEAD_BLOCK_BYTES: u64 = 256 << 20;
 
 /// [`lm_head_cross_entropy`] with blocks of at most `block_bytes` of f32
-/// logits (`block_bytes / (4 · vocab)` tokens, at least one). Fewer, bigger
-/// blocks mean fewer kernel launches and fewer passes over dw's f32
-/// accumulator; smaller ones a smaller transient (`docs/composites.md`).
+/// logits ([`lm_head_block_rows`] tokens). Fewer, bigger blocks mean fewer
+/// kernel launches and fewer passes over dw's f32 accumulator; smaller ones a
+/// smaller transient (`docs/composites.md`).
 pub fn lm_head_cross_entropy_blocks(h: &Tensor, table: &Tensor, labels: &Tensor, block_bytes: u64) -> Result<Tensor> {
     for (what, t, expected, layout) in
         [("h", h, 2, "[n, d]"), ("table", table, 2, "[vocab, d]"), ("labels", labels, 1, "[n]")]
@@ -621,7 +621,7 @@ pub fn lm_head_cross_entropy_blocks(h: &Tensor, table: &Tensor, labels: &Tensor,
     crate::device_checks::check_index_range("lm_head_cross_entropy", "label", labels, table.dims()[0])?;
     let dtype = amp::compute_dtype(h.dtype());
     let (h, table) = (h.to_dtype(dtype)?, table.to_dtype(dtype)?);
-    let chunk = (block_bytes / (4 * table.dims()[0].max(1) as u64)).max(1) as usize;
+    let chunk = lm_head_block_rows(block_bytes, table.dims()[0]);
     let (hv, wv, lv) = (
         h.value("lm_head_cross_entropy")?,
         table.value("lm_head_cross_entropy")?,
@@ -631,6 +631,29 @@ pub fn lm_head_cross_entropy_blocks(h: &Tensor, table: &Tensor, labels: &Tensor,
     let nll = crate::context::with(|c| c.push(op)).map(Tensor::wrap)?;
     nll.mean_all()
 }
+
+/// Tokens per block of [`lm_head_cross_entropy_blocks`]: as many as fit in
+/// `block_bytes` of f32 logits over `vocab` columns, rounded down to a
+/// multiple of [`LM_HEAD_BLOCK_ALIGN`] when at least that many fit, and at
+/// least one. A block's row count is the M of its logits and dh GEMMs and the
+/// K of its dw GEMM: gpt2-small's 394 MiB blocks held 2053 rows, which cuBLAS
+/// runs only padded or unaligned. On the H100 (`benches/RESULTS.md`, "The LM
+/// head's block rows") 2048 rows took the fused loss loop alone from 4.53 to
+/// 4.37 ms in JAX, and kiln's step 0.05 ms of cuBLAS time, within the spread
+/// between processes.
+pub fn lm_head_block_rows(block_bytes: u64, vocab: usize) -> usize {
+    let rows = (block_bytes / (4 * vocab.max(1) as u64)).max(1) as usize;
+    if rows >= LM_HEAD_BLOCK_ALIGN {
+        rows - rows % LM_HEAD_BLOCK_ALIGN
+    } else {
+        rows
+    }
+}
+
+/// The multiple [`lm_head_block_rows`] rounds to: whole GEMM tiles (64 rows
+/// or a divisor of 128 or 256 on the H100's cuBLAS and Triton kernels), and
+/// rows of bf16 whose stride is a multiple of cuBLAS's 16-byte alignment.
+pub const LM_HEAD_BLOCK_ALIGN: usize = 64;
 
 /// `[n] -> [n, classes]` one-hot rows of `dtype`.
 pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> {
