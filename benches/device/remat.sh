@@ -14,6 +14,11 @@
 # target/release/examples/remat_curve); REMAT_BUDGETS: the budgets
 # (default "none 50 33 25"); REMAT_JAX=0 skips JAX; REMAT_JAX_IMPL: its attention
 # (cudnn, or xla where there is no cuDNN); REMAT_JAX_ARGS: more jax_gpt.py flags.
+# On a GPU the first budget's process writes XLA's autotuning results to
+# $OUT/autotune.textproto and the later ones load them, so every budget runs a
+# GEMM shape on the same cuBLAS kernel (apart, each process's autotuner picks
+# its own, and the step time moves by 0.1-0.2 ms between processes:
+# docs/memory.md); REMAT_SHARE_AUTOTUNE=0 lets each process tune for itself.
 D=$(cd "$(dirname "$0")" && pwd)
 BIN=${REMAT_BIN:-$D/remat_curve}
 [ -x "$BIN" ] || BIN=$D/../../target/release/examples/remat_curve
@@ -25,9 +30,18 @@ mkdir -p "$OUT"
 : > "$OUT/kiln.log"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 date -u
+AT="$OUT/autotune.textproto"
+rm -f "$AT"
+share=${REMAT_SHARE_AUTOTUNE:-1}
+case "$PJRT_DEVICE" in [Cc][Pp][Uu]) share=0 ;; esac
 for b in ${REMAT_BUDGETS:-none 50 33 25}; do
   t0=$(date +%s)
-  timeout ${REMAT_TIMEOUT:-150} "$BIN" "$CONFIG" "$b" 2>&1 | grep -v "^I1\|^W1\|ptxas\|^E0000\|^WARNING: All log" >> "$OUT/kiln.log"
+  flags=$XLA_FLAGS
+  if [ "$share" = 1 ]; then
+    if [ -s "$AT" ]; then flags="$flags --xla_gpu_load_autotune_results_from=$AT"
+    else flags="$flags --xla_gpu_dump_autotune_results_to=$AT"; fi
+  fi
+  XLA_FLAGS="$flags" timeout ${REMAT_TIMEOUT:-150} "$BIN" "$CONFIG" "$b" 2>&1 | grep -v "^I1\|^W1\|ptxas\|^E0000\|^WARNING: All log" >> "$OUT/kiln.log"
   echo "kiln budget $b: rc ${PIPESTATUS[0]}, $(( $(date +%s) - t0 )) s"
 done
 if [ "${REMAT_JAX:-1}" != 0 ]; then
