@@ -72,8 +72,9 @@ impl LmHeadLoss {
     pub const DEFAULT: LmHeadLoss = LmHeadLoss::Blocks { block_bytes: nn::LM_HEAD_BLOCK_BYTES };
 
     /// The default on a GPU: blocks of 394 MiB, four blocks of 2048 tokens at
-    /// gpt2-small's 8 × 1024 × 50304 ([`nn::lm_head_block_rows`]). Measured on the H100 (`benches/RESULTS.md`,
-    /// "The LM-head loss fused with its gradient"): 8 blocks cut XLA's temp
+    /// gpt2-small's 8 × 1024 × 50304 ([`nn::lm_head_block_rows`]). Measured on
+    /// the H100 (`benches/RESULTS.md`, "The LM-head loss fused with its
+    /// gradient", with blocks of 2053 tokens then): 8 blocks cut XLA's temp
     /// most (−1.20 GB) but the CLI's step was 3.8% slower; 4 blocks keep 89%
     /// of that cut at the explicit-logits step time; 2 blocks run 1–3% faster
     /// but cut only 0.69 GB.

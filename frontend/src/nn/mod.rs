@@ -638,9 +638,9 @@ pub fn lm_head_cross_entropy_blocks(h: &Tensor, table: &Tensor, labels: &Tensor,
 /// least one. A block's row count is the M of its logits and dh GEMMs and the
 /// K of its dw GEMM: gpt2-small's 394 MiB blocks held 2053 rows, which cuBLAS
 /// runs only padded or unaligned. On the H100 (`benches/RESULTS.md`, "The LM
-/// head's block rows") 2048 rows took the fused loss loop alone from 4.53 to
-/// 4.37 ms in JAX, and kiln's step 0.05 ms of cuBLAS time, within the spread
-/// between processes.
+/// head's running dw and block rows") 2048 rows took the fused loss loop alone
+/// from 4.53 to 4.37 ms in JAX, and kiln's step 0.05 ms of cuBLAS time, within
+/// the spread between processes.
 pub fn lm_head_block_rows(block_bytes: u64, vocab: usize) -> usize {
     let rows = (block_bytes / (4 * vocab.max(1) as u64)).max(1) as usize;
     if rows >= LM_HEAD_BLOCK_ALIGN {
@@ -650,9 +650,8 @@ pub fn lm_head_block_rows(block_bytes: u64, vocab: usize) -> usize {
     }
 }
 
-/// The multiple [`lm_head_block_rows`] rounds to: whole GEMM tiles (64 rows
-/// or a divisor of 128 or 256 on the H100's cuBLAS and Triton kernels), and
-/// rows of bf16 whose stride is a multiple of cuBLAS's 16-byte alignment.
+/// The multiple [`lm_head_block_rows`] rounds to: whole 64-row GEMM tiles,
+/// and a dw GEMM whose K keeps cuBLAS's 16-byte alignment in bf16.
 pub const LM_HEAD_BLOCK_ALIGN: usize = 64;
 
 /// `[n] -> [n, classes]` one-hot rows of `dtype`.
