@@ -1,6 +1,6 @@
 """The fused LM-head loss's running dw on XLA CUDA: gpt2-small's shapes
 (h [8192, 768] bf16, w [50304, 768] bf16, 4 row blocks chained by barriers
-as kiln emits them), each block's dw share made three ways, and one more form:
+as kiln emits them), each block's dw share made three ways, and a fourth form:
 
   rounded   dot in bf16, converted to f32, added to the running sum
             (kiln's expansion until now: cuBLAS writes a bf16 share, a loop
@@ -9,7 +9,6 @@ as kiln emits them), each block's dw share made three ways, and one more form:
             the running sum from before the block's barrier
   f32_pass  the same, the add reading the running sum through the barrier
             (the barrier's result is its only reader)
-
   pick_w    rounded, with the label's logit taken as h . w[label] instead
             of from the block's logits (the softmax gradient then reads the
             logits elementwise only)
@@ -56,7 +55,7 @@ def loss(h, w, labels, form):
         ex = jnp.exp(logits - m)
         z = jnp.sum(ex, 1, keepdims=True)
         onehot = (jnp.arange(V)[None, :] == labels[s:e, None]).astype(jnp.float32)
-        if form.startswith("pick_w"):
+        if form == "pick_w":
             # the label's logit from its row of w, not from the block's logits
             picked = jnp.sum(hb.astype(jnp.float32) * w[labels[s:e]].astype(jnp.float32), 1)
             picked = picked.astype(jnp.bfloat16).astype(jnp.float32)
@@ -83,13 +82,14 @@ for rep in range(2):
         results[form] = out
         print(f"{form:9s} {dt:8.1f} us  temp {temp / 2**20:8.1f} MiB", flush=True)
         if rep == 0:
-            for line in c.as_text().splitlines():
+            text = c.as_text().splitlines()
+            for line in text:
                 if "custom-call" in line and "f32[50304,768]" in line.split("custom-call(")[0]:
                     beta = re.search(r'"beta":[0-9.]+', line)
                     alias = "output_to_operand_aliasing" in line
                     if beta:
                         print(f"   gemm -> f32[50304,768] {beta.group(0)} aliased={alias} operands={line.split('custom-call(')[1].split(')')[0]}")
-            adds = [l for l in c.as_text().splitlines() if re.match(r"\s*%\S+ = f32\[50304,768\]\S* fusion\(", l)]
+            adds = [l for l in text if re.match(r"\s*%\S+ = f32\[50304,768\]\S* fusion\(", l)]
             print(f"   fusions writing f32[50304,768]: {len(adds)}")
 ref = results["rounded"][2].astype(jnp.float32)
 for form in [f for f in results if f != "rounded"]:

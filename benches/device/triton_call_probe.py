@@ -19,7 +19,6 @@ for kw in [dict(backend='triton'), dict()]:
         lo = jax.jit(f).lower(x)
         txt = lo.as_text()
         print('==== kw', kw)
-        import re
         for line in txt.splitlines():
             if 'custom_call' in line:
                 print(line[:3000])
