@@ -146,7 +146,12 @@ fn no_whole_logits_in_the_lowered_program() {
     let text = lower(&g, &LowerOptions::default()).unwrap();
     assert!(!text.contains("tensor<4096x8192x"), "whole logits in the module");
     assert!(text.contains("tensor<512x8192xf32>"));
-    assert_eq!(text.matches("stablehlo.optimization_barrier").count(), 14, "7 + 7 chained blocks");
+    assert_eq!(
+        text.matches("stablehlo.optimization_barrier").count(),
+        7 + 7 + 8 + 1,
+        "7 + 7 chained blocks, 8 dl starts, dh after dw"
+    );
+    assert_eq!(text.matches("stablehlo.dynamic_update_slice").count(), 2 * 8, "dl over the logits in 2 parts a block");
 }
 
 /// How the pair's cotangent is made in [`pair_graph`].
@@ -257,7 +262,8 @@ fn non_uniform_or_dependent_cotangents_are_left_alone() {
 }
 
 /// The fused op's lowering: no `[n, vocab]` value, only `[chunk, vocab]`
-/// blocks, and exactly three matmuls per block (logits, dh rows, dw share).
+/// blocks, and exactly three matmuls per block (logits, dh rows, dw share);
+/// each block gathers its picked logits and writes dl over its logits.
 #[test]
 fn fused_lowering_has_blocks_of_three_matmuls() {
     let g = pair_graph(DType::F32, 4096, 64, 8192, 512, Cotangent::Uniform);
@@ -266,7 +272,13 @@ fn fused_lowering_has_blocks_of_three_matmuls() {
     assert!(!text.contains("tensor<4096x8192x"), "whole logits in the module");
     assert!(text.contains("tensor<512x8192xf32>"));
     assert_eq!(text.matches("stablehlo.dot_general").count(), 3 * 8, "8 blocks of 3 matmuls");
-    assert_eq!(text.matches("stablehlo.optimization_barrier").count(), 7, "7 chained blocks after the first");
+    assert_eq!(
+        text.matches("stablehlo.optimization_barrier").count(),
+        7 + 8 + 1,
+        "7 chained blocks, 8 dl starts, dh after dw"
+    );
+    assert_eq!(text.matches("stablehlo.dynamic_update_slice").count(), 2 * 8, "dl over the logits in 2 parts a block");
+    assert_eq!(text.matches("\"stablehlo.gather\"").count(), 8, "one picked logit gathered a block");
 }
 
 /// The tiny GPT's loss through the blocked LM head: its step graph has the

@@ -14,6 +14,16 @@
 //! step runs the three matmuls of the plain program and no more. dw is
 //! accumulated in the accumulation dtype (f32 for bf16/f16/f32 operands) and
 //! rounded to w's dtype once at the end.
+//!
+//! A block holds one `[chunk, vocab]` buffer, not two: the label's logit is
+//! gathered from the logits (no reduction reads them for it), and the
+//! gradient `dl` is written over the logits as the GEMM wrote them, in two
+//! column parts, each read from the range it replaces
+//! ([`dl_over_logits`]). Their start indices pass through an optimization
+//! barrier, so XLA cannot fold them to constants: it runs a dynamic update
+//! slice whose update reads the same range in place, where for constant
+//! starts it ran a loop over the whole block (`docs/memory.md`, "dl written
+//! over the logits").
 
 use crate::ir::{
     BinaryOp, CompareDir, DType, DotDims, Graph, Literal, Op, ReduceOp, Shape, TensorType, UnaryOp, ValueId,
@@ -51,11 +61,12 @@ fn rows(g: &mut Graph, x: ValueId, start: usize, end: usize) -> Result<ValueId> 
     v(g, Op::Slice { input: x, start: lo, limit: hi, stride })
 }
 
-/// One block's logits in the accumulation dtype, its log-sum-exp input
-/// pieces and the one-hot mask of its labels.
+/// One block: its logits as the GEMM writes them (in h's dtype) and in the
+/// accumulation dtype, and its labels.
 struct Block {
+    raw: ValueId,
     logits: ValueId,
-    onehot: ValueId,
+    labels: ValueId,
     shape: Shape,
 }
 
@@ -82,15 +93,123 @@ fn block(
     };
     let lc = rows(g, labels, start, end)?;
     let dims = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![1] };
-    let logits = v(g, Op::DotGeneral { lhs: hc, rhs: w, dims })?;
-    let logits = convert(g, logits, acc(dtype))?;
+    let raw = v(g, Op::DotGeneral { lhs: hc, rhs: w, dims })?;
+    let logits = convert(g, raw, acc(dtype))?;
     let shape = g.ty(logits).shape.clone();
-    let lt = g.ty(lc).dtype;
-    let iota = v(g, Op::Iota { ty: TensorType::new(lt, shape.clone()), axis: 1 })?;
-    let lb = v(g, Op::BroadcastInDim { input: lc, shape: shape.clone(), dims: vec![0] })?;
-    let hit = v(g, Op::Compare { dir: CompareDir::Eq, lhs: iota, rhs: lb })?;
-    let onehot = v(g, Op::Convert { input: hit, to: acc(dtype) })?;
-    Ok(Block { logits, onehot, shape })
+    Ok(Block { raw, logits, labels: lc, shape })
+}
+
+/// A scalar constant of `dtype` broadcast to `shape`.
+fn filled(g: &mut Graph, dtype: DType, value: f64, shape: &Shape) -> Result<ValueId> {
+    let c = v(g, Op::Constant { literal: Literal::scalar(dtype, value) })?;
+    if shape.rank() == 0 {
+        return Ok(c);
+    }
+    v(g, Op::BroadcastInDim { input: c, shape: shape.clone(), dims: vec![] })
+}
+
+/// Each row's logit at its label in the accumulation dtype, gathered from the
+/// block's flattened logits; 0 for a label outside the vocabulary, as the
+/// one-hot row sum it replaces gave. No reduction reads the logits for it, so
+/// the kernel that turns them into dl reads them elementwise only.
+fn picked_logit(g: &mut Graph, b: &Block) -> Result<ValueId> {
+    let (rows, vocab) = (b.shape.dims()[0], b.shape.dims()[1]);
+    let flat = v(g, Op::Reshape { input: b.raw, shape: Shape::from(vec![rows * vocab]) })?;
+    let row_shape = Shape::from(vec![rows]);
+    let label = convert(g, b.labels, DType::I64)?;
+    let row = v(g, Op::Iota { ty: TensorType::new(DType::I64, row_shape.clone()), axis: 0 })?;
+    let width = filled(g, DType::I64, vocab as f64, &row_shape)?;
+    let start = v(g, Op::Binary { op: BinaryOp::Mul, lhs: row, rhs: width })?;
+    let index = v(g, Op::Binary { op: BinaryOp::Add, lhs: start, rhs: label })?;
+    let picked = v(g, Op::Gather { operand: flat, indices: index, axis: 0 })?;
+    let picked = convert(g, picked, acc(g.ty(b.raw).dtype))?;
+    let zero = filled(g, DType::I64, 0.0, &row_shape)?;
+    let not_below = v(g, Op::Compare { dir: CompareDir::Ge, lhs: label, rhs: zero })?;
+    let below_top = v(g, Op::Compare { dir: CompareDir::Lt, lhs: label, rhs: width })?;
+    let in_vocab = v(g, Op::Binary { op: BinaryOp::And, lhs: not_below, rhs: below_top })?;
+    let none = filled(g, g.ty(picked).dtype, 0.0, &row_shape)?;
+    v(g, Op::Select { pred: in_vocab, on_true: picked, on_false: none })
+}
+
+/// The column ranges `(start, width)` [`dl_over_logits`] writes one at a
+/// time: two halves, the first a multiple of 64 columns when that leaves
+/// both non-empty (whole GEMM tiles for the dh GEMM reading them); one range
+/// for a vocabulary of one.
+fn column_parts(vocab: usize) -> Vec<(usize, usize)> {
+    let half = vocab / 2;
+    let first = if half >= 64 { half - half % 64 } else { half };
+    if first == 0 {
+        return vec![(0, vocab)];
+    }
+    vec![(0, first), (first, vocab - first)]
+}
+
+/// How a block's softmax and cotangent are made from its logits.
+enum Softmax {
+    /// `exp(x - max) / z` with the cotangent `scale` (the fused loss).
+    Shifted { max: ValueId, z: ValueId, scale: ValueId },
+    /// `exp(x - lse)` with a cotangent per row (the backward alone).
+    FromLse { lse: ValueId, dnll: ValueId },
+}
+
+/// The block's `dl = cotangent · (softmax - onehot)` in h's dtype, written
+/// over its logits as the GEMM wrote them ([`column_parts`] at a time, each
+/// part read from the range it replaces), so the block holds one
+/// `[chunk, vocab]` buffer where a separate dl held two. The parts' start
+/// indices are fenced after `after` (the block's picked logit, which must be
+/// read before the logits are overwritten): the barrier keeps XLA from
+/// folding them into constants, for which it ran a loop over the whole block
+/// instead of an in-place update of the part.
+fn dl_over_logits(g: &mut Graph, b: &Block, sm: &Softmax, after: Option<ValueId>, guard: bool) -> Result<ValueId> {
+    let dtype = g.ty(b.raw).dtype;
+    let a = acc(dtype);
+    let rows = b.shape.dims()[0];
+    let parts = column_parts(b.shape.dims()[1]);
+    let consts: Vec<ValueId> = parts
+        .iter()
+        .map(|&(start, _)| v(g, Op::Constant { literal: Literal::scalar(DType::I32, start as f64) }))
+        .collect::<Result<_>>()?;
+    let starts = match after {
+        Some(anchor) => crate::fence::after(g, &consts, anchor, guard)?,
+        None => {
+            let n = g.add(Op::OptimizationBarrier { inputs: consts.clone() })?;
+            (0..consts.len() as u32).map(|k| ValueId::new(n, k)).collect()
+        }
+    };
+    let row0 = v(g, Op::Constant { literal: Literal::scalar(DType::I32, 0.0) })?;
+    let label_dtype = g.ty(b.labels).dtype;
+    let mut buf = b.raw;
+    for (&(start, width), &at) in parts.iter().zip(&starts) {
+        let shape = Shape::from(vec![rows, width]);
+        let x = v(g, Op::DynamicSlice { input: buf, starts: vec![row0, at], sizes: vec![rows, width] })?;
+        let x = convert(g, x, a)?;
+        let (p, cot) = match *sm {
+            Softmax::Shifted { max, z, scale } => {
+                let mb = per_row(g, max, &shape)?;
+                let d = v(g, Op::Binary { op: BinaryOp::Sub, lhs: x, rhs: mb })?;
+                let e = v(g, Op::Unary { op: UnaryOp::Exp, input: d })?;
+                let zb = per_row(g, z, &shape)?;
+                let p = v(g, Op::Binary { op: BinaryOp::Div, lhs: e, rhs: zb })?;
+                (p, v(g, Op::BroadcastInDim { input: scale, shape: shape.clone(), dims: vec![] })?)
+            }
+            Softmax::FromLse { lse, dnll } => {
+                let lb = per_row(g, lse, &shape)?;
+                let d = v(g, Op::Binary { op: BinaryOp::Sub, lhs: x, rhs: lb })?;
+                (v(g, Op::Unary { op: UnaryOp::Exp, input: d })?, per_row(g, dnll, &shape)?)
+            }
+        };
+        let col = v(g, Op::Iota { ty: TensorType::new(label_dtype, shape.clone()), axis: 1 })?;
+        let offset = filled(g, label_dtype, start as f64, &shape)?;
+        let col = v(g, Op::Binary { op: BinaryOp::Add, lhs: col, rhs: offset })?;
+        let lb = per_row(g, b.labels, &shape)?;
+        let hit = v(g, Op::Compare { dir: CompareDir::Eq, lhs: col, rhs: lb })?;
+        let onehot = v(g, Op::Convert { input: hit, to: a })?;
+        let diff = v(g, Op::Binary { op: BinaryOp::Sub, lhs: p, rhs: onehot })?;
+        let dl = v(g, Op::Binary { op: BinaryOp::Mul, lhs: diff, rhs: cot })?;
+        let dl = convert(g, dl, dtype)?;
+        buf = v(g, Op::DynamicUpdateSlice { input: buf, update: dl, starts: vec![row0, at] })?;
+    }
+    Ok(buf)
 }
 
 fn row_sum(g: &mut Graph, x: ValueId) -> Result<ValueId> {
@@ -114,12 +233,13 @@ fn concat(g: &mut Graph, parts: Vec<ValueId>) -> Result<ValueId> {
 }
 
 /// One block's loss in the accumulation dtype: the log-sum-exp of each row,
-/// the nll (`lse - picked logit`), and the shifted exponentials and their
-/// row sums, which the fused loss reuses for the softmax.
+/// the nll (`lse - picked logit`), the picked logit, and the row maxima and
+/// sums of shifted exponentials, which the fused loss reuses for the softmax.
 struct BlockLoss {
     lse: ValueId,
     nll: ValueId,
-    exp: ValueId,
+    picked: ValueId,
+    max: ValueId,
     z: ValueId,
 }
 
@@ -131,10 +251,9 @@ fn block_loss(g: &mut Graph, b: &Block) -> Result<BlockLoss> {
     let z = row_sum(g, exp)?;
     let lz = v(g, Op::Unary { op: UnaryOp::Log, input: z })?;
     let lse = v(g, Op::Binary { op: BinaryOp::Add, lhs: m, rhs: lz })?;
-    let picked = v(g, Op::Binary { op: BinaryOp::Mul, lhs: b.logits, rhs: b.onehot })?;
-    let picked = row_sum(g, picked)?;
+    let picked = picked_logit(g, b)?;
     let nll = v(g, Op::Binary { op: BinaryOp::Sub, lhs: lse, rhs: picked })?;
-    Ok(BlockLoss { lse, nll, exp, z })
+    Ok(BlockLoss { lse, nll, picked, max: m, z })
 }
 
 /// `[nll, lse]` of `lm_head_cross_entropy`, appended to `g`.
@@ -179,19 +298,13 @@ pub(crate) fn expand_backward(
     let (lse, dnll) = (convert(g, lse, a)?, convert(g, dnll, a)?);
     for (s, e) in blocks(n, chunk) {
         let b = block(g, h, w, labels, (s, e), dw, guard)?;
-        let lc = rows(g, lse, s, e)?;
-        let lb = per_row(g, lc, &b.shape)?;
-        let d = v(g, Op::Binary { op: BinaryOp::Sub, lhs: b.logits, rhs: lb })?;
-        let p = v(g, Op::Unary { op: UnaryOp::Exp, input: d })?;
-        let diff = v(g, Op::Binary { op: BinaryOp::Sub, lhs: p, rhs: b.onehot })?;
-        let gc = rows(g, dnll, s, e)?;
-        let gb = per_row(g, gc, &b.shape)?;
-        let dl = v(g, Op::Binary { op: BinaryOp::Mul, lhs: diff, rhs: gb })?;
-        let dl = convert(g, dl, dtype)?;
+        let sm = Softmax::FromLse { lse: rows(g, lse, s, e)?, dnll: rows(g, dnll, s, e)? };
+        let dl = dl_over_logits(g, &b, &sm, None, guard)?;
         let (dh_block, dw_sum) = block_grads(g, dl, w, h, (s, e), dw)?;
         dh.push(dh_block);
         dw = Some(dw_sum);
     }
+    let dh = finish(g, dh, dw, guard)?;
     let dw = match dw {
         Some(x) => convert(g, x, dtype)?,
         None => {
@@ -200,7 +313,7 @@ pub(crate) fn expand_backward(
             v(g, Op::BroadcastInDim { input: z, shape: t.shape, dims: vec![] })?
         }
     };
-    Ok([concat(g, dh)?, dw])
+    Ok([dh, dw])
 }
 
 /// One block's share of the gradient from its `dl` (`[c, vocab]`, in h's
@@ -252,22 +365,35 @@ pub(crate) fn expand_fused(
         let r = block_loss(g, &b)?;
         nll.push(convert(g, r.nll, DType::F32)?);
         lse.push(convert(g, r.lse, DType::F32)?);
-        // softmax = exp(logits - max) / z, from the exponentials already made.
-        let zb = per_row(g, r.z, &b.shape)?;
-        let p = v(g, Op::Binary { op: BinaryOp::Div, lhs: r.exp, rhs: zb })?;
-        let diff = v(g, Op::Binary { op: BinaryOp::Sub, lhs: p, rhs: b.onehot })?;
-        let sb = v(g, Op::BroadcastInDim { input: scale, shape: b.shape.clone(), dims: vec![] })?;
-        let dl = v(g, Op::Binary { op: BinaryOp::Mul, lhs: diff, rhs: sb })?;
-        let dl = convert(g, dl, dtype)?;
+        // softmax = exp(logits - max) / z, as the loss's row sums made it.
+        let sm = Softmax::Shifted { max: r.max, z: r.z, scale };
+        let dl = dl_over_logits(g, &b, &sm, Some(r.picked), guard)?;
         let (dh_block, dw_sum) = block_grads(g, dl, w, h, (s, e), dw)?;
         dh.push(dh_block);
         dw = Some(dw_sum);
     }
+    let dh = finish(g, dh, dw, guard)?;
     let dw = match dw {
         Some(x) => convert(g, x, dtype)?,
         None => {
             return Err(CompileError::Verify { node: "lm_head_cross_entropy_fused".into(), reason: "no rows".into() })
         }
     };
-    Ok([concat(g, nll)?, concat(g, lse)?, concat(g, dh)?, dw])
+    Ok([concat(g, nll)?, concat(g, lse)?, dh, dw])
+}
+
+/// The blocks' rows of `dh` joined, and fenced after the running dw's last
+/// sum (when there is one), so the backward that reads dh starts after the
+/// last block's dw share is made and added. Unfenced, XLA's CUDA scheduler
+/// put that GEMM at the end of the step, where the tied table's gradient
+/// first reads dw, and kept the last block's dl (196.5 MiB for gpt2-small)
+/// live through the whole backward (`docs/memory.md`, "dl written over the
+/// logits"). The anchor is the f32 sum, a kernel's output: a fence on its
+/// rounding to w's dtype, which XLA fuses into the later reader, held nothing.
+fn finish(g: &mut Graph, dh: Vec<ValueId>, running_dw: Option<ValueId>, guard: bool) -> Result<ValueId> {
+    let dh = concat(g, dh)?;
+    match running_dw {
+        Some(dw) => Ok(crate::fence::after(g, &[dh], dw, guard)?[0]),
+        None => Ok(dh),
+    }
 }

@@ -113,16 +113,19 @@ impl Materialization for XlaGpuFusion {
             // The chunked LM-head loss runs one block of `chunk` tokens at a
             // time: the block's logits (the GEMM's output, in h's dtype) live
             // inside the composite, and in the backward (or the fused loss and
-            // gradient) also their gradient, and the running dw, summed in
-            // f32 when h is narrower. Measured on the H100 (2026-11-23,
-            // gpt2-small bf16, `docs/memory.md`): at the fused op XLA held
-            // two blocks of logits (2 x 195 MiB), the f32 running dw (147
+            // gradient) their gradient is written over them; while a block's
+            // dw share (w's shape, in h's dtype) is made, the running dw,
+            // summed in f32 when h is narrower, lives beside it. Measured on
+            // the H100 (2026-11-24, gpt2-small bf16, `docs/memory.md`, "dl
+            // written over the logits"): at the fused op's peak XLA held one
+            // block (196.5 MiB), a dw share (74 MiB), the f32 running dw (147
             // MiB) and 36 MiB of f32 pieces of dh the model does not count.
             Op::LmHeadCrossEntropy { h, w, chunk, .. } => CUBLAS_WORKSPACE_BYTES + lm_head_block(g, *h, *w, *chunk),
             Op::LmHeadCrossEntropyGrad { h, w, chunk, .. } | Op::LmHeadCrossEntropyFused { h, w, chunk, .. } => {
-                let narrow = g.ty(*h).dtype.size_in_bytes() < 4;
-                let running_dw = if narrow { 4 * g.ty(*w).shape.num_elements() as u64 } else { 0 };
-                CUBLAS_WORKSPACE_BYTES + 2 * lm_head_block(g, *h, *w, *chunk) + running_dw
+                let (ht, wt) = (g.ty(*h), g.ty(*w));
+                let share = (wt.shape.num_elements() * ht.dtype.size_in_bytes()) as u64;
+                let running_dw = if ht.dtype.size_in_bytes() < 4 { 4 * wt.shape.num_elements() as u64 } else { 0 };
+                CUBLAS_WORKSPACE_BYTES + lm_head_block(g, *h, *w, *chunk) + share + running_dw
             }
             _ => 0,
         }
@@ -364,9 +367,10 @@ mod tests {
         assert_eq!(p.peak_bytes, 2 * 131_072 + 65_536 + CUBLAS_WORKSPACE_BYTES);
     }
 
-    /// The chunked LM-head loss holds one block's logits (and in the
-    /// backward their gradient, and the running dw in f32 for a bf16 h)
-    /// inside the composite, beside a GEMM workspace.
+    /// The chunked LM-head loss holds one block's logits inside the
+    /// composite, beside a GEMM workspace; the backward writes their gradient
+    /// over them and also holds a dw share and the running dw (f32 for a
+    /// bf16 h).
     #[test]
     fn the_chunked_lm_head_loss_holds_one_blocks_logits_as_scratch() {
         let mut g = Graph::new();
@@ -381,8 +385,8 @@ mod tests {
         let scratch: Vec<u64> =
             l.buffers.iter().filter(|b| b.kind == super::super::BufferKind::Scratch).map(|b| b.bytes).collect();
         let block = 16 * 100 * 2;
-        let running_dw = 100 * 32 * 4;
-        assert_eq!(scratch, vec![CUBLAS_WORKSPACE_BYTES + block, CUBLAS_WORKSPACE_BYTES + 2 * block + running_dw]);
+        let (share, running_dw) = (100 * 32 * 2, 100 * 32 * 4);
+        assert_eq!(scratch, vec![CUBLAS_WORKSPACE_BYTES + block, CUBLAS_WORKSPACE_BYTES + block + share + running_dw]);
     }
 
     /// `y = neg(sum_bcast + tanh(x))`: on the CPU `y` may take the buffer of
