@@ -30,14 +30,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_timing import mean_us
+from lm_head_inputs import N, TN, V, inputs
 
-N, D, V = 8192, 768, 50304
 C = int(os.environ.get("ROWS", "2053"))  # rows per block; kiln chose 2053 for 394 MiB blocks
-k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
-h = jax.random.normal(k1, (N, D), jnp.float32).astype(jnp.bfloat16)
-w = (jax.random.normal(k2, (V, D), jnp.float32) * 0.02).astype(jnp.bfloat16)
-labels = jax.random.randint(k3, (N,), 0, V)
-TN = (((0,), (0,)), ((), ()))
+h, w, labels = inputs()
 
 
 def loss(h, w, labels, form):

@@ -20,7 +20,7 @@
 //! loss's blocks.
 
 use crate::error::CompileError;
-use crate::ir::{BinaryOp, CompareDir, DType, Graph, Literal, NodeId, Op, Shape, ValueId};
+use crate::ir::{BinaryOp, CompareDir, DType, Graph, NodeId, Op, Shape, ValueId};
 
 /// A `pred` scalar that is true at run time whatever `anchor` holds, but that
 /// no compiler can fold: `x == x || x != x` for the anchor's first element
@@ -40,12 +40,7 @@ pub(crate) fn always_true(out: &mut Graph, anchor: ValueId) -> Result<ValueId, C
 /// [`always_true`]), so that whatever reads it waits for the anchor.
 pub(crate) fn read_through(out: &mut Graph, always: ValueId, x: ValueId) -> Result<ValueId, CompileError> {
     let ty = out.ty(x).clone();
-    let zero = out.value(Op::Constant { literal: Literal::scalar(ty.dtype, 0.0) })?;
-    let zeros = if ty.shape.rank() == 0 {
-        zero
-    } else {
-        out.value(Op::BroadcastInDim { input: zero, shape: ty.shape.clone(), dims: vec![] })?
-    };
+    let zeros = out.splat(ty.dtype, 0.0, &ty.shape)?;
     out.value(Op::Select { pred: always, on_true: x, on_false: zeros })
 }
 

@@ -343,8 +343,7 @@ impl Expander<'_> {
         self.add(Op::Convert { input: x, to })
     }
     fn splat(&mut self, value: f64, ty: &TensorType) -> Result<ValueId, CompileError> {
-        let c = self.add(Op::Constant { literal: Literal::scalar(ty.dtype, value) })?;
-        self.add(Op::BroadcastInDim { input: c, shape: ty.shape.clone(), dims: vec![] })
+        self.g.splat(ty.dtype, value, &ty.shape)
     }
     fn bin(&mut self, op: BinaryOp, lhs: ValueId, rhs: ValueId) -> Result<ValueId, CompileError> {
         self.add(Op::Binary { op, lhs, rhs })

@@ -99,15 +99,6 @@ fn block(
     Ok(Block { raw, logits, labels: lc, shape })
 }
 
-/// A scalar constant of `dtype` broadcast to `shape`.
-fn filled(g: &mut Graph, dtype: DType, value: f64, shape: &Shape) -> Result<ValueId> {
-    let c = v(g, Op::Constant { literal: Literal::scalar(dtype, value) })?;
-    if shape.rank() == 0 {
-        return Ok(c);
-    }
-    v(g, Op::BroadcastInDim { input: c, shape: shape.clone(), dims: vec![] })
-}
-
 /// Each row's logit at its label in the accumulation dtype, gathered from the
 /// block's flattened logits; 0 for a label outside the vocabulary, as the
 /// one-hot row sum it replaces gave. No reduction reads the logits for it, so
@@ -118,16 +109,16 @@ fn picked_logit(g: &mut Graph, b: &Block) -> Result<ValueId> {
     let row_shape = Shape::from(vec![rows]);
     let label = convert(g, b.labels, DType::I64)?;
     let row = v(g, Op::Iota { ty: TensorType::new(DType::I64, row_shape.clone()), axis: 0 })?;
-    let width = filled(g, DType::I64, vocab as f64, &row_shape)?;
+    let width = g.splat(DType::I64, vocab as f64, &row_shape)?;
     let start = v(g, Op::Binary { op: BinaryOp::Mul, lhs: row, rhs: width })?;
     let index = v(g, Op::Binary { op: BinaryOp::Add, lhs: start, rhs: label })?;
     let picked = v(g, Op::Gather { operand: flat, indices: index, axis: 0 })?;
     let picked = convert(g, picked, acc(g.ty(b.raw).dtype))?;
-    let zero = filled(g, DType::I64, 0.0, &row_shape)?;
+    let zero = g.splat(DType::I64, 0.0, &row_shape)?;
     let not_below = v(g, Op::Compare { dir: CompareDir::Ge, lhs: label, rhs: zero })?;
     let below_top = v(g, Op::Compare { dir: CompareDir::Lt, lhs: label, rhs: width })?;
     let in_vocab = v(g, Op::Binary { op: BinaryOp::And, lhs: not_below, rhs: below_top })?;
-    let none = filled(g, g.ty(picked).dtype, 0.0, &row_shape)?;
+    let none = g.splat(g.ty(picked).dtype, 0.0, &row_shape)?;
     v(g, Op::Select { pred: in_vocab, on_true: picked, on_false: none })
 }
 
@@ -199,7 +190,7 @@ fn dl_over_logits(g: &mut Graph, b: &Block, sm: &Softmax, after: Option<ValueId>
             }
         };
         let col = v(g, Op::Iota { ty: TensorType::new(label_dtype, shape.clone()), axis: 1 })?;
-        let offset = filled(g, label_dtype, start as f64, &shape)?;
+        let offset = g.splat(label_dtype, start as f64, &shape)?;
         let col = v(g, Op::Binary { op: BinaryOp::Add, lhs: col, rhs: offset })?;
         let lb = per_row(g, b.labels, &shape)?;
         let hit = v(g, Op::Compare { dir: CompareDir::Eq, lhs: col, rhs: lb })?;
@@ -309,8 +300,7 @@ pub(crate) fn expand_backward(
         Some(x) => convert(g, x, dtype)?,
         None => {
             let t = g.ty(w).clone();
-            let z = v(g, Op::Constant { literal: Literal::scalar(t.dtype, 0.0) })?;
-            v(g, Op::BroadcastInDim { input: z, shape: t.shape, dims: vec![] })?
+            g.splat(t.dtype, 0.0, &t.shape)?
         }
     };
     Ok([dh, dw])

@@ -135,6 +135,16 @@ impl Graph {
         Ok(ValueId::from(id))
     }
 
+    /// `value` (a scalar of `dtype`) broadcast to `shape`: the constant
+    /// itself for a scalar shape.
+    pub fn splat(&mut self, dtype: super::DType, value: f64, shape: &super::Shape) -> Result<ValueId, CompileError> {
+        let c = self.value(Op::Constant { literal: super::Literal::scalar(dtype, value) })?;
+        if shape.rank() == 0 {
+            return Ok(c);
+        }
+        self.value(Op::BroadcastInDim { input: c, shape: shape.clone(), dims: vec![] })
+    }
+
     /// Appends the next parameter.
     pub fn parameter(&mut self, ty: TensorType) -> ValueId {
         let index = self.params.len() as u32;
