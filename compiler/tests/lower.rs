@@ -597,9 +597,9 @@ fn op_cases() -> Vec<(String, usize, Build)> {
             let h = g.parameter(t(DType::BF16, &[5, 4]));
             let w = g.parameter(t(DType::BF16, &[7, 4]));
             let labels = g.parameter(t(DType::I32, &[5]));
-            let ce = g.add(Op::LmHeadCrossEntropy { h, w, labels, chunk: 2 })?;
+            let ce = g.add(Op::LmHeadCrossEntropy { h, w, labels, chunk: 2, shards: 1 })?;
             let (nll, lse) = (ValueId::new(ce, 0), ValueId::new(ce, 1));
-            let cg = g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll: nll, chunk: 2 })?;
+            let cg = g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll: nll, chunk: 2, shards: 1 })?;
             Ok(vec![nll, ValueId::new(cg, 0), ValueId::new(cg, 1)])
         }),
     );
@@ -612,7 +612,7 @@ fn op_cases() -> Vec<(String, usize, Build)> {
                 let w = g.parameter(t(dtype, &[7, 4]));
                 let labels = g.parameter(t(DType::I32, &[5]));
                 let scale = g.parameter(t(DType::F32, &[]));
-                let f = g.add(Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk: 2 })?;
+                let f = g.add(Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk: 2, shards: 1 })?;
                 Ok((0..4).map(|k| ValueId::new(f, k)).collect())
             }),
         );

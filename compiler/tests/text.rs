@@ -223,12 +223,12 @@ fn composites() -> Graph {
     let h = g.parameter(t(DType::BF16, &[6, 4]));
     let w = g.parameter(t(DType::BF16, &[10, 4]));
     let labels = g.parameter(t(DType::I32, &[6]));
-    let ce = g.add(Op::LmHeadCrossEntropy { h, w, labels, chunk: 4 }).unwrap();
+    let ce = g.add(Op::LmHeadCrossEntropy { h, w, labels, chunk: 4, shards: 1 }).unwrap();
     let (nll, lse) = (ValueId::new(ce, 0), ValueId::new(ce, 1));
-    let cg = g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll: nll, chunk: 4 }).unwrap();
+    let cg = g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll: nll, chunk: 4, shards: 2 }).unwrap();
     outs.extend([nll, ValueId::new(cg, 0), ValueId::new(cg, 1)]);
     let scale = g.parameter(t(DType::F32, &[]));
-    let cf = g.add(Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk: 4 }).unwrap();
+    let cf = g.add(Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk: 1, shards: 3 }).unwrap();
     outs.extend((0..4).map(|k| ValueId::new(cf, k)));
     g.set_outputs(outs).unwrap();
     g
@@ -485,6 +485,23 @@ fn parse_errors_name_their_line() {
         assert!(reason.contains(needle), "{text:?}: reason {reason:?} lacks {needle:?}");
         assert_eq!(at, line, "{text:?}: {reason}");
     }
+}
+
+/// The LM-head composite's `shards` must divide its rows: a typed error
+/// naming the op and the counts.
+#[test]
+fn lm_head_shards_that_do_not_divide_the_rows_are_refused() {
+    let text = "graph(%0: tensor<6x4xf32>, %1: tensor<10x4xf32>, %2: tensor<6xi32>) {\n  \
+                %3:2 = lm_head_cross_entropy %0, %1, %2, chunk = 2, shards = 4 : (tensor<6xf32>, tensor<6xf32>)\n  \
+                return %3\n}\n";
+    let (line, reason) = parse_error(text);
+    assert_eq!(line, 2, "{reason}");
+    assert!(
+        reason.contains("lm_head_cross_entropy") && reason.contains("shards (4) must be >= 1 and divide the 6 rows"),
+        "{reason}"
+    );
+    let ok = text.replace("shards = 4", "shards = 3");
+    assert_eq!(parse(&ok).unwrap().len(), 4);
 }
 
 /// One step of a random program; operands pick among the values built so far.

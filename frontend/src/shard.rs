@@ -487,6 +487,19 @@ pub fn shard_batch(t: &Tensor) -> Result<()> {
     t.set_sharding(Sharding::split(t.rank(), 0, DATA))
 }
 
+/// How many equal contiguous parts the rows of a batch-major `[n, ...]`
+/// activation come in under the active mesh: the `data` axis's size when it
+/// divides `n` ([`shard_batch`] splits the batch over it, and the tokens' rows
+/// follow the batch), else 1. The LM-head composite makes its row blocks
+/// within each part, so no rows move between devices (`docs/sharding.md`,
+/// "The LM head on each device's rows").
+pub(crate) fn row_shards(n: usize) -> usize {
+    match active_mesh().and_then(|m| m.axis_size(DATA)) {
+        Some(d) if d > 1 && n % d == 0 => d,
+        _ => 1,
+    }
+}
+
 /// How the cuDNN attention calls split under `mesh` (the CUDA lowering runs
 /// each on one device's shard, `kiln_compiler::AttentionSplit`): the batch
 /// over `data`, as [`shard_batch`] splits it, and the heads over `model`, as

@@ -8,7 +8,7 @@
 //! goes on as it would have on 4. Bad meshes, shardings and policies are
 //! typed errors before anything compiles.
 
-use kiln::models::gpt::{CharVocab, GptConfig, GptTrainer};
+use kiln::models::gpt::{CharVocab, GptConfig, GptTrainer, LmHeadLoss};
 use kiln::shard::{self, Mesh, PolicyKind, ShardPolicy, Sharding};
 use kiln::{checkpoint, FrontendError, Tensor};
 
@@ -70,10 +70,16 @@ fn read_state(t: &GptTrainer) -> anyhow::Result<Vec<(String, Vec<f32>)>> {
 }
 
 fn train(mesh: Option<Mesh>, policy: Option<PolicyKind>) -> anyhow::Result<Run> {
+    train_with(mesh, policy, None)
+}
+
+/// [`train`] with the LM head's loss as `lm_head` names it (`None`: the
+/// backend's default, the explicit logits at this size on the CPU plugin).
+fn train_with(mesh: Option<Mesh>, policy: Option<PolicyKind>, lm_head: Option<LmHeadLoss>) -> anyhow::Result<Run> {
     on_thread(mesh, policy, || {
         let text = text();
         let vocab = CharVocab::new(&text);
-        let mut t = GptTrainer::new(vocab.encode(&text), &config(vocab.len()))?;
+        let mut t = GptTrainer::new(vocab.encode(&text), &GptConfig { lm_head, ..config(vocab.len()) })?;
         let losses = (0..STEPS).map(|_| t.train_step(LR)).collect::<kiln::Result<Vec<_>>>()?;
         let argument_bytes = shard::program_memory_stats()?.iter().map(|s| s.argument_size_in_bytes).max().unwrap_or(0);
         Ok(Run { losses, state: read_state(&t)?, argument_bytes })
@@ -133,6 +139,26 @@ fn fsdp_tp_and_both_match_one_device_over_ten_adamw_steps() -> anyhow::Result<()
     );
     assert!(ratio <= 0.25 + 0.05, "fsdp/replicated argument bytes {ratio}");
     assert!(fsdp.argument_bytes > 0);
+    Ok(())
+}
+
+/// The blocked LM head (blocks of 32 tokens of the 256 a step) under FSDP
+/// over 4 devices and FSDP×TP over 2×2 trains as on one device (same
+/// tolerance as above): the rows come in one part per data-parallel device and
+/// each block takes rows of every part (`docs/sharding.md`, "The LM head on
+/// each device's rows"), which changes only the order of dw's sums. The
+/// explicit logits on one device are the reference for the one-device blocks.
+#[test]
+fn blocked_lm_head_under_fsdp_and_fsdp_tp_matches_one_device() -> anyhow::Result<()> {
+    let vocab = CharVocab::new(&text()).len() as u64;
+    let blocks = Some(LmHeadLoss::Blocks { block_bytes: 4 * 32 * vocab });
+    let explicit = train(None, None)?;
+    let one = train_with(None, None, blocks)?;
+    assert_close("blocks on one device", &one, &explicit, 1e-5);
+    let fsdp = train_with(Some(mesh("data=4")), Some(PolicyKind::Fsdp), blocks)?;
+    assert_close("blocks, fsdp data=4", &fsdp, &one, 1e-5);
+    let both = train_with(Some(mesh("data=2,model=2")), Some(PolicyKind::FsdpTp), blocks)?;
+    assert_close("blocks, fsdp x tp data=2,model=2", &both, &one, 1e-5);
     Ok(())
 }
 

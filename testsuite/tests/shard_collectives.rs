@@ -18,12 +18,15 @@
 //! backward of every layer instead (2 layers: 4 all-gathers), and this test
 //! failed on that.
 //!
+//! Under FSDP the blocked LM head runs each device's rows in blocks: no rows
+//! move and nothing is reduced per block but a scalar.
+//!
 //! One test in this file: XLA reads `XLA_FLAGS` once per process, when the
 //! plugin first compiles, so the variable is set before anything runs.
 
 use std::path::{Path, PathBuf};
 
-use kiln::models::gpt::{captured_step, CharVocab, GptConfig, GptTrainer};
+use kiln::models::gpt::{captured_step, CharVocab, GptConfig, GptTrainer, LmHeadLoss};
 use kiln::shard::{self, Mesh, PolicyKind};
 use kiln::Tensor;
 
@@ -188,5 +191,43 @@ fn tensor_parallel_step_all_reduces_four_times_per_layer_and_never_reshards_head
     let data_group = dp_tp.iter().filter(|c| c.groups == "{{0,2},{1,3}}").count();
     assert!(data_group >= 1, "data=2,model=2: no gradient reduction over data: {dp_tp:?}");
     assert_eq!(model_group.len() + data_group, dp_tp.len(), "collectives over other groups: {dp_tp:?}");
+
+    // The blocked LM head under FSDP over `data=4`: each device holds 64 of
+    // the step's 256 rows and runs its own rows in blocks of 32 (the rows'
+    // parts, `docs/sharding.md`, "The LM head on each device's rows"). The
+    // step gathers the parameters as the explicit-logits step does, moves no
+    // rows between devices, and reduces nothing per block but the scalar
+    // that chains the blocks on the CPU target; dw joins the gradients'
+    // reduction. Blocks of rows contiguous over all devices lived on one
+    // device each: the partitioner spread every block's rows over the
+    // devices (12 collective-permutes, 5 all-to-alls) and all-reduced every
+    // block's dw share and picked logits.
+    let vocab = CharVocab::new(&text()).len() as u64;
+    let explicit = step_collectives(dump.path(), "data=4", PolicyKind::Fsdp, &cfg)?;
+    let blocked_cfg = GptConfig { lm_head: Some(LmHeadLoss::Blocks { block_bytes: 4 * 32 * vocab }), ..cfg.clone() };
+    let blocked = step_collectives(dump.path(), "data=4", PolicyKind::Fsdp, &blocked_cfg)?;
+    for opcode in COLLECTIVES {
+        eprintln!(
+            "data=4 fsdp: {opcode} x{} explicit logits, x{} blocked head",
+            count(&explicit, opcode),
+            count(&blocked, opcode)
+        );
+    }
+    for forbidden in ["all-to-all", "collective-permute", "reduce-scatter"] {
+        let found: Vec<&Collective> = blocked.iter().filter(|c| c.opcode == forbidden).collect();
+        assert!(found.is_empty(), "data=4 blocked head: rows move between devices ({forbidden}): {found:?}");
+    }
+    assert_eq!(count(&blocked, "all-gather"), count(&explicit, "all-gather"), "{blocked:?}");
+    let per_block: Vec<&Collective> = blocked
+        .iter()
+        .filter(|c| c.opcode == "all-reduce" && !c.shape.starts_with('(') && elements(&c.shape) > 1)
+        .collect();
+    assert!(per_block.is_empty(), "data=4 blocked head: all-reduces of more than a scalar: {per_block:?}");
     Ok(())
+}
+
+/// Elements of an array shape as printed without its layout (`f32[1,1,1]`: 1).
+fn elements(shape: &str) -> usize {
+    let dims = shape.split_once('[').map_or("", |(_, d)| d.trim_end_matches(']'));
+    dims.split(',').filter(|d| !d.is_empty()).map(|d| d.parse::<usize>().unwrap_or(usize::MAX)).product()
 }

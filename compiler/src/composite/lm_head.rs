@@ -24,6 +24,15 @@
 //! slice whose update reads the same range in place, where for constant
 //! starts it ran a loop over the whole block (`docs/memory.md`, "dl written
 //! over the logits").
+//!
+//! With `shards` > 1 (the rows split over a mesh's `data` axis, [`Rows`]) a
+//! block takes `chunk` rows of every shard, each block's dw share keeps one
+//! sum per shard (a batched GEMM), and the shards' sums are added once after
+//! the last block, so XLA's SPMD partitioner runs every block on each
+//! device's own rows with no communication, and all-reduces dw once. The
+//! label's logit is then a one-hot row sum: a gather from the flattened block
+//! is one the partitioner cannot prove local, and it all-gathered its indices
+//! and all-reduced its result every block.
 
 use crate::ir::{
     BinaryOp, CompareDir, DType, DotDims, Graph, Literal, Op, ReduceOp, Shape, TensorType, UnaryOp, ValueId,
@@ -49,6 +58,68 @@ fn convert(g: &mut Graph, x: ValueId, to: DType) -> Result<ValueId> {
         return Ok(x);
     }
     v(g, Op::Convert { input: x, to })
+}
+
+/// How the composite's `n` rows are split: `shards` equal contiguous parts
+/// (one per device of a mesh's `data` axis, 1 otherwise), each cut into
+/// blocks of `chunk` rows; block `i` is rows `i·chunk..` of every part.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Rows {
+    pub chunk: usize,
+    pub shards: usize,
+}
+
+impl Rows {
+    /// `(start, end)` of each block within a part of `n / shards` rows.
+    fn blocks(self, n: usize) -> Vec<(usize, usize)> {
+        let part = n / self.shards;
+        let c = self.chunk.max(1);
+        (0..part.div_ceil(c)).map(|i| (i * c, ((i + 1) * c).min(part))).collect()
+    }
+
+    /// Rows `start..end` of every part of `x` (`[n, ...]`), in part order:
+    /// `[shards · (end - start), ...]`.
+    fn take(self, g: &mut Graph, x: ValueId, (start, end): (usize, usize)) -> Result<ValueId> {
+        if self.shards == 1 {
+            return rows(g, x, start, end);
+        }
+        let parts = split_rows(g, x, self.shards)?;
+        let t = g.ty(parts).clone();
+        let mut lo = vec![0; t.shape.rank()];
+        let mut hi = t.shape.dims().to_vec();
+        lo[1] = start;
+        hi[1] = end;
+        let stride = vec![1; t.shape.rank()];
+        let block = v(g, Op::Slice { input: parts, start: lo, limit: hi, stride })?;
+        merge_rows(g, block)
+    }
+
+    /// The blocks' results (`[shards · c, ...]` each, from [`Rows::take`])
+    /// joined back into `[n, ...]` in the rows' order.
+    fn join(self, g: &mut Graph, blocks: Vec<ValueId>) -> Result<ValueId> {
+        if self.shards == 1 || blocks.len() == 1 {
+            return concat(g, blocks);
+        }
+        let parts = blocks.into_iter().map(|b| split_rows(g, b, self.shards)).collect::<Result<Vec<_>>>()?;
+        let joined = v(g, Op::Concatenate { inputs: parts, axis: 1 })?;
+        merge_rows(g, joined)
+    }
+}
+
+/// `[n, ...]` as `[parts, n / parts, ...]`.
+fn split_rows(g: &mut Graph, x: ValueId, parts: usize) -> Result<ValueId> {
+    let dims = g.ty(x).shape.dims().to_vec();
+    let mut to = vec![parts, dims[0] / parts];
+    to.extend_from_slice(&dims[1..]);
+    v(g, Op::Reshape { input: x, shape: Shape::from(to) })
+}
+
+/// `[a, b, ...]` as `[a · b, ...]`.
+fn merge_rows(g: &mut Graph, x: ValueId) -> Result<ValueId> {
+    let dims = g.ty(x).shape.dims().to_vec();
+    let mut to = vec![dims[0] * dims[1]];
+    to.extend_from_slice(&dims[2..]);
+    v(g, Op::Reshape { input: x, shape: Shape::from(to) })
 }
 
 fn rows(g: &mut Graph, x: ValueId, start: usize, end: usize) -> Result<ValueId> {
@@ -81,17 +152,17 @@ fn block(
     h: ValueId,
     w: ValueId,
     labels: ValueId,
-    (start, end): (usize, usize),
+    (r, span): (Rows, (usize, usize)),
     after: Option<ValueId>,
     guard: bool,
 ) -> Result<Block> {
     let dtype = g.ty(h).dtype;
-    let hc = rows(g, h, start, end)?;
+    let hc = r.take(g, h, span)?;
     let hc = match after {
         Some(prev) => crate::fence::after(g, &[hc], prev, guard)?[0],
         None => hc,
     };
-    let lc = rows(g, labels, start, end)?;
+    let lc = r.take(g, labels, span)?;
     let dims = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![1] };
     let raw = v(g, Op::DotGeneral { lhs: hc, rhs: w, dims })?;
     let logits = convert(g, raw, acc(dtype))?;
@@ -133,6 +204,20 @@ fn column_parts(vocab: usize) -> Vec<(usize, usize)> {
         return vec![(0, vocab)];
     }
     vec![(0, first), (first, vocab - first)]
+}
+
+/// Each row's logit at its label in the accumulation dtype, as the row sum
+/// of the logits where the column is the label (0 for a label outside the
+/// vocabulary): the form for rows split over shards, which the partitioner
+/// runs on each device's rows.
+fn picked_by_row_sum(g: &mut Graph, b: &Block) -> Result<ValueId> {
+    let label_dtype = g.ty(b.labels).dtype;
+    let col = v(g, Op::Iota { ty: TensorType::new(label_dtype, b.shape.clone()), axis: 1 })?;
+    let lb = per_row(g, b.labels, &b.shape)?;
+    let hit = v(g, Op::Compare { dir: CompareDir::Eq, lhs: col, rhs: lb })?;
+    let zero = g.splat(g.ty(b.logits).dtype, 0.0, &b.shape)?;
+    let on_label = v(g, Op::Select { pred: hit, on_true: b.logits, on_false: zero })?;
+    row_sum(g, on_label)
 }
 
 /// How a block's softmax and cotangent are made from its logits.
@@ -211,11 +296,6 @@ fn per_row(g: &mut Graph, x: ValueId, shape: &Shape) -> Result<ValueId> {
     v(g, Op::BroadcastInDim { input: x, shape: shape.clone(), dims: vec![0] })
 }
 
-fn blocks(n: usize, chunk: usize) -> Vec<(usize, usize)> {
-    let c = chunk.max(1);
-    (0..n.div_ceil(c)).map(|i| (i * c, ((i + 1) * c).min(n))).collect()
-}
-
 fn concat(g: &mut Graph, parts: Vec<ValueId>) -> Result<ValueId> {
     if parts.len() == 1 {
         return Ok(parts[0]);
@@ -234,7 +314,7 @@ struct BlockLoss {
     z: ValueId,
 }
 
-fn block_loss(g: &mut Graph, b: &Block) -> Result<BlockLoss> {
+fn block_loss(g: &mut Graph, b: &Block, r: Rows) -> Result<BlockLoss> {
     let m = v(g, Op::Reduce { op: ReduceOp::Max, input: b.logits, axes: vec![1] })?;
     let mb = per_row(g, m, &b.shape)?;
     let d = v(g, Op::Binary { op: BinaryOp::Sub, lhs: b.logits, rhs: mb })?;
@@ -242,7 +322,7 @@ fn block_loss(g: &mut Graph, b: &Block) -> Result<BlockLoss> {
     let z = row_sum(g, exp)?;
     let lz = v(g, Op::Unary { op: UnaryOp::Log, input: z })?;
     let lse = v(g, Op::Binary { op: BinaryOp::Add, lhs: m, rhs: lz })?;
-    let picked = picked_logit(g, b)?;
+    let picked = if r.shards == 1 { picked_logit(g, b)? } else { picked_by_row_sum(g, b)? };
     let nll = v(g, Op::Binary { op: BinaryOp::Sub, lhs: lse, rhs: picked })?;
     Ok(BlockLoss { lse, nll, picked, max: m, z })
 }
@@ -253,20 +333,20 @@ pub(crate) fn expand_forward(
     h: ValueId,
     w: ValueId,
     labels: ValueId,
-    chunk: usize,
+    rows: Rows,
     guard: bool,
 ) -> Result<[ValueId; 2]> {
     let n = g.ty(h).shape.dims()[0];
     let (mut nll, mut lse) = (Vec::new(), Vec::new());
     let mut after = None;
-    for (s, e) in blocks(n, chunk) {
-        let b = block(g, h, w, labels, (s, e), after, guard)?;
-        let r = block_loss(g, &b)?;
+    for span in rows.blocks(n) {
+        let b = block(g, h, w, labels, (rows, span), after, guard)?;
+        let r = block_loss(g, &b, rows)?;
         after = Some(r.nll);
         nll.push(convert(g, r.nll, DType::F32)?);
         lse.push(convert(g, r.lse, DType::F32)?);
     }
-    Ok([concat(g, nll)?, concat(g, lse)?])
+    Ok([rows.join(g, nll)?, rows.join(g, lse)?])
 }
 
 /// `[dh, dw]` of `lm_head_cross_entropy_grad`, appended to `g`:
@@ -279,7 +359,7 @@ pub(crate) fn expand_backward(
     labels: ValueId,
     lse: ValueId,
     dnll: ValueId,
-    chunk: usize,
+    rows: Rows,
     guard: bool,
 ) -> Result<[ValueId; 2]> {
     let dtype = g.ty(h).dtype;
@@ -287,17 +367,17 @@ pub(crate) fn expand_backward(
     let (mut dh, mut dw) = (Vec::new(), None);
     let a = acc(dtype);
     let (lse, dnll) = (convert(g, lse, a)?, convert(g, dnll, a)?);
-    for (s, e) in blocks(n, chunk) {
-        let b = block(g, h, w, labels, (s, e), dw, guard)?;
-        let sm = Softmax::FromLse { lse: rows(g, lse, s, e)?, dnll: rows(g, dnll, s, e)? };
+    for span in rows.blocks(n) {
+        let b = block(g, h, w, labels, (rows, span), dw, guard)?;
+        let sm = Softmax::FromLse { lse: rows.take(g, lse, span)?, dnll: rows.take(g, dnll, span)? };
         let dl = dl_over_logits(g, &b, &sm, None, guard)?;
-        let (dh_block, dw_sum) = block_grads(g, dl, w, h, (s, e), dw)?;
+        let (dh_block, dw_sum) = block_grads(g, dl, w, h, (rows, span), dw)?;
         dh.push(dh_block);
         dw = Some(dw_sum);
     }
-    let dh = finish(g, dh, dw, guard)?;
+    let dh = finish(g, rows, dh, dw, guard)?;
     let dw = match dw {
-        Some(x) => convert(g, x, dtype)?,
+        Some(x) => total_dw(g, x, dtype)?,
         None => {
             let t = g.ty(w).clone();
             g.splat(t.dtype, 0.0, &t.shape)?
@@ -308,21 +388,29 @@ pub(crate) fn expand_backward(
 
 /// One block's share of the gradient from its `dl` (`[c, vocab]`, in h's
 /// dtype): the block's rows of dh, `dl · w`, and the running dw plus
-/// `dlᵀ · h_block`, accumulated in f32 (f64 for f64).
+/// `dlᵀ · h_block`, accumulated in f32 (f64 for f64). With shards, the share
+/// and the running dw keep one sum per shard (`[shards, vocab, d]`, a batched
+/// GEMM over each shard's rows), added up by [`total_dw`].
 fn block_grads(
     g: &mut Graph,
     dl: ValueId,
     w: ValueId,
     h: ValueId,
-    (start, end): (usize, usize),
+    (r, span): (Rows, (usize, usize)),
     dw: Option<ValueId>,
 ) -> Result<(ValueId, ValueId)> {
     let a = acc(g.ty(h).dtype);
     let mm = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![0] };
     let dh = v(g, Op::DotGeneral { lhs: dl, rhs: w, dims: mm })?;
-    let hc = rows(g, h, start, end)?;
-    let tm = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![0], rhs_contract: vec![0] };
-    let part = v(g, Op::DotGeneral { lhs: dl, rhs: hc, dims: tm })?;
+    let hc = r.take(g, h, span)?;
+    let part = if r.shards == 1 {
+        let tm = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![0], rhs_contract: vec![0] };
+        v(g, Op::DotGeneral { lhs: dl, rhs: hc, dims: tm })?
+    } else {
+        let (dl, hc) = (split_rows(g, dl, r.shards)?, split_rows(g, hc, r.shards)?);
+        let tm = DotDims { lhs_batch: vec![0], rhs_batch: vec![0], lhs_contract: vec![1], rhs_contract: vec![1] };
+        v(g, Op::DotGeneral { lhs: dl, rhs: hc, dims: tm })?
+    };
     let part = convert(g, part, a)?;
     let dw = match dw {
         None => part,
@@ -340,7 +428,7 @@ pub(crate) fn expand_fused(
     w: ValueId,
     labels: ValueId,
     scale: ValueId,
-    chunk: usize,
+    rows: Rows,
     guard: bool,
 ) -> Result<[ValueId; 4]> {
     let dtype = g.ty(h).dtype;
@@ -348,28 +436,39 @@ pub(crate) fn expand_fused(
     let a = acc(dtype);
     let scale = convert(g, scale, a)?;
     let (mut nll, mut lse, mut dh, mut dw) = (Vec::new(), Vec::new(), Vec::new(), None);
-    for (s, e) in blocks(n, chunk) {
+    for span in rows.blocks(n) {
         // Chained on the running dw: block i+1's logits are made after block
         // i's dw share is added, so at most one block of logits is live.
-        let b = block(g, h, w, labels, (s, e), dw, guard)?;
-        let r = block_loss(g, &b)?;
+        let b = block(g, h, w, labels, (rows, span), dw, guard)?;
+        let r = block_loss(g, &b, rows)?;
         nll.push(convert(g, r.nll, DType::F32)?);
         lse.push(convert(g, r.lse, DType::F32)?);
         // softmax = exp(logits - max) / z, as the loss's row sums made it.
         let sm = Softmax::Shifted { max: r.max, z: r.z, scale };
         let dl = dl_over_logits(g, &b, &sm, Some(r.picked), guard)?;
-        let (dh_block, dw_sum) = block_grads(g, dl, w, h, (s, e), dw)?;
+        let (dh_block, dw_sum) = block_grads(g, dl, w, h, (rows, span), dw)?;
         dh.push(dh_block);
         dw = Some(dw_sum);
     }
-    let dh = finish(g, dh, dw, guard)?;
+    let dh = finish(g, rows, dh, dw, guard)?;
     let dw = match dw {
-        Some(x) => convert(g, x, dtype)?,
+        Some(x) => total_dw(g, x, dtype)?,
         None => {
             return Err(CompileError::Verify { node: "lm_head_cross_entropy_fused".into(), reason: "no rows".into() })
         }
     };
-    Ok([concat(g, nll)?, concat(g, lse)?, dh, dw])
+    Ok([rows.join(g, nll)?, rows.join(g, lse)?, dh, dw])
+}
+
+/// The running dw summed over its shards (when it has a shard axis) and
+/// rounded to `dtype`.
+fn total_dw(g: &mut Graph, running: ValueId, dtype: DType) -> Result<ValueId> {
+    let running = if g.ty(running).shape.rank() == 3 {
+        v(g, Op::Reduce { op: ReduceOp::Sum, input: running, axes: vec![0] })?
+    } else {
+        running
+    };
+    convert(g, running, dtype)
 }
 
 /// The blocks' rows of `dh` joined, and fenced after the running dw's last
@@ -380,8 +479,8 @@ pub(crate) fn expand_fused(
 /// live through the whole backward (`docs/memory.md`, "dl written over the
 /// logits"). The anchor is the f32 sum, a kernel's output: a fence on its
 /// rounding to w's dtype, which XLA fuses into the later reader, held nothing.
-fn finish(g: &mut Graph, dh: Vec<ValueId>, running_dw: Option<ValueId>, guard: bool) -> Result<ValueId> {
-    let dh = concat(g, dh)?;
+fn finish(g: &mut Graph, rows: Rows, dh: Vec<ValueId>, running_dw: Option<ValueId>, guard: bool) -> Result<ValueId> {
+    let dh = rows.join(g, dh)?;
     match running_dw {
         Some(dw) => Ok(crate::fence::after(g, &[dh], dw, guard)?[0]),
         None => Ok(dh),

@@ -130,14 +130,16 @@ pub fn expand(g: &Graph, target: LowerTarget) -> Result<Graph, CompileError> {
             (true, Op::LayerNormGrad { x, gamma, mean, rstd, dy }) => {
                 layer_norm::expand_backward(&mut out, x, gamma, mean, rstd, dy)?.to_vec()
             }
-            (true, Op::LmHeadCrossEntropy { h, w, labels, chunk }) => {
-                lm_head::expand_forward(&mut out, h, w, labels, chunk, guard)?.to_vec()
+            (true, Op::LmHeadCrossEntropy { h, w, labels, chunk, shards }) => {
+                lm_head::expand_forward(&mut out, h, w, labels, lm_head::Rows { chunk, shards }, guard)?.to_vec()
             }
-            (true, Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk }) => {
-                lm_head::expand_backward(&mut out, h, w, labels, lse, dnll, chunk, guard)?.to_vec()
+            (true, Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk, shards }) => {
+                let rows = lm_head::Rows { chunk, shards };
+                lm_head::expand_backward(&mut out, h, w, labels, lse, dnll, rows, guard)?.to_vec()
             }
-            (true, Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk }) => {
-                lm_head::expand_fused(&mut out, h, w, labels, scale, chunk, guard)?.to_vec()
+            (true, Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk, shards }) => {
+                let rows = lm_head::Rows { chunk, shards };
+                lm_head::expand_fused(&mut out, h, w, labels, scale, rows, guard)?.to_vec()
             }
             (_, o) => {
                 let n = out.add(o)?;

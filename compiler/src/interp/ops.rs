@@ -235,13 +235,11 @@ pub(crate) fn eval<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'
         Op::LayerNormGrad { x, gamma, mean, rstd, dy } => {
             super::layer_norm::backward(get(*x), get(*gamma), get(*mean), get(*rstd), get(*dy), outs)
         }
-        Op::LmHeadCrossEntropy { h, w, labels, chunk: _ } => {
-            super::lm_head::forward(get(*h), get(*w), get(*labels), outs)
-        }
-        Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk: _ } => {
+        Op::LmHeadCrossEntropy { h, w, labels, .. } => super::lm_head::forward(get(*h), get(*w), get(*labels), outs),
+        Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, .. } => {
             super::lm_head::backward(get(*h), get(*w), get(*labels), get(*lse), get(*dnll), outs)
         }
-        Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk: _ } => {
+        Op::LmHeadCrossEntropyFused { h, w, labels, scale, .. } => {
             super::lm_head::fused(get(*h), get(*w), get(*labels), get(*scale), outs)
         }
     }

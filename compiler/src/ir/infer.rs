@@ -437,14 +437,14 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
             }
             Ok(smallvec::smallvec![x, g.clone(), g])
         }
-        Op::LmHeadCrossEntropy { h, w, labels, chunk } => {
+        Op::LmHeadCrossEntropy { h, w, labels, chunk, shards } => {
             let (h, w) = (ty(*h), ty(*w));
-            let rows = check_lm_head(name, &h, &w, &ty(*labels), *chunk)?;
+            let rows = check_lm_head(name, &h, &w, &ty(*labels), *chunk, *shards)?;
             Ok(smallvec::smallvec![rows.clone(), rows])
         }
-        Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk } => {
+        Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk, shards } => {
             let (h, w) = (ty(*h), ty(*w));
-            let rows = check_lm_head(name, &h, &w, &ty(*labels), *chunk)?;
+            let rows = check_lm_head(name, &h, &w, &ty(*labels), *chunk, *shards)?;
             for t in [ty(*lse), ty(*dnll)] {
                 if t != rows {
                     return Err(invalid(name, format!("lse and dnll must be {rows}"), vec![h, t]));
@@ -452,9 +452,9 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
             }
             Ok(smallvec::smallvec![h, w])
         }
-        Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk } => {
+        Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk, shards } => {
             let (h, w) = (ty(*h), ty(*w));
-            let rows = check_lm_head(name, &h, &w, &ty(*labels), *chunk)?;
+            let rows = check_lm_head(name, &h, &w, &ty(*labels), *chunk, *shards)?;
             let s = ty(*scale);
             if s != TensorType::scalar(DType::F32) {
                 return Err(invalid(name, "scale must be a rank-0 f32", vec![h, s]));
@@ -465,13 +465,15 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
 }
 
 /// Checks `h: [n, d]`, `w: [vocab, d]` of one float dtype, integer `labels: [n]`,
-/// `n, chunk >= 1`; returns the per-token type `[n]` f32.
+/// `n, chunk >= 1` and `shards >= 1` dividing n; returns the per-token type
+/// `[n]` f32.
 fn check_lm_head(
     op: &'static str,
     h: &TensorType,
     w: &TensorType,
     labels: &TensorType,
     chunk: usize,
+    shards: usize,
 ) -> Result<TensorType> {
     let all = || vec![h.clone(), w.clone(), labels.clone()];
     if !h.dtype.is_float() || w.dtype != h.dtype {
@@ -481,6 +483,9 @@ fn check_lm_head(
     let (hd, wd) = (h.shape.dims(), w.shape.dims());
     if hd.len() != 2 || wd.len() != 2 || hd[1] != wd[1] || labels.shape.dims() != [hd[0]] || hd[0] == 0 || chunk == 0 {
         return Err(invalid(op, "h must be [n, d] (n >= 1), w [vocab, d], labels [n], chunk >= 1", all()));
+    }
+    if shards == 0 || hd[0] % shards != 0 {
+        return Err(invalid(op, format!("shards ({shards}) must be >= 1 and divide the {} rows", hd[0]), all()));
     }
     Ok(TensorType::new(DType::F32, vec![hd[0]]))
 }

@@ -565,12 +565,19 @@ pub enum Op {
     /// `logits = h wᵀ` for `h: [n, d]`, `w: [vocab, d]` (one float dtype), integer
     /// `labels: [n]`. Outputs `#0` the per-token negative log-likelihood and `#1`
     /// the per-token log-sum-exp, `[n]` f32. Lowered in row blocks of `chunk`
-    /// tokens, so the `[n, vocab]` logits never exist whole.
+    /// tokens, so the `[n, vocab]` logits never exist whole. `shards` (≥ 1,
+    /// dividing n) names how many equal contiguous parts the rows come in: one
+    /// per device where a mesh's `data` axis splits the batch. A block then
+    /// takes `chunk` rows of every part, so under XLA's SPMD partitioner each
+    /// device makes its blocks from its own rows, and dw is summed over the
+    /// parts once, after the last block (`docs/sharding.md`, "The LM head on
+    /// each device's rows"). The values do not depend on `shards`.
     LmHeadCrossEntropy {
         h: ValueId,
         w: ValueId,
         labels: ValueId,
         chunk: usize,
+        shards: usize,
     },
     /// The backward of [`Op::LmHeadCrossEntropy`] from its saved log-sum-exp and
     /// the cotangent `dnll` of the nll: outputs `#0` dh, `#1` dw.
@@ -581,6 +588,7 @@ pub enum Op {
         lse: ValueId,
         dnll: ValueId,
         chunk: usize,
+        shards: usize,
     },
     /// [`Op::LmHeadCrossEntropy`] and its backward in one pass over the row
     /// blocks, for the case where every token's cotangent is the same scalar
@@ -595,6 +603,7 @@ pub enum Op {
         labels: ValueId,
         scale: ValueId,
         chunk: usize,
+        shards: usize,
     },
 }
 

@@ -120,12 +120,19 @@ impl Materialization for XlaGpuFusion {
             // written over the logits"): at the fused op's peak XLA held one
             // block (196.5 MiB), a dw share (74 MiB), the f32 running dw (147
             // MiB) and 36 MiB of f32 pieces of dh the model does not count.
-            Op::LmHeadCrossEntropy { h, w, chunk, .. } => CUBLAS_WORKSPACE_BYTES + lm_head_block(g, *h, *w, *chunk),
-            Op::LmHeadCrossEntropyGrad { h, w, chunk, .. } | Op::LmHeadCrossEntropyFused { h, w, chunk, .. } => {
+            // With `shards` parts, a block takes `chunk` rows of each and the
+            // dw share and running dw have one copy a part (the graph's
+            // global view; one of each per device under SPMD).
+            Op::LmHeadCrossEntropy { h, w, chunk, shards, .. } => {
+                CUBLAS_WORKSPACE_BYTES + lm_head_block(g, *h, *w, chunk * shards)
+            }
+            Op::LmHeadCrossEntropyGrad { h, w, chunk, shards, .. }
+            | Op::LmHeadCrossEntropyFused { h, w, chunk, shards, .. } => {
                 let (ht, wt) = (g.ty(*h), g.ty(*w));
-                let share = (wt.shape.num_elements() * ht.dtype.size_in_bytes()) as u64;
-                let running_dw = if ht.dtype.size_in_bytes() < 4 { 4 * wt.shape.num_elements() as u64 } else { 0 };
-                CUBLAS_WORKSPACE_BYTES + lm_head_block(g, *h, *w, *chunk) + share + running_dw
+                let share = (shards * wt.shape.num_elements() * ht.dtype.size_in_bytes()) as u64;
+                let running_dw =
+                    if ht.dtype.size_in_bytes() < 4 { 4 * (shards * wt.shape.num_elements()) as u64 } else { 0 };
+                CUBLAS_WORKSPACE_BYTES + lm_head_block(g, *h, *w, chunk * shards) + share + running_dw
             }
             _ => 0,
         }
@@ -377,9 +384,9 @@ mod tests {
         let h = g.parameter(TensorType::new(DType::BF16, [64, 32]));
         let w = g.parameter(TensorType::new(DType::BF16, [100, 32]));
         let labels = g.parameter(TensorType::new(DType::I32, [64]));
-        let f = g.add(Op::LmHeadCrossEntropy { h, w, labels, chunk: 16 }).unwrap();
+        let f = g.add(Op::LmHeadCrossEntropy { h, w, labels, chunk: 16, shards: 1 }).unwrap();
         let (nll, lse) = (ValueId::new(f, 0), ValueId::new(f, 1));
-        let b = g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll: nll, chunk: 16 }).unwrap();
+        let b = g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll: nll, chunk: 16, shards: 1 }).unwrap();
         g.set_outputs(vec![ValueId::new(b, 0), ValueId::new(b, 1)]).unwrap();
         let l = liveness(&g, &XlaGpuFusion);
         let scratch: Vec<u64> =

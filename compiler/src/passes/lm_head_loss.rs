@@ -39,6 +39,7 @@ struct Pair {
     labels: ValueId,
     scale: ValueId,
     chunk: usize,
+    shards: usize,
 }
 
 /// Rebuilds `g` with every matching forward/grad pair of the LM-head loss
@@ -59,12 +60,12 @@ pub fn fuse_lm_head_loss(g: &Graph) -> Result<(Graph, usize), CompileError> {
 /// The first grad node (in insertion order) that pairs with its forward.
 fn find(g: &Graph) -> Option<Pair> {
     g.nodes().find_map(|(id, node)| {
-        let Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk } = &node.op else { return None };
+        let Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk, shards } = &node.op else { return None };
         if lse.output != 1 {
             return None;
         }
         let forward = lse.node;
-        let same = Op::LmHeadCrossEntropy { h: *h, w: *w, labels: *labels, chunk: *chunk };
+        let same = Op::LmHeadCrossEntropy { h: *h, w: *w, labels: *labels, chunk: *chunk, shards: *shards };
         if g.node(forward).op != same {
             return None;
         }
@@ -72,7 +73,7 @@ fn find(g: &Graph) -> Option<Pair> {
         if ancestors(g, scale.node)[forward.index()] {
             return None;
         }
-        Some(Pair { forward, grad: id, h: *h, w: *w, labels: *labels, scale, chunk: *chunk })
+        Some(Pair { forward, grad: id, h: *h, w: *w, labels: *labels, scale, chunk: *chunk, shards: *shards })
     })
 }
 
@@ -149,6 +150,7 @@ fn rebuild(g: &Graph, p: Pair) -> Result<Graph, CompileError> {
                     labels: r.get(p.labels)?,
                     scale: r.get(p.scale)?,
                     chunk: p.chunk,
+                    shards: p.shards,
                 };
                 r.fused = Some(out.add(op)?);
             }
@@ -200,13 +202,13 @@ mod tests {
         let h = g.parameter(TensorType::new(DType::F32, [6, 4]));
         let w = g.parameter(TensorType::new(DType::F32, [9, 4]));
         let labels = g.parameter(TensorType::new(DType::I32, [6]));
-        let ce = g.add(Op::LmHeadCrossEntropy { h, w, labels, chunk: 2 }).unwrap();
+        let ce = g.add(Op::LmHeadCrossEntropy { h, w, labels, chunk: 2, shards: 1 }).unwrap();
         let seed = g.parameter(TensorType::scalar(DType::F32));
         let inv = g.value(Op::Constant { literal: Literal::scalar(DType::F32, 1.0 / 6.0) }).unwrap();
         let s = g.value(Op::Binary { op: BinaryOp::Mul, lhs: seed, rhs: inv }).unwrap();
         let dnll = g.value(Op::BroadcastInDim { input: s, shape: Shape::new([6]), dims: vec![] }).unwrap();
         let lse = ValueId::new(ce, 1);
-        let gr = g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk: 2 }).unwrap();
+        let gr = g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk: 2, shards: 1 }).unwrap();
         g.set_outputs(vec![ValueId::new(ce, 0), ValueId::new(gr, 0), ValueId::new(gr, 1)]).unwrap();
         g
     }

@@ -297,24 +297,24 @@ impl Parser {
             }
             "lm_head_cross_entropy" => {
                 let [h, w, labels] = self.three(c)?;
-                let chunk = c.comma_attr("chunk", Cursor::usize)?;
-                Op::LmHeadCrossEntropy { h, w, labels, chunk }
+                let (chunk, shards) = lm_head_attrs(c)?;
+                Op::LmHeadCrossEntropy { h, w, labels, chunk, shards }
             }
             "lm_head_cross_entropy_grad" => {
                 let vs = self.values(c)?;
                 let [h, w, labels, lse, dnll] = vs.as_slice() else {
                     return Err(c.err("`lm_head_cross_entropy_grad` takes h, w, labels, lse, dnll"));
                 };
-                let chunk = c.comma_attr("chunk", Cursor::usize)?;
-                Op::LmHeadCrossEntropyGrad { h: *h, w: *w, labels: *labels, lse: *lse, dnll: *dnll, chunk }
+                let (chunk, shards) = lm_head_attrs(c)?;
+                Op::LmHeadCrossEntropyGrad { h: *h, w: *w, labels: *labels, lse: *lse, dnll: *dnll, chunk, shards }
             }
             "lm_head_cross_entropy_fused" => {
                 let vs = self.values(c)?;
                 let [h, w, labels, scale] = vs.as_slice() else {
                     return Err(c.err("`lm_head_cross_entropy_fused` takes h, w, labels, scale"));
                 };
-                let chunk = c.comma_attr("chunk", Cursor::usize)?;
-                Op::LmHeadCrossEntropyFused { h: *h, w: *w, labels: *labels, scale: *scale, chunk }
+                let (chunk, shards) = lm_head_attrs(c)?;
+                Op::LmHeadCrossEntropyFused { h: *h, w: *w, labels: *labels, scale: *scale, chunk, shards }
             }
             other => {
                 if let Some(&op) = UnaryOp::ALL.iter().find(|u| u.name() == other) {
@@ -399,6 +399,14 @@ fn attention_attrs(c: &mut Cursor) -> Result<AttentionAttrs> {
     let causal =
         c.comma_attr("causal", |c| c.keyword(&[true, false], |b| if b { "true" } else { "false" }, "true or false"))?;
     Ok(AttentionAttrs::new(scale, causal))
+}
+
+/// `, chunk = C` and an optional `, shards = S` (1 when absent) of the LM-head
+/// composites.
+fn lm_head_attrs(c: &mut Cursor) -> Result<(usize, usize)> {
+    let chunk = c.comma_attr("chunk", Cursor::usize)?;
+    let shards = if c.eat(",") { c.attr("shards", Cursor::usize)? } else { 1 };
+    Ok((chunk, shards))
 }
 
 fn one<'t>(c: &Cursor, ts: &'t [TensorType]) -> Result<&'t TensorType> {

@@ -124,12 +124,14 @@ fn write_node(out: &mut impl Write, id: NodeId, node: &Node) -> fmt::Result {
             write!(out, " {x}, {gamma}, {beta}, eps = {}", f64::from_bits(*eps_bits))?
         }
         Op::LayerNormGrad { x, gamma, mean, rstd, dy } => write!(out, " {x}, {gamma}, {mean}, {rstd}, {dy}")?,
-        Op::LmHeadCrossEntropy { h, w, labels, chunk } => write!(out, " {h}, {w}, {labels}, chunk = {chunk}")?,
-        Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk } => {
-            write!(out, " {h}, {w}, {labels}, {lse}, {dnll}, chunk = {chunk}")?
+        Op::LmHeadCrossEntropy { h, w, labels, chunk, shards } => {
+            write!(out, " {h}, {w}, {labels}, chunk = {chunk}{}", shards_attr(*shards))?
         }
-        Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk } => {
-            write!(out, " {h}, {w}, {labels}, {scale}, chunk = {chunk}")?
+        Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk, shards } => {
+            write!(out, " {h}, {w}, {labels}, {lse}, {dnll}, chunk = {chunk}{}", shards_attr(*shards))?
+        }
+        Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk, shards } => {
+            write!(out, " {h}, {w}, {labels}, {scale}, chunk = {chunk}{}", shards_attr(*shards))?
         }
     }
     out.write_str(" : ")?;
@@ -152,6 +154,15 @@ fn write_types(out: &mut impl Write, types: &[TensorType]) -> fmt::Result {
 }
 
 /// `[1, 2]`.
+/// `, shards = S` of the LM-head composites, left out when S is 1.
+fn shards_attr(shards: usize) -> String {
+    if shards == 1 {
+        String::new()
+    } else {
+        format!(", shards = {shards}")
+    }
+}
+
 fn ints<T: fmt::Display>(xs: &[T]) -> String {
     let parts: Vec<String> = xs.iter().map(ToString::to_string).collect();
     format!("[{}]", parts.join(", "))

@@ -204,7 +204,7 @@ mod tests {
         let w = g.parameter(TensorType::new(DType::F32, [5, 3]));
         let labels = g.parameter(TensorType::new(DType::I32, [4]));
         let scale = g.parameter(TensorType::new(DType::F32, []));
-        let f = g.add(Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk: 2 }).unwrap();
+        let f = g.add(Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk: 2, shards: 1 }).unwrap();
         let loss = g.value(Op::Reduce { op: ReduceOp::Sum, input: ValueId::new(f, 0), axes: vec![0] }).unwrap();
         match grad_with_info(&mut g, loss, &[h]) {
             Err(crate::error::FrontendError::NotDifferentiable { op, operand, .. }) => {

@@ -328,13 +328,14 @@ pub(crate) fn backward(
                 }
             }
         }
-        Op::LmHeadCrossEntropy { h, w, labels, chunk } => {
+        Op::LmHeadCrossEntropy { h, w, labels, chunk, shards } => {
             // Reads h, w, labels and the saved log-sum-exp (#1); the logits are
             // recomputed block by block in the lowering.
             let Some(dnll) = ct else { return Ok(out) };
             let (h, w, labels) = (b.fwd(*h), b.fwd(*w), b.fwd(*labels));
             let lse = b.fwd(ValueId::new(id, 1));
-            let grad = b.g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk: *chunk })?;
+            let grad =
+                b.g.add(Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, chunk: *chunk, shards: *shards })?;
             for (pos, &want) in wants.iter().enumerate().take(2) {
                 if want {
                     out.push((pos, ValueId::new(grad, pos as u32)));

@@ -608,7 +608,10 @@ pub const LM_HEAD_BLOCK_BYTES: u64 = 256 << 20;
 /// [`lm_head_cross_entropy`] with blocks of at most `block_bytes` of f32
 /// logits ([`lm_head_block_rows`] tokens). Fewer, bigger blocks mean fewer
 /// kernel launches and fewer passes over dw's f32 accumulator; smaller ones a
-/// smaller transient (`docs/composites.md`).
+/// smaller transient (`docs/composites.md`). Under a mesh whose `data` axis
+/// splits the rows, each device makes blocks of its own rows, and
+/// `block_bytes` bounds one device's block (`docs/sharding.md`, "The LM head
+/// on each device's rows").
 pub fn lm_head_cross_entropy_blocks(h: &Tensor, table: &Tensor, labels: &Tensor, block_bytes: u64) -> Result<Tensor> {
     for (what, t, expected, layout) in
         [("h", h, 2, "[n, d]"), ("table", table, 2, "[vocab, d]"), ("labels", labels, 1, "[n]")]
@@ -622,12 +625,13 @@ pub fn lm_head_cross_entropy_blocks(h: &Tensor, table: &Tensor, labels: &Tensor,
     let dtype = amp::compute_dtype(h.dtype());
     let (h, table) = (h.to_dtype(dtype)?, table.to_dtype(dtype)?);
     let chunk = lm_head_block_rows(block_bytes, table.dims()[0]);
+    let shards = crate::shard::row_shards(h.dims()[0]);
     let (hv, wv, lv) = (
         h.value("lm_head_cross_entropy")?,
         table.value("lm_head_cross_entropy")?,
         labels.value("lm_head_cross_entropy")?,
     );
-    let op = kiln_compiler::ir::Op::LmHeadCrossEntropy { h: hv, w: wv, labels: lv, chunk };
+    let op = kiln_compiler::ir::Op::LmHeadCrossEntropy { h: hv, w: wv, labels: lv, chunk, shards };
     let nll = crate::context::with(|c| c.push(op)).map(Tensor::wrap)?;
     nll.mean_all()
 }
