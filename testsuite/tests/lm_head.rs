@@ -306,6 +306,15 @@ fn fused_lowering_has_blocks_of_three_matmuls() {
     );
     assert_eq!(text.matches("stablehlo.dynamic_update_slice").count(), 2 * 8, "dl over the logits in 2 parts a block");
     assert_eq!(text.matches("\"stablehlo.gather\"").count(), 8, "one picked logit gathered a block");
+    // Each later block's barrier also passes the previous block's rows of dh
+    // (`[512, 64]`, beside its own rows of h and the running dw), so XLA
+    // finishes each dh GEMM in its block.
+    let carried = text
+        .lines()
+        .filter(|l| l.contains("stablehlo.optimization_barrier"))
+        .filter(|l| l.matches("tensor<512x64xf32>").count() == 2 && l.contains("tensor<8192x64xf32>"))
+        .count();
+    assert_eq!(carried, 7, "7 block barriers with the previous block's dh");
 }
 
 /// With the rows in 4 parts (one per device of a `data=4` mesh), a block

@@ -119,7 +119,10 @@ impl Materialization for XlaGpuFusion {
             // the H100 (2026-11-24, gpt2-small bf16, `docs/memory.md`, "dl
             // written over the logits"): at the fused op's peak XLA held one
             // block (196.5 MiB), a dw share (74 MiB), the f32 running dw (147
-            // MiB) and 36 MiB of f32 pieces of dh the model does not count.
+            // MiB) and 36 MiB of f32 pieces of dh the model did not count;
+            // with each block's dh finished in its block they are gone (XLA
+            // temp 26.6 MiB less, `docs/memory.md`, "dh finished in its
+            // block").
             // With `shards` parts, a block takes `chunk` rows of each and the
             // dw share and running dw have one copy a part (the graph's
             // global view; one of each per device under SPMD).
