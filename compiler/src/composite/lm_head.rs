@@ -81,7 +81,7 @@ impl Rows {
     /// `[shards · (end - start), ...]`.
     fn take(self, g: &mut Graph, x: ValueId, (start, end): (usize, usize)) -> Result<ValueId> {
         if self.shards == 1 {
-            return rows(g, x, start, end);
+            return slice_rows(g, x, start, end);
         }
         let parts = split_rows(g, x, self.shards)?;
         let t = g.ty(parts).clone();
@@ -122,7 +122,7 @@ fn merge_rows(g: &mut Graph, x: ValueId) -> Result<ValueId> {
     v(g, Op::Reshape { input: x, shape: Shape::from(to) })
 }
 
-fn rows(g: &mut Graph, x: ValueId, start: usize, end: usize) -> Result<ValueId> {
+fn slice_rows(g: &mut Graph, x: ValueId, start: usize, end: usize) -> Result<ValueId> {
     let t = g.ty(x).clone();
     let mut lo = vec![0; t.shape.rank()];
     let mut hi = t.shape.dims().to_vec();
