@@ -81,16 +81,10 @@ impl Rows {
     /// `[shards · (end - start), ...]`.
     fn take(self, g: &mut Graph, x: ValueId, (start, end): (usize, usize)) -> Result<ValueId> {
         if self.shards == 1 {
-            return slice_rows(g, x, start, end);
+            return slice_axis(g, x, 0, (start, end));
         }
         let parts = split_rows(g, x, self.shards)?;
-        let t = g.ty(parts).clone();
-        let mut lo = vec![0; t.shape.rank()];
-        let mut hi = t.shape.dims().to_vec();
-        lo[1] = start;
-        hi[1] = end;
-        let stride = vec![1; t.shape.rank()];
-        let block = v(g, Op::Slice { input: parts, start: lo, limit: hi, stride })?;
+        let block = slice_axis(g, parts, 1, (start, end))?;
         merge_rows(g, block)
     }
 
@@ -122,12 +116,13 @@ fn merge_rows(g: &mut Graph, x: ValueId) -> Result<ValueId> {
     v(g, Op::Reshape { input: x, shape: Shape::from(to) })
 }
 
-fn slice_rows(g: &mut Graph, x: ValueId, start: usize, end: usize) -> Result<ValueId> {
+/// `x` with `start..end` of its `axis`.
+fn slice_axis(g: &mut Graph, x: ValueId, axis: usize, (start, end): (usize, usize)) -> Result<ValueId> {
     let t = g.ty(x).clone();
     let mut lo = vec![0; t.shape.rank()];
     let mut hi = t.shape.dims().to_vec();
-    lo[0] = start;
-    hi[0] = end;
+    lo[axis] = start;
+    hi[axis] = end;
     let stride = vec![1; t.shape.rank()];
     v(g, Op::Slice { input: x, start: lo, limit: hi, stride })
 }
@@ -222,13 +217,23 @@ fn column_parts(vocab: usize) -> Vec<(usize, usize)> {
 /// vocabulary): the form for rows split over shards, which the partitioner
 /// runs on each device's rows.
 fn picked_by_row_sum(g: &mut Graph, b: &Block) -> Result<ValueId> {
-    let label_dtype = g.ty(b.labels).dtype;
-    let col = v(g, Op::Iota { ty: TensorType::new(label_dtype, b.shape.clone()), axis: 1 })?;
-    let lb = per_row(g, b.labels, &b.shape)?;
-    let hit = v(g, Op::Compare { dir: CompareDir::Eq, lhs: col, rhs: lb })?;
+    let hit = on_label(g, b.labels, &b.shape, 0)?;
     let zero = g.splat(g.ty(b.logits).dtype, 0.0, &b.shape)?;
     let on_label = v(g, Op::Select { pred: hit, on_true: b.logits, on_false: zero })?;
     row_sum(g, on_label)
+}
+
+/// `pred[rows, cols]` of a block's columns `first..first + cols`: true where
+/// the column is the row's label (`labels: [rows]`).
+fn on_label(g: &mut Graph, labels: ValueId, shape: &Shape, first: usize) -> Result<ValueId> {
+    let label_dtype = g.ty(labels).dtype;
+    let mut col = v(g, Op::Iota { ty: TensorType::new(label_dtype, shape.clone()), axis: 1 })?;
+    if first > 0 {
+        let offset = g.splat(label_dtype, first as f64, shape)?;
+        col = v(g, Op::Binary { op: BinaryOp::Add, lhs: col, rhs: offset })?;
+    }
+    let lb = per_row(g, labels, shape)?;
+    v(g, Op::Compare { dir: CompareDir::Eq, lhs: col, rhs: lb })
 }
 
 /// How a block's softmax and cotangent are made from its logits.
@@ -264,7 +269,6 @@ fn dl_over_logits(g: &mut Graph, b: &Block, sm: &Softmax, after: Option<ValueId>
         }
     };
     let row0 = v(g, Op::Constant { literal: Literal::scalar(DType::I32, 0.0) })?;
-    let label_dtype = g.ty(b.labels).dtype;
     let mut buf = b.raw;
     for (&(start, width), &at) in parts.iter().zip(&starts) {
         let shape = Shape::from(vec![rows, width]);
@@ -285,11 +289,7 @@ fn dl_over_logits(g: &mut Graph, b: &Block, sm: &Softmax, after: Option<ValueId>
                 (v(g, Op::Unary { op: UnaryOp::Exp, input: d })?, per_row(g, dnll, &shape)?)
             }
         };
-        let col = v(g, Op::Iota { ty: TensorType::new(label_dtype, shape.clone()), axis: 1 })?;
-        let offset = g.splat(label_dtype, start as f64, &shape)?;
-        let col = v(g, Op::Binary { op: BinaryOp::Add, lhs: col, rhs: offset })?;
-        let lb = per_row(g, b.labels, &shape)?;
-        let hit = v(g, Op::Compare { dir: CompareDir::Eq, lhs: col, rhs: lb })?;
+        let hit = on_label(g, b.labels, &shape, start)?;
         let onehot = v(g, Op::Convert { input: hit, to: a })?;
         let diff = v(g, Op::Binary { op: BinaryOp::Sub, lhs: p, rhs: onehot })?;
         let dl = v(g, Op::Binary { op: BinaryOp::Mul, lhs: diff, rhs: cot })?;
