@@ -504,6 +504,7 @@ mod tests {
             argument_bytes: 400,
             constant_bytes: 0,
             output_bytes: 100,
+            alias_bytes: 0,
             temp_peak_bytes: 1000,
             peak_bytes: 1450,
             peak_position: 3,

@@ -168,6 +168,22 @@ fn greedy_plans_of_gpt2_small_by_the_cuda_model() {
     }
 }
 
+/// The saved step donates every parameter and AdamW moment to its update: the
+/// model bills those outputs to the arguments, as many bytes as XLA CUDA
+/// aliased, and after the update holds only the outputs of their own.
+#[test]
+fn the_donated_update_is_billed_as_xla_cuda_aliases_it() {
+    let g = load("gpt2-small-bf16-adamw-step.kiln.gz");
+    let (_, xla) = measured().pop().unwrap();
+    let p = peak_memory(&g, &XlaGpuFusion);
+    assert_eq!(p.alias_bytes, xla.alias);
+    let l = liveness(&g, &XlaGpuFusion);
+    let donated = l.buffers.iter().filter(|b| b.kind == BufferKind::Donated).count();
+    assert_eq!(donated, g.aliases().len());
+    assert_eq!(l.output_curve().last().copied(), Some(p.output_bytes - p.alias_bytes));
+    assert!(p.output_bytes - p.alias_bytes < 1 << 20, "the loss and the step count, not the parameters");
+}
+
 /// Greedy priced by kernels (`RecomputeCost::Kernels`, the CUDA target's)
 /// against greedy priced by arithmetic, on gpt2-small's step by the CUDA
 /// model: at 70% and 50% of activation memory both meet the budget and the

@@ -70,6 +70,11 @@ fn set<T: Copy + PartialEq + 'static>(setting: &'static std::thread::LocalKey<Ce
 
 /// The pruned step graph whose outputs are `f`'s tensors, recorded apart from
 /// the current step and never run (what `kiln profile --max-batch` sizes).
+///
+/// A tensor that `f` reads and then assigns over (an optimizer's update of a
+/// parameter) and returns donates its buffer to that output, as a step does on
+/// a backend that donates (every one but the XLA CPU plugin): the peak model
+/// bills the new value to the old one's buffer.
 pub fn capture_graph(f: impl FnOnce() -> crate::Result<Vec<crate::Tensor>>) -> crate::Result<kiln_compiler::ir::Graph> {
     use crate::context::{self, State, Trace};
     let outer = context::with(|c| std::mem::replace(&mut c.trace, Trace::new()));
@@ -87,5 +92,12 @@ pub fn capture_graph(f: impl FnOnce() -> crate::Result<Vec<crate::Tensor>>) -> c
         }
     }
     graph.set_outputs(values)?;
+    for (p, b) in inner.bindings.iter().enumerate() {
+        let Some(out) = outputs.iter().position(|t| t.inner.id == b.tensor_id) else { continue };
+        let alias = kiln_compiler::ir::Alias { param: p as u32, output: out as u32 };
+        if graph.ty(graph.outputs()[out]) == &graph.node(graph.params()[p]).outputs[0] {
+            graph.add_alias(alias)?;
+        }
+    }
     Ok(kiln_compiler::passes::eliminate_dead_code(&graph)?.graph)
 }

@@ -8,7 +8,9 @@
 //!   its users execute, so the operands it reads stay live until then.
 //! - Arguments live for the whole program, outputs from their definition to
 //!   the end, constants are XLA's read-only allocations (neither temp nor
-//!   argument), temps from definition to last use, a kernel's scratch
+//!   argument), temps from definition to last use, an output written into a
+//!   donated argument's buffer (`Graph::aliases`) in no curve (the argument
+//!   holds its bytes), a kernel's scratch
 //!   (workspace) at that kernel's position only, values placed in pinned
 //!   host memory (`place pinned_host`) in no device curve.
 
@@ -22,6 +24,10 @@ pub enum BufferKind {
     Argument,
     Constant,
     Output,
+    /// An output written into the buffer of the argument donated to it
+    /// (`Graph::aliases`): the argument already holds its bytes, so it is in
+    /// no curve; XLA counts it in the output size and the alias size.
+    Donated,
     Temp,
     /// A kernel's workspace (cuBLAS's, cuDNN's): live only while that
     /// kernel runs, holds no value (`value` names the kernel's node), and is
@@ -227,11 +233,12 @@ pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
         }
     }
     let end = order.len().saturating_sub(1);
-    for v in g.outputs() {
+    for (k, v) in g.outputs().iter().enumerate() {
         if let Some(b) = buffer_of[v.node.index()][v.output as usize] {
             buffers[b].last_use = end;
             if buffers[b].kind == BufferKind::Temp {
-                buffers[b].kind = BufferKind::Output;
+                let donated = g.aliases().iter().any(|a| a.output as usize == k);
+                buffers[b].kind = if donated { BufferKind::Donated } else { BufferKind::Output };
             }
         }
     }
@@ -387,5 +394,30 @@ mod tests {
         assert_eq!(l.buffers.len(), 3);
         // exp's buffer lives through the reshape; tanh (the output) takes it.
         assert_eq!(l.temp_curve(), vec![0, 16, 16, 0]);
+    }
+
+    #[test]
+    fn an_output_written_into_a_donated_argument_is_billed_to_the_argument() {
+        // An update in place: w' = w - exp(w), w' donated w's buffer, and a
+        // second output (the loss-like sum) that is not.
+        let mut g = Graph::new();
+        let w = g.parameter(TensorType::new(DType::F32, [4]));
+        let e = g.value(Op::Unary { op: UnaryOp::Exp, input: w }).unwrap();
+        let n = g.value(Op::Binary { op: crate::ir::BinaryOp::Sub, lhs: w, rhs: e }).unwrap();
+        let t = g.value(Op::Unary { op: UnaryOp::Tanh, input: e }).unwrap();
+        g.set_outputs(vec![n, t]).unwrap();
+        let plain = crate::memory::peak_memory(&g, &EveryNodeAKernel);
+        g.add_alias(crate::ir::Alias { param: 0, output: 0 }).unwrap();
+        let l = liveness(&g, &EveryNodeAKernel);
+        let donated = crate::memory::peak::peak_of(&l);
+        // positions: w 0, exp 1, sub 2, tanh 3. Without the alias w' is a
+        // buffer of its own from position 2; with it, only exp and tanh
+        // (which takes exp's buffer) add to the argument.
+        assert_eq!(plain.peak_bytes, 16 + 32);
+        assert_eq!(l.live_curve(), vec![16, 32, 32, 32]);
+        assert_eq!(donated.peak_bytes, 32);
+        assert_eq!((donated.output_bytes, donated.alias_bytes), (32, 16));
+        assert_eq!((plain.output_bytes, plain.alias_bytes), (32, 0));
+        assert!(l.buffers.iter().any(|b| b.kind == BufferKind::Donated && b.value == n));
     }
 }

@@ -278,7 +278,9 @@ fn back_anchors(moves: &[Move], start: &[f64], at: usize) -> Option<Vec<usize>> 
 fn anchor_at(l: &Liveness, p: usize, at: usize) -> Option<ValueId> {
     l.buffers
         .iter()
-        .filter(|b| b.def > at && b.def <= p && matches!(b.kind, BufferKind::Temp | BufferKind::Output))
+        .filter(|b| {
+            b.def > at && b.def <= p && matches!(b.kind, BufferKind::Temp | BufferKind::Output | BufferKind::Donated)
+        })
         .max_by_key(|b| b.def)
         .map(|b| b.value)
 }

@@ -5,6 +5,8 @@
 //! - `peak_bytes = argument_bytes + constant_bytes + max over positions of
 //!   (live temporaries + outputs already written)`; the position of that
 //!   maximum is `peak_position`.
+//! - An output written into a donated argument's buffer adds nothing to the
+//!   peak; it counts in `output_bytes` and `alias_bytes`, as in XLA's stats.
 //! - `temp_peak_bytes` is the largest sum of temporaries (kernels' scratch
 //!   included) live at one position,
 //!   a lower bound on an allocator that packs them perfectly (XLA's heap
@@ -20,7 +22,10 @@ use super::{liveness, BufferKind, Liveness, Materialization};
 pub struct PeakMemory {
     pub argument_bytes: u64,
     pub constant_bytes: u64,
+    /// Every output, donated or not (XLA's output size).
     pub output_bytes: u64,
+    /// Outputs written into donated arguments' buffers (XLA's alias size).
+    pub alias_bytes: u64,
     pub temp_peak_bytes: u64,
     pub peak_bytes: u64,
     /// Index into the execution order where `peak_bytes` is reached.
@@ -40,7 +45,8 @@ pub(crate) fn peak_of(l: &Liveness) -> PeakMemory {
     PeakMemory {
         argument_bytes: sum(BufferKind::Argument),
         constant_bytes: sum(BufferKind::Constant),
-        output_bytes: sum(BufferKind::Output),
+        output_bytes: sum(BufferKind::Output) + sum(BufferKind::Donated),
+        alias_bytes: sum(BufferKind::Donated),
         temp_peak_bytes: l.temp_curve().into_iter().max().unwrap_or(0),
         peak_bytes,
         peak_position,

@@ -74,7 +74,7 @@ pub(super) fn pin_floating(
             .iter()
             .filter(|b| {
                 b.def < p
-                    && matches!(b.kind, BufferKind::Temp | BufferKind::Output)
+                    && matches!(b.kind, BufferKind::Temp | BufferKind::Output | BufferKind::Donated)
                     && progressing[b.value.node.index()]
             })
             .max_by_key(|b| b.def)

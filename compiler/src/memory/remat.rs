@@ -855,7 +855,7 @@ pub(super) fn anchor_for(
     let outside = |b: &&super::liveness::Buffer| {
         b.def > early_end
             && b.def < late_pos
-            && matches!(b.kind, BufferKind::Temp | BufferKind::Output)
+            && matches!(b.kind, BufferKind::Temp | BufferKind::Output | BufferKind::Donated)
             && !chain.contains(&b.value.node)
             && !view_clones.contains(&b.value.node)
     };
