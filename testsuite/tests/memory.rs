@@ -399,15 +399,17 @@ fn sequencing_the_backward_cuts_xla_temp_of_the_tiny_gpt() -> anyhow::Result<()>
     Ok(())
 }
 
-/// gpt2-small's bf16 train step with AdamW, planned for CUDA at a third of
-/// its activation memory (the remat-curve's 33% point). That limit lies below
-/// the step's arguments and outputs together, which the model held after the
-/// update until it billed donated outputs to their arguments: greedy then
-/// stopped at the update whatever the budget (`met: false`, XLA CUDA temp
-/// 1.43 GiB on the H100). Now it is met (1.20 GiB on the H100,
-/// `benches/RESULTS.md`).
+/// gpt2-small's bf16 train step with AdamW, planned for CUDA at a third and
+/// a quarter of its activation memory (the remat-curve's 33% and 25%). Both
+/// limits lie below the step's arguments and outputs together, which the
+/// model held after the update until it billed donated outputs to their
+/// arguments: greedy then stopped at the update whatever the budget (`met:
+/// false`, XLA CUDA temp 1.43 / 1.42 GiB on the H100). Now both are met; at
+/// 25% with block segments, which the value-by-value plan (+5.65 ms by the
+/// kernel model) costs more than (+4.34 ms; on the H100 24.0 against 25.9 ms a
+/// step, `benches/RESULTS.md`).
 #[test]
-fn a_third_of_gpt2_smalls_activation_memory_is_met_on_cuda() -> anyhow::Result<()> {
+fn a_third_and_a_quarter_of_gpt2_smalls_activation_memory_are_met_on_cuda() -> anyhow::Result<()> {
     let cfg = gpt::GptConfig { amp: Some(kiln::DType::BF16), ..gpt::GptConfig::gpt2_small(50304) };
     let mut ps = ParamStore::new(0);
     let m = gpt::Gpt::new(&mut ps, &cfg)?;
@@ -425,22 +427,33 @@ fn a_third_of_gpt2_smalls_activation_memory_is_met_on_cuda() -> anyhow::Result<(
         out.extend(opt.state().into_iter().map(|(_, t)| t));
         Ok(out)
     })?;
-    let opts = pipeline::PipelineOptions::default().with_activation_budget(Some(0.33)).with_target(LowerTarget::Cuda);
-    let out = pipeline::run(&g, &opts, &mut |_, _| {})?;
-    let plan = out.stats.passes.iter().find(|p| p.name == "remat").and_then(|p| p.remat.clone()).expect("a remat plan");
-    eprintln!(
-        "33%: met {}, budget {} B, model peak {} -> {} B, temp {} -> {} B, {} values",
-        plan.met,
-        plan.budget_bytes,
-        plan.before.peak_bytes,
-        plan.after.peak_bytes,
-        plan.before.temp_peak_bytes,
-        plan.after.temp_peak_bytes,
-        plan.recomputed.len()
-    );
-    assert!(plan.budget_bytes < plan.before.argument_bytes + plan.before.output_bytes);
-    assert!(plan.met, "{} > {}", plan.after.peak_bytes, plan.budget_bytes);
-    // A third of the temporaries is kept, within the budget's rounding.
-    assert!(plan.after.temp_peak_bytes * 100 <= plan.before.temp_peak_bytes * 34);
+    for pct in [33.0, 25.0] {
+        let opts = pipeline::PipelineOptions::default()
+            .with_activation_budget(Some(pct / 100.0))
+            .with_target(LowerTarget::Cuda);
+        let out = pipeline::run(&g, &opts, &mut |_, _| {})?;
+        let plan =
+            out.stats.passes.iter().find(|p| p.name == "remat").and_then(|p| p.remat.clone()).expect("a remat plan");
+        // A segment frees several buffers; the step's largest recomputable
+        // activation is 48 MiB (an MLP's [8192, 3072] bf16).
+        let segments = plan.recomputed.iter().filter(|v| v.bytes > 64 << 20).count();
+        eprintln!(
+            "{pct}%: met {}, budget {} B, model peak {} -> {} B, temp {} -> {} B, {} values ({segments} segments), +{:.3} ms",
+            plan.met,
+            plan.budget_bytes,
+            plan.before.peak_bytes,
+            plan.after.peak_bytes,
+            plan.before.temp_peak_bytes,
+            plan.after.temp_peak_bytes,
+            plan.recomputed.len(),
+            plan.extra_ns as f64 / 1e6
+        );
+        assert!(plan.budget_bytes < plan.before.argument_bytes + plan.before.output_bytes);
+        assert!(plan.met, "{pct}%: {} > {}", plan.after.peak_bytes, plan.budget_bytes);
+        if pct == 25.0 {
+            assert!(segments > 0, "the 25% plan recomputes block segments");
+            assert!(plan.extra_ns < 5_000_000, "+{} ns: no cheaper than the value plan", plan.extra_ns);
+        }
+    }
     Ok(())
 }

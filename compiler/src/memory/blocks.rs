@@ -94,8 +94,24 @@ pub(super) fn cuts(g: &Graph, l: &Liveness, users: &[Vec<NodeId>], pos: &[Option
 }
 
 /// One candidate per segment between consecutive cuts of the forward.
-pub(super) fn segment_candidates(g: &Graph, l: &Liveness, values: &[Candidate], opts: &RematOptions) -> Vec<Candidate> {
-    let Some(bwd) = values.iter().map(|c| c.late_pos).min() else { return Vec::new() };
+///
+/// The forward ends at the first late read of the value candidates in
+/// `values`; with `across`, of those whose idle stretch spans that position
+/// (the kernel of the unplanned peak). Without it a value read twice inside
+/// the forward ends it early: on gpt2-small's step by the CUDA model the
+/// embedding's output, read by the first residual add, ended it at the first
+/// block after three segments, and greedy stopped at 1.93 GiB at 40% and
+/// below. The CPU target keeps the first rule, which its measured plans were
+/// made with (`RematOptions::for_target`).
+pub(super) fn segment_candidates(
+    g: &Graph,
+    l: &Liveness,
+    values: &[Candidate],
+    across: Option<usize>,
+    opts: &RematOptions,
+) -> Vec<Candidate> {
+    let spans = |c: &&Candidate| across.is_none_or(|p| c.early_end < p && p < c.late_pos);
+    let Some(bwd) = values.iter().filter(spans).map(|c| c.late_pos).min() else { return Vec::new() };
     let users = users_of(g);
     let pos = l.positions();
     let cuts = cuts(g, l, &users, &pos, bwd);

@@ -90,7 +90,11 @@ pub struct RematOptions<'a> {
     /// Greedy plans a second time with whole stretches of the forward
     /// between two cuts offered as candidates too ([`super::blocks`]:
     /// block-granular recomputation), and keeps the better plan by the model
-    /// (both meet the budget: the fewer FLOPs; else the lower peak).
+    /// (both meet the budget: the less recomputation, by the model's added
+    /// time under [`RecomputeCost::Kernels`], else by FLOPs; else the lower
+    /// peak). Under [`RecomputeCost::Kernels`] the second plan is made only
+    /// when the first adds more than [`SEGMENTS_FROM`] of the step's kernel
+    /// time.
     pub segments: bool,
     /// After greedy's choices, pin backward kernels that read only forward
     /// values behind a runtime guard ([`super::pin`]), so XLA cannot run
@@ -168,17 +172,19 @@ impl RematOptions<'static> {
     /// the anchor passed through the barrier where it keeps them through CSE
     /// (XLA CUDA).
     ///
-    /// Block segments are tried where the target drops barriers (XLA CPU):
-    /// there XLA orders the step itself and follows a plan of whole blocks
-    /// better (tiny GPT, lowest peak: the same model peak at 15% fewer
-    /// FLOPs, XLA's peak cut 2.01x against 1.95x; `docs/memory.md`). By the
-    /// CUDA model they win at one budget of seven on gpt2-small, by 0.1% of
-    /// the step's FLOPs, so CUDA skips the second plan.
+    /// Block segments are tried on every target. Where the target drops
+    /// barriers (XLA CPU) XLA orders the step itself and follows a plan of
+    /// whole blocks better (tiny GPT, lowest peak: the same model peak at 15%
+    /// fewer FLOPs, XLA's peak cut 2.01x against 1.95x). On XLA CUDA they pay
+    /// at tight budgets only: gpt2-small at 25% of its activation memory
+    /// took 24.0 ms a step at 0.98 GiB of temp against 25.9 ms at 0.90 GiB
+    /// value by value (`docs/memory.md`), and at 50% and 40% a plan with
+    /// segments is the value plan or dearer, hence [`SEGMENTS_FROM`].
     pub fn for_target(budget: RematBudget, target: crate::LowerTarget) -> RematOptions<'static> {
         let drops = !target.keeps_barriers();
         let guard_leaves = if drops { LeafGuards::Every } else { LeafGuards::PassAnchor };
         let cost = if drops { RecomputeCost::Arithmetic } else { RecomputeCost::Kernels };
-        RematOptions { guard_leaves, segments: drops, cost, ..RematOptions::new(budget, super::fusion_for(target)) }
+        RematOptions { guard_leaves, segments: true, cost, ..RematOptions::new(budget, super::fusion_for(target)) }
     }
 }
 
@@ -278,6 +284,14 @@ pub struct Greedy;
 /// Candidates tried per round before the greedy strategy gives up.
 const GREEDY_TRIES: usize = 64;
 
+/// Under [`RecomputeCost::Kernels`], greedy plans with block segments too
+/// only when the value-by-value plan meets the budget for more than this
+/// fraction of the step's kernel time (or does not meet it). On gpt2-small's
+/// step by the CUDA model the segment plans were the value plans or dearer
+/// up to 40% of activation memory (value plans +4% to +9% of the step) and
+/// cheaper at 25% (+30%); the second plan doubles the pass's time.
+pub const SEGMENTS_FROM: f64 = 0.10;
+
 impl RematStrategy for Greedy {
     fn name(&self) -> &'static str {
         "greedy"
@@ -288,11 +302,19 @@ impl RematStrategy for Greedy {
         if !opts.segments {
             return Ok(plan);
         }
-        // Both meet the budget: the fewer FLOPs; else the lower peak.
+        let by_time = opts.cost == RecomputeCost::Kernels;
+        if by_time && plan.met {
+            let step = kernel_seconds(g, &liveness(g, opts.fusion), &opts.target);
+            if plan.extra_seconds <= SEGMENTS_FROM * step {
+                return Ok(plan);
+            }
+        }
         let with = greedy(self.name(), g, opts, true)?;
-        let key =
-            |p: &RematPlan| (!p.met, if p.met { 0 } else { p.after.peak_bytes }, p.extra_flops, p.after.peak_bytes);
-        Ok(if key(&with) < key(&plan) { with } else { plan })
+        let key = |p: &RematPlan| {
+            let cost = if by_time { p.extra_seconds } else { p.extra_flops as f64 };
+            (!p.met, if p.met { 0 } else { p.after.peak_bytes }, cost, p.after.peak_bytes)
+        };
+        Ok(if key(&with).partial_cmp(&key(&plan)) == Some(std::cmp::Ordering::Less) { with } else { plan })
     }
 }
 
@@ -307,6 +329,10 @@ fn greedy(name: &'static str, g: &Graph, opts: &RematOptions, segments: bool) ->
     let mut choices = Vec::new();
     let mut cur_t = if by_time { kernel_seconds(&cur, &cur_l, &opts.target) } else { 0.0 };
     let mut memo = Memo::default();
+    // The kernel at the unplanned peak, followed through the rewrites: where
+    // the forward's segments end under `RecomputeCost::Kernels`
+    // (`blocks::segment_candidates`).
+    let mut first_peak = cur_l.order.get(before.peak_position).copied();
     loop {
         let peak = peak_of(&cur_l);
         if peak.peak_bytes <= budget {
@@ -315,7 +341,8 @@ fn greedy(name: &'static str, g: &Graph, opts: &RematOptions, segments: bool) ->
         let at = peak.peak_position;
         let mut cands: Vec<Candidate> = candidates(&cur, &cur_l, opts);
         if segments {
-            let segs = super::blocks::segment_candidates(&cur, &cur_l, &cands, opts);
+            let across = by_time.then(|| first_peak.and_then(|n| cur_l.positions()[n.index()]).unwrap_or(at));
+            let segs = super::blocks::segment_candidates(&cur, &cur_l, &cands, across, opts);
             cands.extend(segs);
         }
         cands.retain(|c| c.early_end < at && at < c.late_pos);
@@ -348,6 +375,7 @@ fn greedy(name: &'static str, g: &Graph, opts: &RematOptions, segments: bool) ->
         let Some(step) = step else { break };
         choices.push(step.choice);
         memo.remap(&step.map);
+        first_peak = first_peak.map(|n| step.map[n.index()]);
         cur = step.graph;
         cur_l = step.liveness;
         if let Some(m) = step.measured {
