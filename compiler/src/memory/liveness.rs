@@ -233,12 +233,17 @@ pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
         }
     }
     let end = order.len().saturating_sub(1);
+    let mut donated = vec![false; g.outputs().len()];
+    for a in g.aliases() {
+        if let Some(d) = donated.get_mut(a.output as usize) {
+            *d = true;
+        }
+    }
     for (k, v) in g.outputs().iter().enumerate() {
         if let Some(b) = buffer_of[v.node.index()][v.output as usize] {
             buffers[b].last_use = end;
             if buffers[b].kind == BufferKind::Temp {
-                let donated = g.aliases().iter().any(|a| a.output as usize == k);
-                buffers[b].kind = if donated { BufferKind::Donated } else { BufferKind::Output };
+                buffers[b].kind = if donated[k] { BufferKind::Donated } else { BufferKind::Output };
             }
         }
     }
