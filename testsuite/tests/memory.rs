@@ -63,6 +63,35 @@ fn mlp_step(hidden: &[usize], batch: usize) -> anyhow::Result<Graph> {
     Ok(pipeline::optimize(&g)?.0)
 }
 
+/// The GPT `cfg`'s whole train step as `capture_graph` records it: the loss
+/// (under `cfg.amp`'s autocast), its gradients and the AdamW update, each
+/// parameter and moment assigned over, so the step donates its old buffer.
+/// Also those updated tensors.
+fn gpt_adamw_step(cfg: &gpt::GptConfig, adamw: AdamWConfig, lr: f64) -> anyhow::Result<(Graph, Vec<Tensor>)> {
+    let mut ps = ParamStore::new(0);
+    let m = gpt::Gpt::new(&mut ps, cfg)?;
+    let params = ps.tensors();
+    let mut opt = AdamW::new(&params, adamw)?;
+    let (n, top) = (cfg.batch * cfg.seq, cfg.vocab.min(50257));
+    let ids = Tensor::from_vec((0..n).map(|i| (i * 7919 % top) as i32).collect::<Vec<_>>(), [cfg.batch, cfg.seq])?;
+    let tgt = Tensor::from_vec((0..n).map(|i| ((i * 7919 + 1) % top) as i32).collect::<Vec<_>>(), [n])?;
+    let g = kiln::capture_graph(|| {
+        let loss = match cfg.amp {
+            Some(dt) => kiln::amp::autocast(dt, || m.loss(&ids, &tgt, true))?,
+            None => m.loss(&ids, &tgt, true)?,
+        };
+        let grads = kiln::grad(&loss, &params)?;
+        opt.step(&params, &grads, lr)?;
+        let mut out = vec![loss];
+        out.extend(params.iter().cloned());
+        out.extend(opt.state().into_iter().map(|(_, t)| t));
+        Ok(out)
+    })?;
+    let mut updated = params;
+    updated.extend(opt.state().into_iter().map(|(_, t)| t));
+    Ok((g, updated))
+}
+
 /// The lowest-peak greedy plan as the pipeline plans under a budget on the
 /// CPU target: the backward held to the program's order, then remat.
 fn tightest_cpu_plan(g: &Graph) -> anyhow::Result<kiln::compiler::memory::RematPlan> {
@@ -135,28 +164,10 @@ fn a_donated_update_is_billed_to_its_argument_as_xla_aliases_it() -> anyhow::Res
     // The tiny GPT's whole train step: loss, gradients, the AdamW update of
     // every parameter and its two moments, each new value assigned over the
     // old tensor, so the step donates the old buffer to it.
-    let cfg = gpt::GptConfig::tiny(64);
-    let mut ps = ParamStore::new(3);
-    let m = gpt::Gpt::new(&mut ps, &cfg)?;
-    let params = ps.tensors();
-    let mut opt = AdamW::new(&params, AdamWConfig::default())?;
-    let n = cfg.batch * cfg.seq;
-    let ids = Tensor::from_vec((0..n).map(|i| (i * 7 % 64) as i32).collect::<Vec<_>>(), [cfg.batch, cfg.seq])?;
-    let tgt = Tensor::from_vec((0..n).map(|i| (i * 5 % 64) as i32).collect::<Vec<_>>(), [n])?;
-    let g = kiln::capture_graph(|| {
-        let loss = m.loss(&ids, &tgt, true)?;
-        let grads = kiln::grad(&loss, &params)?;
-        opt.step(&params, &grads, 1e-3)?;
-        let mut out = vec![loss];
-        out.extend(params.iter().cloned());
-        out.extend(opt.state().into_iter().map(|(_, t)| t));
-        Ok(out)
-    })?;
+    let (g, updated) = gpt_adamw_step(&gpt::GptConfig::tiny(64), AdamWConfig::default(), 1e-3)?;
     let g = pipeline::optimize(&g)?.0;
-    let updated = params.len() + opt.state().len();
-    assert_eq!(g.aliases().len(), updated, "every parameter and moment donates its buffer");
-    let state_bytes: u64 =
-        params.iter().chain(opt.state().iter().map(|(_, t)| t)).map(|t| t.ty().size_in_bytes() as u64).sum();
+    assert_eq!(g.aliases().len(), updated.len(), "every parameter and moment donates its buffer");
+    let state_bytes: u64 = updated.iter().map(|t| t.ty().size_in_bytes() as u64).sum();
 
     let p = peak_memory(&g, &XlaCpuFusion);
     assert_eq!(p.alias_bytes, state_bytes);
@@ -411,22 +422,7 @@ fn sequencing_the_backward_cuts_xla_temp_of_the_tiny_gpt() -> anyhow::Result<()>
 #[test]
 fn a_third_and_a_quarter_of_gpt2_smalls_activation_memory_are_met_on_cuda() -> anyhow::Result<()> {
     let cfg = gpt::GptConfig { amp: Some(kiln::DType::BF16), ..gpt::GptConfig::gpt2_small(50304) };
-    let mut ps = ParamStore::new(0);
-    let m = gpt::Gpt::new(&mut ps, &cfg)?;
-    let params = ps.tensors();
-    let mut opt = AdamW::new(&params, AdamWConfig { weight_decay: 0.1, ..Default::default() })?;
-    let n = cfg.batch * cfg.seq;
-    let ids = Tensor::from_vec((0..n).map(|i| (i * 7919 % 50257) as i32).collect::<Vec<_>>(), [cfg.batch, cfg.seq])?;
-    let tgt = Tensor::from_vec((0..n).map(|i| ((i * 7919 + 1) % 50257) as i32).collect::<Vec<_>>(), [n])?;
-    let g = kiln::capture_graph(|| {
-        let loss = kiln::amp::autocast(kiln::DType::BF16, || m.loss(&ids, &tgt, true))?;
-        let grads = kiln::grad(&loss, &params)?;
-        opt.step(&params, &grads, 3e-4)?;
-        let mut out = vec![loss];
-        out.extend(params.iter().cloned());
-        out.extend(opt.state().into_iter().map(|(_, t)| t));
-        Ok(out)
-    })?;
+    let (g, _) = gpt_adamw_step(&cfg, AdamWConfig { weight_decay: 0.1, ..Default::default() }, 3e-4)?;
     for pct in [33.0, 25.0] {
         let opts = pipeline::PipelineOptions::default()
             .with_activation_budget(Some(pct / 100.0))
