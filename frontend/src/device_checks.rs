@@ -281,7 +281,7 @@ fn anomaly_sites() -> Result<Vec<AnomalySite>> {
                     ty: ty.clone(),
                     layer: scope::layer_of(epoch, id.index()),
                     input_name: input_name.clone(),
-                    operands: node.op.inputs(),
+                    operands: node.op.inputs().to_vec(),
                 });
             }
         }

@@ -105,17 +105,41 @@ impl Graph {
         Graph::default()
     }
 
+    /// An empty graph with room for `other`'s nodes and edges and `extra`
+    /// more nodes: for a pass that rebuilds `other`.
+    pub(crate) fn with_capacity_of(other: &Graph, extra: usize) -> Graph {
+        let (nodes, edges) = (other.g.node_count() + extra, other.g.edge_count() + 4 * extra);
+        Graph { g: DiGraph::with_capacity(nodes, edges), ..Graph::default() }
+    }
+
     /// Type-checks `op` against the graph and appends it.
     pub fn add(&mut self, op: Op) -> Result<NodeId, CompileError> {
         for v in op.inputs() {
             self.check_value(op.name(), v)?;
         }
+        let outputs = infer::infer(self, &op)?;
+        self.push(op, outputs)
+    }
+
+    /// Appends `op`, a node of another graph whose operands are mapped to
+    /// values of this one with the same types, with that node's `outputs`
+    /// instead of inferring them again. For passes that rebuild a whole graph
+    /// around a local change (remat rewrites the step once for each
+    /// candidate it measures); [`crate::verify`], which the pipeline runs
+    /// after every pass, infers every node's types again.
+    pub(crate) fn add_copy(&mut self, op: Op, outputs: &Outputs) -> Result<NodeId, CompileError> {
+        for v in op.inputs() {
+            self.check_value(op.name(), v)?;
+        }
+        self.push(op, outputs.clone())
+    }
+
+    fn push(&mut self, op: Op, outputs: Outputs) -> Result<NodeId, CompileError> {
         if let Op::Parameter { index, .. } = &op {
             if *index as usize != self.params.len() {
                 return Err(CompileError::ParameterOrder { index: *index, expected: self.params.len() as u32 });
             }
         }
-        let outputs = infer::infer(self, &op)?;
         let inputs = op.inputs();
         let is_param = matches!(op, Op::Parameter { .. });
         let ix = self.g.add_node(Node { op, outputs });
@@ -286,6 +310,27 @@ impl Graph {
     }
 
     /// Declares that parameter `param`'s buffer may be donated to output `output`.
+    /// `from`'s aliases, for a graph rebuilt from it with the same parameters
+    /// and outputs in the same order (checked as [`Graph::add_alias`] checks
+    /// one, without sorting the list again for each).
+    pub(crate) fn copy_aliases(&mut self, from: &Graph) -> Result<(), CompileError> {
+        for &alias in from.aliases() {
+            let p = self.params.get(alias.param as usize).copied();
+            let o = self.outputs.get(alias.output as usize).copied();
+            match (p, o) {
+                (Some(p), Some(o)) if self.node(p).outputs[0] == *self.ty(o) => {}
+                (Some(_), Some(_)) => return Err(CompileError::BadAlias { alias, reason: "types differ" }),
+                _ => return Err(CompileError::BadAlias { alias, reason: "no such parameter or output" }),
+            }
+        }
+        if !self.aliases.is_empty() {
+            let alias = self.aliases[0];
+            return Err(CompileError::BadAlias { alias, reason: "parameter or output aliased twice" });
+        }
+        self.aliases = from.aliases.clone();
+        Ok(())
+    }
+
     pub fn add_alias(&mut self, alias: Alias) -> Result<(), CompileError> {
         let p = self.params.get(alias.param as usize).copied();
         let o = self.outputs.get(alias.output as usize).copied();

@@ -6,6 +6,10 @@
 //! alike. Each sub-enum knows its StableHLO mnemonic.
 
 use super::{DType, Literal, Shape, TensorType, ValueId};
+use smallvec::{smallvec, SmallVec};
+
+/// The operands of an op ([`Op::inputs`]).
+pub type Inputs = SmallVec<[ValueId; 6]>;
 
 /// Elementwise ops of one operand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -646,10 +650,12 @@ impl Op {
         }
     }
 
-    /// Operands in a fixed order (the order of the text form).
-    pub fn inputs(&self) -> Vec<ValueId> {
+    /// Operands in a fixed order (the order of the text form). Inline up to
+    /// six (every op but a concatenation, a barrier or a dynamic slice):
+    /// passes ask for them on every node of a step, often.
+    pub fn inputs(&self) -> Inputs {
         match self {
-            Op::Parameter { .. } | Op::Constant { .. } | Op::Iota { .. } => vec![],
+            Op::Parameter { .. } | Op::Constant { .. } | Op::Iota { .. } => Inputs::new(),
             Op::Unary { input, .. }
             | Op::Convert { input, .. }
             | Op::BroadcastInDim { input, .. }
@@ -658,28 +664,28 @@ impl Op {
             | Op::Slice { input, .. }
             | Op::Reduce { input, .. }
             | Op::Place { input, .. }
-            | Op::AllReduce { input, .. } => vec![*input],
+            | Op::AllReduce { input, .. } => smallvec![*input],
             Op::Binary { lhs, rhs, .. } | Op::Compare { lhs, rhs, .. } | Op::DotGeneral { lhs, rhs, .. } => {
-                vec![*lhs, *rhs]
+                smallvec![*lhs, *rhs]
             }
-            Op::Select { pred, on_true, on_false } => vec![*pred, *on_true, *on_false],
-            Op::Clamp { min, input, max } => vec![*min, *input, *max],
+            Op::Select { pred, on_true, on_false } => smallvec![*pred, *on_true, *on_false],
+            Op::Clamp { min, input, max } => smallvec![*min, *input, *max],
             Op::DynamicSlice { input, starts, .. } => std::iter::once(*input).chain(starts.iter().copied()).collect(),
             Op::DynamicUpdateSlice { input, update, starts } => {
                 [*input, *update].into_iter().chain(starts.iter().copied()).collect()
             }
-            Op::Concatenate { inputs, .. } | Op::OptimizationBarrier { inputs } => inputs.clone(),
-            Op::Pad { input, value, .. } => vec![*input, *value],
-            Op::Gather { operand, indices, .. } => vec![*operand, *indices],
-            Op::ScatterAdd { operand, indices, updates, .. } => vec![*operand, *indices, *updates],
-            Op::RngBitGenerator { state, .. } => vec![*state],
-            Op::Attention { q, k, v, .. } => vec![*q, *k, *v],
-            Op::AttentionGrad { q, k, v, out, stats, dout, .. } => vec![*q, *k, *v, *out, *stats, *dout],
-            Op::LayerNorm { x, gamma, beta, .. } => vec![*x, *gamma, *beta],
-            Op::LayerNormGrad { x, gamma, mean, rstd, dy } => vec![*x, *gamma, *mean, *rstd, *dy],
-            Op::LmHeadCrossEntropy { h, w, labels, .. } => vec![*h, *w, *labels],
-            Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, .. } => vec![*h, *w, *labels, *lse, *dnll],
-            Op::LmHeadCrossEntropyFused { h, w, labels, scale, .. } => vec![*h, *w, *labels, *scale],
+            Op::Concatenate { inputs, .. } | Op::OptimizationBarrier { inputs } => inputs.iter().copied().collect(),
+            Op::Pad { input, value, .. } => smallvec![*input, *value],
+            Op::Gather { operand, indices, .. } => smallvec![*operand, *indices],
+            Op::ScatterAdd { operand, indices, updates, .. } => smallvec![*operand, *indices, *updates],
+            Op::RngBitGenerator { state, .. } => smallvec![*state],
+            Op::Attention { q, k, v, .. } => smallvec![*q, *k, *v],
+            Op::AttentionGrad { q, k, v, out, stats, dout, .. } => smallvec![*q, *k, *v, *out, *stats, *dout],
+            Op::LayerNorm { x, gamma, beta, .. } => smallvec![*x, *gamma, *beta],
+            Op::LayerNormGrad { x, gamma, mean, rstd, dy } => smallvec![*x, *gamma, *mean, *rstd, *dy],
+            Op::LmHeadCrossEntropy { h, w, labels, .. } => smallvec![*h, *w, *labels],
+            Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, .. } => smallvec![*h, *w, *labels, *lse, *dnll],
+            Op::LmHeadCrossEntropyFused { h, w, labels, scale, .. } => smallvec![*h, *w, *labels, *scale],
         }
     }
 

@@ -63,7 +63,7 @@ pub struct Liveness {
     /// users, or dead).
     pub materialized: Vec<bool>,
     /// `buffer_of[node][output]`: the buffer holding that value, if any.
-    pub buffer_of: Vec<Vec<Option<usize>>>,
+    pub buffer_of: Vec<smallvec::SmallVec<[Option<usize>; 1]>>,
     pub buffers: Vec<Buffer>,
 }
 
@@ -181,7 +181,8 @@ pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
         exec_pos[i] =
             if materialized[i] { pos[i] } else { users[i].iter().filter_map(|u| exec_pos[u.index()]).max().or(pos[i]) };
     }
-    let mut buffer_of: Vec<Vec<Option<usize>>> = g.nodes().map(|(_, nd)| vec![None; nd.outputs.len()]).collect();
+    let mut buffer_of: Vec<smallvec::SmallVec<[Option<usize>; 1]>> =
+        g.nodes().map(|(_, nd)| smallvec::smallvec![None; nd.outputs.len()]).collect();
     let mut buffers: Vec<Buffer> = Vec::new();
     for &id in &order {
         let i = id.index();
@@ -264,7 +265,12 @@ pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
 ///
 /// `through_fusion` false: only buffers the kernel's own node reads qualify
 /// (not those its fused producers read).
-fn share_dying_operands(g: &Graph, buffers: &mut [Buffer], buffer_of: &[Vec<Option<usize>>], through_fusion: bool) {
+fn share_dying_operands(
+    g: &Graph,
+    buffers: &mut [Buffer],
+    buffer_of: &[smallvec::SmallVec<[Option<usize>; 1]>],
+    through_fusion: bool,
+) {
     let mut dying: Vec<Vec<usize>> = Vec::new();
     for (k, b) in buffers.iter().enumerate() {
         if b.kind == BufferKind::Temp && b.last_use > b.def {

@@ -55,7 +55,7 @@ use crate::ir::{BinaryOp, Graph, NodeId, Op};
 /// inside the kernels of its consumers (a fused intermediate). Parameters,
 /// program outputs and operands of an `optimization_barrier` are always
 /// materialized, whatever the answer.
-pub trait Materialization {
+pub trait Materialization: Sync {
     fn materialized(&self, g: &Graph, users: &[Vec<NodeId>], n: NodeId) -> bool;
 
     /// The answer for every node at once (`live[i]`: node `i` is executed;

@@ -56,6 +56,8 @@
 //!   not lower the predicted peak (or the number of positions at it) is
 //!   discarded, so the plan never predicts more memory than no plan.
 
+use rayon::prelude::*;
+
 use crate::cost::{self, Target};
 use crate::ir::{Graph, NodeId, Op, ValueId};
 use crate::CompileError;
@@ -440,6 +442,22 @@ impl Round<'_, '_> {
         Ok(Some(step))
     }
 
+    /// `c`'s measurement recorded: its score in `memo` (dropped if it no
+    /// longer lowers the peak), and its step kept if it is the best so far.
+    fn record(&self, c: &Candidate, step: Option<Step>, memo: &mut Memo, best: &mut Option<Step>) -> Option<Measured> {
+        let key = (c.value, c.chain.len());
+        let Some(step) = step else {
+            memo.scores.remove(&key);
+            return None;
+        };
+        let m = step.measured.expect("measured");
+        memo.scores.insert(key, m);
+        if best.as_ref().is_none_or(|b| m.better_than(b.measured.as_ref().expect("measured"))) {
+            *best = Some(step);
+        }
+        Some(m)
+    }
+
     /// [`RecomputeCost::Arithmetic`]: the first candidate in order that
     /// lowers the peak.
     fn first_that_helps(&self, cands: &[Candidate]) -> Result<Option<Step>, CompileError> {
@@ -469,6 +487,9 @@ impl Round<'_, '_> {
     /// train step this gives the plans of measuring every candidate each
     /// round, or plans within 0.3% of their predicted time, in a third of
     /// the time (`docs/memory.md`).
+    ///
+    /// The window's fresh measurements run on rayon's threads; the old
+    /// scores that are measured again, one at a time, decide which is next.
     fn by_kernels(&self, cands: &[Candidate], memo: &mut Memo) -> Result<Option<Step>, CompileError> {
         let excess = peak_of(self.l).peak_bytes.saturating_sub(self.budget);
         // Each candidate of the window with its score, and whether the score
@@ -477,34 +498,53 @@ impl Round<'_, '_> {
         // The best step measured this round, kept so the winner is not
         // applied twice.
         let mut best_fresh: Option<Step> = None;
-        let mut measure = |c: &Candidate, memo: &mut Memo| -> Result<Option<Measured>, CompileError> {
-            let key = (c.value, c.chain.len());
-            let Some(step) = self.measure(c)? else {
-                memo.scores.remove(&key);
-                return Ok(None);
-            };
-            let m = step.measured.expect("measured");
-            memo.scores.insert(key, m);
-            if best_fresh.as_ref().is_none_or(|b| m.better_than(b.measured.as_ref().expect("measured"))) {
-                best_fresh = Some(step);
-            }
-            Ok(Some(m))
-        };
-        for c in cands.iter().take(GREEDY_TRIES) {
-            let old = memo.scores.get(&(c.value, c.chain.len())).copied();
-            match old {
-                Some(m) if self.opts.lazy && m.freed > 0 && (m.covers || c.bytes < excess) => {
-                    window.push((c, m, false))
+        // The first candidates in order that lower the peak, up to
+        // KERNEL_TRIES, each with its old score where that stands in for it.
+        // Those without one are measured in parallel, a batch at a time: a
+        // batch ends where the window would be full if every candidate in it
+        // lowered the peak (or before a second candidate with the key of one
+        // it measures), so exactly the candidates a walk one at a time would
+        // measure are measured, and recorded in its order.
+        let cands = &cands[..cands.len().min(GREEDY_TRIES)];
+        let mut next = 0;
+        while window.len() < KERNEL_TRIES && next < cands.len() {
+            let mut batch: Vec<(&Candidate, Option<Measured>)> = Vec::new();
+            let mut keys = Vec::new();
+            while window.len() + batch.len() < KERNEL_TRIES && next < cands.len() {
+                let c = &cands[next];
+                let key = (c.value, c.chain.len());
+                if keys.contains(&key) {
+                    break;
                 }
-                _ => match measure(c, memo)? {
-                    Some(m) => window.push((c, m, true)),
-                    None => continue,
-                },
+                next += 1;
+                match memo.scores.get(&key).copied() {
+                    Some(m) if self.opts.lazy && m.freed > 0 && (m.covers || c.bytes < excess) => {
+                        batch.push((c, Some(m)))
+                    }
+                    _ => {
+                        batch.push((c, None));
+                        keys.push(key);
+                    }
+                }
             }
-            if window.len() == KERNEL_TRIES {
-                break;
+            let to_measure: Vec<&Candidate> = batch.iter().filter(|(_, old)| old.is_none()).map(|(c, _)| *c).collect();
+            let mut steps = to_measure.par_iter().map(|c| self.measure(c)).collect::<Result<Vec<_>, _>>()?.into_iter();
+            for (c, old) in batch {
+                match old {
+                    Some(m) => window.push((c, m, false)),
+                    None => {
+                        let step = steps.next().expect("one step per candidate measured");
+                        if let Some(m) = self.record(c, step, memo, &mut best_fresh) {
+                            window.push((c, m, true));
+                        }
+                    }
+                }
             }
         }
+        let mut measure = |c: &Candidate, memo: &mut Memo| -> Result<Option<Measured>, CompileError> {
+            let step = self.measure(c)?;
+            Ok(self.record(c, step, memo, &mut best_fresh))
+        };
         let best_of = |window: &[(&Candidate, Measured, bool)],
                        keep: &dyn Fn(&(&Candidate, Measured, bool)) -> bool| {
             (0..window.len()).filter(|&k| keep(&window[k])).reduce(|a, b| {
@@ -982,7 +1022,8 @@ pub(super) fn rewrite(
     c: &Candidate,
     guard_leaves: LeafGuards,
 ) -> Result<(Graph, Vec<NodeId>), CompileError> {
-    let mut out = Graph::new();
+    // The clones, the barrier and the guards' few nodes besides g's.
+    let mut out = Graph::with_capacity_of(g, c.chain.len() + c.leaves.len() + 4);
     let mut map: Vec<NodeId> = Vec::with_capacity(g.len());
     // Original chain node -> its clone, once the late point is reached.
     let mut clones: Vec<(NodeId, NodeId)> = Vec::new();
@@ -1065,7 +1106,7 @@ pub(super) fn rewrite(
                         remap(&map, u)
                     }
                 });
-                clones.push((n, out.add(op)?));
+                clones.push((n, out.add_copy(op, &g.node(n).outputs)?));
             }
         }
         let mut op = node.op.clone();
@@ -1074,12 +1115,10 @@ pub(super) fn rewrite(
             (None, Some((a, through))) if a == u => through,
             (None, _) => remap(&map, u),
         });
-        map.push(out.add(op)?);
+        map.push(out.add_copy(op, &node.outputs)?);
     }
     out.set_outputs(g.outputs().iter().map(|&v| remap(&map, v)).collect())?;
-    for &a in g.aliases() {
-        out.add_alias(a)?;
-    }
+    out.copy_aliases(g)?;
     Ok((out, map))
 }
 
@@ -1124,6 +1163,26 @@ mod tests {
         let want = crate::interpret(&g, std::slice::from_ref(&x)).unwrap();
         let got = crate::interpret(&plan.graph, &[x]).unwrap();
         assert_eq!(want, got, "recomputation is bit-identical on the interpreter");
+    }
+
+    #[test]
+    fn kernel_priced_greedy_plans_alike_on_one_thread_and_on_four() {
+        // Rounds measure their candidates in parallel batches; the plan must
+        // be the one a walk one candidate at a time makes, whatever the
+        // number of threads.
+        let g = ladder(48);
+        let mut opts = RematOptions::new(RematBudget::Bytes(0), &EveryNodeAKernel);
+        opts.cost = RecomputeCost::Kernels;
+        let on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| rematerialize(&g, &Greedy, &opts).unwrap())
+        };
+        let (one, four) = (on(1), on(4));
+        assert!(one.choices.len() > KERNEL_TRIES, "{} choices: too few rounds to fill a window", one.choices.len());
+        assert_eq!(one.choices, four.choices);
+        assert_eq!(one.after, four.after);
+        assert_eq!(one.extra_seconds.to_bits(), four.extra_seconds.to_bits());
+        assert_eq!(one.graph.to_string(), four.graph.to_string());
     }
 
     #[test]
