@@ -309,7 +309,6 @@ impl Graph {
         &self.aliases
     }
 
-    /// Declares that parameter `param`'s buffer may be donated to output `output`.
     /// `from`'s aliases, for a graph rebuilt from it with the same parameters
     /// and outputs in the same order (checked as [`Graph::add_alias`] checks
     /// one, without sorting the list again for each).
@@ -331,6 +330,7 @@ impl Graph {
         Ok(())
     }
 
+    /// Declares that parameter `param`'s buffer may be donated to output `output`.
     pub fn add_alias(&mut self, alias: Alias) -> Result<(), CompileError> {
         let p = self.params.get(alias.param as usize).copied();
         let o = self.outputs.get(alias.output as usize).copied();

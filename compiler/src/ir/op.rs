@@ -650,9 +650,10 @@ impl Op {
         }
     }
 
-    /// Operands in a fixed order (the order of the text form). Inline up to
-    /// six (every op but a concatenation, a barrier or a dynamic slice):
-    /// passes ask for them on every node of a step, often.
+    /// Operands in a fixed order (the order of the text form). Up to six are
+    /// held inline (more only for a long concatenation or barrier, or a
+    /// dynamic slice of high rank): passes ask for them on every node of a
+    /// step, often.
     pub fn inputs(&self) -> Inputs {
         match self {
             Op::Parameter { .. } | Op::Constant { .. } | Op::Iota { .. } => Inputs::new(),

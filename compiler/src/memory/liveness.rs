@@ -14,6 +14,8 @@
 //!   (workspace) at that kernel's position only, values placed in pinned
 //!   host memory (`place pinned_host`) in no device curve.
 
+use smallvec::{smallvec, SmallVec};
+
 use crate::ir::{Graph, MemorySpace, NodeId, Op, ValueId};
 
 use super::Materialization;
@@ -63,7 +65,7 @@ pub struct Liveness {
     /// users, or dead).
     pub materialized: Vec<bool>,
     /// `buffer_of[node][output]`: the buffer holding that value, if any.
-    pub buffer_of: Vec<smallvec::SmallVec<[Option<usize>; 1]>>,
+    pub buffer_of: Vec<SmallVec<[Option<usize>; 1]>>,
     pub buffers: Vec<Buffer>,
 }
 
@@ -181,8 +183,8 @@ pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
         exec_pos[i] =
             if materialized[i] { pos[i] } else { users[i].iter().filter_map(|u| exec_pos[u.index()]).max().or(pos[i]) };
     }
-    let mut buffer_of: Vec<smallvec::SmallVec<[Option<usize>; 1]>> =
-        g.nodes().map(|(_, nd)| smallvec::smallvec![None; nd.outputs.len()]).collect();
+    let mut buffer_of: Vec<SmallVec<[Option<usize>; 1]>> =
+        g.nodes().map(|(_, nd)| smallvec![None; nd.outputs.len()]).collect();
     let mut buffers: Vec<Buffer> = Vec::new();
     for &id in &order {
         let i = id.index();
@@ -268,7 +270,7 @@ pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
 fn share_dying_operands(
     g: &Graph,
     buffers: &mut [Buffer],
-    buffer_of: &[smallvec::SmallVec<[Option<usize>; 1]>],
+    buffer_of: &[SmallVec<[Option<usize>; 1]>],
     through_fusion: bool,
 ) {
     let mut dying: Vec<Vec<usize>> = Vec::new();

@@ -54,7 +54,8 @@ use crate::ir::{BinaryOp, Graph, NodeId, Op};
 /// `materialized(g, n)` is false when every output of node `n` lives only
 /// inside the kernels of its consumers (a fused intermediate). Parameters,
 /// program outputs and operands of an `optimization_barrier` are always
-/// materialized, whatever the answer.
+/// materialized, whatever the answer. `Sync`: the remat pass measures its
+/// candidates on several threads.
 pub trait Materialization: Sync {
     fn materialized(&self, g: &Graph, users: &[Vec<NodeId>], n: NodeId) -> bool;
 
