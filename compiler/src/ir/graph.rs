@@ -310,20 +310,13 @@ impl Graph {
     }
 
     /// `from`'s aliases, for a graph rebuilt from it with the same parameters
-    /// and outputs in the same order (checked as [`Graph::add_alias`] checks
-    /// one, without sorting the list again for each).
+    /// and outputs in the same order (each checked as [`Graph::add_alias`]
+    /// checks one, without sorting the list again for each).
     pub(crate) fn copy_aliases(&mut self, from: &Graph) -> Result<(), CompileError> {
         for &alias in from.aliases() {
-            let p = self.params.get(alias.param as usize).copied();
-            let o = self.outputs.get(alias.output as usize).copied();
-            match (p, o) {
-                (Some(p), Some(o)) if self.node(p).outputs[0] == *self.ty(o) => {}
-                (Some(_), Some(_)) => return Err(CompileError::BadAlias { alias, reason: "types differ" }),
-                _ => return Err(CompileError::BadAlias { alias, reason: "no such parameter or output" }),
-            }
+            self.check_alias(alias)?;
         }
-        if !self.aliases.is_empty() {
-            let alias = self.aliases[0];
+        if let Some(&alias) = self.aliases.first() {
             return Err(CompileError::BadAlias { alias, reason: "parameter or output aliased twice" });
         }
         self.aliases = from.aliases.clone();
@@ -332,17 +325,21 @@ impl Graph {
 
     /// Declares that parameter `param`'s buffer may be donated to output `output`.
     pub fn add_alias(&mut self, alias: Alias) -> Result<(), CompileError> {
+        self.check_alias(alias)?;
+        if self.aliases.iter().any(|a| a.param == alias.param || a.output == alias.output) {
+            return Err(CompileError::BadAlias { alias, reason: "parameter or output aliased twice" });
+        }
+        self.aliases.push(alias);
+        self.aliases.sort();
+        Ok(())
+    }
+
+    /// `alias` names a parameter and an output of the same type.
+    fn check_alias(&self, alias: Alias) -> Result<(), CompileError> {
         let p = self.params.get(alias.param as usize).copied();
         let o = self.outputs.get(alias.output as usize).copied();
         match (p, o) {
-            (Some(p), Some(o)) if self.node(p).outputs[0] == *self.ty(o) => {
-                if self.aliases.iter().any(|a| a.param == alias.param || a.output == alias.output) {
-                    return Err(CompileError::BadAlias { alias, reason: "parameter or output aliased twice" });
-                }
-                self.aliases.push(alias);
-                self.aliases.sort();
-                Ok(())
-            }
+            (Some(p), Some(o)) if self.node(p).outputs[0] == *self.ty(o) => Ok(()),
             (Some(_), Some(_)) => Err(CompileError::BadAlias { alias, reason: "types differ" }),
             _ => Err(CompileError::BadAlias { alias, reason: "no such parameter or output" }),
         }
