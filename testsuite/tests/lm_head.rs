@@ -288,15 +288,23 @@ fn non_uniform_or_dependent_cotangents_are_left_alone() {
     }
 }
 
+/// The uniform-cotangent pair of 4096 rows (d 64, vocab 8192, blocks of 512
+/// rows) with its rows in `shards` parts, fused and lowered: the fused graph
+/// and its module, which holds no whole `[4096, vocab]` logits.
+fn fused_module(shards: usize) -> (Graph, String) {
+    let g = pair_graph(DType::F32, 4096, 64, 8192, (512, shards), Cotangent::Uniform);
+    let (f, _) = fuse_lm_head_loss(&g).unwrap();
+    let text = lower(&f, &LowerOptions::default()).unwrap();
+    assert!(!text.contains("tensor<4096x8192x"), "whole logits in the module");
+    (f, text)
+}
+
 /// The fused op's lowering: no `[n, vocab]` value, only `[chunk, vocab]`
 /// blocks, and exactly three matmuls per block (logits, dh rows, dw share);
 /// each block gathers its picked logits and writes dl over its logits.
 #[test]
 fn fused_lowering_has_blocks_of_three_matmuls() {
-    let g = pair_graph(DType::F32, 4096, 64, 8192, (512, 1), Cotangent::Uniform);
-    let (f, _) = fuse_lm_head_loss(&g).unwrap();
-    let text = lower(&f, &LowerOptions::default()).unwrap();
-    assert!(!text.contains("tensor<4096x8192x"), "whole logits in the module");
+    let (_, text) = fused_module(1);
     assert!(text.contains("tensor<512x8192xf32>"));
     assert_eq!(text.matches("stablehlo.dot_general").count(), 3 * 8, "8 blocks of 3 matmuls");
     assert_eq!(
@@ -324,10 +332,7 @@ fn fused_lowering_has_blocks_of_three_matmuls() {
 /// (`shard_collectives.rs` runs it under XLA's SPMD partitioner).
 #[test]
 fn fused_lowering_with_shards_takes_rows_of_every_part() {
-    let g = pair_graph(DType::F32, 4096, 64, 8192, (512, 4), Cotangent::Uniform);
-    let (f, _) = fuse_lm_head_loss(&g).unwrap();
-    let text = lower(&f, &LowerOptions::default()).unwrap();
-    assert!(!text.contains("tensor<4096x8192x"), "whole logits in the module");
+    let (f, text) = fused_module(4);
     assert!(text.contains("tensor<2048x8192xf32>"), "blocks of 512 rows of each of 4 parts");
     assert_eq!(text.matches("stablehlo.dot_general").count(), 3 * 2, "2 blocks of 3 matmuls");
     assert!(text.contains("tensor<4x8192x64xf32>"), "a dw sum per part");
