@@ -79,3 +79,57 @@ fn host_offload_on_the_cpu_plugin_is_a_typed_error_and_writes_nothing() {
     assert!(err.contains("host-offload") && err.contains("no host memory space"), "{err}");
     assert!(!plot.exists(), "no plot for a plan that was refused");
 }
+
+/// `kiln profile --max-batch`: each answer fits the device by the model and
+/// in XLA's compiled program, and every larger batch the model fitted but
+/// XLA's program did not is listed, halving from the model's answer down to
+/// the one given. (On the CPU plugin the tiny GPT's remat answer at 2 GiB is
+/// such a case: the model fits batch 8192 with remat, XLA's schedule of the
+/// planned step holds about 2.5 GiB.)
+#[test]
+fn max_batch_answers_fit_in_xla_too() {
+    let out = Command::cargo_bin("kiln")
+        .unwrap()
+        .args(["profile", "gpt", "--max-batch", "--device-memory", "2GiB", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let device = v["device_memory_bytes"].as_u64().unwrap();
+    assert_eq!(device, 2 << 30);
+    let answers = v["max_batch"].as_array().unwrap();
+    assert_eq!(answers.len(), 2, "{v}");
+    for a in answers {
+        let batch = a["max_batch"].as_u64().unwrap_or_else(|| panic!("no batch fits: {a}"));
+        assert!(batch.is_power_of_two(), "{a}");
+        assert!(a["predicted_peak_bytes"].as_u64().unwrap() <= device, "{a}");
+        assert!(a["xla_peak_bytes"].as_u64().unwrap() <= device, "{a}");
+        let state = v["optimizer_state_bytes"].as_u64().unwrap();
+        assert!(state > 0);
+        assert_eq!(
+            a["xla_peak_bytes"].as_u64().unwrap() - state,
+            a["xla_peak_bytes_without_optimizer_state"].as_u64().unwrap()
+        );
+        let mut expect = a["model_max_batch"].as_u64().unwrap();
+        for o in a["over_in_xla"].as_array().unwrap() {
+            assert_eq!(o["batch"].as_u64(), Some(expect), "{a}");
+            assert!(o["predicted_peak_bytes"].as_u64().unwrap() <= device, "{a}");
+            assert!(o["xla_peak_bytes"].as_u64().unwrap() > device, "{a}");
+            expect /= 2;
+        }
+        assert_eq!(batch, expect, "{a}");
+        // The model's own answer is the largest power of two it fits.
+        let model = a["model_max_batch"].as_u64().unwrap();
+        let remat = a["remat"].as_bool().unwrap();
+        let row = |b: u64| {
+            v["search"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["batch"].as_u64() == Some(b) && r["remat"].as_bool() == Some(remat))
+                .cloned()
+        };
+        assert_eq!(row(model).unwrap()["fits"], true, "{v}");
+        assert_eq!(row(2 * model).unwrap()["fits"], false, "{v}");
+    }
+}

@@ -316,11 +316,40 @@ fn step_graph(model: &AdvisedModel, batch: usize) -> anyhow::Result<(Graph, u64)
     Ok((graph, 4 * param_bytes))
 }
 
+/// `bytes` for a person: GiB from one GiB up, else MiB.
+fn size(bytes: u64) -> String {
+    const GIB: f64 = (1u64 << 30) as f64;
+    match bytes as f64 {
+        b if b >= GIB => format!("{:.2} GiB", b / GIB),
+        b => format!("{:.1} MiB", b / (1u64 << 20) as f64),
+    }
+}
+
+/// One answer of `--max-batch`: the largest batch whose step fits, without
+/// or with remat.
+struct Advice {
+    remat: bool,
+    /// The largest batch by kiln's peak model.
+    model_batch: Option<usize>,
+    /// The largest batch whose compiled program fits too (`model_batch` where
+    /// XLA gives no stats).
+    batch: Option<usize>,
+    predicted_peak_bytes: u64,
+    /// XLA's compiled peak of `batch`'s step plus the optimizer state.
+    xla_peak_bytes: Option<u64>,
+    /// Larger batches the model fits and XLA's program does not: (batch,
+    /// predicted peak, XLA's peak), each with the optimizer state.
+    over_in_xla: Vec<(usize, u64, u64)>,
+}
+
 /// The largest batch (powers of two) whose step fits `device_bytes`, without
-/// and with remat, by kiln's peak model; the two answers are then compiled
-/// through `client` (not run) and XLA's stats reported beside the model's.
+/// and with remat: found by kiln's peak model, then checked by compiling the
+/// step through `client` (not run). Where XLA's program holds more than the
+/// device (the CPU plugin schedules a planned step its own way, `docs/memory.md`),
+/// the batch is halved until it fits, and the answers XLA refused are reported.
 pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json: bool) -> anyhow::Result<()> {
     let fusion = fusion_for(kiln::compiler::LowerTarget::from_platform(client.platform_name()));
+    let (_, extra) = step_graph(model, 1)?;
     let predicted = |b: usize, remat: bool| -> anyhow::Result<(u64, Graph)> {
         let (g, extra) = step_graph(model, b)?;
         let (g, _) = kiln::compiler::pipeline::optimize(&g)?;
@@ -331,9 +360,17 @@ pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json:
         let plan = rematerialize(&g, &Greedy, &RematOptions::new(budget, fusion))?;
         Ok((plan.after.peak_bytes + extra, plan.graph))
     };
+    // XLA's peak of the compiled step (arguments, outputs, temporaries) plus
+    // the optimizer state; `None` where the plugin gives no stats.
+    let compiled_peak = |g: &Graph| -> anyhow::Result<Option<u64>> {
+        let module = lower(g, &LowerOptions::default())?;
+        let exe = client.compile(&module, &CompileOptions::default()).context("compiling the advised step")?;
+        Ok(exe.compiled_memory_stats().ok().map(|m| m.held_bytes().max(0) as u64 + extra))
+    };
     let mut rows = Vec::new();
-    let mut best: [Option<(usize, u64, Graph)>; 2] = [None, None];
-    for (k, remat) in [false, true].into_iter().enumerate() {
+    let mut advice = Vec::new();
+    for remat in [false, true] {
+        let mut best: Option<(usize, u64, Graph)> = None;
         let mut b = 1usize;
         while b <= 1 << 20 {
             let (peak, g) = predicted(b, remat)?;
@@ -341,43 +378,70 @@ pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json:
             if peak > device_bytes {
                 break;
             }
-            best[k] = Some((b, peak, g));
+            best = Some((b, peak, g));
             b *= 2;
         }
-    }
-    let mut summary = Vec::new();
-    for (k, remat) in [false, true].into_iter().enumerate() {
-        let Some((b, peak, g)) = &best[k] else {
-            summary.push(json!({"remat": remat, "max_batch": Value::Null}));
-            continue;
+        let mut a = Advice {
+            remat,
+            model_batch: best.as_ref().map(|x| x.0),
+            batch: None,
+            predicted_peak_bytes: 0,
+            xla_peak_bytes: None,
+            over_in_xla: Vec::new(),
         };
-        let module = lower(g, &LowerOptions::default())?;
-        let xla = client
-            .compile(&module, &CompileOptions::default())
-            .context("compiling the advised step")?
-            .compiled_memory_stats()
-            .ok()
-            .map(|m| m.held_bytes());
-        summary.push(json!({"remat": remat, "max_batch": b, "predicted_peak_bytes": peak, "xla_peak_bytes_without_optimizer_state": xla}));
+        while let Some((b, peak, g)) = best.take() {
+            let xla = compiled_peak(&g)?;
+            match xla {
+                Some(x) if x > device_bytes => {
+                    a.over_in_xla.push((b, peak, x));
+                    if b > 1 {
+                        let (peak, g) = predicted(b / 2, remat)?;
+                        best = Some((b / 2, peak, g));
+                    }
+                }
+                _ => (a.batch, a.predicted_peak_bytes, a.xla_peak_bytes) = (Some(b), peak, xla),
+            }
+        }
+        advice.push(a);
     }
-    let out = json!({"device_memory_bytes": device_bytes, "search": rows, "max_batch": summary});
+    let summary: Vec<Value> = advice
+        .iter()
+        .map(|a| {
+            json!({
+                "remat": a.remat,
+                "max_batch": a.batch,
+                "model_max_batch": a.model_batch,
+                "predicted_peak_bytes": a.batch.map(|_| a.predicted_peak_bytes),
+                "xla_peak_bytes": a.xla_peak_bytes,
+                "xla_peak_bytes_without_optimizer_state": a.xla_peak_bytes.map(|x| x - extra),
+                "over_in_xla": a.over_in_xla.iter().map(|&(b, p, x)| json!({
+                    "batch": b, "predicted_peak_bytes": p, "xla_peak_bytes": x
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let out = json!({"device_memory_bytes": device_bytes, "optimizer_state_bytes": extra, "search": rows, "max_batch": summary});
     if json {
         println!("{out}");
-    } else {
-        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-        println!("largest batch (powers of two) whose step fits {:.2} GiB, by kiln's peak model:", gib(device_bytes));
-        for s in &summary {
-            match s["max_batch"].as_u64() {
-                Some(b) => println!(
-                    "  {:<13} batch {b:>6}: predicted peak {:.2} GiB; XLA (compiled, not run; AdamW state not in the graph) {}",
-                    if s["remat"].as_bool() == Some(true) { "with remat" } else { "without remat" },
-                    gib(s["predicted_peak_bytes"].as_u64().unwrap_or(0)),
-                    s["xla_peak_bytes_without_optimizer_state"]
-                        .as_i64()
-                        .map_or("no stats".to_string(), |x| format!("{:.2} GiB", x as f64 / (1u64 << 30) as f64)),
-                ),
-                None => println!("  {}: not even batch 1 fits", if s["remat"].as_bool() == Some(true) { "with remat" } else { "without remat" }),
+        return Ok(());
+    }
+    println!(
+        "largest batch (powers of two) whose step fits {}, by kiln's peak model, checked by compiling \
+         the step with XLA (not run; the AdamW state, {}, added to both):",
+        size(device_bytes),
+        size(extra)
+    );
+    for a in &advice {
+        let name = if a.remat { "with remat" } else { "without remat" };
+        match a.batch {
+            Some(b) => {
+                let xla = a.xla_peak_bytes.map_or("no stats".to_string(), size);
+                println!("  {name:<13} batch {b:>6}: predicted peak {}, XLA {xla}", size(a.predicted_peak_bytes));
             }
+            None => println!("  {name:<13} not even batch 1 fits"),
+        }
+        for &(ob, p, x) in &a.over_in_xla {
+            println!("  {:<13} batch {ob:>6} fits by the model ({}), not in XLA's program ({})", "", size(p), size(x));
         }
     }
     Ok(())
