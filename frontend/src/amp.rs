@@ -19,7 +19,10 @@
 //! layers (and a user's own) then need no extra argument, and because a trace is
 //! recorded on one thread in program order, which is exactly the extent of a
 //! scope. Only recording is affected: the backward pass that `grad` appends
-//! mirrors the forward's dtypes whether or not a scope is open.
+//! mirrors the forward's dtypes whether or not a scope is open, except that
+//! the sum a broadcast's gradient takes (a bias's, over the tokens) runs in
+//! f32 for a bf16 or f16 cotangent and is rounded once, as PyTorch's
+//! sums of bf16 tensors do.
 //!
 //! **Loss scaling** ([`LossScaler`]) keeps small f16 gradients from flushing to
 //! zero: the loss is multiplied by a scale before the backward and the gradients

@@ -227,6 +227,37 @@ fn the_norm_of_bf16_gradients_accumulates_in_f32() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A bias under bf16 autocast gets its gradient summed in f32 over the
+/// tokens and rounded to bf16 once: within bf16's rounding of an f64 sum of
+/// the same cotangent. Summed in bf16 (as it was), 16384 rows missed by
+/// several times that.
+#[test]
+fn a_bf16_bias_gradient_is_summed_in_f32() -> anyhow::Result<()> {
+    let (n, k, d) = (16384, 4, 64);
+    let mut rng = Rng::new(23);
+    let mut ps = ParamStore::new(5);
+    let lin = Linear::new(&mut ps, "l", k, d, true)?;
+    let x = Tensor::from_vec(rng.normal_vec(n * k), [n, k])?;
+    // A cotangent that bf16 holds exactly, so the reference sums what the
+    // backward sums.
+    let c: Vec<f32> = rng.normal_vec(n * d).into_iter().map(|v| half::bf16::from_f32(v).to_f32()).collect();
+    let y = amp::autocast(DType::BF16, || lin.forward(&x))?;
+    assert_eq!(y.dtype(), DType::BF16);
+    let loss = y.to_dtype(DType::F32)?.mul(&Tensor::from_vec(c.clone(), [n, d])?)?.sum_all()?;
+    let bias = lin.bias.clone().expect("a bias");
+    let db = kiln::grad(&loss, &[bias])?.remove(0);
+    kiln::mark_step()?;
+    let got = db.to_f64s()?;
+    for (j, g) in got.iter().enumerate() {
+        let want: f64 = (0..n).map(|r| c[r * d + j] as f64).sum();
+        let mass: f64 = (0..n).map(|r| (c[r * d + j] as f64).abs()).sum();
+        // Rounding to bf16 (half of 2^-7 relative) and f32 accumulation.
+        let tol = 2f64.powi(-8) * want.abs() + 2f64.powi(-20) * mass;
+        assert!((g - want).abs() <= tol, "column {j}: {g} vs {want} (tolerance {tol})");
+    }
+    Ok(())
+}
+
 #[test]
 fn bad_settings_are_typed_errors_naming_the_setting() -> anyhow::Result<()> {
     let g = Tensor::from_vec(Rng::new(17).normal_vec(4), [4])?;

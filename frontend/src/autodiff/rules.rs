@@ -4,7 +4,7 @@
 //! contributions to the cotangents of the operands that want one (float
 //! operands on a path from `wrt` to the loss), as `(operand position, value)`.
 
-use kiln_compiler::ir::{BinaryOp, CompareDir, DotDims, NodeId, Op, ReduceOp, Shape, UnaryOp, ValueId};
+use kiln_compiler::ir::{BinaryOp, CompareDir, DType, DotDims, NodeId, Op, ReduceOp, Shape, UnaryOp, ValueId};
 
 use super::builder::Builder;
 use crate::error::{FrontendError, Result};
@@ -126,7 +126,19 @@ pub(crate) fn backward(
                 }
             }
             axes.sort_unstable();
-            let s = b.sum(ct, axes)?;
+            // A low-precision cotangent (a bias under autocast) is summed in
+            // f32 and rounded once, as autocast's forward reductions are.
+            // Summed in bf16, a bias gradient over 16384 rows missed an f64
+            // sum by 1.1 where bf16's rounding allows 0.46 (CPU plugin,
+            // `a_bf16_bias_gradient_is_summed_in_f32`).
+            let dt = b.ty(ct).dtype;
+            let s = if !axes.is_empty() && matches!(dt, DType::BF16 | DType::F16) {
+                let wide = b.op(Op::Convert { input: ct, to: DType::F32 })?;
+                let s = b.sum(wide, axes)?;
+                b.op(Op::Convert { input: s, to: dt })?
+            } else {
+                b.sum(ct, axes)?
+            };
             out.push((0, b.reshape(s, in_shape)?));
         }
         Op::Reshape { input, .. } => {
