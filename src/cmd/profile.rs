@@ -62,8 +62,9 @@ pub struct ProfileArgs {
     /// End with one JSON object (for scripts).
     #[arg(long)]
     json: bool,
-    /// Compile (without running) growing batch sizes of the model's step and
-    /// report the largest that fits --device-memory, with and without remat.
+    /// The largest batch (powers of two) whose step fits --device-memory, with
+    /// and without remat: found by kiln's peak model, then checked by
+    /// compiling (not running) the step, halved while XLA's program does not fit.
     #[arg(long)]
     max_batch: bool,
     /// Device memory for --max-batch (`80GiB`; default: the first GPU's).
