@@ -16,7 +16,7 @@ Results: benches/RESULTS.md, "The bias gradient beside a recomputed GELU".
 """
 import jax, jax.numpy as jnp
 from jax import lax
-from jax_timing import mean_us
+from jax_timing import report_us
 
 bf = jnp.bfloat16
 C, A = 0.7978845608028654, 0.044715
@@ -102,8 +102,7 @@ def dw(rows):
 
 
 def bench(name, f, *args):
-    dt, _ = mean_us(jax.jit(f), *args, warmup=20)
-    print(f"{name:18s} {dt:7.1f} us", flush=True)
+    report_us(name, jax.jit(f), *args, warmup=20, width=18)
 
 
 for rep in range(2):

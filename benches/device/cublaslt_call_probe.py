@@ -9,7 +9,7 @@ case ("Gemm rewriting should run after layout assignment"); kiln never emits
 the call. benches/RESULTS.md, "kiln's own kernels for the MLP's backward".
 """
 import json, sys, jax, jax.numpy as jnp, numpy as np
-from jax_timing import mean_us
+from jax_timing import report_us
 from jax._src.interpreters import mlir
 from jax._src import core
 from jax.extend.core import Primitive
@@ -42,9 +42,7 @@ def ref(x, w, b):
     h = jnp.dot(x, w, preferred_element_type=jnp.float32) + b.astype(jnp.float32)
     return jax.nn.gelu(h, approximate=True), h
 def bench(name, f):
-    dt, out = mean_us(jax.jit(f), x, w, b)
-    print(f"{name:16s} {dt:7.1f} us", flush=True)
-    return out
+    return report_us(name, jax.jit(f), x, w, b)
 g_ref, h_ref = jax.jit(ref)(x, w, b)
 case = sys.argv[1]
 epi, nout, wb = {"bias": ("BIAS", 1, True), "gelu": ("GELU", 1, False), "bias_gelu": ("BIAS_GELU", 1, True),

@@ -10,7 +10,7 @@ outputs. Each line: mean wall time per call of the jitted function, 200 calls.
 Results: benches/RESULTS.md, "kiln's own kernels for the MLP's backward".
 """
 import jax, jax.numpy as jnp
-from jax_timing import mean_us
+from jax_timing import report_us
 from jax import lax
 C = 0.7978845608028654; A = 0.044715
 M, N = 8192, 3072
@@ -45,8 +45,7 @@ def fwd(h):
 def fwd_one(h):
     _, g, t = parts(h, h); return g
 def bench(name, f, *args):
-    dt, _ = mean_us(jax.jit(f), *args, warmup=20)
-    print(f"{name:16s} {dt:7.1f} us", flush=True)
+    report_us(name, jax.jit(f), *args, warmup=20)
 for rep in range(2):
     bench('unplanned', unplanned, dg, h, t_saved)
     bench('planned', planned, dg, h)

@@ -19,3 +19,11 @@ def mean_us(jf, *args, warmup=10, n=200):
         out = jf(*args)
     jax.block_until_ready(out)
     return (time.perf_counter() - t0) / n * 1e6, out
+
+
+def report_us(name, jf, *args, warmup=10, width=16):
+    """`jf(*args)` timed by `mean_us`, printed as one line `NAME  T us`;
+    returns the last output."""
+    dt, out = mean_us(jf, *args, warmup=warmup)
+    print(f"{name:{width}s} {dt:7.1f} us", flush=True)
+    return out
