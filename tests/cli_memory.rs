@@ -53,6 +53,7 @@ fn memory_limit_reports_the_plan_and_xla_stats_and_draws_the_plot() {
     let plan = &v["memory_plan"];
     assert_eq!(plan["strategy"], "greedy");
     assert!(!plan["recomputed"].as_array().unwrap().is_empty(), "{plan}");
+    assert!(plan["recomputed"].as_array().unwrap().iter().all(|r| r["also"].is_array()), "{plan}");
     assert!(plan["extra_flops"].as_u64().unwrap() > 0, "{plan}");
     let pred = &plan["predicted"];
     assert!(pred["after"]["peak_bytes"].as_u64() < pred["before"]["peak_bytes"].as_u64(), "{plan}");

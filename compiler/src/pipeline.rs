@@ -67,10 +67,13 @@ pub struct RematSummary {
     pub offloaded: Vec<RecomputedValue>,
 }
 
-/// One value the remat pass recomputes.
+/// One recomputation of the remat pass (one value, or several that one chain
+/// of clones frees: [`crate::memory::RematChoice::also`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecomputedValue {
     pub op: &'static str,
+    /// Values it frees (1 for a single value).
+    pub values: usize,
     pub bytes: u64,
     pub cloned_nodes: usize,
     pub flops: u64,
@@ -395,7 +398,13 @@ fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, Com
     // Offloaded choices carry zero clones and FLOPs, so one mapping serves both.
     let values = |cs: &[crate::memory::RematChoice]| {
         cs.iter()
-            .map(|c| RecomputedValue { op: c.op, bytes: c.bytes, cloned_nodes: c.recomputed_nodes, flops: c.flops })
+            .map(|c| RecomputedValue {
+                op: c.op,
+                values: 1 + c.also.len(),
+                bytes: c.bytes,
+                cloned_nodes: c.recomputed_nodes,
+                flops: c.flops,
+            })
             .collect()
     };
     s.remat = Some(RematSummary {

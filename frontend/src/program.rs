@@ -186,7 +186,7 @@ pub(crate) fn obtain(
             r.budget_bytes,
             r.after.peak_bytes,
             r.before.peak_bytes,
-            r.recomputed.len()
+            r.recomputed.iter().map(|v| v.values).sum::<usize>()
         );
     }
     dump.finish()?;

@@ -137,6 +137,7 @@ impl PlanReport {
             "met": p.met,
             "recomputed": p.choices.iter().map(|c| json!({
                 "value": c.value.to_string(), "op": c.op, "bytes": c.bytes,
+                "also": c.also.iter().map(|v| v.to_string()).collect::<Vec<_>>(),
                 "recomputed_nodes": c.recomputed_nodes, "flops": c.flops,
             })).collect::<Vec<_>>(),
             "offloaded": p.offloaded.iter().map(|c| json!({
@@ -160,10 +161,11 @@ impl PlanReport {
         let p = &self.plan;
         let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0));
         let mut lines = vec![format!(
-            "remat ({}): budget {}, {}; {} value(s) recomputed, peak {} -> {} predicted ({} saved), {} extra FLOPs ({:.3} ms on {})",
+            "remat ({}): budget {}, {}; {} value(s) recomputed in {} recomputation(s), peak {} -> {} predicted ({} saved), {} extra FLOPs ({:.3} ms on {})",
             p.strategy,
             mib(p.budget_bytes),
             if p.met { "met" } else { "not met (the lowest peak found)" },
+            p.choices.iter().map(|c| 1 + c.also.len()).sum::<usize>(),
             p.choices.len(),
             mib(p.before.peak_bytes),
             mib(p.after.peak_bytes),
@@ -189,8 +191,12 @@ impl PlanReport {
             (None, Ok(a)) => lines.push(format!("  XLA temporaries after: {}", mib(a.temp_size_in_bytes as u64))),
         }
         for c in p.choices.iter().take(20) {
+            let also = match c.also.len() {
+                0 => String::new(),
+                n => format!(" and {n} more value(s) with it"),
+            };
             lines.push(format!(
-                "  recompute {} ({}, {}, {} node(s), {} FLOPs)",
+                "  recompute {}{also} ({}, {}, {} node(s), {} FLOPs)",
                 c.value,
                 c.op,
                 mib(c.bytes),

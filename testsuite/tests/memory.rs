@@ -415,15 +415,16 @@ fn sequencing_the_backward_cuts_xla_temp_of_the_tiny_gpt() -> anyhow::Result<()>
 /// limits lie below the step's arguments and outputs together, which the
 /// model held after the update until it billed donated outputs to their
 /// arguments: greedy then stopped at the update whatever the budget (`met:
-/// false`, XLA CUDA temp 1.43 / 1.42 GiB on the H100). Now both are met; at
-/// 25% with block segments, which the value-by-value plan (+5.65 ms by the
-/// kernel model) costs more than (+4.34 ms; on the H100 24.0 against 25.9 ms a
-/// step, `benches/RESULTS.md`).
+/// false`, XLA CUDA temp 1.43 / 1.42 GiB on the H100). Now both are met. At
+/// 25% the value-by-value plan once cost +5.65 ms by the kernel model and
+/// lost to block segments (+4.34 ms); with q, k and v recomputed together
+/// (sibling candidates) it costs +3.87 ms and is chosen. At 20% segments
+/// still pay.
 #[test]
 fn a_third_and_a_quarter_of_gpt2_smalls_activation_memory_are_met_on_cuda() -> anyhow::Result<()> {
     let cfg = gpt::GptConfig { amp: Some(kiln::DType::BF16), ..gpt::GptConfig::gpt2_small(50304) };
     let (g, _) = gpt_adamw_step(&cfg, AdamWConfig { weight_decay: 0.1, ..Default::default() }, 3e-4)?;
-    for pct in [33.0, 25.0] {
+    for pct in [33.0, 25.0, 20.0] {
         let opts = pipeline::PipelineOptions::default()
             .with_activation_budget(Some(pct / 100.0))
             .with_target(LowerTarget::Cuda);
@@ -447,8 +448,11 @@ fn a_third_and_a_quarter_of_gpt2_smalls_activation_memory_are_met_on_cuda() -> a
         assert!(plan.budget_bytes < plan.before.argument_bytes + plan.before.output_bytes);
         assert!(plan.met, "{pct}%: {} > {}", plan.after.peak_bytes, plan.budget_bytes);
         if pct == 25.0 {
-            assert!(segments > 0, "the 25% plan recomputes block segments");
-            assert!(plan.extra_ns < 5_000_000, "+{} ns: no cheaper than the value plan", plan.extra_ns);
+            // The best plan before siblings: segments at +4.34 ms.
+            assert!(plan.extra_ns < 4_340_000, "+{} ns: no cheaper than the plans before siblings", plan.extra_ns);
+        }
+        if pct == 20.0 {
+            assert!(segments > 0, "the 20% plan recomputes block segments");
         }
     }
     Ok(())

@@ -195,6 +195,13 @@ fn segment(
         }
     }
     let (_, value) = value?;
+    let also: Vec<ValueId> = roots
+        .iter()
+        .flat_map(|&r| l.buffer_of[r.index()].iter().enumerate().filter_map(move |(k, slot)| slot.map(|b| (r, k, b))))
+        .filter(|&(r, _, b)| l.buffers[b].kind == BufferKind::Temp && l.buffers[b].value.node == r)
+        .map(|(r, k, _)| ValueId::new(r, k as u32))
+        .filter(|&v| v != value)
+        .collect();
     early_end = early_end.max(l.buffers[l.buffer_of[value.node.index()][value.output as usize]?].def);
     if early_end >= late_pos || leaves.is_empty() {
         return None;
@@ -202,7 +209,7 @@ fn segment(
     let anchor = anchor_for(g, l, late_node, late_pos, early_end, &chain, &[]);
     anchor?;
     let (flops, seconds) = recompute_cost(g, &chain, &leaves, bytes, opts);
-    Some(Candidate { value, bytes, early_end, late_node, late_pos, chain, leaves, anchor, flops, seconds })
+    Some(Candidate { value, also, bytes, early_end, late_node, late_pos, chain, leaves, anchor, flops, seconds })
 }
 
 #[cfg(test)]

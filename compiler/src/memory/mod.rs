@@ -34,6 +34,7 @@ mod peak;
 mod pin;
 mod remat;
 mod sequence;
+mod siblings;
 
 pub use exact::Exact;
 pub use gpu::XlaGpuFusion;

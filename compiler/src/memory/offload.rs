@@ -189,6 +189,7 @@ fn offload(
         .iter()
         .map(|m| RematChoice {
             value: m.value,
+            also: Vec::new(),
             op: g.node(m.value.node).op.name(),
             bytes: m.bytes,
             recomputed_nodes: 0,
