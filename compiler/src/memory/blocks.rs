@@ -175,9 +175,8 @@ fn segment(
         Some(before(up) && (in_memory || Some(up) == lo))
     })?;
     // Bytes freed: the roots' own buffers (views and fused roots have none).
-    let mut bytes = 0u64;
+    let mut freed: Vec<(u64, ValueId)> = Vec::new();
     let mut early_end = 0usize;
-    let mut value: Option<(u64, ValueId)> = None;
     for &r in &roots {
         let (kernels, _) = readers(g, l, users, r);
         if let Some(e) = kernels.iter().map(|&(p, _)| p).filter(|&p| p < bwd).max() {
@@ -187,21 +186,14 @@ fn segment(
             let Some(b) = *slot else { continue };
             let b = &l.buffers[b];
             if b.kind == BufferKind::Temp && b.value.node == r {
-                bytes += b.bytes;
-                if value.is_none_or(|(vb, _)| b.bytes > vb) {
-                    value = Some((b.bytes, ValueId::new(r, k as u32)));
-                }
+                freed.push((b.bytes, ValueId::new(r, k as u32)));
             }
         }
     }
-    let (_, value) = value?;
-    let also: Vec<ValueId> = roots
-        .iter()
-        .flat_map(|&r| l.buffer_of[r.index()].iter().enumerate().filter_map(move |(k, slot)| slot.map(|b| (r, k, b))))
-        .filter(|&(r, _, b)| l.buffers[b].kind == BufferKind::Temp && l.buffers[b].value.node == r)
-        .map(|(r, k, _)| ValueId::new(r, k as u32))
-        .filter(|&v| v != value)
-        .collect();
+    // The largest buffer (the first of equals) names the candidate.
+    let (_, value) = freed.iter().copied().reduce(|a, b| if b.0 > a.0 { b } else { a })?;
+    let bytes: u64 = freed.iter().map(|&(b, _)| b).sum();
+    let also: Vec<ValueId> = freed.iter().map(|&(_, v)| v).filter(|&v| v != value).collect();
     early_end = early_end.max(l.buffers[l.buffer_of[value.node.index()][value.output as usize]?].def);
     if early_end >= late_pos || leaves.is_empty() {
         return None;

@@ -358,26 +358,24 @@ fn greedy(name: &'static str, g: &Graph, opts: &RematOptions, segments: bool) ->
             let segs = super::blocks::segment_candidates(&cur, &cur_l, &cands, across, opts);
             cands.extend(segs);
         }
-        cands.retain(|c| c.early_end < at && at < c.late_pos);
-        siblings.retain(|c| c.early_end < at && at < c.late_pos);
-        siblings.sort_by(|a, b| {
-            (b.bytes as f64 / (b.seconds + 1e-12))
-                .total_cmp(&(a.bytes as f64 / (a.seconds + 1e-12)))
-                .then(a.value.cmp(&b.value))
-        });
+        // Only values live across the peak can lower it.
+        let across_peak = |c: &Candidate| c.early_end < at && at < c.late_pos;
+        cands.retain(across_peak);
+        siblings.retain(across_peak);
+        // Bytes freed per second of recomputation, by the candidate's estimate.
+        let per_second = |c: &Candidate| c.bytes as f64 / (c.seconds + 1e-12);
+        siblings.sort_by(|a, b| per_second(b).total_cmp(&per_second(a)).then(a.value.cmp(&b.value)));
         // Candidates that alone cover the excess, cheapest first (so a
         // small excess is not paid for with a large recomputation); then
         // the others by bytes freed per second of recomputation.
         let excess = peak.peak_bytes.saturating_sub(budget);
         cands.sort_by(|a, b| {
             let (ca, cb) = (a.bytes >= excess, b.bytes >= excess);
-            let ka = a.bytes as f64 / (a.seconds + 1e-12);
-            let kb = b.bytes as f64 / (b.seconds + 1e-12);
             cb.cmp(&ca)
                 .then_with(|| match (ca && cb, by_time) {
                     (true, false) => a.flops.cmp(&b.flops).then(a.seconds.total_cmp(&b.seconds)),
                     (true, true) => a.seconds.total_cmp(&b.seconds).then(a.flops.cmp(&b.flops)),
-                    (false, _) => kb.total_cmp(&ka),
+                    (false, _) => per_second(b).total_cmp(&per_second(a)),
                 })
                 .then(a.value.cmp(&b.value))
         });
