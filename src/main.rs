@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use kiln::compiler::memory::RematBudget;
 use kiln::data::{FashionMnist, FASHION_MNIST_DIR};
 use kiln::models::gpt;
 use kiln::models::mlp::{self, MlpConfig};
@@ -287,22 +288,12 @@ fn progress(json: bool) -> ProgressBar {
     bar
 }
 
-/// `--memory-limit` for the training loops.
-/// `N%` is a fraction of the activation memory; anything else a size.
+/// `--memory-limit` for the training loops, read as `kiln compile` reads it.
 fn set_memory_limit(limit: Option<&str>) -> anyhow::Result<()> {
-    let fraction = match limit.map(|l| l.trim().strip_suffix('%')) {
-        Some(Some(p)) => {
-            let f: f64 = p.trim().parse().map_err(|_| anyhow::anyhow!("--memory-limit {p}%: not a percentage"))?;
-            if !(f > 0.0 && f <= 100.0) {
-                anyhow::bail!("--memory-limit {p}%: a percentage of the activation memory must be in (0, 100]");
-            }
-            Some(f / 100.0)
-        }
-        Some(None) | None => None,
-    };
-    let bytes = match fraction {
-        Some(_) => None,
-        None => limit.map(cmd::memory::parse_bytes).transpose()?,
+    let (bytes, fraction) = match limit.map(cmd::memory::parse_budget).transpose()? {
+        Some(RematBudget::Bytes(b)) => (Some(b), None),
+        Some(RematBudget::FractionOfActivations(f)) => (None, Some(f)),
+        None => (None, None),
     };
     kiln::set_memory_limit(bytes);
     kiln::set_activation_budget(fraction)?;

@@ -71,6 +71,64 @@ fn a_bad_memory_limit_is_named() {
     assert!(err.contains("2 parsecs") && err.contains("unit"), "{err}");
 }
 
+/// `N%` keeps the arguments, the outputs and N% of the predicted
+/// temporaries, as the training loops read it (it once meant N% of the whole
+/// peak here and of the activations there).
+#[test]
+fn a_percentage_is_that_share_of_the_activation_memory() {
+    let (_dir, _, out) = compile_ladder(&["--json", "--memory-limit", "50%"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plan = &v["memory_plan"];
+    let before = &plan["predicted"]["before"];
+    let (peak, temp) = (before["peak_bytes"].as_u64().unwrap(), before["temp_bytes"].as_u64().unwrap());
+    assert_eq!(plan["budget_bytes"].as_u64().unwrap(), peak - temp / 2, "{plan}");
+    assert!(plan["predicted"]["after"]["temp_bytes"].as_u64().unwrap() < temp, "{plan}");
+}
+
+/// The plot's path is checked before anything is compiled, and written as
+/// every kiln output is: through a symlink to its target, never over a
+/// directory, with no temp file of its own name left beside it.
+#[test]
+fn the_plot_path_is_checked_first_and_written_through_a_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let graph = dir.path().join("ladder.kiln");
+    std::fs::write(&graph, text::print(&ladder())).unwrap();
+    let compile = |plot: &std::path::Path| {
+        Command::cargo_bin("kiln")
+            .unwrap()
+            .arg("compile")
+            .arg(&graph)
+            .args(["--memory-limit", "0", "--memory-plot"])
+            .arg(plot)
+            .output()
+            .unwrap()
+    };
+    let sub = dir.path().join("plots");
+    std::fs::create_dir(&sub).unwrap();
+    let out = compile(&sub);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("plots") && err.contains("is a directory"), "{err}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("compiled"), "the refusal came after the compile");
+    assert!(sub.is_dir() && std::fs::read_dir(&sub).unwrap().next().is_none());
+
+    // A file a user keeps beside the plot, named as a plot's temp file would have been.
+    let keep = dir.path().join("real.svg.tmp");
+    std::fs::write(&keep, "mine").unwrap();
+    let link = dir.path().join("live.svg");
+    std::os::unix::fs::symlink("real.svg", &link).unwrap();
+    let out = compile(&link);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link was replaced");
+    let svg = std::fs::read_to_string(dir.path().join("real.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("with the plan"));
+    assert_eq!(std::fs::read_to_string(&keep).unwrap(), "mine");
+    let mut names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names, ["ladder.kiln", "live.svg", "plots", "real.svg", "real.svg.tmp"]);
+}
+
 #[test]
 fn host_offload_on_the_cpu_plugin_is_a_typed_error_and_writes_nothing() {
     let (_dir, plot, out) =

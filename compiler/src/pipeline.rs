@@ -259,12 +259,7 @@ impl PipelineOptions {
     }
 }
 
-/// The byte limit of `fraction` of `before`'s activation memory: the
-/// unplanned peak less `(1 - fraction)` of the unplanned temporaries.
-pub fn activation_budget_bytes(before: &crate::memory::PeakMemory, fraction: f64) -> u64 {
-    let cut = (1.0 - fraction.clamp(0.0, 1.0)) * before.temp_peak_bytes as f64;
-    before.peak_bytes.saturating_sub(cut.round() as u64)
-}
+pub use crate::memory::activation_budget_bytes;
 
 /// The pipeline's result.
 #[derive(Clone, Debug)]
@@ -383,13 +378,13 @@ fn run_rewrite(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, C
 /// Remat last, on the graph about to be lowered: the target backend's fusion
 /// model decides which values get buffers (`crate::memory`).
 fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, CompileError> {
-    let fusion = crate::memory::fusion_for(o.target);
-    let limit = match (o.activation_fraction, o.memory_limit_bytes) {
-        (Some(f), _) => activation_budget_bytes(&crate::memory::peak_memory(g, fusion), f),
-        (None, Some(limit)) => limit,
+    use crate::memory::RematBudget;
+    let budget = match (o.activation_fraction, o.memory_limit_bytes) {
+        (Some(f), _) => RematBudget::FractionOfActivations(f),
+        (None, Some(limit)) => RematBudget::Bytes(limit),
         (None, None) => return Ok(g.clone()),
     };
-    let ro = crate::memory::RematOptions::for_target(crate::memory::RematBudget::Bytes(limit), o.target);
+    let ro = crate::memory::RematOptions::for_target(budget, o.target);
     let offload = crate::memory::HostOffload { target: o.target };
     let strategy: &dyn crate::memory::RematStrategy = if o.host_offload { &offload } else { &crate::memory::Greedy };
     let plan = crate::memory::rematerialize(g, strategy, &ro)?;

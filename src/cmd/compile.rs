@@ -116,6 +116,10 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     if args.json && args.emit.is_some() && args.out.is_none() {
         bail!("--json and --emit both print to stdout: add --out FILE to write the artifact to a file");
     }
+    // Output paths are checked before the work that fills them.
+    for out in args.out.iter().chain(&args.memory.memory_plot) {
+        kiln::atomic_write::checked_target(out)?;
+    }
     let replicas = args.replicas as usize;
     let path = &args.file;
     let source = super::read_graph_text(path)?;

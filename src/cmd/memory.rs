@@ -19,9 +19,10 @@ use serde_json::{json, Value};
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct MemoryArgs {
     /// Plan rematerialization so the step's predicted peak fits SIZE (`2GiB`,
-    /// `512MiB`, bytes, `50%` of the unplanned peak, `0` for the lowest peak
-    /// the strategy reaches); the report shows the plan and XLA's stats of
-    /// both programs.
+    /// `512MiB`, bytes, `0` for the lowest peak the strategy reaches), or
+    /// `N%`: keep the arguments, outputs and N% of the step's activation
+    /// (temporary) memory, as the training loops do; the report shows the
+    /// plan and XLA's stats of both programs.
     #[arg(long, value_name = "SIZE")]
     pub memory_limit: Option<String>,
     /// How to choose what to recompute.
@@ -69,15 +70,17 @@ pub fn parse_bytes(s: &str) -> anyhow::Result<u64> {
     Ok(b as u64)
 }
 
-/// `--memory-limit` as a budget.
+/// `--memory-limit` as a budget, for `kiln compile` and the training loops
+/// alike: `N%` keeps N% of the step's activation memory, anything else is a
+/// size.
 pub fn parse_budget(s: &str) -> anyhow::Result<RematBudget> {
     match s.trim().strip_suffix('%') {
         Some(p) => {
-            let f: f64 = p.trim().parse().with_context(|| format!("`{s}` is not a percentage"))?;
+            let f: f64 = p.trim().parse().with_context(|| format!("--memory-limit {s}: not a percentage"))?;
             if !(f > 0.0 && f <= 100.0) {
-                anyhow::bail!("--memory-limit {s}: a percentage must be in (0, 100]");
+                anyhow::bail!("--memory-limit {s}: a percentage of the activation memory must be in (0, 100]");
             }
-            Ok(RematBudget::FractionOfPeak(f / 100.0))
+            Ok(RematBudget::FractionOfActivations(f / 100.0))
         }
         None => Ok(RematBudget::Bytes(parse_bytes(s)?)),
     }
@@ -229,9 +232,9 @@ fn plot(path: &Path, before: &Graph, after: &Graph, fusion: &dyn Materialization
     };
     let (a, b) = (curve(before), curve(after));
     let top = a.iter().chain(&b).map(|p| p.1).fold(0.0f64, f64::max) * 1.05 + 1e-3;
-    let tmp = path.with_extension("svg.tmp");
+    let mut svg = String::new();
     {
-        let root = SVGBackend::new(&tmp, (960, 480)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, (960, 480)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| anyhow::anyhow!("drawing {}: {e}", path.display()))?;
         let mut chart = ChartBuilder::on(&root)
             .caption("live bytes over the step", ("sans-serif", 20))
@@ -262,9 +265,11 @@ fn plot(path: &Path, before: &Graph, after: &Graph, fusion: &dyn Materialization
             .background_style(WHITE.mix(0.8))
             .draw()
             .map_err(|e| anyhow::anyhow!("drawing {}: {e}", path.display()))?;
-        root.present().map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+        root.present().map_err(|e| anyhow::anyhow!("drawing {}: {e}", path.display()))?;
     }
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    // Through symlinks to their target, never over a directory or a device,
+    // and no temp file left behind.
+    kiln::atomic_write::write_atomically(path, svg.as_bytes())?;
     Ok(())
 }
 
@@ -465,7 +470,7 @@ mod tests {
         assert_eq!(parse_bytes("0").unwrap(), 0);
         assert!(parse_bytes("2 parsecs").is_err());
         assert!(parse_bytes("-1").is_err());
-        assert_eq!(parse_budget("50%").unwrap(), RematBudget::FractionOfPeak(0.5));
+        assert_eq!(parse_budget("50%").unwrap(), RematBudget::FractionOfActivations(0.5));
         assert!(parse_budget("0%").is_err());
     }
 }

@@ -65,7 +65,8 @@ pub struct ProfileArgs {
     /// The largest batch (powers of two) whose step fits --device-memory, with
     /// and without remat: found by kiln's peak model, then checked by
     /// compiling (not running) the step, halved while XLA's program does not fit.
-    #[arg(long)]
+    /// Nothing runs, so there is no timeline to write (`--trace`).
+    #[arg(long, conflicts_with = "trace")]
     max_batch: bool,
     /// Device memory for --max-batch (`80GiB`; default: the first GPU's).
     #[arg(long, value_name = "SIZE", requires = "max_batch")]
@@ -83,6 +84,9 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
     }
     if args.steps == 0 {
         anyhow::bail!("--steps must be at least 1");
+    }
+    if let Some(path) = &args.trace {
+        kiln::atomic_write::checked_target(path)?;
     }
     let model = matches!(args.target.as_str(), "mlp" | "gpt");
     let Profiled { events, eager, platform, device_kind, graph_flops } =

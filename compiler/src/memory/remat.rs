@@ -73,8 +73,10 @@ pub enum RematBudget {
     /// Predicted peak (arguments, constants, outputs and temporaries) in bytes.
     /// 0 asks for the lowest peak the strategy can reach.
     Bytes(u64),
-    /// A fraction of the predicted peak without a plan, in (0, 1].
-    FractionOfPeak(f64),
+    /// A fraction, in [0, 1], of the step's activation memory: the step keeps
+    /// its arguments, outputs and that fraction of its predicted temporaries
+    /// without a plan ([`activation_budget_bytes`]).
+    FractionOfActivations(f64),
 }
 
 /// Options of the remat pass.
@@ -685,8 +687,15 @@ fn excess_area(l: &Liveness, budget: u64) -> u128 {
 pub(super) fn budget_bytes(budget: RematBudget, before: &PeakMemory) -> u64 {
     match budget {
         RematBudget::Bytes(b) => b,
-        RematBudget::FractionOfPeak(f) => (before.peak_bytes as f64 * f.clamp(0.0, 1.0)) as u64,
+        RematBudget::FractionOfActivations(f) => activation_budget_bytes(before, f),
     }
+}
+
+/// The byte limit of `fraction` of `before`'s activation memory: the
+/// unplanned peak less `(1 - fraction)` of the unplanned temporaries.
+pub fn activation_budget_bytes(before: &PeakMemory, fraction: f64) -> u64 {
+    let cut = (1.0 - fraction.clamp(0.0, 1.0)) * before.temp_peak_bytes as f64;
+    before.peak_bytes.saturating_sub(cut.round() as u64)
 }
 
 /// The peak and how many positions reach it: a change helps when it lowers
@@ -1376,7 +1385,7 @@ mod tests {
             "greedy {} exact {} budget {}",
             greedy.after.peak_bytes,
             exact.after.peak_bytes,
-            opts_budget(&opts, before)
+            before * 3 / 4
         );
         assert!(exact.extra_flops <= greedy.extra_flops);
     }
@@ -1416,12 +1425,5 @@ mod tests {
             })
             .collect();
         assert_eq!(crate::interpret(&g, &x).unwrap(), crate::interpret(&plan.graph, &x).unwrap());
-    }
-
-    fn opts_budget(o: &RematOptions, before: u64) -> u64 {
-        match o.budget {
-            RematBudget::Bytes(b) => b,
-            RematBudget::FractionOfPeak(f) => (before as f64 * f) as u64,
-        }
     }
 }
