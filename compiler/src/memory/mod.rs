@@ -3,7 +3,7 @@
 //! for memory under a budget.
 //!
 //! Where it runs: remat is the last pass of [`crate::pipeline::optimize`] when
-//! `memory_limit_bytes` (or a fraction of the unplanned peak) is set; liveness
+//! `memory_limit_bytes` (or a fraction of the activation memory) is set; liveness
 //! and peak are analyses that the CLI (`kiln compile --memory-limit`,
 //! `kiln profile --max-batch`) and the remat strategies call on any graph.
 //!
