@@ -70,6 +70,7 @@ fn a_limit_remat_cannot_meet_trains_with_the_lowest_peak_plan_and_says_so() {
     let out = Command::cargo_bin("kiln")
         .unwrap()
         .env("KILN_CACHE", "off")
+        .env("KILN_SAVE_GRAPHS", dir.path().join("graphs"))
         .args(["train", "gpt", "--config", "tiny", "--steps", "1", "--json", "--memory-limit", "1KiB", "--text"])
         .arg(&text)
         .output()
@@ -77,4 +78,8 @@ fn a_limit_remat_cannot_meet_trains_with_the_lowest_peak_plan_and_says_so() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("memory limit 1024 B not met") && err.contains("lowest-peak plan"), "{err}");
+    // The warning names the program as KILN_SAVE_GRAPHS names its file.
+    let at = err.find("in program step-").expect("the warning names its program") + "in program ".len();
+    let name = &err[at..at + "step-".len() + 16];
+    assert!(dir.path().join("graphs").join(format!("{name}.kiln")).is_file(), "{name}: {err}");
 }

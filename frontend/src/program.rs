@@ -177,18 +177,6 @@ pub(crate) fn obtain(
     let opts = pipeline_options()?.with_target(LowerTarget::from_platform(client.platform_name()));
     let out = pipeline::run(graph, &opts, &mut |p, g| dump.observe(p, g))?;
     metrics::update(|m| m.record_pipeline(&out.stats, t.elapsed()));
-    // A budget remat cannot meet still compiles, with the lowest-peak plan the
-    // strategy reached; say so (the plan is in the metrics' pipeline stats).
-    if let Some(r) = out.stats.passes.iter().find_map(|p| p.remat.as_ref()).filter(|r| !r.met) {
-        tracing::warn!(
-            "kiln: memory limit {} B not met by rematerialization: the step uses the lowest-peak plan reached, \
-             {} B predicted (from {} B, {} value(s) recomputed)",
-            r.budget_bytes,
-            r.after.peak_bytes,
-            r.before.peak_bytes,
-            r.recomputed.iter().map(|v| v.values).sum::<usize>()
-        );
-    }
     dump.finish()?;
     let pipeline::Optimized { graph: optimized, pruned, .. } = out;
     let donated =
@@ -249,6 +237,26 @@ pub(crate) fn obtain(
         metrics::update(|m| m.cache_hits += 1);
         let entry = CacheEntry { program, kept_params: pruned.kept_params, donated, nodes };
         return Ok(Obtained { entry, compiled: false, explanation: None });
+    }
+
+    // A budget remat cannot meet still compiles, with the lowest-peak plan the
+    // strategy reached; say so, naming the program as KILN_SAVE_GRAPHS names
+    // its file (a run compiles helper programs too, which a percentage of the
+    // activation memory may not fit), once per program.
+    if let Some(r) = out.stats.passes.iter().find_map(|p| p.remat.as_ref()).filter(|r| !r.met) {
+        let limit = match crate::activation_budget() {
+            Some(f) => format!("{} B ({:.0}% of its activation memory)", r.budget_bytes, f * 100.0),
+            None => format!("{} B", r.budget_bytes),
+        };
+        tracing::warn!(
+            "kiln: memory limit {limit} not met by rematerialization in program step-{} ({} nodes): it runs \
+             the lowest-peak plan reached, {} B predicted (from {} B, {} value(s) recomputed)",
+            &fp.to_string()[..16],
+            pruned.graph.len(),
+            r.after.peak_bytes,
+            r.before.peak_bytes,
+            r.recomputed.iter().map(|v| v.values).sum::<usize>()
+        );
     }
 
     let param_names = pruned
