@@ -52,6 +52,7 @@ fn memory_limit_reports_the_plan_and_xla_stats_and_draws_the_plot() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let plan = &v["memory_plan"];
     assert_eq!(plan["strategy"], "greedy");
+    assert!(plan["activation_fraction"].is_null(), "a size, not a percentage: {plan}");
     assert!(!plan["recomputed"].as_array().unwrap().is_empty(), "{plan}");
     assert!(plan["recomputed"].as_array().unwrap().iter().all(|r| r["also"].is_array()), "{plan}");
     assert!(plan["extra_flops"].as_u64().unwrap() > 0, "{plan}");
@@ -83,6 +84,7 @@ fn a_percentage_is_that_share_of_the_activation_memory() {
     let before = &plan["predicted"]["before"];
     let (peak, temp) = (before["peak_bytes"].as_u64().unwrap(), before["temp_bytes"].as_u64().unwrap());
     assert_eq!(plan["budget_bytes"].as_u64().unwrap(), peak - temp / 2, "{plan}");
+    assert_eq!(plan["activation_fraction"].as_f64(), Some(0.5), "{plan}");
     assert!(plan["predicted"]["after"]["temp_bytes"].as_u64().unwrap() < temp, "{plan}");
 }
 

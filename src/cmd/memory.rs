@@ -88,6 +88,8 @@ pub fn parse_budget(s: &str) -> anyhow::Result<RematBudget> {
 
 /// The plan and XLA's view of both programs.
 pub struct PlanReport {
+    /// What `--memory-limit` asked for; `plan.budget_bytes` is what it came to.
+    pub budget: RematBudget,
     pub plan: RematPlan,
     pub xla_before: Option<CompiledMemoryStats>,
     pub xla_after: Result<CompiledMemoryStats, String>,
@@ -127,7 +129,7 @@ pub fn plan_and_compile(
     if let Some(path) = &args.memory_plot {
         plot(path, &sequenced, &plan.graph, fusion)?;
     }
-    Ok(Some(PlanReport { plan, xla_before, xla_after }))
+    Ok(Some(PlanReport { budget, plan, xla_before, xla_after }))
 }
 
 impl PlanReport {
@@ -137,6 +139,10 @@ impl PlanReport {
         json!({
             "strategy": p.strategy,
             "budget_bytes": p.budget_bytes,
+            "activation_fraction": match self.budget {
+                RematBudget::FractionOfActivations(f) => Some(f),
+                RematBudget::Bytes(_) => None,
+            },
             "met": p.met,
             "recomputed": p.choices.iter().map(|c| json!({
                 "value": c.value.to_string(), "op": c.op, "bytes": c.bytes,
@@ -163,10 +169,16 @@ impl PlanReport {
     pub fn text(&self) -> String {
         let p = &self.plan;
         let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0));
+        let budget = match self.budget {
+            RematBudget::FractionOfActivations(f) => {
+                format!("{} ({:.0}% of the activation memory)", mib(p.budget_bytes), f * 100.0)
+            }
+            RematBudget::Bytes(_) => mib(p.budget_bytes),
+        };
         let mut lines = vec![format!(
             "remat ({}): budget {}, {}; {} value(s) recomputed in {} recomputation(s), peak {} -> {} predicted ({} saved), {} extra FLOPs ({:.3} ms on {})",
             p.strategy,
-            mib(p.budget_bytes),
+            budget,
             if p.met { "met" } else { "not met (the lowest peak found)" },
             p.choices.iter().map(|c| 1 + c.also.len()).sum::<usize>(),
             p.choices.len(),
