@@ -252,7 +252,7 @@ pub(crate) fn obtain(
             "kiln: memory limit {limit} not met by rematerialization in program step-{} ({} nodes): it runs \
              the lowest-peak plan reached, {} B predicted (from {} B, {} value(s) recomputed)",
             &fp.to_string()[..16],
-            pruned.graph.len(),
+            nodes,
             r.after.peak_bytes,
             r.before.peak_bytes,
             r.recomputed.iter().map(|v| v.values).sum::<usize>()
