@@ -82,6 +82,9 @@ fn union(g: &Graph, l: &Liveness, values: &[Candidate], members: &[usize], opts:
     leaves.sort();
     leaves.dedup();
     let early_end = members.iter().map(|&i| values[i].early_end).max()?;
+    if leaves.is_empty() || early_end >= first.late_pos {
+        return None;
+    }
     let bytes: u64 = members.iter().map(|&i| values[i].bytes).sum();
     // The largest member names the candidate, as a segment's largest root
     // names a segment.
@@ -91,9 +94,6 @@ fn union(g: &Graph, l: &Liveness, values: &[Candidate], members: &[usize], opts:
         .flat_map(|&i| std::iter::once(values[i].value).chain(values[i].also.iter().copied()))
         .filter(|&v| v != value)
         .collect();
-    if leaves.is_empty() || early_end >= first.late_pos {
-        return None;
-    }
     let anchor = anchor_for(g, l, first.late_node, first.late_pos, early_end, &chain, &[]);
     anchor?;
     let (flops, seconds) = recompute_cost(g, &chain, &leaves, bytes, opts);
