@@ -244,7 +244,7 @@ pub(crate) fn obtain(
     // its file (a run compiles helper programs too, which a percentage of the
     // activation memory may not fit), once per program.
     if let Some(r) = out.stats.passes.iter().find_map(|p| p.remat.as_ref()).filter(|r| !r.met) {
-        let limit = match crate::activation_budget() {
+        let limit = match opts.pass_options.activation_fraction {
             Some(f) => format!("{} B ({:.0}% of its activation memory)", r.budget_bytes, f * 100.0),
             None => format!("{} B", r.budget_bytes),
         };

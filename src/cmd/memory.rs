@@ -372,9 +372,10 @@ struct Advice {
 /// the batch is halved until it fits, and the answers XLA refused are reported.
 pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json: bool) -> anyhow::Result<()> {
     let fusion = fusion_for(kiln::compiler::LowerTarget::from_platform(client.platform_name()));
+    // The optimizer state does not depend on the batch.
     let (_, extra) = step_graph(model, 1)?;
     let predicted = |b: usize, remat: bool| -> anyhow::Result<(u64, Graph)> {
-        let (g, extra) = step_graph(model, b)?;
+        let (g, _) = step_graph(model, b)?;
         let (g, _) = kiln::compiler::pipeline::optimize(&g)?;
         if !remat {
             return Ok((kiln::compiler::memory::peak_memory(&g, fusion).peak_bytes + extra, g));
