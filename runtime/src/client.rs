@@ -361,6 +361,15 @@ impl Device {
     pub fn client(&self) -> &Client {
         &self.client
     }
+
+    /// The most bytes the plugin's allocator lets this device's buffers take:
+    /// on the CUDA plugin its `memory_fraction` of the GPU (75% unless set,
+    /// [`crate::GpuMemory`]), not the GPU's whole memory. `None` where the
+    /// plugin reports no limit; an error where it has no memory stats.
+    pub fn memory_limit_bytes(&self) -> Result<Option<u64>> {
+        let limit = self.raw().bytes_limit(self.client.inner.api)?;
+        Ok(limit.and_then(|b| u64::try_from(b).ok()))
+    }
 }
 
 impl PartialEq for Device {

@@ -78,3 +78,23 @@ fn handles_are_send_and_sync() {
     assert_send_sync::<kiln_runtime::Buffer>();
     assert_send_sync::<kiln_runtime::Executable>();
 }
+
+/// A device's memory limit is the allocator's, read through
+/// `PJRT_Device_MemoryStats`: the CPU plugin keeps no allocator stats and
+/// refuses the call, typed, rather than giving a made-up figure.
+#[test]
+fn the_cpu_plugin_refuses_device_memory_stats_typed() {
+    let client = cpu_client(1);
+    let e = client.devices()[0].memory_limit_bytes().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RuntimeError::Pjrt {
+                function: "PJRT_Device_MemoryStats",
+                code: kiln_runtime::PjrtErrorCode::Unimplemented,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+}

@@ -245,6 +245,19 @@ impl RawDevice {
     }
 }
 
+impl RawDevice {
+    /// The allocator's limit on the bytes this device's buffers may take
+    /// (`bytes_limit` of `PJRT_Device_MemoryStats`), `None` where the plugin
+    /// does not set it. `api` must be the plugin of the client that owns this
+    /// device, and that client must be alive.
+    pub(crate) fn bytes_limit(self, api: &Api) -> Result<Option<i64>> {
+        let mut stats = ffi::PJRT_Device_MemoryStats_Args::zeroed();
+        stats.device = self.0.as_ptr();
+        pjrt_call!(api, PJRT_Device_MemoryStats, &mut stats)?;
+        Ok(stats.bytes_limit_is_set.then_some(stats.bytes_limit))
+    }
+}
+
 /// An owned `PJRT_Event`; destroyed on drop.
 pub(crate) struct RawEvent {
     api: &'static Api,
