@@ -15,10 +15,14 @@
 //! train step (forward, gradients, the AdamW update) and prints the remat
 //! pass's plan at each budget (`PLAN {json}`), judged by the CUDA fusion model
 //! (`XlaGpuFusion`), for choosing budgets for the H100 on a machine without it.
-//! The step has the GPU's LM-head blocks. The GPU's step also checks its
-//! token indices, which shifts node ids and so how greedy breaks ties: a few
-//! plans differ a little from the H100's (at 40% of gpt2-small's activation
-//! memory, 1.92 against 2.00 ms added by the model, 2026-11-24).
+//! The step has the GPU's LM-head blocks and, as a step does, the device
+//! checks' flag output (`capture_graph`). Before the flags were kept, the
+//! checks' nodes were dropped here and node ids shifted, and with them how
+//! greedy breaks ties: a few plans differed a little from the H100's (at 40%
+//! of gpt2-small's activation memory, 1.92 against 2.00 ms added by the
+//! model). With the flags, 50/33/25% give 0.864/2.860/4.542 ms (before:
+//! 0.864/2.775/4.556); whether every plan now matches the H100's is not
+//! checked.
 //!
 //! `REMAT_OFFLOAD=1`: the remat pass offloads saved activations to pinned
 //! host memory before it recomputes (`kiln::set_host_offload`, CUDA only).

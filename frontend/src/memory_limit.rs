@@ -70,6 +70,8 @@ fn set<T: Copy + PartialEq + 'static>(setting: &'static std::thread::LocalKey<Ce
 
 /// The pruned step graph whose outputs are `f`'s tensors, recorded apart from
 /// the current step and never run (what `kiln profile --max-batch` sizes).
+/// Where the step checks values on the device ([`crate::device_checks`]), the
+/// flag output `mark_step` would add comes last.
 ///
 /// A tensor that `f` reads and then assigns over (an optimizer's update of a
 /// parameter) and returns donates its buffer to that output, as a step does on
@@ -78,7 +80,11 @@ fn set<T: Copy + PartialEq + 'static>(setting: &'static std::thread::LocalKey<Ce
 pub fn capture_graph(f: impl FnOnce() -> crate::Result<Vec<crate::Tensor>>) -> crate::Result<kiln_compiler::ir::Graph> {
     use crate::context::{self, State, Trace};
     let outer = context::with(|c| std::mem::replace(&mut c.trace, Trace::new()));
-    let result = f();
+    // The flag output of the step's device checks, last, as `mark_step` adds it.
+    let result = f().and_then(|mut outputs| {
+        outputs.extend(crate::device_checks::seal()?.map(|s| s.flags().clone()));
+        Ok(outputs)
+    });
     let inner = context::with(|c| std::mem::replace(&mut c.trace, outer));
     let outputs = result?;
     let mut graph = inner.graph;

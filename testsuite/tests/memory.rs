@@ -2,7 +2,7 @@
 //! bytes XLA compiles a step to, rematerialization cuts them, and the numbers
 //! the step computes do not change.
 
-use kiln::compiler::ir::{Graph, Literal, Op};
+use kiln::compiler::ir::{DType, Graph, Literal, Op};
 use kiln::compiler::memory::{
     liveness, peak_memory, rematerialize, sequence_backward, sequence_for, Exact, Greedy, RematBudget, RematOptions,
     XlaCpuFusion,
@@ -171,11 +171,15 @@ fn a_donated_update_is_billed_to_its_argument_as_xla_aliases_it() -> anyhow::Res
 
     let p = peak_memory(&g, &XlaCpuFusion);
     assert_eq!(p.alias_bytes, state_bytes);
-    assert_eq!(p.output_bytes, state_bytes + 4, "the updates and the f32 loss");
-    // After the update only the loss is an output of its own: the new values
-    // sit in the old ones' buffers.
+    // The step's device checks (`device_checks`) add their flags as the last
+    // output: count, min and max (s64) of each of its three index checks.
+    let flags = g.ty(*g.outputs().last().unwrap());
+    assert_eq!((flags.dtype, flags.shape.dims()), (DType::I64, &[9][..]));
+    assert_eq!(p.output_bytes, state_bytes + 4 + 72, "the updates, the f32 loss and the flags");
+    // After the update only the loss and the flags are outputs of their own:
+    // the new values sit in the old ones' buffers.
     let l = liveness(&g, &XlaCpuFusion);
-    assert_eq!(l.output_curve().last().copied(), Some(4));
+    assert_eq!(l.output_curve().last().copied(), Some(4 + 72));
 
     // XLA CPU compiles the same aliases (compiling is safe; only running
     // donated buffers on that plugin is not, `step::donation_enabled`).
