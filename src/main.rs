@@ -118,6 +118,10 @@ enum Model {
         /// 50304 for its embedding and LM-head shapes.
         #[arg(long)]
         vocab: Option<usize>,
+        /// Sequences per step, per replica or data-parallel rank (default: the
+        /// config's; `kiln profile gpt --max-batch` finds the largest that fits).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        batch: Option<u64>,
         #[arg(long, default_value_t = 0)]
         seed: u64,
         /// Mixed precision: matmuls in this dtype, f32 master weights.
@@ -237,10 +241,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             train_mlp(&cfg, &data, compare_eager, json)
         }
         Command::Train {
-            model: Model::Gpt { text, config, steps, vocab, seed, amp, max_grad_norm, memory_limit, shard, json },
+            model: Model::Gpt { text, config, steps, vocab, batch, seed, amp, max_grad_norm, memory_limit, shard, json },
         } => {
             set_memory_limit(memory_limit.as_deref())?;
             let mut base = config.config();
+            if let Some(b) = batch {
+                base.batch = usize::try_from(b)?;
+            }
             if let Some(spec) = &shard {
                 // Under a mesh the config's batch is the global one: keep
                 // `batch` per data-parallel rank, as replicas draw it.
