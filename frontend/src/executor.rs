@@ -142,7 +142,13 @@ impl Executor {
         if let Some(c) = &self.client {
             return Ok(c.clone());
         }
-        let client = self.plan()?.create_client()?;
+        let mut plan = self.plan()?.clone();
+        let byte_limit = crate::memory_limit().is_some() && crate::activation_budget().is_none();
+        let env = kiln_runtime::GpuMemory::from_env()?.preallocate;
+        if reserves_pool_for_limit(plan.device, plan.client_options.preallocate, env, byte_limit) {
+            plan.client_options.preallocate = Some(true);
+        }
+        let client = plan.create_client()?;
         tracing::info!(platform = %client.platform_name(), devices = client.devices().len(), "kiln: PJRT client ready");
         self.client = Some(client.clone());
         Ok(client)
@@ -508,9 +514,35 @@ fn run_reference(graph: &Graph, bindings: Vec<Binding>) -> Result<Vec<Storage>> 
         .collect())
 }
 
+/// Whether a client opened for a step planned to a byte limit (`byte_limit`)
+/// reserves its memory pool at start: on CUDA, where neither the API
+/// (`asked`) nor `KILN_GPU_PREALLOCATE` (`env`) says. Such a step is sized to
+/// the allocator's whole pool, and grown region by region the pool cannot
+/// give one temporary buffer that near its limit (H100, gpt2-small at batch
+/// 512 under a 59.4 GiB limit: 56.0 GiB refused; with the pool reserved at
+/// start the step ran, `docs/memory.md`).
+fn reserves_pool_for_limit(
+    device: kiln_runtime::PjrtDevice,
+    asked: Option<bool>,
+    env: Option<bool>,
+    byte_limit: bool,
+) -> bool {
+    byte_limit && device == kiln_runtime::PjrtDevice::Cuda && asked.is_none() && env.is_none()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_cuda_step_under_a_byte_limit_reserves_its_pool_unless_told() {
+        use kiln_runtime::PjrtDevice::{Cpu, Cuda};
+        assert!(reserves_pool_for_limit(Cuda, None, None, true));
+        assert!(!reserves_pool_for_limit(Cuda, None, None, false), "no limit, or a fraction of activations");
+        assert!(!reserves_pool_for_limit(Cpu, None, None, true), "the CPU plugin has no pool");
+        assert!(!reserves_pool_for_limit(Cuda, None, Some(false), true), "KILN_GPU_PREALLOCATE=false wins");
+        assert!(!reserves_pool_for_limit(Cuda, Some(false), None, true), "the API's setting wins");
+    }
     use crate::step::mark_step;
     use crate::tensor::Tensor;
 

@@ -16,6 +16,9 @@ thread_local! {
 }
 
 /// Sets this thread's step memory budget in bytes (`None`: no remat pass).
+/// Set before the CUDA client opens, it also has the client reserve its
+/// memory pool at start unless `KILN_GPU_PREALLOCATE` says otherwise: a plan
+/// sized to the pool needs it whole (`Executor::client`).
 pub fn set_memory_limit(bytes: Option<u64>) {
     set(&LIMIT, bytes);
 }

@@ -9,7 +9,9 @@
 //! - `preallocate` (a `bool`): from `KILN_GPU_PREALLOCATE`, else
 //!   [`DEFAULT_PREALLOCATE`] (`false`): the allocator takes memory as it needs
 //!   it, up to the fraction. `true` is the plugin's own default: it reserves
-//!   the whole fraction at the first allocation.
+//!   the whole fraction at the first allocation. (The frontend asks for
+//!   `true` when a step is planned to a byte limit: grown region by region,
+//!   the pool cannot give one buffer near its limit.)
 //!
 //! Invariants: a [`MemoryFraction`] is always in `(0, 1]` (a finite number; a
 //! value outside is a typed error naming where it came from, never clamped);
