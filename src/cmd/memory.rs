@@ -285,58 +285,25 @@ fn plot(path: &Path, before: &Graph, after: &Graph, fusion: &dyn Materialization
     Ok(())
 }
 
-/// What `kiln profile <model> --max-batch` sizes.
+/// What `kiln profile <model> --max-batch` sizes: a training loop's
+/// configuration, whose batch the search sets.
 pub enum AdvisedModel {
-    Mlp { hidden: Vec<usize> },
+    Mlp { cfg: kiln::models::mlp::MlpConfig },
     Gpt { cfg: kiln::models::gpt::GptConfig },
 }
 
-/// The step graph of `model` at batch `batch`: forward, loss and gradients.
-/// The optimizer's update is not recorded; its state (AdamW: two moments per
-/// parameter, read and written) is added to the peak as `4 × parameter bytes`.
-fn step_graph(model: &AdvisedModel, batch: usize) -> anyhow::Result<(Graph, u64)> {
+/// The step `kiln train` runs for `model` at batch `batch`, recorded and not
+/// run: forward, loss, gradients and the AdamW update, parameters and moments
+/// among its arguments.
+fn step_graph(model: &AdvisedModel, batch: usize) -> anyhow::Result<Graph> {
     use kiln::models::{gpt, mlp};
-    use kiln::nn::{cross_entropy, ParamStore};
-    let mut ps = ParamStore::new(0);
-    let (graph, params) = match model {
-        AdvisedModel::Mlp { hidden } => {
-            let mut sizes = vec![784];
-            sizes.extend(hidden);
-            sizes.push(10);
-            let m = mlp::Mlp::new(&mut ps, &sizes)?;
-            let params = ps.tensors();
-            let x = kiln::Tensor::from_vec(
-                (0..batch * 784).map(|i| (i % 251) as f32 / 251.0).collect::<Vec<_>>(),
-                [batch, 784],
-            )?;
-            let y = kiln::Tensor::from_vec((0..batch).map(|i| (i % 10) as i32).collect::<Vec<_>>(), [batch])?;
-            let g = kiln::capture_graph(|| {
-                let loss = cross_entropy(&m.forward(&x)?, &y, None)?;
-                let mut out = vec![loss.clone()];
-                out.extend(kiln::grad(&loss, &params)?);
-                Ok(out)
-            })?;
-            (g, params)
+    Ok(match model {
+        AdvisedModel::Mlp { cfg } => {
+            let cfg = mlp::MlpConfig { batch, ..cfg.clone() };
+            mlp::recorded_train_step(&cfg)?
         }
-        AdvisedModel::Gpt { cfg } => {
-            let cfg = gpt::GptConfig { batch, ..cfg.clone() };
-            let m = gpt::Gpt::new(&mut ps, &cfg)?;
-            let params = ps.tensors();
-            let n = batch * cfg.seq;
-            let ids =
-                kiln::Tensor::from_vec((0..n).map(|i| (i % cfg.vocab) as i32).collect::<Vec<_>>(), [batch, cfg.seq])?;
-            let tgt = kiln::Tensor::from_vec((0..n).map(|i| ((i + 1) % cfg.vocab) as i32).collect::<Vec<_>>(), [n])?;
-            let g = kiln::capture_graph(|| {
-                let loss = m.loss(&ids, &tgt, true)?;
-                let mut out = vec![loss.clone()];
-                out.extend(kiln::grad(&loss, &params)?);
-                Ok(out)
-            })?;
-            (g, params)
-        }
-    };
-    let param_bytes: u64 = params.iter().map(|p| p.ty().size_in_bytes() as u64).sum();
-    Ok((graph, 4 * param_bytes))
+        AdvisedModel::Gpt { cfg } => gpt::recorded_train_step(&gpt::GptConfig { batch, ..cfg.clone() })?,
+    })
 }
 
 /// `bytes` for a person: GiB from one GiB up, else MiB.
@@ -358,46 +325,68 @@ struct Advice {
     /// XLA gives no stats).
     batch: Option<usize>,
     predicted_peak_bytes: u64,
-    /// XLA's compiled peak of `batch`'s step plus the optimizer state.
+    /// XLA's compiled peak of `batch`'s step (arguments, outputs not donated
+    /// into them, temporaries).
     xla_peak_bytes: Option<u64>,
     /// Larger batches the model fits and XLA's program does not: (batch,
-    /// predicted peak, XLA's peak), each with the optimizer state.
+    /// predicted peak, XLA's peak).
     over_in_xla: Vec<(usize, u64, u64)>,
 }
 
-/// The largest batch (powers of two) whose step fits `device_bytes`, without
-/// and with remat: found by kiln's peak model, then checked by compiling the
-/// step through `client` (not run). Where XLA's program holds more than the
-/// device (the CPU plugin schedules a planned step its own way, `docs/memory.md`),
-/// the batch is halved until it fits, and the answers XLA refused are reported.
+/// The largest batch (powers of two) whose training step fits
+/// `device_bytes`, without and with remat: found by kiln's peak model, then
+/// checked by compiling the step through `client` (not run). Each step is
+/// the one `kiln train` would compile on `client`: the same recorded step,
+/// the same pipeline for its platform (with remat, the one `kiln train
+/// --memory-limit <device_bytes>` runs), lowered for it. Where XLA's program
+/// holds more than the device (the CPU plugin schedules a planned step its own
+/// way, `docs/memory.md`), the batch is halved until it fits, and the answers
+/// XLA refused are reported.
 pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json: bool) -> anyhow::Result<()> {
-    let fusion = fusion_for(kiln::compiler::LowerTarget::from_platform(client.platform_name()));
-    // The optimizer state does not depend on the batch.
-    let (_, extra) = step_graph(model, 1)?;
-    let predicted = |b: usize, remat: bool| -> anyhow::Result<(u64, Graph)> {
-        let (g, _) = step_graph(model, b)?;
-        let (g, _) = kiln::compiler::pipeline::optimize(&g)?;
+    use kiln::compiler::pipeline::{self, PipelineOptions};
+    let target = kiln::compiler::LowerTarget::from_platform(client.platform_name());
+    let fusion = fusion_for(target);
+    // Each batch's step through the default passes, made once: the remat
+    // search plans on the same graphs, through the passes a memory limit adds
+    // (the training pipeline's list, in two runs).
+    let mut optimized = std::collections::BTreeMap::<usize, Graph>::new();
+    let mut predicted = |b: usize, remat: bool| -> anyhow::Result<(u64, Graph)> {
+        let optimize = |g: &Graph, opts: &PipelineOptions| {
+            pipeline::run(g, opts, &mut |_, _| {}).with_context(|| format!("optimizing the batch-{b} step"))
+        };
+        let g = match optimized.entry(b) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(optimize(&step_graph(model, b)?, &PipelineOptions::default().with_target(target))?.graph)
+            }
+        };
         if !remat {
-            return Ok((kiln::compiler::memory::peak_memory(&g, fusion).peak_bytes + extra, g));
+            return Ok((kiln::compiler::memory::peak_memory(g, fusion).peak_bytes, g.clone()));
         }
-        let budget = RematBudget::Bytes(device_bytes.saturating_sub(extra));
-        let plan = rematerialize(&g, &Greedy, &RematOptions::new(budget, fusion))?;
-        Ok((plan.after.peak_bytes + extra, plan.graph))
+        let opts = PipelineOptions { passes: Vec::new(), prune_params: false, ..PipelineOptions::default() }
+            .with_target(target)
+            .with_memory_limit(Some(device_bytes));
+        let out = optimize(g, &opts)?;
+        let plan = out.stats.passes.iter().find_map(|p| p.remat.as_ref()).context("no remat pass ran")?;
+        Ok((plan.after.peak_bytes, out.graph))
     };
-    // XLA's peak of the compiled step (arguments, outputs, temporaries) plus
-    // the optimizer state; `None` where the plugin gives no stats.
+    // XLA's peak of the compiled step; `None` where the plugin gives no stats.
     let compiled_peak = |g: &Graph| -> anyhow::Result<Option<u64>> {
-        let module = lower(g, &LowerOptions::default())?;
+        let module = lower(g, &LowerOptions { target, ..LowerOptions::default() })?;
         let exe = client.compile(&module, &CompileOptions::default()).context("compiling the advised step")?;
-        Ok(exe.compiled_memory_stats().ok().map(|m| m.held_bytes().max(0) as u64 + extra))
+        Ok(exe.compiled_memory_stats().ok().map(|m| m.held_bytes().max(0) as u64))
     };
     let mut rows = Vec::new();
     let mut advice = Vec::new();
     for remat in [false, true] {
         let mut best: Option<(usize, u64, Graph)> = None;
-        let mut b = 1usize;
+        // A batch that fits without remat fits with it (nothing to
+        // recompute), so the remat search starts at the other's answer.
+        let mut b = advice.first().and_then(|a: &Advice| a.model_batch).filter(|_| remat).unwrap_or(1);
         while b <= 1 << 20 {
+            let t = std::time::Instant::now();
             let (peak, g) = predicted(b, remat)?;
+            tracing::info!(batch = b, remat, peak, ms = t.elapsed().as_millis() as u64, "max-batch: predicted");
             rows.push(json!({"batch": b, "remat": remat, "predicted_peak_bytes": peak, "fits": peak <= device_bytes}));
             if peak > device_bytes {
                 break;
@@ -414,7 +403,9 @@ pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json:
             over_in_xla: Vec::new(),
         };
         while let Some((b, peak, g)) = best.take() {
+            let t = std::time::Instant::now();
             let xla = compiled_peak(&g)?;
+            tracing::info!(batch = b, remat, ?xla, ms = t.elapsed().as_millis() as u64, "max-batch: compiled");
             match xla {
                 Some(x) if x > device_bytes => {
                     a.over_in_xla.push((b, peak, x));
@@ -437,23 +428,33 @@ pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json:
                 "model_max_batch": a.model_batch,
                 "predicted_peak_bytes": a.batch.map(|_| a.predicted_peak_bytes),
                 "xla_peak_bytes": a.xla_peak_bytes,
-                "xla_peak_bytes_without_optimizer_state": a.xla_peak_bytes.map(|x| x - extra),
                 "over_in_xla": a.over_in_xla.iter().map(|&(b, p, x)| json!({
                     "batch": b, "predicted_peak_bytes": p, "xla_peak_bytes": x
                 })).collect::<Vec<_>>(),
             })
         })
         .collect();
-    let out = json!({"device_memory_bytes": device_bytes, "optimizer_state_bytes": extra, "search": rows, "max_batch": summary});
+    // `kiln train` without a byte limit grows the CUDA plugin's pool region by
+    // region unless told to reserve it (`KILN_GPU_PREALLOCATE`); with one it
+    // reserves the pool (the frontend's executor).
+    let grows = client.platform_name() != "cpu"
+        && !kiln::runtime::GpuMemory::from_env()?.preallocate.unwrap_or(kiln::runtime::gpu_memory::DEFAULT_PREALLOCATE);
+    let out = json!({
+        "device_memory_bytes": device_bytes,
+        "platform": client.platform_name(),
+        "gpu_pool_grows": grows,
+        "search": rows,
+        "max_batch": summary
+    });
     if json {
         println!("{out}");
         return Ok(());
     }
     println!(
-        "largest batch (powers of two) whose step fits {}, by kiln's peak model, checked by compiling \
-         the step with XLA (not run; the AdamW state, {}, added to both):",
+        "largest batch (powers of two) whose training step (parameters, AdamW moments, gradients, the update) \
+         fits {} on {}, by kiln's peak model, checked by compiling the step with XLA (not run):",
         size(device_bytes),
-        size(extra)
+        client.platform_name()
     );
     for a in &advice {
         let name = if a.remat { "with remat" } else { "without remat" };
@@ -467,6 +468,22 @@ pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json:
         for &(ob, p, x) in &a.over_in_xla {
             println!("  {:<13} batch {ob:>6} fits by the model ({}), not in XLA's program ({})", "", size(p), size(x));
         }
+    }
+    if grows && advice.iter().any(|a| !a.remat && a.batch.is_some()) {
+        println!(
+            "  without remat, `kiln train` grows the GPU's pool as it goes: a step within a few GiB of the limit \
+             may need KILN_GPU_PREALLOCATE=true"
+        );
+    }
+    let name = match model {
+        AdvisedModel::Mlp { .. } => "mlp",
+        AdvisedModel::Gpt { .. } => "gpt",
+    };
+    if let Some(b) = advice.iter().find(|a| a.remat).and_then(|a| a.batch) {
+        println!(
+            "  with remat, `kiln train {name} --batch {b} --memory-limit {device_bytes}` (and the same settings) \
+             compiles the plan sized here"
+        );
     }
     Ok(())
 }

@@ -68,7 +68,9 @@ pub struct ProfileArgs {
     /// Nothing runs, so there is no timeline to write (`--trace`).
     #[arg(long, conflicts_with = "trace")]
     max_batch: bool,
-    /// Device memory for --max-batch (`80GiB`; default: the first GPU's).
+    /// Device memory for --max-batch (`60GiB`; default: what the plugin's
+    /// allocator may take of the first device, on a GPU its memory fraction,
+    /// 75% unless KILN_GPU_MEMORY_FRACTION says).
     #[arg(long, value_name = "SIZE", requires = "max_batch")]
     device_memory: Option<String>,
 }
@@ -443,26 +445,42 @@ fn chrome_trace(events: &[Event]) -> serde_json::Value {
 /// `--max-batch`: see [`super::memory::max_batch`].
 fn max_batch(args: &ProfileArgs) -> anyhow::Result<()> {
     use super::memory::{self, AdvisedModel};
-    let device = match &args.device_memory {
-        Some(s) => memory::parse_bytes(s)?,
-        None => kiln::runtime::gpu::probe_gpus()
-            .gpus()
-            .first()
-            .map(|g| g.total_bytes)
-            .context("--max-batch: no GPU found to size against; give --device-memory SIZE")?,
-    };
+    let amp = args.amp.map(Into::into);
     let model = match args.target.as_str() {
-        "mlp" => AdvisedModel::Mlp { hidden: args.hidden.clone() },
+        "mlp" => AdvisedModel::Mlp { cfg: mlp::MlpConfig { hidden: args.hidden.clone(), amp, ..Default::default() } },
         "gpt" => {
             let vocab = match (&args.vocab, &args.text) {
                 (Some(v), _) => *v,
                 (None, Some(path)) => gpt::CharVocab::new(&gpt::read_text(path, 1)?).len(),
                 (None, None) => 256,
             };
-            AdvisedModel::Gpt { cfg: gpt::GptConfig { vocab, amp: args.amp.map(Into::into), ..args.config.config() } }
+            AdvisedModel::Gpt { cfg: gpt::GptConfig { vocab, amp, ..args.config.config() } }
         }
         other => anyhow::bail!("--max-batch sizes the built-in models (mlp, gpt), not {other}"),
     };
-    let client = Client::new(&ClientOptions::default())?;
+    // The client the training loops would open: the models choose what they
+    // record by its platform (the GPT's LM-head blocks, donation).
+    let client = kiln::runtime::replica_plan_from_env()?.create_client()?;
+    kiln::set_client(client.clone());
+    // By default what the plugin's allocator may take of the first device
+    // (on the CUDA plugin its memory fraction of the GPU), not the whole GPU.
+    let device = match &args.device_memory {
+        Some(s) => memory::parse_bytes(s)?,
+        None => {
+            let first = client.devices().into_iter().next().context("--max-batch: the plugin has no device")?;
+            let refused = |why: String| {
+                anyhow::anyhow!(
+                    "--max-batch: the {} plugin reports no memory limit for its device ({why}); \
+                     give --device-memory SIZE",
+                    client.platform_name()
+                )
+            };
+            match first.memory_limit_bytes() {
+                Ok(Some(limit)) => limit,
+                Ok(None) => return Err(refused("none set".into())),
+                Err(e) => return Err(refused(e.to_string())),
+            }
+        }
+    };
     memory::max_batch(&model, device, &client, args.json)
 }

@@ -323,6 +323,11 @@ impl Graph {
         Ok(())
     }
 
+    /// Drops every donation: each output gets a buffer of its own.
+    pub fn clear_aliases(&mut self) {
+        self.aliases.clear();
+    }
+
     /// Declares that parameter `param`'s buffer may be donated to output `output`.
     pub fn add_alias(&mut self, alias: Alias) -> Result<(), CompileError> {
         self.check_alias(alias)?;

@@ -358,8 +358,7 @@ impl GptTrainer {
         // The optimizer state in each parameter's sharding, made where the
         // parameters are: on the device placement its zeros are recorded
         // for the init program (no host buffer, no upload).
-        let config = AdamWConfig { weight_decay: 0.1, beta2: 0.99, ..Default::default() };
-        let opt = AdamW::with_state_on(&params.tensors(), config, params.placement())?;
+        let opt = AdamW::with_state_on(&params.tensors(), optimizer(), params.placement())?;
         times.optimizer_ms = super::lap(&mut lap);
         // Then the init program runs (on-device init), producing each
         // parameter and state tensor in the sharding just set.
@@ -407,6 +406,26 @@ impl GptTrainer {
     pub fn save(&self, path: &Path) -> Result<()> {
         checkpoint::save(path, self.step, &self.state())
     }
+}
+
+/// The GPT loop's optimizer.
+fn optimizer() -> AdamWConfig {
+    AdamWConfig { weight_decay: 0.1, beta2: 0.99, ..Default::default() }
+}
+
+/// The step `kiln train gpt` runs at `cfg` (its model, optimizer and ordered
+/// step), recorded on tokens of the vocabulary and never run: what `kiln
+/// profile gpt --max-batch` sizes. The parameters are initialised on the host.
+pub fn recorded_train_step(cfg: &GptConfig) -> Result<kiln_compiler::ir::Graph> {
+    let params = &mut ParamStore::new(cfg.seed);
+    let model = Gpt::new(params, cfg)?;
+    let mut opt = AdamW::new(&params.tensors(), optimizer())?;
+    let ordered = super::ordered_step(cfg.amp, cfg.max_grad_norm)?;
+    let (b, t) = (cfg.batch, cfg.seq);
+    let token = |i: usize| (i * 7919 % cfg.vocab) as i32;
+    let x = Tensor::from_vec((0..b * t).map(token).collect::<Vec<_>>(), [b, t])?;
+    let y = Tensor::from_vec((1..=b * t).map(token).collect::<Vec<_>>(), [b * t])?;
+    super::recorded_step(|x, y| model.loss(x, y, true), params, &mut opt, ordered, cfg.amp, (&x, &y))
 }
 
 /// The GPT's training step captured (`kiln::compile_step`): inputs `[tokens,

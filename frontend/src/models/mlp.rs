@@ -68,6 +68,11 @@ impl Module for Mlp {
     }
 }
 
+/// Fashion-MNIST's images: 28 × 28 pixels.
+pub const PIXELS: usize = 28 * 28;
+/// Fashion-MNIST's classes.
+pub const CLASSES: usize = 10;
+
 /// Settings of [`train`].
 #[derive(Clone, Debug)]
 pub struct MlpConfig {
@@ -208,14 +213,10 @@ pub struct Trainer {
 impl Trainer {
     pub fn new(pixels: usize, classes: usize, cfg: &MlpConfig) -> Result<Trainer> {
         let mut params = ParamStore::with_placement(cfg.seed, super::init_placement(cfg.init)?);
-        let mut sizes = vec![pixels];
-        sizes.extend(&cfg.hidden);
-        sizes.push(classes);
-        let model = Mlp::new(&mut params, &sizes)?;
+        let model = Mlp::new(&mut params, &cfg.layer_sizes(pixels, classes))?;
         // The optimizer's zeros where the parameters are made (recorded for
         // the init program on the device placement), then the init step.
-        let config = AdamWConfig { weight_decay: cfg.weight_decay, ..Default::default() };
-        let opt = AdamW::with_state_on(&params.tensors(), config, params.placement())?;
+        let opt = AdamW::with_state_on(&params.tensors(), cfg.optimizer(), params.placement())?;
         params.materialize()?;
         random::manual_seed(cfg.seed);
         let ordered = super::ordered_step(cfg.amp, None)?;
@@ -272,6 +273,23 @@ impl Trainer {
     }
 }
 
+/// The step `kiln train mlp` runs at `cfg` on Fashion-MNIST (its model,
+/// optimizer and ordered step), recorded on synthetic images and never run:
+/// what `kiln profile mlp --max-batch` sizes. The parameters are initialised
+/// on the host.
+pub fn recorded_train_step(cfg: &MlpConfig) -> Result<kiln_compiler::ir::Graph> {
+    let (pixels, classes) = (PIXELS, CLASSES);
+    let params = &mut ParamStore::new(cfg.seed);
+    let model = Mlp::new(params, &cfg.layer_sizes(pixels, classes))?;
+    let mut opt = AdamW::new(&params.tensors(), cfg.optimizer())?;
+    let ordered = super::ordered_step(cfg.amp, None)?;
+    let b = cfg.batch;
+    let x = Tensor::from_vec((0..b * pixels).map(|i| (i % 251) as f32 / 251.0).collect::<Vec<_>>(), [b, pixels])?;
+    let y = Tensor::from_vec((0..b).map(|i| (i % classes) as i32).collect::<Vec<_>>(), [b])?;
+    let loss = |x: &Tensor, y: &Tensor| cross_entropy(&model.forward(x)?, y, None);
+    super::recorded_step(loss, params, &mut opt, ordered, cfg.amp, (&x, &y))
+}
+
 /// The MLP's training step captured (`kiln::compile_step`): inputs `[x, y,
 /// lr]` (`lr` an f32 scalar), outputs the loss averaged over replicas and,
 /// with an ordered step (`ordered`), whether the update was skipped. Replays
@@ -288,6 +306,19 @@ pub fn captured_step<'a>(
 }
 
 impl MlpConfig {
+    /// The widths of every layer: `pixels`, the hidden layers, `classes`.
+    fn layer_sizes(&self, pixels: usize, classes: usize) -> Vec<usize> {
+        let mut sizes = vec![pixels];
+        sizes.extend(&self.hidden);
+        sizes.push(classes);
+        sizes
+    }
+
+    /// The loop's optimizer.
+    fn optimizer(&self) -> AdamWConfig {
+        AdamWConfig { weight_decay: self.weight_decay, ..Default::default() }
+    }
+
     /// Refuses settings that cannot train before anything is allocated or
     /// compiled: a zero batch or width, a learning rate that is not a finite
     /// positive number, parameters larger than host memory, a training set
@@ -312,9 +343,7 @@ impl MlpConfig {
             return bad("hidden", 0.0, "widths of at least 1");
         }
         // Weights, AdamW's two moments and the gradient: four f32 copies.
-        let mut sizes = vec![data.train.pixels()];
-        sizes.extend(&self.hidden);
-        sizes.push(10);
+        let sizes = self.layer_sizes(data.train.pixels(), CLASSES);
         let params =
             sizes.windows(2).try_fold(0usize, |acc, w| acc.checked_add(w[0].checked_mul(w[1])?.checked_add(w[1])?));
         crate::limits::check_host_bytes(
@@ -347,7 +376,7 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     let client = super::open_client()?;
     let client_seconds = client.seconds;
     let setup = Instant::now();
-    let mut t = Trainer::new(data.train.pixels(), 10, cfg)?;
+    let mut t = Trainer::new(data.train.pixels(), CLASSES, cfg)?;
     // The set-up ends with the devices' memory pool reserved (the first
     // step's allocations would wait for it anyway).
     client.pool_ms();

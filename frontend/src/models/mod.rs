@@ -250,6 +250,38 @@ pub(crate) fn record_update(
     }
 }
 
+/// One step of a built-in loop recorded and never run (what `kiln profile
+/// --max-batch` sizes): the forward `loss(x, y)` under autocast to `amp`, then
+/// the update [`record_update`] records, with every parameter, moment and
+/// other state it assigns over returned. Each of them donates its
+/// buffer to its new value where the loops' steps donate
+/// ([`crate::step::donation_enabled`]; not on the XLA CPU plugin, whose step
+/// then holds the old and the new state at once).
+pub(crate) fn recorded_step(
+    loss: impl FnOnce(&Tensor, &Tensor) -> Result<Tensor>,
+    params: &ParamStore,
+    opt: &mut AdamW,
+    mut ordered: Option<TrainStep>,
+    amp: Option<DType>,
+    (x, y): (&Tensor, &Tensor),
+) -> Result<kiln_compiler::ir::Graph> {
+    let tensors = params.tensors();
+    let lr = Tensor::scalar(1e-3f32);
+    let mut graph = crate::memory_limit::capture_graph(|| {
+        let loss = crate::amp::autocast_if(amp, || loss(x, y))?;
+        let mut out = record_update(ordered.as_mut(), &tensors, opt, &loss, &lr)?;
+        // The state the step assigned over (the generator's only where the
+        // model draws random numbers).
+        let state = training_state(params, opt).into_iter().chain(ordered.iter().flat_map(TrainStep::state));
+        out.extend(state.map(|(_, t)| t).filter(Tensor::is_pending));
+        Ok(out)
+    })?;
+    if !crate::step::donation_enabled()? {
+        graph.clear_aliases();
+    }
+    Ok(graph)
+}
+
 /// A built-in loop's step captured (`kiln::compile_step`): inputs `[x, y,
 /// lr]` (`lr` an f32 scalar), the forward `loss(x, y)` under autocast to
 /// `amp`, then [`record_update`]. The borrows are of the trainer's fields, so
