@@ -239,3 +239,21 @@ fn max_batch_sizes_the_step_the_train_loop_compiles() {
     assert!(saved.1.len() > 20 && saved.2.len() > 20, "{saved:?}");
     assert_eq!(saved, recorded);
 }
+
+/// `--max-batch` refuses what cannot be sized before any work, by name: a
+/// zero vocabulary or width, and a device size the CPU plugin cannot give.
+#[test]
+fn max_batch_names_bad_input() {
+    let run = |args: &[&str]| {
+        let out = Command::cargo_bin("kiln").unwrap().args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        assert!(out.stdout.is_empty(), "{args:?}: no answer printed");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = run(&["profile", "gpt", "--max-batch", "--device-memory", "64MiB", "--vocab", "0"]);
+    assert!(e.contains("vocab = 0") && !e.contains("panicked"), "{e}");
+    let e = run(&["profile", "mlp", "--max-batch", "--device-memory", "64MiB", "--hidden", "64,0"]);
+    assert!(e.contains("hidden = 0") && !e.contains("panicked"), "{e}");
+    let e = run(&["profile", "gpt", "--max-batch"]);
+    assert!(e.contains("cpu plugin reports no memory limit") && e.contains("--device-memory"), "{e}");
+}

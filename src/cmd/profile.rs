@@ -449,9 +449,12 @@ fn max_batch(args: &ProfileArgs) -> anyhow::Result<()> {
     let model = match args.target.as_str() {
         "mlp" => AdvisedModel::Mlp { cfg: mlp::MlpConfig { hidden: args.hidden.clone(), amp, ..Default::default() } },
         "gpt" => {
-            let vocab = match (&args.vocab, &args.text) {
-                (Some(v), _) => *v,
-                (None, Some(path)) => gpt::CharVocab::new(&gpt::read_text(path, 1)?).len(),
+            // As `kiln train gpt`: the text's characters, padded to --vocab.
+            let text = args.text.as_deref().map(|p| gpt::read_text(p, 1)).transpose()?;
+            let vocab = match (args.vocab, text.map(|t| gpt::CharVocab::new(&t).len())) {
+                (Some(v), Some(chars)) => v.max(chars),
+                (Some(v), None) => v,
+                (None, Some(chars)) => chars,
                 (None, None) => 256,
             };
             AdvisedModel::Gpt { cfg: gpt::GptConfig { vocab, amp, ..args.config.config() } }

@@ -417,6 +417,11 @@ fn optimizer() -> AdamWConfig {
 /// step), recorded on tokens of the vocabulary and never run: what `kiln
 /// profile gpt --max-batch` sizes. The parameters are initialised on the host.
 pub fn recorded_train_step(cfg: &GptConfig) -> Result<kiln_compiler::ir::Graph> {
+    for (name, value) in [("vocab", cfg.vocab), ("seq", cfg.seq), ("batch", cfg.batch)] {
+        if value == 0 {
+            return Err(FrontendError::HyperParameter { op: "gpt step", name, value: 0.0, expected: "at least 1" });
+        }
+    }
     let params = &mut ParamStore::new(cfg.seed);
     let model = Gpt::new(params, cfg)?;
     let mut opt = AdamW::new(&params.tensors(), optimizer())?;

@@ -278,6 +278,13 @@ impl Trainer {
 /// what `kiln profile mlp --max-batch` sizes. The parameters are initialised
 /// on the host.
 pub fn recorded_train_step(cfg: &MlpConfig) -> Result<kiln_compiler::ir::Graph> {
+    let bad = |name, expected| Err(FrontendError::HyperParameter { op: "mlp step", name, value: 0.0, expected });
+    if cfg.batch == 0 {
+        return bad("batch", "at least 1");
+    }
+    if cfg.hidden.contains(&0) {
+        return bad("hidden", "widths of at least 1");
+    }
     let (pixels, classes) = (PIXELS, CLASSES);
     let params = &mut ParamStore::new(cfg.seed);
     let model = Mlp::new(params, &cfg.layer_sizes(pixels, classes))?;
