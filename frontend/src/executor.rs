@@ -533,6 +533,8 @@ fn reserves_pool_for_limit(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::step::mark_step;
+    use crate::tensor::Tensor;
 
     #[test]
     fn only_a_cuda_step_under_a_byte_limit_reserves_its_pool_unless_told() {
@@ -543,8 +545,6 @@ mod tests {
         assert!(!reserves_pool_for_limit(Cuda, None, Some(false), true), "KILN_GPU_PREALLOCATE=false wins");
         assert!(!reserves_pool_for_limit(Cuda, Some(false), None, true), "the API's setting wins");
     }
-    use crate::step::mark_step;
-    use crate::tensor::Tensor;
 
     /// A failure learnt when step n completes (here a completion hook, the path
     /// device-side checks use; a device error takes the same path through

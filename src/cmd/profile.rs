@@ -445,6 +445,7 @@ fn chrome_trace(events: &[Event]) -> serde_json::Value {
 /// `--max-batch`: see [`super::memory::max_batch`].
 fn max_batch(args: &ProfileArgs) -> anyhow::Result<()> {
     use super::memory::{self, AdvisedModel};
+    let asked = args.device_memory.as_deref().map(memory::parse_bytes).transpose()?;
     let amp = args.amp.map(Into::into);
     let model = match args.target.as_str() {
         "mlp" => AdvisedModel::Mlp { cfg: mlp::MlpConfig { hidden: args.hidden.clone(), amp, ..Default::default() } },
@@ -467,8 +468,8 @@ fn max_batch(args: &ProfileArgs) -> anyhow::Result<()> {
     kiln::set_client(client.clone());
     // By default what the plugin's allocator may take of the first device
     // (on the CUDA plugin its memory fraction of the GPU), not the whole GPU.
-    let device = match &args.device_memory {
-        Some(s) => memory::parse_bytes(s)?,
+    let device = match asked {
+        Some(bytes) => bytes,
         None => {
             let first = client.devices().into_iter().next().context("--max-batch: the plugin has no device")?;
             let refused = |why: String| {
