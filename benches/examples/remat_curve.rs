@@ -21,8 +21,8 @@
 //! greedy breaks ties: a few plans differed a little from the H100's (at 40%
 //! of gpt2-small's activation memory, 1.92 against 2.00 ms added by the
 //! model). With the flags, 50/33/25% give 0.864/2.860/4.542 ms (before:
-//! 0.864/2.775/4.556); whether every plan now matches the H100's is not
-//! checked.
+//! 0.864/2.775/4.556), the H100's own plans to the nanosecond and the byte
+//! (2026-11-24, `benches/RESULTS.md`).
 //!
 //! `REMAT_OFFLOAD=1`: the remat pass offloads saved activations to pinned
 //! host memory before it recomputes (`kiln::set_host_offload`, CUDA only).
