@@ -437,8 +437,11 @@ pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json:
     // `kiln train` without a byte limit grows the CUDA plugin's pool region by
     // region unless told to reserve it (`KILN_GPU_PREALLOCATE`); with one it
     // reserves the pool (the frontend's executor).
-    let grows = client.platform_name() != "cpu"
-        && !kiln::runtime::GpuMemory::from_env()?.preallocate.unwrap_or(kiln::runtime::gpu_memory::DEFAULT_PREALLOCATE);
+    let grows = client.platform_name() != "cpu" && {
+        let mut loops = kiln::runtime::ClientOptions::default();
+        kiln::runtime::GpuMemory::from_env()?.apply(&mut loops);
+        loops.preallocate == Some(false)
+    };
     let out = json!({
         "device_memory_bytes": device_bytes,
         "platform": client.platform_name(),
