@@ -511,6 +511,8 @@ mod tests {
             alias_bytes: 0,
             temp_peak_bytes: 1000,
             peak_bytes: 1450,
+            allocated_temp_bytes: 1000,
+            allocated_bytes: 1500,
             peak_position: 3,
         };
         assert_eq!(activation_budget_bytes(&before, 1.0), 1450);

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use kiln::compiler::ir::Graph;
 use kiln::compiler::memory::{
-    fusion_for, liveness, rematerialize, sequence_for, Exact, Greedy, HostOffload, Materialization, Off, RematBudget,
-    RematOptions, RematPlan, RematStrategy,
+    fusion_for, liveness, rematerialize, sequence_for, Exact, Greedy, HostOffload, Materialization, Off, PeakMemory,
+    RematBudget, RematOptions, RematPlan, RematStrategy,
 };
 use kiln::compiler::{lower, LowerOptions};
 use kiln::runtime::{Client, CompileOptions, CompiledMemoryStats};
@@ -136,6 +136,14 @@ impl PlanReport {
     pub fn json(&self) -> Value {
         let p = &self.plan;
         let xla = |m: &CompiledMemoryStats| json!({"temp_bytes": m.temp_size_in_bytes, "peak_bytes": m.held_bytes()});
+        // Live bytes (what the plan is made on) and what XLA allocates for
+        // them (`PeakMemory::allocated_bytes`, to hold against XLA's figures).
+        let predicted = |m: &PeakMemory| {
+            json!({
+                "temp_bytes": m.temp_peak_bytes, "peak_bytes": m.peak_bytes,
+                "allocated_temp_bytes": m.allocated_temp_bytes, "allocated_bytes": m.allocated_bytes,
+            })
+        };
         json!({
             "strategy": p.strategy,
             "budget_bytes": p.budget_bytes,
@@ -156,8 +164,8 @@ impl PlanReport {
             "extra_flops": p.extra_flops,
             "extra_roofline_seconds": p.extra_seconds,
             "predicted": {
-                "before": {"temp_bytes": p.before.temp_peak_bytes, "peak_bytes": p.before.peak_bytes},
-                "after": {"temp_bytes": p.after.temp_peak_bytes, "peak_bytes": p.after.peak_bytes},
+                "before": predicted(&p.before),
+                "after": predicted(&p.after),
             },
             "xla": {
                 "before": self.xla_before.as_ref().map(xla),
@@ -190,9 +198,13 @@ impl PlanReport {
             kiln::compiler::cost::Target::H100_SXM_MEASURED.name,
         )];
         lines.push(format!(
-            "  predicted temporaries {} -> {}",
+            "  predicted temporaries {} -> {}; as XLA allocates them, temporaries {} -> {}, args + outputs + temps {} -> {}",
             mib(p.before.temp_peak_bytes),
-            mib(p.after.temp_peak_bytes)
+            mib(p.after.temp_peak_bytes),
+            mib(p.before.allocated_temp_bytes),
+            mib(p.after.allocated_temp_bytes),
+            mib(p.before.allocated_bytes),
+            mib(p.after.allocated_bytes)
         ));
         match (&self.xla_before, &self.xla_after) {
             (Some(b), Ok(a)) => lines.push(format!(
@@ -361,14 +373,14 @@ pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json:
             }
         };
         if !remat {
-            return Ok((kiln::compiler::memory::peak_memory(g, fusion).peak_bytes, g.clone()));
+            return Ok((kiln::compiler::memory::peak_memory(g, fusion).allocated_bytes, g.clone()));
         }
         let opts = PipelineOptions { passes: Vec::new(), prune_params: false, ..PipelineOptions::default() }
             .with_target(target)
             .with_memory_limit(Some(device_bytes));
         let out = optimize(g, &opts)?;
         let plan = out.stats.passes.iter().find_map(|p| p.remat.as_ref()).context("no remat pass ran")?;
-        Ok((plan.after.peak_bytes, out.graph))
+        Ok((plan.after.allocated_bytes, out.graph))
     };
     // XLA's peak of the compiled step; `None` where the plugin gives no stats.
     let compiled_peak = |g: &Graph| -> anyhow::Result<Option<u64>> {

@@ -124,37 +124,37 @@ fn inputs(g: &Graph, seed: u64) -> anyhow::Result<Vec<Literal>> {
 
 #[test]
 fn the_peak_model_predicts_xla_memory_within_15_percent() -> anyhow::Result<()> {
-    // XLA packs temporaries into output allocations before the outputs are
-    // written, so its temp figure alone is not a peak; arguments + outputs +
-    // temps is what the step holds at once, against the model's peak.
+    // XLA's arguments + outputs + temps against the model's allocation
+    // (`PeakMemory::allocated_bytes`): every output allocated for the whole
+    // run, temporaries placed in outputs' allocations before those are
+    // written. Before the model counted that (2026-11-24) it compared the
+    // live peak, 7.5% and 9.1% under XLA on the MLPs and 16.9% on the tiny
+    // GPT (held to 20%).
     let client = Client::new(&ClientOptions::default())?;
     for (name, g) in [
         ("mlp b128", mlp_step(&[256, 128], 128)?),
         ("mlp b1024", mlp_step(&[1024, 1024], 1024)?),
         ("gpt tiny", gpt_tiny_step()?),
     ] {
-        // XLA CPU orders the step itself (a depth-first walk from the
-        // outputs): its unplanned tiny GPT needs 7,248,000 B of temp whether
-        // the program computes each weight gradient beside its input gradient
-        // (as the rewrite has emitted it since 2026-11-23) or after the whole
-        // input-gradient chain (before). The model follows the program, so on
-        // the GPT it is now the further under XLA: 16.9% on the tiny one
-        // (14.7% before), 12.8% on gpt2-small (greedy_remat_cuts_xla_temp_bytes_of_gpt2_small).
-        // The graphs (the MLPs and gpt2-small) are held to 15%; the
-        // tiny GPT to 20%.
-        let tolerance = if name == "gpt tiny" { 0.20 } else { 0.15 };
         let p = peak_memory(&g, &XlaCpuFusion);
         let m = xla_stats(&client, &g)?;
         let xla = m.held_bytes() as f64;
-        let predicted = p.peak_bytes as f64;
+        let predicted = p.allocated_bytes as f64;
         let err = (predicted - xla).abs() / xla;
         eprintln!(
-            "{name}: predicted peak {predicted} B (temp {}), XLA args + outputs + temps {xla} B (temp {}), error {:.1}%",
-            p.temp_peak_bytes,
+            "{name}: predicted {predicted} B (temp {}; live peak {} B), XLA args + outputs + temps {xla} B (temp {}), error {:.1}%",
+            p.allocated_temp_bytes,
+            p.peak_bytes,
             m.temp_size_in_bytes,
             err * 100.0
         );
-        assert!(err <= tolerance, "{name}: predicted {predicted} vs XLA {xla}");
+        assert!(err <= 0.15, "{name}: predicted {predicted} vs XLA {xla}");
+        // XLA CPU orders the step itself (a depth-first walk from the
+        // outputs), the model follows the program: on the MLPs the two
+        // orders are the same.
+        if name.starts_with("mlp") {
+            assert!(err <= 0.01, "{name}: predicted {predicted} vs XLA {xla}");
+        }
     }
     Ok(())
 }
@@ -372,11 +372,11 @@ fn greedy_remat_cuts_xla_temp_bytes_of_gpt2_small() -> anyhow::Result<()> {
         m0.held_bytes(),
         m1.held_bytes()
     );
-    // Measured 2026-11-23: the model's unplanned peak 7,686,713,348 B against
-    // XLA's 8,810,724,524 B (-12.8%; -9.9% while the rewrite emitted the step
-    // in XLA's own order, see the_peak_model_predicts_xla_memory_within_15_percent).
-    let err = (before.peak_bytes as f64 - m0.held_bytes() as f64).abs() / m0.held_bytes() as f64;
-    assert!(err <= 0.15, "model {} vs XLA {} B", before.peak_bytes, m0.held_bytes());
+    // Measured 2026-11-24: the model's allocation 8,394,563,792 B against
+    // XLA's arguments + outputs + temps 9,407,227,132 B (-10.8%; the live
+    // peak, 8,091,525,252 B, is 14.0% under).
+    let err = (before.allocated_bytes as f64 - m0.held_bytes() as f64).abs() / m0.held_bytes() as f64;
+    assert!(err <= 0.15, "model {} vs XLA {} B", before.allocated_bytes, m0.held_bytes());
     // The bar, the XLA-reported peak cut at least 2x at the tightest
     // budget, from the step kiln compiles without one: measured 2.52x
     // (8,810,724,524 -> 3,490,899,116 B; temp 7,814,850,560 -> 2,495,025,152

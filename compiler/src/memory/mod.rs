@@ -39,7 +39,7 @@ mod siblings;
 pub use exact::Exact;
 pub use gpu::XlaGpuFusion;
 pub use kernel_time::{kernel_seconds, MIN_KERNEL_SECONDS};
-pub use liveness::{liveness, Buffer, BufferKind, Liveness};
+pub use liveness::{liveness, Allocation, Buffer, BufferKind, Liveness};
 pub use offload::HostOffload;
 pub use peak::{peak_memory, PeakMemory};
 pub use remat::{

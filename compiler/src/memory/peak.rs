@@ -12,6 +12,14 @@
 //!   a lower bound on an allocator that packs them perfectly (XLA's heap
 //!   simulator can only do worse by fragmentation; it may do better only by
 //!   choosing another order).
+//! - `allocated_bytes` is what XLA's compiled memory stats count: its
+//!   arguments, outputs less aliased ones, and temps (plus constants). Every
+//!   output that is not donated is allocated for the whole run, and
+//!   temporaries live in those allocations before the outputs are written
+//!   where they fit (`Liveness::allocation`); `allocated_temp_bytes` is the
+//!   rest, XLA's temp size. Plans are made on `peak_bytes` (what is live);
+//!   the two differ on steps whose outputs are not donated (the CPU
+//!   plugin's).
 
 use crate::ir::Graph;
 
@@ -28,6 +36,12 @@ pub struct PeakMemory {
     pub alias_bytes: u64,
     pub temp_peak_bytes: u64,
     pub peak_bytes: u64,
+    /// XLA's temp size by the model: temporaries outside outputs'
+    /// allocations.
+    pub allocated_temp_bytes: u64,
+    /// XLA's arguments + outputs − aliased + temps by the model, plus
+    /// constants.
+    pub allocated_bytes: u64,
     /// Index into the execution order where `peak_bytes` is reached.
     pub peak_position: usize,
 }
@@ -42,7 +56,10 @@ pub(crate) fn peak_of(l: &Liveness) -> PeakMemory {
     let live = l.live_curve();
     let (peak_position, peak_bytes) =
         live.iter().copied().enumerate().fold((0, 0), |best, (i, b)| if b > best.1 { (i, b) } else { best });
+    let allocation = l.allocation();
     PeakMemory {
+        allocated_temp_bytes: allocation.temp_bytes,
+        allocated_bytes: allocation.total_bytes,
         argument_bytes: sum(BufferKind::Argument),
         constant_bytes: sum(BufferKind::Constant),
         output_bytes: sum(BufferKind::Output) + sum(BufferKind::Donated),
