@@ -215,7 +215,8 @@ fn max_batch_sizes_the_step_the_train_loop_compiles() {
         .unwrap()
         .env("KILN_CACHE", "off")
         .env("KILN_SAVE_GRAPHS", dir.path().join("graphs"))
-        .args(["train", "gpt", "--config", "tiny", "--steps", "1", "--vocab", "64", "--amp", "bf16", "--text"])
+        .args(["train", "gpt", "--config", "tiny", "--steps", "1", "--vocab", "64", "--amp", "bf16"])
+        .args(["--max-grad-norm", "1.0", "--text"])
         .arg(&text)
         .output()
         .unwrap();
@@ -226,7 +227,11 @@ fn max_batch_sizes_the_step_the_train_loop_compiles() {
         .map(|e| text::parse(&std::fs::read_to_string(e.unwrap().path()).unwrap()).unwrap())
         .max_by_key(Graph::len)
         .unwrap();
-    let cfg = kiln::models::gpt::GptConfig { amp: Some(DType::BF16), ..kiln::models::gpt::GptConfig::tiny(64) };
+    let cfg = kiln::models::gpt::GptConfig {
+        amp: Some(DType::BF16),
+        max_grad_norm: Some(1.0),
+        ..kiln::models::gpt::GptConfig::tiny(64)
+    };
     let recorded = kiln::models::gpt::recorded_train_step(&cfg).unwrap();
     // What the pipeline makes of a graph: its ops by name, its parameter and
     // output types (sorted: the two record them in different orders), its
@@ -249,7 +254,9 @@ fn max_batch_sizes_the_step_the_train_loop_compiles() {
 }
 
 /// `--max-batch` refuses what cannot be sized before any work, by name: a
-/// zero vocabulary or width, and a device size the CPU plugin cannot give.
+/// zero vocabulary or width, a clipping norm that is not positive (or
+/// clipping for a model without it), and a device size the CPU plugin
+/// cannot give.
 #[test]
 fn max_batch_names_bad_input() {
     let run = |args: &[&str]| {
@@ -262,6 +269,11 @@ fn max_batch_names_bad_input() {
     assert!(e.contains("vocab = 0") && !e.contains("panicked"), "{e}");
     let e = run(&["profile", "mlp", "--max-batch", "--device-memory", "64MiB", "--hidden", "64,0"]);
     assert!(e.contains("hidden = 0") && !e.contains("panicked"), "{e}");
+    // The clipping norm reaches the recorded step, which checks it.
+    let e = run(&["profile", "gpt", "--max-batch", "--device-memory", "64MiB", "--max-grad-norm", "0"]);
+    assert!(e.contains("max_grad_norm = 0") && !e.contains("panicked"), "{e}");
+    let e = run(&["profile", "mlp", "--max-batch", "--device-memory", "64MiB", "--max-grad-norm", "1"]);
+    assert!(e.contains("--max-grad-norm") && e.contains("mlp"), "{e}");
     let e = run(&["profile", "gpt", "--max-batch"]);
     assert!(e.contains("cpu plugin reports no memory limit") && e.contains("--device-memory"), "{e}");
 }

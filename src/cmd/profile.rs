@@ -59,6 +59,10 @@ pub struct ProfileArgs {
     /// Mixed precision: matmuls in this dtype, f32 master weights.
     #[arg(long)]
     amp: Option<AmpDtype>,
+    /// Clip the global gradient norm to this value (gpt), as `kiln train gpt
+    /// --max-grad-norm` does.
+    #[arg(long)]
+    max_grad_norm: Option<f64>,
     /// End with one JSON object (for scripts).
     #[arg(long)]
     json: bool,
@@ -81,6 +85,9 @@ pub struct ProfileArgs {
 const PHASES: [&str; 7] = ["trace", "compile", "disk_load", "upload", "execute", "device_wait", "download"];
 
 pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
+    if args.max_grad_norm.is_some() && args.target != "gpt" {
+        anyhow::bail!("--max-grad-norm clips the gpt loop's gradients; {} has no clipping to profile", args.target);
+    }
     if args.max_batch {
         return max_batch(&args);
     }
@@ -264,6 +271,7 @@ fn profile_model(args: &ProfileArgs) -> anyhow::Result<Profiled> {
             let base = gpt::GptConfig {
                 vocab: args.vocab.unwrap_or(0),
                 amp: args.amp.map(Into::into),
+                max_grad_norm: args.max_grad_norm,
                 ..args.config.config()
             };
             let text = gpt::read_text(path, base.seq)?;
@@ -458,7 +466,8 @@ fn max_batch(args: &ProfileArgs) -> anyhow::Result<()> {
                 (None, Some(chars)) => chars,
                 (None, None) => 256,
             };
-            AdvisedModel::Gpt { cfg: gpt::GptConfig { vocab, amp, ..args.config.config() } }
+            let max_grad_norm = args.max_grad_norm;
+            AdvisedModel::Gpt { cfg: gpt::GptConfig { vocab, amp, max_grad_norm, ..args.config.config() } }
         }
         other => anyhow::bail!("--max-batch sizes the built-in models (mlp, gpt), not {other}"),
     };
