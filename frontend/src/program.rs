@@ -243,7 +243,8 @@ pub(crate) fn obtain(
     // strategy reached; say so, naming the program as KILN_SAVE_GRAPHS names
     // its file (a run compiles helper programs too, which a percentage of the
     // activation memory may not fit), once per program.
-    if let Some(r) = out.stats.passes.iter().find_map(|p| p.remat.as_ref()).filter(|r| !r.met) {
+    let remat = out.stats.passes.iter().find_map(|p| p.remat.as_ref());
+    if let Some(r) = remat.filter(|r| !r.met) {
         let limit = match opts.pass_options.activation_fraction {
             Some(f) => format!("{} B ({:.0}% of its activation memory)", r.budget_bytes, f * 100.0),
             None => format!("{} B", r.budget_bytes),
@@ -318,6 +319,30 @@ pub(crate) fn obtain(
             e
         }
     };
+    // A plan that meets a byte limit in live bytes can still compile to more:
+    // XLA allocates each output that is not donated for the whole run (every
+    // output on the CPU plugin, which donates nothing) and may order the step
+    // its own way (docs/memory.md). Where XLA's stats show that, say so.
+    if let Some(r) = remat.filter(|r| r.met && opts.pass_options.activation_fraction.is_none()) {
+        if let Ok(m) = exe.compiled_memory_stats() {
+            if m.held_bytes() > r.budget_bytes as i64 {
+                tracing::warn!(
+                    "kiln: memory limit {} B met by rematerialization in program step-{} ({} nodes), but XLA's \
+                     compiled program holds {} B (arguments {}, outputs {} less {} aliased, temporaries {}); \
+                     the plan's live peak is {} B",
+                    r.budget_bytes,
+                    &fp.to_string()[..16],
+                    nodes,
+                    m.held_bytes(),
+                    m.argument_size_in_bytes,
+                    m.output_size_in_bytes,
+                    m.alias_size_in_bytes,
+                    m.temp_size_in_bytes,
+                    r.after.peak_bytes
+                );
+            }
+        }
+    }
     let (exe, layout) = match partitioned {
         Some(p) => (exe.with_local_signature(p.local)?, Some(p.layout)),
         None => (exe, None),
