@@ -192,6 +192,40 @@ fn a_graph_file_from_dev_zero_is_read_with_a_bound() {
     assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
 }
 
+/// A gzip'd graph is read through the decoder (benches/data ships them), and
+/// what it expands to is held to the same limit as a plain file: a
+/// decompression bomb is refused, not read into memory whole.
+#[test]
+fn a_gzipped_graph_compiles_and_a_gzip_bomb_is_refused() {
+    use flate2::{write::GzEncoder, Compression};
+    let dir = tempfile::tempdir().unwrap();
+    let plain = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/data/mlp-train-step.kiln");
+    let gz = dir.path().join("mlp-train-step.kiln.gz");
+    let mut enc = GzEncoder::new(std::fs::File::create(&gz).unwrap(), Compression::default());
+    enc.write_all(&std::fs::read(&plain).unwrap()).unwrap();
+    enc.finish().unwrap();
+    let report = |p: &Path| {
+        let v = json(&kiln().args(["compile", "--json"]).arg(p).output().unwrap());
+        (v["nodes_before"].clone(), v["nodes_after"].clone(), v["flops"].clone(), v["stablehlo_bytes"].clone())
+    };
+    let (a, b) = (report(&plain), report(&gz));
+    assert!(a.0.as_u64() > Some(0) && a.3.as_u64() > Some(0), "{a:?}");
+    assert_eq!(a, b, "the same graph, gzip'd or not");
+
+    let t = Instant::now();
+    let bomb = dir.path().join("bomb.kiln.gz");
+    let mut enc = GzEncoder::new(std::fs::File::create(&bomb).unwrap(), Compression::fast());
+    let zeros = vec![b' '; 1 << 20];
+    for _ in 0..=1024 {
+        enc.write_all(&zeros).unwrap();
+    }
+    enc.finish().unwrap();
+    assert!(std::fs::metadata(&bomb).unwrap().len() < 8 << 20);
+    let err = refused(&kiln().arg("compile").arg(&bomb).output().unwrap());
+    assert!(err.contains("bomb.kiln.gz") && err.contains("byte limit"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(120), "{:?}", t.elapsed());
+}
+
 // ---- graphs XLA used to crash on ----
 
 fn graph_file(dir: &Path, name: &str, text: &str) -> PathBuf {
