@@ -331,7 +331,7 @@ fn size(bytes: u64) -> String {
 /// or with remat.
 struct Advice {
     remat: bool,
-    /// The largest batch by kiln's peak model.
+    /// The largest batch by kiln's peak model (what XLA allocates, `PeakMemory::allocated_bytes`).
     model_batch: Option<usize>,
     /// The largest batch whose compiled program fits too (`model_batch` where
     /// XLA gives no stats).

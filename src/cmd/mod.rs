@@ -17,13 +17,14 @@ pub fn read_graph_text(path: &std::path::Path) -> anyhow::Result<String> {
     use anyhow::Context as _;
     use std::io::Read as _;
     let mut file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut magic = [0u8; 2];
-    let n = file.read(&mut magic).with_context(|| format!("reading {}", path.display()))?;
+    let mut magic = Vec::with_capacity(2);
+    file.by_ref().take(2).read_to_end(&mut magic).with_context(|| format!("reading {}", path.display()))?;
     // A gzip'd graph (benches/data ships them) is read through the decoder,
     // under the same limit on the text it expands to.
-    let head = std::io::Cursor::new(magic[..n].to_vec()).chain(file);
+    let gzip = magic == [0x1f, 0x8b];
+    let head = std::io::Cursor::new(magic).chain(file);
     let mut reader: Box<dyn std::io::Read> =
-        if magic[..n] == [0x1f, 0x8b] { Box::new(flate2::read::GzDecoder::new(head)) } else { Box::new(head) };
+        if gzip { Box::new(flate2::read::GzDecoder::new(head)) } else { Box::new(head) };
     let mut bytes = Vec::new();
     reader
         .by_ref()
