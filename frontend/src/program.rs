@@ -243,6 +243,8 @@ pub(crate) fn obtain(
     // strategy reached; say so, naming the program as KILN_SAVE_GRAPHS names
     // its file (a run compiles helper programs too, which a percentage of the
     // activation memory may not fit), once per program.
+    // The program's name in warnings and in KILN_SAVE_GRAPHS's file name.
+    let name = format!("step-{}", &fp.to_string()[..16]);
     let remat = out.stats.passes.iter().find_map(|p| p.remat.as_ref());
     if let Some(r) = remat.filter(|r| !r.met) {
         let limit = match opts.pass_options.activation_fraction {
@@ -250,9 +252,8 @@ pub(crate) fn obtain(
             None => format!("{} B", r.budget_bytes),
         };
         tracing::warn!(
-            "kiln: memory limit {limit} not met by rematerialization in program step-{} ({} nodes): it runs \
+            "kiln: memory limit {limit} not met by rematerialization in program {name} ({} nodes): it runs \
              the lowest-peak plan reached, {} B predicted (from {} B, {} value(s) recomputed)",
-            &fp.to_string()[..16],
             nodes,
             r.after.peak_bytes,
             r.before.peak_bytes,
@@ -327,11 +328,10 @@ pub(crate) fn obtain(
         if let Ok(m) = exe.compiled_memory_stats() {
             if m.held_bytes() > r.budget_bytes as i64 {
                 tracing::warn!(
-                    "kiln: memory limit {} B met by rematerialization in program step-{} ({} nodes), but XLA's \
+                    "kiln: memory limit {} B met by rematerialization in program {name} ({} nodes), but XLA's \
                      compiled program holds {} B (arguments {}, outputs {} less {} aliased, temporaries {}); \
                      the plan's live peak is {} B",
                     r.budget_bytes,
-                    &fp.to_string()[..16],
                     nodes,
                     m.held_bytes(),
                     m.argument_size_in_bytes,
@@ -348,7 +348,7 @@ pub(crate) fn obtain(
         None => (exe, None),
     };
     if let Some(dir) = context::with(|c| c.cache.save_graphs_dir()) {
-        let path = dir.join(format!("step-{}.kiln", &fp.to_string()[..16]));
+        let path = dir.join(format!("{name}.kiln"));
         std::fs::create_dir_all(&dir).map_err(|source| crate::FrontendError::Io { path: dir.clone(), source })?;
         write_atomically(&path, kiln_compiler::text::print(&pruned.graph).as_bytes())?;
     }

@@ -243,9 +243,7 @@ impl RawDevice {
             debug_string: copy_string(debug.debug_string, debug.debug_string_size),
         })
     }
-}
 
-impl RawDevice {
     /// The allocator's limit on the bytes this device's buffers may take
     /// (`bytes_limit` of `PJRT_Device_MemoryStats`), `None` where the plugin
     /// does not set it. `api` must be the plugin of the client that owns this
