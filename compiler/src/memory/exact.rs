@@ -60,7 +60,7 @@ use crate::ir::{Graph, NodeId, ValueId};
 use crate::CompileError;
 
 use super::liveness::{liveness, Liveness};
-use super::peak::peak_of;
+use super::peak::{live_peak, peak_of};
 use super::remat::{
     budget_bytes, candidates, finish, rewrite, Candidate, RematChoice, RematOptions, RematPlan, RematStrategy,
 };
@@ -222,7 +222,7 @@ impl RematStrategy for Exact {
         // (meets budget, extra flops, peak) of the best measured plan: the
         // empty one first.
         let measure = |graph: &Graph| {
-            let peak = peak_of(&liveness(graph, opts.fusion)).peak_bytes;
+            let peak = live_peak(&liveness(graph, opts.fusion)).1;
             let flops = cost::graph_cost(graph).total.flops.saturating_sub(base_flops);
             (peak <= budget, flops, peak)
         };

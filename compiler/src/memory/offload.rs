@@ -59,7 +59,7 @@ use crate::CompileError;
 
 use super::kernel_time::kernel_times;
 use super::liveness::{liveness, users_of, BufferKind, Liveness};
-use super::peak::peak_of;
+use super::peak::{live_peak, peak_of};
 use super::remat::{budget_bytes, candidates, finish, Greedy, RematChoice, RematOptions, RematPlan, RematStrategy};
 
 /// What one direction of the H100's host link carries while the other
@@ -182,7 +182,7 @@ fn offload(
     }
     let out = rewrite(g, &chosen, &anchors)?;
     // The plan must lower the modelled peak; otherwise it is dropped.
-    if peak_of(&liveness(&out, opts.fusion)).peak_bytes >= peak.peak_bytes {
+    if live_peak(&liveness(&out, opts.fusion)).1 >= peak.peak_bytes {
         return Ok((g.clone(), Vec::new()));
     }
     let choices = chosen

@@ -64,7 +64,7 @@ use crate::CompileError;
 
 use super::kernel_time::{self, kernel_seconds};
 use super::liveness::{liveness, users_of, BufferKind, Liveness};
-use super::peak::{peak_of, PeakMemory};
+use super::peak::{live_peak, peak_of, PeakMemory};
 use super::Materialization;
 
 /// How much memory the planned step may use.
@@ -452,7 +452,7 @@ impl Round<'_, '_> {
         let Some(mut step) = self.apply(c)? else { return Ok(None) };
         let t = kernel_seconds(&step.graph, &step.liveness, &self.opts.target);
         step.measured = Some(Measured {
-            covers: peak_of(&step.liveness).peak_bytes <= self.budget,
+            covers: live_peak(&step.liveness).1 <= self.budget,
             added: (t - self.seconds).max(0.0),
             freed: self.excess_area.saturating_sub(excess_area(&step.liveness, self.budget)),
             seconds: t,
@@ -514,7 +514,7 @@ impl Round<'_, '_> {
         siblings: &[Candidate],
         memo: &mut Memo,
     ) -> Result<Option<Step>, CompileError> {
-        let excess = peak_of(self.l).peak_bytes.saturating_sub(self.budget);
+        let excess = live_peak(self.l).1.saturating_sub(self.budget);
         // Each candidate of the window with its score, and whether the score
         // was measured this round.
         let mut window: Vec<(&Candidate, Measured, bool)> = Vec::new();
