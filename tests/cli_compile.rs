@@ -87,6 +87,14 @@ fn json_reports_passes_cost_compile_time_and_memory() {
         assert!(v["memory"][key].is_i64(), "missing memory.{key} in {v}");
     }
     assert!(v["memory"]["output_size_in_bytes"].as_i64().unwrap() >= 96 + 4, "{v}");
+    // What the program holds at once, the same sum on every plugin (the
+    // plugin's own peak field leaves temporaries out on the CPU).
+    let m = |k: &str| v["memory"][k].as_i64().unwrap();
+    assert_eq!(
+        m("held_bytes"),
+        m("argument_size_in_bytes") + m("output_size_in_bytes") - m("alias_size_in_bytes") + m("temp_size_in_bytes"),
+        "{v}"
+    );
 }
 
 #[test]
@@ -104,6 +112,7 @@ fn the_text_report_names_the_file_and_draws_no_spinner_into_a_pipe() {
     assert!(stdout.contains("  group "), "{stdout}");
     assert!(stdout.contains("cost: 2304 FLOPs (128 transcendental)"), "{stdout}");
     assert!(stdout.contains("memory: arguments 640 B"), "{stdout}");
+    assert!(stdout.contains("; held at once (arguments + outputs - aliased + temporaries) "), "{stdout}");
     assert!(!String::from_utf8_lossy(&out.stderr).contains('\u{1b}'), "terminal control codes on a pipe");
 }
 

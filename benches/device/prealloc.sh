@@ -41,7 +41,7 @@ d = json.loads(lines[-1]); m = d.get('device_memory') or {}
 peak = max((int(x) for x in open(smi) if x.strip().isdigit()), default=None) if smi else None
 print(f\"{label}: client {d['client_ms']:.0f} ms, setup {d['setup_ms']:.0f} ms, first step {d.get('first_step_ms', 0):.0f} ms, \"
       f\"step median {d['step_ms_median']:.2f} ms, loss {d['first_loss']:.4f}->{d['final_loss']:.4f}, \"
-      f\"XLA temp {m.get('temp_bytes')} B peak {m.get('peak_bytes')} B, nvidia-smi peak {peak} MiB\")
+      f\"XLA temp {m.get('temp_bytes')} B held {m.get('held_bytes')} B, nvidia-smi peak {peak} MiB\")
 " "$1" "$RC" "$SMI"
   [ $RC -ne 0 ] && tail -5 /tmp/prealloc_$$.err
   [ -n "$SMI" ] && rm -f "$SMI"

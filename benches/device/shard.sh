@@ -54,7 +54,7 @@ if smi:
             pass
 print(f\"{spec:5s} mesh={d.get('mesh') or 'replicas x2'} batch={d['global_batch']}x{d['seq']} \"
       f\"step {d['step_ms_median']:.1f} ms  {d['tokens_per_second']:.0f} tok/s  loss {d['first_loss']:.3f}->{d['final_loss']:.3f}  \"
-      f\"xla/device: args {mib(m.get('argument_bytes'))} temp {mib(m.get('temp_bytes'))} peak {mib(m.get('peak_bytes'))}  \"
+      f\"xla/device: args {mib(m.get('argument_bytes'))} temp {mib(m.get('temp_bytes'))} held {mib(m.get('held_bytes'))}  \"
       + ('nvidia-smi peak ' + ', '.join(f'gpu{i} {v} MiB' for i, v in sorted(peaks.items())) if peaks else ''))
 " "$SPEC" "$RC" "$SMI"
   [ $RC -ne 0 ] && tail -5 /tmp/shard_$$.err

@@ -95,6 +95,10 @@ pub struct CompiledMemoryStats {
     pub host_output_size_in_bytes: i64,
     pub host_alias_size_in_bytes: i64,
     pub host_temp_size_in_bytes: i64,
+    /// The plugin's own peak, whose meaning differs by plugin: the CUDA
+    /// plugin counts temporaries in it, the XLA CPU plugin 0.0.1 about
+    /// arguments + outputs only. [`held_bytes`](Self::held_bytes) means the
+    /// same on both.
     pub peak_memory_in_bytes: i64,
 }
 

@@ -388,12 +388,13 @@ impl Report {
             ),
             match &self.memory {
                 Ok(m) => format!(
-                    "memory: arguments {} B, outputs {} B, aliased {} B, temporaries {} B, generated code {} B, peak {} B",
+                    "memory: arguments {} B, outputs {} B, aliased {} B, temporaries {} B, generated code {} B; held at once (arguments + outputs - aliased + temporaries) {} B; the plugin's own peak field {} B",
                     m.argument_size_in_bytes,
                     m.output_size_in_bytes,
                     m.alias_size_in_bytes,
                     m.temp_size_in_bytes,
                     m.generated_code_size_in_bytes,
+                    m.held_bytes(),
                     m.peak_memory_in_bytes
                 ),
                 Err(e) => format!("memory: the plugin gave no compiled memory stats: {e}"),
@@ -473,5 +474,6 @@ fn memory_json(m: &CompiledMemoryStats) -> Value {
         "host_alias_size_in_bytes": m.host_alias_size_in_bytes,
         "host_temp_size_in_bytes": m.host_temp_size_in_bytes,
         "peak_memory_in_bytes": m.peak_memory_in_bytes,
+        "held_bytes": m.held_bytes(),
     })
 }

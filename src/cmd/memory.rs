@@ -39,12 +39,14 @@ pub enum Strategy {
     #[default]
     Greedy,
     Exact,
-    /// Saved activations in pinned host memory: reported unavailable, typed.
+    /// Saved activations in pinned host memory between forward and backward,
+    /// then greedy recomputation for the rest (CUDA plugin only: on the CPU
+    /// plugin a typed error naming its refusal).
     HostOffload,
 }
 
-/// A byte count: an integer or decimal, optionally with `KB`, `MB`, `GB`
-/// (powers of 1000) or `KiB`, `MiB`, `GiB` (powers of 1024).
+/// A byte count: an integer or decimal, optionally with `KB`, `MB`, `GB`,
+/// `TB` (powers of 1000) or `KiB`, `MiB`, `GiB`, `TiB` (powers of 1024).
 pub fn parse_bytes(s: &str) -> anyhow::Result<u64> {
     let t = s.trim();
     // A plain number (`1.5e9`) has no unit; otherwise the unit starts at the
@@ -58,10 +60,12 @@ pub fn parse_bytes(s: &str) -> anyhow::Result<u64> {
         "KB" | "kB" => 1e3,
         "MB" => 1e6,
         "GB" => 1e9,
+        "TB" => 1e12,
         "KiB" => 1024.0,
         "MiB" => 1024.0 * 1024.0,
         "GiB" => 1024.0 * 1024.0 * 1024.0,
-        other => anyhow::bail!("`{s}`: unknown unit `{other}` (B, KB, MB, GB, KiB, MiB, GiB)"),
+        "TiB" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        other => anyhow::bail!("`{s}`: unknown unit `{other}` (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"),
     };
     let b = n * scale;
     if !b.is_finite() || b < 0.0 || b > u64::MAX as f64 {
@@ -511,6 +515,9 @@ mod tests {
     fn sizes_parse_with_units() {
         assert_eq!(parse_bytes("2GiB").unwrap(), 2 << 30);
         assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("1TiB").unwrap(), 1 << 40);
+        assert_eq!(parse_bytes("0.5TB").unwrap(), 500_000_000_000);
+        assert!(parse_bytes("2G").unwrap_err().to_string().contains("unknown unit `G`"));
         assert_eq!(parse_bytes("1.5e9").unwrap(), 1_500_000_000);
         assert_eq!(parse_bytes("0").unwrap(), 0);
         assert!(parse_bytes("2 parsecs").is_err());
