@@ -148,10 +148,10 @@ impl DiskCacheConfig {
             }
         };
         let max_bytes = match var("KILN_CACHE_MAX_BYTES") {
-            Some(v) => parse_bytes(&v).ok_or(RuntimeError::BadCacheEnv {
+            Some(v) => crate::env::parse_size(&v).ok_or(RuntimeError::BadCacheEnv {
                 var: "KILN_CACHE_MAX_BYTES",
                 value: v,
-                expected: "a size in bytes such as 2000000000 or 512M",
+                expected: crate::env::SIZE_SPELLINGS,
             })?,
             None => DEFAULT_MAX_BYTES,
         };
@@ -166,25 +166,6 @@ fn default_dir() -> Option<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").filter(|v| !v.is_empty()).map(|h| PathBuf::from(h).join(".cache")))?;
     Some(base.join("kiln"))
-}
-
-/// `123`, `512K`, `64M`, `2G` (powers of 1024).
-fn parse_bytes(text: &str) -> Option<u64> {
-    let t = text.trim();
-    let (digits, unit) = match t.char_indices().last()? {
-        (i, c) if c.is_ascii_alphabetic() => (&t[..i], c.to_ascii_uppercase()),
-        _ => (t, 'B'),
-    };
-    let n: u64 = digits.trim().parse().ok()?;
-    let shift = match unit {
-        'B' => 0,
-        'K' => 10,
-        'M' => 20,
-        'G' => 30,
-        'T' => 40,
-        _ => return None,
-    };
-    n.checked_mul(1u64 << shift)
 }
 
 /// What an entry records beside the executable.
@@ -492,17 +473,6 @@ fn decode<'a>(bytes: &'a [u8], key: &CompileKey) -> std::result::Result<(EntryIn
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn byte_sizes_parse_with_binary_suffixes() {
-        assert_eq!(parse_bytes("123"), Some(123));
-        assert_eq!(parse_bytes("512K"), Some(512 << 10));
-        assert_eq!(parse_bytes("64m"), Some(64 << 20));
-        assert_eq!(parse_bytes("2G"), Some(2 << 30));
-        assert_eq!(parse_bytes("lots"), None);
-        assert_eq!(parse_bytes("12Q"), None);
-        assert_eq!(parse_bytes(""), None);
-    }
 
     #[test]
     fn entries_decode_only_when_whole_and_their_own() {
