@@ -278,13 +278,7 @@ impl Trainer {
 /// what `kiln profile mlp --max-batch` sizes. The parameters are initialised
 /// on the host.
 pub fn recorded_train_step(cfg: &MlpConfig) -> Result<kiln_compiler::ir::Graph> {
-    let bad = |name, expected| Err(FrontendError::HyperParameter { op: "mlp step", name, value: 0.0, expected });
-    if cfg.batch == 0 {
-        return bad("batch", "at least 1");
-    }
-    if cfg.hidden.contains(&0) {
-        return bad("hidden", "widths of at least 1");
-    }
+    cfg.check_settings(PIXELS)?;
     let (pixels, classes) = (PIXELS, CLASSES);
     let params = &mut ParamStore::new(cfg.seed);
     let model = Mlp::new(params, &cfg.layer_sizes(pixels, classes))?;
@@ -327,10 +321,21 @@ impl MlpConfig {
     }
 
     /// Refuses settings that cannot train before anything is allocated or
-    /// compiled: a zero batch or width, a learning rate that is not a finite
-    /// positive number, parameters larger than host memory, a training set
-    /// smaller than one step on `replicas` replicas.
+    /// compiled: those [`check_settings`](Self::check_settings) refuses, and a
+    /// training set smaller than one step on `replicas` replicas.
     pub fn check(&self, data: &FashionMnist, replicas: usize) -> Result<()> {
+        self.check_settings(data.train.pixels())?;
+        let step = self.batch.checked_mul(replicas);
+        if step.is_none_or(|s| data.train.len() < s) {
+            return Err(FrontendError::DatasetTooSmall { examples: data.train.len(), batch: self.batch, replicas });
+        }
+        Ok(())
+    }
+
+    /// The checks that need no data: a zero batch or width, a learning rate
+    /// that is not a finite positive number, parameters of `pixels`-wide
+    /// inputs larger than host memory, checkpoint flags without a file.
+    pub fn check_settings(&self, pixels: usize) -> Result<()> {
         let bad = |name: &'static str, value: f64, expected: &'static str| {
             Err(FrontendError::HyperParameter { op: "train mlp", name, value, expected })
         };
@@ -350,7 +355,7 @@ impl MlpConfig {
             return bad("hidden", 0.0, "widths of at least 1");
         }
         // Weights, AdamW's two moments and the gradient: four f32 copies.
-        let sizes = self.layer_sizes(data.train.pixels(), CLASSES);
+        let sizes = self.layer_sizes(pixels, CLASSES);
         let params =
             sizes.windows(2).try_fold(0usize, |acc, w| acc.checked_add(w[0].checked_mul(w[1])?.checked_add(w[1])?));
         crate::limits::check_host_bytes(
@@ -365,10 +370,6 @@ impl MlpConfig {
                 op: "train mlp",
                 reason: "--resume and --checkpoint-every need --checkpoint FILE".into(),
             });
-        }
-        let step = self.batch.checked_mul(replicas);
-        if step.is_none_or(|s| data.train.len() < s) {
-            return Err(FrontendError::DatasetTooSmall { examples: data.train.len(), batch: self.batch, replicas });
         }
         Ok(())
     }
