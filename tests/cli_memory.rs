@@ -114,6 +114,14 @@ fn the_plot_path_is_checked_first_and_written_through_a_link() {
             .output()
             .unwrap()
     };
+    // SVG under another format's name is refused before any work.
+    let png = dir.path().join("live.png");
+    let out = compile(&png);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("live.png") && err.contains("the plot is SVG, not .png"), "{err}");
+    assert!(!png.exists() && out.stdout.is_empty());
+
     let sub = dir.path().join("plots");
     std::fs::create_dir(&sub).unwrap();
     let out = compile(&sub);

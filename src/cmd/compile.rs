@@ -117,6 +117,9 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         bail!("--json and --emit both print to stdout: add --out FILE to write the artifact to a file");
     }
     // Output paths are checked before the work that fills them.
+    if let Some(plot) = &args.memory.memory_plot {
+        super::memory::check_plot_path(plot)?;
+    }
     for out in args.out.iter().chain(&args.memory.memory_plot) {
         kiln::atomic_write::checked_target(out)?;
     }

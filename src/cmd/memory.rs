@@ -229,6 +229,18 @@ impl PlanReport {
 
 /// Live bytes over the step (position in the execution order, as a fraction
 /// of the step so both programs share the x axis), before and after.
+/// `--memory-plot` draws SVG: a path that names another format (`live.png`)
+/// is refused rather than given SVG under that name. A path with no
+/// extension is the user's to name.
+pub fn check_plot_path(path: &Path) -> anyhow::Result<()> {
+    match path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase()) {
+        Some(ext) if ext != "svg" => {
+            anyhow::bail!("--memory-plot {}: the plot is SVG, not .{ext}: give a path ending in .svg", path.display())
+        }
+        _ => Ok(()),
+    }
+}
+
 fn plot(path: &Path, before: &Graph, after: &Graph, fusion: &dyn Materialization) -> anyhow::Result<()> {
     use plotters::prelude::*;
     let curve = |g: &Graph| -> Vec<(f64, f64)> {
