@@ -45,11 +45,12 @@ pub enum Strategy {
     HostOffload,
 }
 
-/// A byte size for a flag, in [`kiln::runtime::env::parse_size`]'s spellings
-/// (`2GiB`, `2G`, `512MB`, `1.5e9`, `0`), the same as kiln's variables take.
-pub fn parse_bytes(s: &str) -> anyhow::Result<u64> {
+/// A byte size given to `flag`, in [`kiln::runtime::env::parse_size`]'s
+/// spellings (`2GiB`, `2G`, `512MB`, `1.5e9`, `0`), the same as kiln's
+/// variables take.
+pub fn parse_bytes(flag: &str, s: &str) -> anyhow::Result<u64> {
     kiln::runtime::env::parse_size(s)
-        .with_context(|| format!("`{s}` is not a size: {}", kiln::runtime::env::SIZE_SPELLINGS))
+        .with_context(|| format!("{flag} {s}: not a size: {}", kiln::runtime::env::SIZE_SPELLINGS))
 }
 
 /// `--memory-limit` as a budget, for `kiln compile` and the training loops
@@ -64,7 +65,7 @@ pub fn parse_budget(s: &str) -> anyhow::Result<RematBudget> {
             }
             Ok(RematBudget::FractionOfActivations(f / 100.0))
         }
-        None => Ok(RematBudget::Bytes(parse_bytes(s)?)),
+        None => Ok(RematBudget::Bytes(parse_bytes("--memory-limit", s)?)),
     }
 }
 
@@ -503,11 +504,13 @@ mod tests {
 
     #[test]
     fn sizes_parse_with_units() {
-        assert_eq!(parse_bytes("2GiB").unwrap(), 2 << 30);
-        assert_eq!(parse_bytes("2G").unwrap(), 2 << 30);
-        let e = parse_bytes("2 parsecs").unwrap_err().to_string();
-        assert!(e.contains("`2 parsecs` is not a size") && e.contains("KiB"), "{e}");
-        assert!(parse_bytes("-1").is_err());
+        assert_eq!(parse_bytes("--x", "2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_bytes("--x", "2G").unwrap(), 2 << 30);
+        let e = parse_bytes("--device-memory", "2 parsecs").unwrap_err().to_string();
+        assert!(e.contains("--device-memory 2 parsecs: not a size") && e.contains("KiB"), "{e}");
+        assert!(parse_bytes("--x", "-1").is_err());
+        let e = parse_budget("2XB").unwrap_err().to_string();
+        assert!(e.starts_with("--memory-limit 2XB: not a size"), "{e}");
         assert_eq!(parse_budget("50%").unwrap(), RematBudget::FractionOfActivations(0.5));
         assert!(parse_budget("0%").is_err());
     }

@@ -453,7 +453,7 @@ fn chrome_trace(events: &[Event]) -> serde_json::Value {
 /// `--max-batch`: see [`super::memory::max_batch`].
 fn max_batch(args: &ProfileArgs) -> anyhow::Result<()> {
     use super::memory::{self, AdvisedModel};
-    let asked = args.device_memory.as_deref().map(memory::parse_bytes).transpose()?;
+    let asked = args.device_memory.as_deref().map(|s| memory::parse_bytes("--device-memory", s)).transpose()?;
     let amp = args.amp.map(Into::into);
     let model = match args.target.as_str() {
         "mlp" => AdvisedModel::Mlp { cfg: mlp::MlpConfig { hidden: args.hidden.clone(), amp, ..Default::default() } },
