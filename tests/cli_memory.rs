@@ -77,7 +77,7 @@ fn a_bad_memory_limit_is_named() {
     let (_dir, _, out) = compile_ladder(&["--memory-limit", "2 parsecs"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("2 parsecs") && err.contains("unit"), "{err}");
+    assert!(err.contains("--memory-limit 2 parsecs: not a size") && err.contains("GiB"), "{err}");
 }
 
 /// `N%` keeps the arguments, the outputs and N% of the predicted
