@@ -255,6 +255,7 @@ where
                 if !self.untraceable.contains_key(&guard) {
                     let text = format!("captured step cannot be replayed and is traced on every call: {reason}");
                     tracing::warn!("kiln: {text}");
+                    crate::warnings::show_once(crate::warnings::Warning::CaptureUnreplayable, || text.clone());
                     self.last_retrace = Some(text.clone());
                     self.untraceable.insert(guard, text);
                 }
@@ -283,7 +284,8 @@ fn plan_of(
                 None => {
                     return Err(format!(
                         "program parameter {} was a value created inside the closure from host data (for example \
-                         Tensor::scalar(lr)); pass it as an input",
+                         Tensor::scalar(lr), or the f64 learning rate of an optimizer's `step`); pass it as an \
+                         input (an optimizer takes one through `step_lr`)",
                         params.len()
                     ))
                 }

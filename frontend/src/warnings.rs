@@ -1,5 +1,6 @@
 //! kiln's warnings to the user: a recompile, a forced sync, a run of
-//! recompiles. They reach the user without any setup.
+//! recompiles, a captured step that cannot be replayed. They reach the user
+//! without any setup.
 //!
 //! Every warning goes to `tracing` (as a `WARN` event, at its call site). When no subscriber
 //! listens for warnings (a library user who installed none), the first
@@ -27,16 +28,21 @@ pub enum Warning {
     ForcedSync,
     /// Several steps in a row each needed a new program.
     RecompileStreak,
+    /// A captured step (`kiln::compile_step`) cannot be replayed, so it is
+    /// traced on every call.
+    CaptureUnreplayable,
 }
 
 impl Warning {
-    const ALL: [Warning; 3] = [Warning::Recompile, Warning::ForcedSync, Warning::RecompileStreak];
+    const ALL: [Warning; 4] =
+        [Warning::Recompile, Warning::ForcedSync, Warning::RecompileStreak, Warning::CaptureUnreplayable];
 
     fn bit(self) -> u8 {
         match self {
             Warning::Recompile => 1,
             Warning::ForcedSync => 2,
             Warning::RecompileStreak => 4,
+            Warning::CaptureUnreplayable => 8,
         }
     }
 
@@ -46,6 +52,7 @@ impl Warning {
             Warning::Recompile => "recompile",
             Warning::ForcedSync => "forced sync",
             Warning::RecompileStreak => "recompile streak",
+            Warning::CaptureUnreplayable => "captured step traced on every call",
         }
     }
 }

@@ -308,7 +308,7 @@ fn tensors_convert_to_and_from_candle() -> anyhow::Result<()> {
 
 #[test]
 fn warnings_can_be_silenced() {
-    assert_eq!(kiln::warnings::kinds().len(), 3);
+    assert_eq!(kiln::warnings::kinds().len(), 4);
     kiln::warnings::set_enabled(false);
     assert!(!kiln::warnings::enabled());
     kiln::warnings::set_enabled(true);
@@ -316,7 +316,8 @@ fn warnings_can_be_silenced() {
 }
 
 /// Runs only as the child of the test below: two forced syncs and a
-/// recompile, with no tracing subscriber installed.
+/// recompile, then three calls of a captured step that makes host data
+/// inside, with no tracing subscriber installed.
 #[test]
 fn child_forces_syncs() -> anyhow::Result<()> {
     if std::env::var_os("KILN_API_TEST_CHILD").is_none() {
@@ -326,6 +327,17 @@ fn child_forces_syncs() -> anyhow::Result<()> {
         let t = Tensor::from_vec(vec![1f32; n], [n])?.exp()?.sum_all()?;
         t.item()?; // pending: forces the step
     }
+    let w = Tensor::from_vec(Rng::new(5).normal_vec(4), [4])?;
+    let mut step = kiln::compile_step(|inputs: &[Tensor]| {
+        // A scale made from a Rust value inside the closure.
+        Ok(vec![inputs[0].mul(&w)?.mul(&Tensor::scalar(0.5f32))?.sum_all()?])
+    });
+    for _ in 0..3 {
+        let x = Tensor::from_vec(Rng::new(6).normal_vec(4), [4])?;
+        step.call(&[x])?;
+        kiln::mark_step()?;
+    }
+    assert_eq!(step.replays(), 0);
     Ok(())
 }
 
@@ -346,6 +358,8 @@ fn child_stderr(silence: bool) -> String {
 fn warnings_reach_stderr_once_per_kind_without_a_subscriber() {
     let err = child_stderr(false);
     assert_eq!(err.matches("kiln warning (forced sync)").count(), 1, "{err}");
+    assert_eq!(err.matches("kiln warning (captured step traced on every call)").count(), 1, "{err}");
+    assert!(err.contains("pass it as an input"), "{err}");
     assert!(err.contains("KILN_WARNINGS=0"), "{err}");
     let quiet = child_stderr(true);
     assert!(!quiet.contains("kiln warning"), "{quiet}");
