@@ -50,6 +50,17 @@ fn axis(op: &'static str, a: isize, rank: usize) -> Result<usize> {
     }
 }
 
+/// Refuses a tensor of integers or booleans for `op`, a float-only composite,
+/// by its own name (its parts would name `exp` or `log`).
+fn floating(op: &'static str, t: &Tensor) -> Result<()> {
+    if t.dtype().is_float() {
+        Ok(())
+    } else {
+        Err(kiln_compiler::CompileError::UnsupportedDType { op, dtype: t.dtype(), expected: "a floating-point type" }
+            .into())
+    }
+}
+
 fn record(op: Op) -> Result<Tensor> {
     context::with(|c| c.push(op)).map(Tensor::wrap)
 }
@@ -700,6 +711,8 @@ impl Tensor {
 
     /// Numerically stable softmax along `axis` (in f32 under autocast).
     pub fn softmax(&self, ax: isize) -> Result<Tensor> {
+        floating("softmax", self)?;
+        axis("softmax", ax, self.rank())?;
         let x = amp::full_precision(self)?;
         let m = x.max(&[ax], true)?;
         let e = x.sub(&m)?.exp()?;
@@ -714,6 +727,8 @@ impl Tensor {
     /// then cuts the CPU plugin's gpt2-small temp bytes 1.22x instead of 1.96x
     /// (`testsuite/tests/memory.rs`), so it waits for the planner.
     pub fn log_softmax(&self, ax: isize) -> Result<Tensor> {
+        floating("log_softmax", self)?;
+        axis("log_softmax", ax, self.rank())?;
         let x = amp::full_precision(self)?;
         let m = x.max(&[ax], true)?;
         let shifted = x.sub(&m)?;

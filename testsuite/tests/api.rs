@@ -94,6 +94,14 @@ fn integer_data_is_refused_where_floats_are_needed() -> anyhow::Result<()> {
     let logits = Tensor::from_vec(vec![0.5f32; 6], [2, 3])?;
     let e = nn::cross_entropy(&logits, &Tensor::from_vec(vec![1f32, 2.0], [2])?, None).unwrap_err();
     assert!(matches!(e, FrontendError::DType { op: "cross_entropy", got: DType::F32, .. }), "{e:?}");
+    // softmax and log_softmax of integers, or along an axis the tensor lacks,
+    // are named as the call the user made, not as the exp inside it.
+    let ints = Tensor::from_vec(vec![1i32, 2], [2])?;
+    for (op, e) in [("softmax", ints.softmax(0).unwrap_err()), ("log_softmax", ints.log_softmax(0).unwrap_err())] {
+        assert_eq!(e.to_string(), format!("{op}: dtype i32 is not supported (a floating-point type)"));
+    }
+    let e = logits.log_softmax(2).unwrap_err();
+    assert!(matches!(e, FrontendError::Axis { op: "log_softmax", axis: 2, rank: 2 }), "{e:?}");
     kiln::mark_step()?;
     Ok(())
 }
