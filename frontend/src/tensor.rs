@@ -50,9 +50,38 @@ fn axis(op: &'static str, a: isize, rank: usize) -> Result<usize> {
     }
 }
 
+/// Refuses a scalar that `dtype` cannot hold exactly, for `op`: a fraction, a
+/// value out of range or NaN for an integer type (NaN for `pred`, which holds
+/// `value != 0`). Converting would truncate or saturate it into another
+/// number, a silent wrong result (`i32` times 0.5 was 0). Float types take any
+/// value and round it, as a `convert` does.
+fn exact_scalar(op: &'static str, value: f64, dtype: DType) -> Result<()> {
+    // [lo, end) in f64 (each bound exact), and the range as printed.
+    let range = match dtype {
+        DType::Pred => None,
+        DType::I8 => Some((-128.0, 128.0, "[-128, 127]")),
+        DType::I32 => Some((-2_147_483_648.0, 2_147_483_648.0, "[-2147483648, 2147483647]")),
+        DType::I64 => Some((-9.223_372_036_854_775_808e18, 9.223_372_036_854_775_808e18, "[-2^63, 2^63 - 1]")),
+        DType::U8 => Some((0.0, 256.0, "[0, 255]")),
+        DType::U32 => Some((0.0, 4_294_967_296.0, "[0, 4294967295]")),
+        DType::U64 => Some((0.0, 1.844_674_407_370_955_161_6e19, "[0, 2^64 - 1]")),
+        DType::F16 | DType::BF16 | DType::F32 | DType::F64 => return Ok(()),
+    };
+    let refused = match range {
+        None if value.is_nan() => format!("NaN is neither true nor false ({dtype})"),
+        None => return Ok(()),
+        Some((lo, end, _)) if value.fract() == 0.0 && value >= lo && value < end => return Ok(()),
+        Some((_, _, shown)) => format!("{value} is not a whole number in {dtype}'s range {shown}"),
+    };
+    Err(FrontendError::InvalidArgument {
+        op,
+        reason: format!("{refused}: convert the tensor to a floating-point type first"),
+    })
+}
+
 /// Refuses a tensor of integers or booleans for `op`, a float-only composite,
 /// by its own name (its parts would name `exp` or `log`).
-fn floating(op: &'static str, t: &Tensor) -> Result<()> {
+pub(crate) fn floating(op: &'static str, t: &Tensor) -> Result<()> {
     if t.dtype().is_float() {
         Ok(())
     } else {
@@ -136,7 +165,10 @@ impl Tensor {
 
     /// A tensor of `shape` filled with `value`, recorded as a broadcast constant
     /// (no host data; recorded once per step for each value, dtype and shape).
+    /// `value` of `dtype` everywhere; a value an integer `dtype` cannot hold
+    /// exactly (`2.5`, `1e10` for `i32`) is an error, not truncated.
     pub fn full(value: f64, dtype: DType, shape: impl Into<Shape>) -> Result<Tensor> {
+        exact_scalar("full", value, dtype)?;
         let shape = shape.into();
         context::with(|c| c.constant(value, dtype, &shape)).map(Tensor::wrap)
     }
@@ -389,6 +421,7 @@ impl Tensor {
         self.unary(UnaryOp::Tanh)
     }
     pub fn sigmoid(&self) -> Result<Tensor> {
+        floating("sigmoid", self)?;
         self.unary(UnaryOp::Logistic)
     }
     pub fn sqrt(&self) -> Result<Tensor> {
@@ -436,6 +469,13 @@ impl Tensor {
 
     /// Binary op with a scalar of this tensor's dtype.
     pub fn binary_scalar(&self, op: BinaryOp, value: f64) -> Result<Tensor> {
+        let name = match op {
+            BinaryOp::Add => "add_scalar",
+            BinaryOp::Mul => "mul_scalar",
+            BinaryOp::Pow => "powf",
+            other => other.name(),
+        };
+        exact_scalar(name, value, self.dtype())?;
         let s = Tensor::full(value, self.dtype(), self.shape().clone())?;
         self.binary(op, &s)
     }
@@ -524,6 +564,8 @@ impl Tensor {
 
     /// Clamps into `[lo, hi]`.
     pub fn clamp(&self, lo: f64, hi: f64) -> Result<Tensor> {
+        exact_scalar("clamp", lo, self.dtype())?;
+        exact_scalar("clamp", hi, self.dtype())?;
         let lo = Tensor::full(lo, self.dtype(), Shape::scalar())?;
         let hi = Tensor::full(hi, self.dtype(), Shape::scalar())?;
         let [min, input, max] = Tensor::values("clamp", [&lo, self, &hi])?;
@@ -600,10 +642,15 @@ impl Tensor {
     /// `len` entries of `axis` from `start`.
     pub fn narrow(&self, ax: isize, start: usize, len: usize) -> Result<Tensor> {
         let ax = axis("narrow", ax, self.rank())?;
+        let size = self.dims()[ax];
+        let end = start.checked_add(len).filter(|&e| e <= size).ok_or_else(|| FrontendError::InvalidArgument {
+            op: "narrow",
+            reason: format!("start {start} and length {len} run past dimension {ax} of {}", self.ty()),
+        })?;
         let mut s = vec![0; self.rank()];
         let mut l = self.dims().to_vec();
         s[ax] = start;
-        l[ax] = start + len;
+        l[ax] = end;
         self.slice(s, l, vec![1; self.rank()])
     }
 
@@ -687,8 +734,10 @@ impl Tensor {
     }
 
     /// Mean over `axes`; an axis named twice (`&[1, -1]` on a rank-2 tensor)
-    /// counts once, as in the sum.
+    /// counts once, as in the sum. Floating-point tensors only: an integer
+    /// mean would round (convert with [`Tensor::to_dtype`] first).
     pub fn mean(&self, axes: &[isize], keep_dims: bool) -> Result<Tensor> {
+        floating("mean", self)?;
         let mut ax = axes.iter().map(|&a| axis("mean", a, self.rank())).collect::<Result<Vec<_>>>()?;
         ax.sort_unstable();
         ax.dedup();

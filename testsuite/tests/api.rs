@@ -100,9 +100,26 @@ fn integer_data_is_refused_where_floats_are_needed() -> anyhow::Result<()> {
     for (op, e) in [("softmax", ints.softmax(0).unwrap_err()), ("log_softmax", ints.log_softmax(0).unwrap_err())] {
         assert_eq!(e.to_string(), format!("{op}: dtype i32 is not supported (a floating-point type)"));
     }
+    // A scalar an integer tensor cannot hold is refused, never truncated or
+    // saturated into another number (i32 times 0.5 was 0, u8 + 300 wrapped).
+    let refused = |r: kiln::Result<Tensor>| r.unwrap_err().to_string();
+    let e = refused(ints.mul_scalar(0.5));
+    assert!(e.starts_with("mul_scalar: 0.5 is not a whole number in i32's range [-2147483648, 2147483647]"), "{e}");
+    let bytes = Tensor::from_vec(vec![1u8, 2], [2])?;
+    assert!(refused(bytes.add_scalar(300.0)).contains("300 is not a whole number in ui8's range [0, 255]"));
+    assert!(refused(bytes.add_scalar(-1.0)).starts_with("add_scalar: -1 "));
+    assert!(refused(ints.clamp(0.5, 2.0)).starts_with("clamp: 0.5 "));
+    assert!(refused(ints.powf(0.5)).starts_with("powf: 0.5 "));
+    assert!(refused(Tensor::full(1e10, DType::I32, [2])).starts_with("full: 10000000000 "));
+    assert!(refused(Tensor::full(f64::NAN, DType::I64, [2])).starts_with("full: NaN "));
+    assert!(refused(Tensor::full(f64::NAN, DType::Pred, [2])).contains("NaN is neither true nor false"));
+    // What they can hold still works, at the edges of the range too.
+    let edge = Tensor::full(2_147_483_647.0, DType::I32, [1])?
+        .add(&ints.mul_scalar(3.0)?.narrow(0, 0, 1)?.sub(&Tensor::full(3.0, DType::I32, [1])?)?)?;
     let e = logits.log_softmax(2).unwrap_err();
     assert!(matches!(e, FrontendError::Axis { op: "log_softmax", axis: 2, rank: 2 }), "{e:?}");
     kiln::mark_step()?;
+    assert_eq!(edge.to_vec::<i32>()?, vec![i32::MAX]);
     Ok(())
 }
 

@@ -509,6 +509,7 @@ pub fn relu(x: &Tensor) -> Result<Tensor> {
 
 /// GELU, tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
 pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
+    crate::tensor::floating("gelu_tanh", x)?;
     let c = (2.0 / std::f64::consts::PI).sqrt();
     let inner = x.add(&x.mul(x)?.mul(x)?.mul_scalar(0.044715)?)?.mul_scalar(c)?;
     // `(0.5 x) (1 + tanh ..)`, not `0.5 (x (1 + tanh ..))` (the same value:
@@ -521,6 +522,7 @@ pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
 
 /// GELU, exact: `x Φ(x) = 0.5 x (1 + erf(x / sqrt(2)))` (PyTorch's default).
 pub fn gelu(x: &Tensor) -> Result<Tensor> {
+    crate::tensor::floating("gelu", x)?;
     let inner = x.mul_scalar(std::f64::consts::FRAC_1_SQRT_2)?.erf()?.add_scalar(1.0)?;
     x.mul_scalar(0.5)?.mul(&inner) // the halving first, as in `gelu_tanh`
 }
