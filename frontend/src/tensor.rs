@@ -61,10 +61,10 @@ fn exact_scalar(op: &'static str, value: f64, dtype: DType) -> Result<()> {
         DType::Pred => None,
         DType::I8 => Some((-128.0, 128.0, "[-128, 127]")),
         DType::I32 => Some((-2_147_483_648.0, 2_147_483_648.0, "[-2147483648, 2147483647]")),
-        DType::I64 => Some((-9.223_372_036_854_775_808e18, 9.223_372_036_854_775_808e18, "[-2^63, 2^63 - 1]")),
+        DType::I64 => Some((-(2f64.powi(63)), 2f64.powi(63), "[-2^63, 2^63 - 1]")),
         DType::U8 => Some((0.0, 256.0, "[0, 255]")),
         DType::U32 => Some((0.0, 4_294_967_296.0, "[0, 4294967295]")),
-        DType::U64 => Some((0.0, 1.844_674_407_370_955_161_6e19, "[0, 2^64 - 1]")),
+        DType::U64 => Some((0.0, 2f64.powi(64), "[0, 2^64 - 1]")),
         DType::F16 | DType::BF16 | DType::F32 | DType::F64 => return Ok(()),
     };
     let refused = match range {

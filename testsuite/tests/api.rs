@@ -112,6 +112,10 @@ fn integer_data_is_refused_where_floats_are_needed() -> anyhow::Result<()> {
     assert!(refused(ints.powf(0.5)).starts_with("powf: 0.5 "));
     assert!(refused(Tensor::full(1e10, DType::I32, [2])).starts_with("full: 10000000000 "));
     assert!(refused(Tensor::full(f64::NAN, DType::I64, [2])).starts_with("full: NaN "));
+    assert!(refused(Tensor::full(2f64.powi(63), DType::I64, [2])).contains("in i64's range [-2^63, 2^63 - 1]"));
+    assert!(refused(Tensor::full(2f64.powi(64), DType::U64, [2])).contains("in ui64's range [0, 2^64 - 1]"));
+    Tensor::full(-(2f64.powi(63)), DType::I64, [1])?;
+    Tensor::full(2f64.powi(64) - 2048.0, DType::U64, [1])?;
     assert!(refused(Tensor::full(f64::NAN, DType::Pred, [2])).contains("NaN is neither true nor false"));
     // What they can hold still works, at the edges of the range too.
     let edge = Tensor::full(2_147_483_647.0, DType::I32, [1])?
