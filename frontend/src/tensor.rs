@@ -697,6 +697,7 @@ impl Tensor {
     }
 
     pub fn pad(&self, value: f64, low: Vec<i64>, high: Vec<i64>) -> Result<Tensor> {
+        exact_scalar("pad", value, self.dtype())?;
         let v = Tensor::full(value, self.dtype(), Shape::scalar())?;
         let [input, value] = Tensor::values("pad", [self, &v])?;
         let interior = vec![0; self.rank()];
@@ -785,11 +786,27 @@ impl Tensor {
         shifted.sub(&lse)
     }
 
-    /// Index of the largest entry along `axis` (s32; ties pick the first).
+    /// Index of the largest entry along `axis` (s32; ties pick the first, and
+    /// a NaN counts as the largest, as in PyTorch and JAX). An empty axis has
+    /// no largest entry and is an error.
     pub fn argmax(&self, ax: isize) -> Result<Tensor> {
         let a = axis("argmax", ax, self.rank())?;
+        let n = self.dims()[a];
+        if n == 0 || n > i32::MAX as usize {
+            return Err(FrontendError::InvalidArgument {
+                op: "argmax",
+                reason: format!("axis {a} of {} has {n} entries: an i32 index needs 1 to 2^31 - 1", self.ty()),
+            });
+        }
         let m = self.max(&[ax], true)?;
-        let hit = self.eq(&m)?;
+        let mut hit = self.eq(&m)?;
+        if self.dtype().is_float() {
+            // A row with a NaN answers its first NaN. XLA CPU's max skips NaN
+            // (argmax of [5, 1, NaN] read 0) and a NaN equals nothing.
+            let nan = self.ne(self)?;
+            let any = nan.to_dtype(DType::I32)?.max(&[ax], true)?.gt(&Tensor::full(0.0, DType::I32, [])?)?;
+            hit = Tensor::where_cond(&any, &nan, &hit)?;
+        }
         let idx = Tensor::iota(DType::I32, self.shape().clone(), a)?;
         let big = Tensor::full(self.dims()[a] as f64, DType::I32, self.shape().clone())?;
         Tensor::where_cond(&hit, &idx, &big)?.min(&[ax], false)

@@ -393,3 +393,42 @@ fn warnings_reach_stderr_once_per_kind_without_a_subscriber() {
     let quiet = child_stderr(true);
     assert!(!quiet.contains("kiln warning"), "{quiet}");
 }
+
+/// argmax against a host computation on fresh random rows, some with NaNs
+/// (PyTorch's and JAX's answer: the first NaN), ties broken to the first; an
+/// empty axis is refused.
+#[test]
+fn argmax_answers_nan_rows_as_the_first_nan_and_refuses_an_empty_axis() -> anyhow::Result<()> {
+    let (rows, cols) = (64, 9);
+    let mut rng = Rng::new(41);
+    let mut x = rng.normal_vec(rows * cols);
+    for r in 0..rows {
+        // A third of the rows get one or two NaNs anywhere, one row in eight a tie.
+        match rng.next_u64() % 24 {
+            0..=7 => x[r * cols + (rng.next_u64() % cols as u64) as usize] = f32::NAN,
+            8 => {
+                x[r * cols + 1] = f32::NAN;
+                x[r * cols + 7] = f32::NAN;
+            }
+            9..=11 => x[r * cols + 6] = x[r * cols..(r + 1) * cols].iter().cloned().fold(f32::MIN, f32::max),
+            _ => {}
+        }
+    }
+    let want: Vec<i32> = x
+        .chunks(cols)
+        .map(|row| match row.iter().position(|v| v.is_nan()) {
+            Some(i) => i as i32,
+            None => {
+                let m = row.iter().cloned().fold(f32::MIN, f32::max);
+                row.iter().position(|&v| v == m).unwrap() as i32
+            }
+        })
+        .collect();
+    assert!(x.iter().any(|v| v.is_nan()));
+    let got = Tensor::from_vec(x, [rows, cols])?.argmax(1)?;
+    kiln::mark_step()?;
+    assert_eq!(got.to_vec::<i32>()?, want);
+    let e = Tensor::zeros(DType::F32, [0, 3])?.argmax(0).unwrap_err().to_string();
+    assert!(e.starts_with("argmax: axis 0 of tensor<0x3xf32> has 0 entries"), "{e}");
+    Ok(())
+}
