@@ -801,8 +801,9 @@ impl Tensor {
         let m = self.max(&[ax], true)?;
         let mut hit = self.eq(&m)?;
         if self.dtype().is_float() {
-            // A row with a NaN answers its first NaN. XLA CPU's max skips NaN
-            // (argmax of [5, 1, NaN] read 0) and a NaN equals nothing.
+            // A row with a NaN answers its first NaN: its max is NaN, which
+            // equals nothing (before max propagated NaN on the CPU plugin,
+            // argmax of [5, 1, NaN] read 0).
             let nan = self.ne(self)?;
             let any = nan.to_dtype(DType::I32)?.max(&[ax], true)?.gt(&Tensor::full(0.0, DType::I32, [])?)?;
             hit = Tensor::where_cond(&any, &nan, &hit)?;

@@ -5,8 +5,26 @@
 //! Invariant: the encoded message always carries `executable_build_options`
 //! with `num_replicas` and `num_partitions` ≥ 1 (an empty message aborts the
 //! CPU plugin).
+//!
+//! It also always carries [`SEMANTIC_OVERRIDES`], XLA options that make the
+//! plugins compute what StableHLO specifies; being in the bytes, they are in
+//! every compile cache key.
+
+use std::collections::BTreeMap;
 
 use prost::Message;
+
+/// XLA debug options set on every compile, by name (`env_option_overrides`,
+/// which PJRT applies over the plugin's defaults), each to keep a program's
+/// meaning the plugin's choice would change:
+///
+/// - `xla_cpu_enable_fast_min_max = false`: the XLA CPU plugin 0.0.1 defaults
+///   it to on, and then `maximum`/`minimum` and max/min reductions skip NaN,
+///   depending on operand order (`max([1, NaN, 3])` was 3, `maximum(1, NaN)`
+///   1 but `maximum(NaN, 2)` NaN). StableHLO's `maximum` propagates NaN, as
+///   PyTorch, JAX and kiln's reference interpreter do. The CUDA plugin's own
+///   option, `xla_gpu_enable_fast_min_max`, is off by default.
+pub const SEMANTIC_OVERRIDES: [(&str, bool); 1] = [("xla_cpu_enable_fast_min_max", false)];
 
 use crate::error::{Result, RuntimeError};
 
@@ -32,6 +50,16 @@ impl Default for CompileOptions {
 struct CompileOptionsProto {
     #[prost(message, optional, tag = "3")]
     executable_build_options: Option<ExecutableBuildOptionsProto>,
+    #[prost(btree_map = "string, message", tag = "7")]
+    env_option_overrides: BTreeMap<String, OptionOverrideProto>,
+}
+
+/// One value of `env_option_overrides` (only the bool arm of its `oneof`,
+/// with presence, so that `false` is sent).
+#[derive(Clone, PartialEq, Message)]
+struct OptionOverrideProto {
+    #[prost(bool, optional, tag = "2")]
+    bool_field: Option<bool>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -114,6 +142,10 @@ impl CompileOptions {
                 use_spmd_partitioning: self.num_partitions > 1,
                 device_assignment,
             }),
+            env_option_overrides: SEMANTIC_OVERRIDES
+                .iter()
+                .map(|&(name, on)| (name.to_string(), OptionOverrideProto { bool_field: Some(on) }))
+                .collect(),
         };
         Ok(proto.encode_to_vec())
     }
@@ -132,6 +164,15 @@ mod tests {
         let inner = &bytes[2..];
         assert!(inner.windows(2).any(|w| w == [4 << 3, 1]));
         assert!(inner.windows(2).any(|w| w == [5 << 3, 1]));
+    }
+
+    #[test]
+    fn every_compile_carries_the_semantic_overrides() {
+        let bytes = CompileOptions::default().to_proto_bytes().unwrap();
+        let decoded = CompileOptionsProto::decode(bytes.as_slice()).unwrap();
+        let got: Vec<(&str, Option<bool>)> =
+            decoded.env_option_overrides.iter().map(|(k, v)| (k.as_str(), v.bool_field)).collect();
+        assert_eq!(got, [("xla_cpu_enable_fast_min_max", Some(false))]);
     }
 
     #[test]

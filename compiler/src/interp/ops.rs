@@ -35,7 +35,11 @@ pub(crate) fn eval<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'
             // Bounds are scalars or full tensors.
             if x.ty().dtype.is_float() {
                 let (lo, xs, hi) = (lo.to_f64s(), x.to_f64s(), hi.to_f64s());
-                let v: Vec<f64> = (0..xs.len()).map(|i| xs[i].max(lo[at_l(&lo, i)]).min(hi[at_l(&hi, i)])).collect();
+                // NaN in, NaN out (StableHLO's propagating max and min; f64's skip NaN).
+                let nan_max = |a: f64, b: f64| if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) };
+                let nan_min = |a: f64, b: f64| if a.is_nan() || b.is_nan() { f64::NAN } else { a.min(b) };
+                let v: Vec<f64> =
+                    (0..xs.len()).map(|i| nan_min(nan_max(xs[i], lo[at_l(&lo, i)]), hi[at_l(&hi, i)])).collect();
                 one(floats_to(out, &v))
             } else {
                 let (lo, xs, hi) = (ints(lo), ints(x), ints(hi));

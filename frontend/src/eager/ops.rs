@@ -33,6 +33,29 @@ fn candle(v: &mut Value) -> Result<Option<&Ct>> {
     Ok(v.candle.as_ref())
 }
 
+/// `y`, a max or min of `operands`, with NaN wherever an operand is NaN:
+/// candle's `maximum`/`minimum` (and `max`/`min` along an axis) skip NaN, and
+/// kiln's max and min propagate it, as StableHLO specifies and the reference
+/// interpreter and the XLA plugins (`SEMANTIC_OVERRIDES`) compute. Operands
+/// broadcast to `y` (scalar clamp bounds).
+fn with_nans(y: Ct, operands: &[&Ct]) -> candle_core::Result<Ct> {
+    let mut y = y;
+    for x in operands.iter().filter(|x| x.dtype().is_float()) {
+        let x = x.broadcast_as(y.dims())?;
+        y = x.ne(&x)?.where_cond(&x, &y)?;
+    }
+    Ok(y)
+}
+
+/// [`with_nans`] for `reduced`, the max or min of `x` along `axis`.
+fn reduced_with_nans(reduced: Ct, x: &Ct, axis: usize) -> candle_core::Result<Ct> {
+    if !x.dtype().is_float() {
+        return Ok(reduced);
+    }
+    let any_nan = x.ne(x)?.max(axis)?;
+    any_nan.where_cond(&reduced.affine(0.0, f64::NAN)?, &reduced)
+}
+
 fn one_candle(t: Ct) -> Result<Vec<Value>> {
     Ok(vec![Value { candle: Some(t), host: None }])
 }
@@ -195,8 +218,8 @@ fn eval_candle<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'a Ct
                 BinaryOp::Sub => l.sub(r),
                 BinaryOp::Mul => l.mul(r),
                 BinaryOp::Div => l.div(r),
-                BinaryOp::Max => l.maximum(r),
-                BinaryOp::Min => l.minimum(r),
+                BinaryOp::Max => l.maximum(r).and_then(|y| with_nans(y, &[l, r])),
+                BinaryOp::Min => l.minimum(r).and_then(|y| with_nans(y, &[l, r])),
                 BinaryOp::Pow
                 | BinaryOp::Rem
                 | BinaryOp::And
@@ -226,7 +249,9 @@ fn eval_candle<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'a Ct
             one_candle(p.where_cond(t, f).map_err(e)?)
         }
         Op::Clamp { min, input, max } => {
-            let y = get(*input).broadcast_maximum(get(*min)).and_then(|y| y.broadcast_minimum(get(*max)));
+            let (lo, x, hi) = (get(*min), get(*input), get(*max));
+            let y =
+                x.broadcast_maximum(lo).and_then(|y| y.broadcast_minimum(hi)).and_then(|y| with_nans(y, &[lo, x, hi]));
             one_candle(y.map_err(e)?)
         }
         Op::Convert { input, to } => {
@@ -262,7 +287,8 @@ fn eval_candle<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'a Ct
                     let mut y = x.clone();
                     // Highest axis first, so the lower axes keep their index.
                     for &a in axes.iter().rev() {
-                        y = if matches!(r, ReduceOp::Max) { y.max(a) } else { y.min(a) }.map_err(&e)?;
+                        let reduced = if matches!(r, ReduceOp::Max) { y.max(a) } else { y.min(a) }.map_err(&e)?;
+                        y = reduced_with_nans(reduced, &y, a).map_err(&e)?;
                     }
                     Ok(y)
                 }
