@@ -165,8 +165,8 @@ impl Tensor {
 
     /// A tensor of `shape` filled with `value`, recorded as a broadcast constant
     /// (no host data; recorded once per step for each value, dtype and shape).
-    /// `value` of `dtype` everywhere; a value an integer `dtype` cannot hold
-    /// exactly (`2.5`, `1e10` for `i32`) is an error, not truncated.
+    /// A value an integer `dtype` cannot hold exactly (`2.5`, `1e10` for
+    /// `i32`) is an error, not truncated.
     pub fn full(value: f64, dtype: DType, shape: impl Into<Shape>) -> Result<Tensor> {
         exact_scalar("full", value, dtype)?;
         let shape = shape.into();

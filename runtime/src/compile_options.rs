@@ -14,6 +14,8 @@ use std::collections::BTreeMap;
 
 use prost::Message;
 
+use crate::error::{Result, RuntimeError};
+
 /// XLA debug options set on every compile, by name (`env_option_overrides`,
 /// which PJRT applies over the plugin's defaults), each to keep a program's
 /// meaning the plugin's choice would change:
@@ -23,10 +25,9 @@ use prost::Message;
 ///   depending on operand order (`max([1, NaN, 3])` was 3, `maximum(1, NaN)`
 ///   1 but `maximum(NaN, 2)` NaN). StableHLO's `maximum` propagates NaN, as
 ///   PyTorch, JAX and kiln's reference interpreter do. The CUDA plugin's own
-///   option, `xla_gpu_enable_fast_min_max`, is off by default.
+///   option, `xla_gpu_enable_fast_min_max`, is off by default (the NaN test
+///   passes there, H100, 2026-11-25).
 pub const SEMANTIC_OVERRIDES: [(&str, bool); 1] = [("xla_cpu_enable_fast_min_max", false)];
-
-use crate::error::{Result, RuntimeError};
 
 /// How to compile a program: replica and partition counts and an optional
 /// fixed device assignment.
