@@ -84,6 +84,26 @@ fn a_limit_remat_cannot_meet_trains_with_the_lowest_peak_plan_and_says_so() {
     assert!(dir.path().join("graphs").join(format!("{name}.kiln")).is_file(), "{name}: {err}");
 }
 
+/// A percentage the MLP's programs cannot meet, where greedy recomputes
+/// nothing in either (the eval program has no backward): the warning says no
+/// recomputation was found that lowers the peak, not just "0 values".
+#[test]
+fn a_limit_where_nothing_is_recomputed_says_why() {
+    let out = Command::cargo_bin("kiln")
+        .unwrap()
+        .env("KILN_CACHE", "off")
+        .args(["train", "mlp", "--epochs", "1", "--max-steps", "2", "--json", "--memory-limit", "50%"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("not met by rematerialization")).collect();
+    assert!(!warnings.is_empty(), "{err}");
+    for w in warnings {
+        assert!(w.contains("0 value(s) recomputed); no recomputation found lowers this program's peak"), "{w}");
+    }
+}
+
 /// A byte limit the plan meets in live bytes while XLA's compiled program
 /// holds more (on the CPU plugin every output has an allocation of its own
 /// for the whole run): the run trains and says so, with XLA's figures.

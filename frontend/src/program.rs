@@ -251,13 +251,21 @@ pub(crate) fn obtain(
             Some(f) => format!("{} B ({:.0}% of its activation memory)", r.budget_bytes, f * 100.0),
             None => format!("{} B", r.budget_bytes),
         };
+        let values = r.recomputed.iter().map(|v| v.values).sum::<usize>();
+        // Nothing taken: no candidate lowered the peak (a program without a
+        // backward has none; a peak in the optimizer's update is past them).
+        let why = if values == 0 {
+            "; no recomputation found lowers this program's peak (as in a program without a backward, or \
+             one whose peak is in the optimizer's update)"
+        } else {
+            ""
+        };
         tracing::warn!(
             "kiln: memory limit {limit} not met by rematerialization in program {name} ({} nodes): it runs \
-             the lowest-peak plan reached, {} B predicted (from {} B, {} value(s) recomputed)",
+             the lowest-peak plan reached, {} B predicted (from {} B, {values} value(s) recomputed){why}",
             nodes,
             r.after.peak_bytes,
             r.before.peak_bytes,
-            r.recomputed.iter().map(|v| v.values).sum::<usize>()
         );
     }
 
