@@ -82,11 +82,15 @@ fn exact_scalar(op: &'static str, value: f64, dtype: DType) -> Result<()> {
 /// Refuses a tensor of integers or booleans for `op`, a float-only composite,
 /// by its own name (its parts would name `exp` or `log`).
 pub(crate) fn floating(op: &'static str, t: &Tensor) -> Result<()> {
-    if t.dtype().is_float() {
+    floating_dtype(op, t.dtype())
+}
+
+/// [`floating`] for a dtype asked for (a random draw's).
+fn floating_dtype(op: &'static str, dtype: DType) -> Result<()> {
+    if dtype.is_float() {
         Ok(())
     } else {
-        Err(kiln_compiler::CompileError::UnsupportedDType { op, dtype: t.dtype(), expected: "a floating-point type" }
-            .into())
+        Err(kiln_compiler::CompileError::UnsupportedDType { op, dtype, expected: "a floating-point type" }.into())
     }
 }
 
@@ -192,7 +196,10 @@ impl Tensor {
     }
 
     /// Uniform values in `[0, 1)` from the thread's in-graph generator.
+    /// A floating-point `dtype` only: converted to an integer type the draws
+    /// would all be 0 (and all but zero `true` as `pred`).
     pub fn rand(dtype: DType, shape: impl Into<Shape>) -> Result<Tensor> {
+        floating_dtype("rand", dtype)?;
         let shape = shape.into();
         let bits = crate::random::next_bits(&shape)?;
         // The top 24 bits as an exact f32 fraction in [0, 1).
@@ -201,7 +208,9 @@ impl Tensor {
     }
 
     /// Standard normal values (Box–Muller) from the thread's in-graph generator.
+    /// A floating-point `dtype` only.
     pub fn randn(dtype: DType, shape: impl Into<Shape>) -> Result<Tensor> {
+        floating_dtype("randn", dtype)?;
         let shape = shape.into();
         let u1 = Tensor::rand(DType::F32, shape.clone())?;
         let u2 = Tensor::rand(DType::F32, shape)?;
@@ -710,10 +719,11 @@ impl Tensor {
     /// f32 (see [`crate::amp`]).
     pub fn reduce(&self, op: ReduceOp, axes: &[isize], keep_dims: bool) -> Result<Tensor> {
         let x = amp::full_precision(self)?;
-        let mut ax = axes.iter().map(|&a| axis("reduce", a, self.rank())).collect::<Result<Vec<_>>>()?;
+        // Named as called (`sum`, `max`, ...).
+        let mut ax = axes.iter().map(|&a| axis(op.name(), a, self.rank())).collect::<Result<Vec<_>>>()?;
         ax.sort_unstable();
         ax.dedup();
-        let input = x.value("reduce")?;
+        let input = x.value(op.name())?;
         let r = record(Op::Reduce { op, input, axes: ax.clone() })?;
         if keep_dims {
             let dims: Vec<usize> =

@@ -120,6 +120,18 @@ fn integer_data_is_refused_where_floats_are_needed() -> anyhow::Result<()> {
     // What they can hold still works, at the edges of the range too.
     let edge = Tensor::full(2_147_483_647.0, DType::I32, [1])?
         .add(&ints.mul_scalar(3.0)?.narrow(0, 0, 1)?.sub(&Tensor::full(3.0, DType::I32, [1])?)?)?;
+    // Random draws in an integer dtype were all 0 (uniform) or truncated
+    // normals; as pred, all but zero were true.
+    for (op, r) in [
+        ("rand", Tensor::rand(DType::I32, [4])),
+        ("randn", Tensor::randn(DType::U8, [4])),
+        ("rand", Tensor::rand(DType::Pred, [4])),
+    ] {
+        let e = r.unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{op}: dtype ")) && e.contains("a floating-point type"), "{e}");
+    }
+    let e = logits.sum(&[5], false).unwrap_err();
+    assert!(matches!(e, FrontendError::Axis { op: "sum", axis: 5, rank: 2 }), "{e:?}");
     let e = logits.log_softmax(2).unwrap_err();
     assert!(matches!(e, FrontendError::Axis { op: "log_softmax", axis: 2, rank: 2 }), "{e:?}");
     kiln::mark_step()?;
