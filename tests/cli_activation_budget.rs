@@ -6,11 +6,24 @@
 use assert_cmd::Command;
 use serde_json::Value;
 
-fn train(text: &std::path::Path, limit: Option<&str>) -> Value {
+/// `kiln` with the compile cache off, so every run compiles (and plans).
+fn kiln() -> Command {
     let mut cmd = Command::cargo_bin("kiln").unwrap();
-    cmd.env("KILN_CACHE", "off")
-        .args(["train", "gpt", "--config", "tiny", "--steps", "3", "--json", "--text"])
-        .arg(text);
+    cmd.env("KILN_CACHE", "off");
+    cmd
+}
+
+/// Runs `cmd`, which must succeed, and returns its stderr (the warnings).
+fn stderr_of_success(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{err}");
+    err
+}
+
+fn train(text: &std::path::Path, limit: Option<&str>) -> Value {
+    let mut cmd = kiln();
+    cmd.args(["train", "gpt", "--config", "tiny", "--steps", "3", "--json", "--text"]).arg(text);
     if let Some(l) = limit {
         cmd.args(["--memory-limit", l]);
     }
@@ -51,8 +64,7 @@ fn a_percentage_outside_the_range_is_named() {
     let text = text_file(&dir);
     for (limit, says) in [("0%", "must be in (0, 100]"), ("150%", "must be in (0, 100]"), ("half%", "not a percentage")]
     {
-        let out = Command::cargo_bin("kiln")
-            .unwrap()
+        let out = kiln()
             .args(["train", "gpt", "--config", "tiny", "--steps", "1", "--memory-limit", limit, "--text"])
             .arg(&text)
             .output()
@@ -67,16 +79,12 @@ fn a_percentage_outside_the_range_is_named() {
 fn a_limit_remat_cannot_meet_trains_with_the_lowest_peak_plan_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let text = text_file(&dir);
-    let out = Command::cargo_bin("kiln")
-        .unwrap()
-        .env("KILN_CACHE", "off")
-        .env("KILN_SAVE_GRAPHS", dir.path().join("graphs"))
-        .args(["train", "gpt", "--config", "tiny", "--steps", "1", "--json", "--memory-limit", "1KiB", "--text"])
-        .arg(&text)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    let err = stderr_of_success(
+        kiln()
+            .env("KILN_SAVE_GRAPHS", dir.path().join("graphs"))
+            .args(["train", "gpt", "--config", "tiny", "--steps", "1", "--json", "--memory-limit", "1KiB", "--text"])
+            .arg(&text),
+    );
     assert!(err.contains("memory limit 1024 B not met") && err.contains("lowest-peak plan"), "{err}");
     // The warning names the program as KILN_SAVE_GRAPHS names its file.
     let at = err.find("in program step-").expect("the warning names its program") + "in program ".len();
@@ -89,14 +97,8 @@ fn a_limit_remat_cannot_meet_trains_with_the_lowest_peak_plan_and_says_so() {
 /// recomputation was found that lowers the peak, not just "0 values".
 #[test]
 fn a_limit_where_nothing_is_recomputed_says_why() {
-    let out = Command::cargo_bin("kiln")
-        .unwrap()
-        .env("KILN_CACHE", "off")
-        .args(["train", "mlp", "--epochs", "1", "--max-steps", "2", "--json", "--memory-limit", "50%"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    let args = ["train", "mlp", "--epochs", "1", "--max-steps", "2", "--json", "--memory-limit", "50%"];
+    let err = stderr_of_success(kiln().args(args));
     let warnings: Vec<&str> = err.lines().filter(|l| l.contains("not met by rematerialization")).collect();
     assert!(!warnings.is_empty(), "{err}");
     for w in warnings {
@@ -111,16 +113,12 @@ fn a_limit_where_nothing_is_recomputed_says_why() {
 fn a_limit_met_in_live_bytes_but_not_in_xlas_program_is_reported() {
     let dir = tempfile::tempdir().unwrap();
     let text = text_file(&dir);
-    let out = Command::cargo_bin("kiln")
-        .unwrap()
-        .env("KILN_CACHE", "off")
-        .args(["train", "gpt", "--config", "tiny", "--vocab", "64", "--steps", "1", "--memory-limit", "5MiB"])
-        .arg("--text")
-        .arg(&text)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    let err = stderr_of_success(
+        kiln()
+            .args(["train", "gpt", "--config", "tiny", "--vocab", "64", "--steps", "1", "--memory-limit", "5MiB"])
+            .arg("--text")
+            .arg(&text),
+    );
     assert!(!err.contains("not met"), "remat meets 5 MiB of live bytes: {err}");
     let at = err.find("memory limit 5242880 B met by rematerialization").expect("the warning");
     let line = err[at..].lines().next().unwrap();
