@@ -172,8 +172,12 @@ impl Tensor {
     /// A value an integer `dtype` cannot hold exactly (`2.5`, `1e10` for
     /// `i32`) is an error, not truncated.
     pub fn full(value: f64, dtype: DType, shape: impl Into<Shape>) -> Result<Tensor> {
-        exact_scalar("full", value, dtype)?;
-        let shape = shape.into();
+        Tensor::constant_for("full", value, dtype, shape.into())
+    }
+
+    /// [`Tensor::full`] for `op`, which names a scalar `dtype` cannot hold.
+    fn constant_for(op: &'static str, value: f64, dtype: DType, shape: Shape) -> Result<Tensor> {
+        exact_scalar(op, value, dtype)?;
         context::with(|c| c.constant(value, dtype, &shape)).map(Tensor::wrap)
     }
 
@@ -484,8 +488,7 @@ impl Tensor {
             BinaryOp::Pow => "powf",
             other => other.name(),
         };
-        exact_scalar(name, value, self.dtype())?;
-        let s = Tensor::full(value, self.dtype(), self.shape().clone())?;
+        let s = Tensor::constant_for(name, value, self.dtype(), self.shape().clone())?;
         self.binary(op, &s)
     }
 
@@ -573,10 +576,8 @@ impl Tensor {
 
     /// Clamps into `[lo, hi]`.
     pub fn clamp(&self, lo: f64, hi: f64) -> Result<Tensor> {
-        exact_scalar("clamp", lo, self.dtype())?;
-        exact_scalar("clamp", hi, self.dtype())?;
-        let lo = Tensor::full(lo, self.dtype(), Shape::scalar())?;
-        let hi = Tensor::full(hi, self.dtype(), Shape::scalar())?;
+        let lo = Tensor::constant_for("clamp", lo, self.dtype(), Shape::scalar())?;
+        let hi = Tensor::constant_for("clamp", hi, self.dtype(), Shape::scalar())?;
         let [min, input, max] = Tensor::values("clamp", [&lo, self, &hi])?;
         record(Op::Clamp { min, input, max })
     }
@@ -706,8 +707,7 @@ impl Tensor {
     }
 
     pub fn pad(&self, value: f64, low: Vec<i64>, high: Vec<i64>) -> Result<Tensor> {
-        exact_scalar("pad", value, self.dtype())?;
-        let v = Tensor::full(value, self.dtype(), Shape::scalar())?;
+        let v = Tensor::constant_for("pad", value, self.dtype(), Shape::scalar())?;
         let [input, value] = Tensor::values("pad", [self, &v])?;
         let interior = vec![0; self.rank()];
         record(Op::Pad { input, value, low, high, interior })
