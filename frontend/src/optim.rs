@@ -40,6 +40,64 @@ fn zeros_like(t: &Tensor, placement: InitPlacement) -> Result<Tensor> {
     Ok(z)
 }
 
+/// `value` if `ok` holds for it, else a [`FrontendError::HyperParameter`]
+/// naming the optimizer, the setting and the range it must lie in.
+fn setting(op: &'static str, name: &'static str, value: f64, ok: bool, expected: &'static str) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(FrontendError::HyperParameter { op, name, value, expected })
+    }
+}
+
+/// A learning rate given as a Rust number: finite, not negative, and not so
+/// small that f32 (the step's type) rounds it to 0 or so large that it
+/// rounds to infinity.
+pub(crate) fn lr_scalar(op: &'static str, lr: f64) -> Result<Tensor> {
+    let f = lr as f32;
+    let ok = lr.is_finite() && lr >= 0.0 && f.is_finite() && (f > 0.0) == (lr > 0.0);
+    setting(op, "lr", lr, ok, "finite, not negative, and representable in f32 (0 or at least 1.4e-45, below 3.4e38)")?;
+    Ok(Tensor::scalar(f))
+}
+
+/// The same tensor twice in one parameter list would be updated twice with
+/// the sum of its gradients counted once per entry: refused by index.
+fn check_distinct(op: &'static str, params: &[Tensor]) -> Result<()> {
+    for (j, p) in params.iter().enumerate() {
+        if let Some(i) = params[..j].iter().position(|q| q.same(p)) {
+            return Err(FrontendError::InvalidArgument {
+                op,
+                reason: format!("parameters {i} and {j} are the same tensor: list each parameter once"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `params` must be the tensors, in the order, the optimizer was built for:
+/// its state is matched to them by position.
+fn check_same_params(op: &'static str, built_for: &[Tensor], params: &[Tensor]) -> Result<()> {
+    if params.len() != built_for.len() {
+        return Err(FrontendError::Count {
+            op,
+            what: "parameters",
+            expected: format!("the {} it was built for", built_for.len()),
+            got: params.len(),
+        });
+    }
+    if let Some(i) = params.iter().zip(built_for).position(|(p, q)| !p.same(q)) {
+        let reason = match built_for.iter().position(|q| q.same(&params[i])) {
+            Some(k) => format!(
+                "parameter {i} is the optimizer's parameter {k}: pass the parameters in the order it was built with \
+                 (its state is matched to them by position)"
+            ),
+            None => format!("parameter {i} ({}) is not one the optimizer was built for", params[i].ty()),
+        };
+        return Err(FrontendError::InvalidArgument { op, reason });
+    }
+    Ok(())
+}
+
 fn check(params: &[Tensor], grads: &[Tensor]) -> Result<()> {
     if params.len() != grads.len() {
         return Err(FrontendError::Count {
@@ -127,6 +185,32 @@ impl Default for AdamWConfig {
     }
 }
 
+impl AdamWConfig {
+    /// Each setting in its range: the betas in [0, 1) (at 1 the bias
+    /// correction divides by zero), `eps` positive in f32 (0 divides a zero
+    /// moment by zero), the weight decay finite and not negative.
+    pub fn check(&self) -> Result<()> {
+        let beta = |name, b: f64| setting("adamw", name, b, (0.0..1.0).contains(&b), "in [0, 1)");
+        beta("beta1", self.beta1)?;
+        beta("beta2", self.beta2)?;
+        let eps = self.eps as f32;
+        setting(
+            "adamw",
+            "eps",
+            self.eps,
+            eps > 0.0 && eps.is_finite(),
+            "positive and finite in f32 (at least 1.4e-45)",
+        )?;
+        setting(
+            "adamw",
+            "weight_decay",
+            self.weight_decay,
+            self.weight_decay.is_finite() && self.weight_decay >= 0.0,
+            "finite and not negative",
+        )
+    }
+}
+
 /// Adam with decoupled weight decay and bias correction.
 #[derive(Clone, Debug)]
 pub struct AdamW {
@@ -135,6 +219,9 @@ pub struct AdamW {
     pub v: Vec<Tensor>,
     /// Number of updates applied (f32 scalar on the device).
     pub t: Tensor,
+    /// The parameters it was built for, in order: `m[i]` and `v[i]` are
+    /// `params[i]`'s, and a step refuses any other list.
+    params: Vec<Tensor>,
 }
 
 impl AdamW {
@@ -150,18 +237,22 @@ impl AdamW {
     /// optimizer before `ParamStore::materialize`, or by `mark_step`), or
     /// that step computes them and compiles to a program no later step runs.
     pub fn with_state_on(params: &[Tensor], config: AdamWConfig, placement: InitPlacement) -> Result<AdamW> {
+        config.check()?;
+        check_distinct("adamw", params)?;
         let zeros = |p: &Tensor| zeros_like(p, placement);
         Ok(AdamW {
             config,
             m: params.iter().map(zeros).collect::<Result<_>>()?,
             v: params.iter().map(zeros).collect::<Result<_>>()?,
             t: Tensor::scalar(0f32),
+            params: params.to_vec(),
         })
     }
 
     /// Records one update of `params` with `grads` at learning rate `lr`.
     pub fn step(&mut self, params: &[Tensor], grads: &[Tensor], lr: f64) -> Result<()> {
-        self.step_lr(params, grads, &Tensor::scalar(lr as f32))
+        let lr = lr_scalar("adamw", lr)?;
+        self.step_lr(params, grads, &lr)
     }
 
     /// [`AdamW::step`] with the learning rate as an f32 scalar tensor: what a
@@ -169,15 +260,9 @@ impl AdamW {
     /// changes it without retracing.
     pub fn step_lr(&mut self, params: &[Tensor], grads: &[Tensor], lr: &Tensor) -> Result<()> {
         check(params, grads)?;
-        if params.len() != self.m.len() {
-            return Err(FrontendError::Count {
-                op: "adamw",
-                what: "parameters",
-                expected: format!("the {} it was built for", self.m.len()),
-                got: params.len(),
-            });
-        }
+        check_same_params("adamw", &self.params, params)?;
         let c = self.config;
+        c.check()?;
         check_lr("adamw", lr)?;
         let t = self.t.add_scalar(1.0)?;
         // Bias corrections 1 - beta^t, computed in-graph from the counter.
@@ -217,24 +302,39 @@ pub struct Sgd {
     pub momentum: f64,
     pub weight_decay: f64,
     pub buf: Vec<Tensor>,
+    /// The parameters it was built for, in order (`buf[i]` is `params[i]`'s).
+    params: Vec<Tensor>,
 }
 
 impl Sgd {
+    /// Momentum and weight decay finite and not negative (PyTorch's ranges).
     pub fn new(params: &[Tensor], momentum: f64, weight_decay: f64) -> Result<Sgd> {
+        Sgd::check_settings(momentum, weight_decay)?;
+        check_distinct("sgd", params)?;
         Ok(Sgd {
             momentum,
             weight_decay,
             buf: params.iter().map(|p| zeros_like(p, InitPlacement::Host)).collect::<Result<_>>()?,
+            params: params.to_vec(),
         })
     }
 
+    fn check_settings(momentum: f64, weight_decay: f64) -> Result<()> {
+        let ok = |x: f64| x.is_finite() && x >= 0.0;
+        setting("sgd", "momentum", momentum, ok(momentum), "finite and not negative")?;
+        setting("sgd", "weight_decay", weight_decay, ok(weight_decay), "finite and not negative")
+    }
+
     pub fn step(&mut self, params: &[Tensor], grads: &[Tensor], lr: f64) -> Result<()> {
-        self.step_lr(params, grads, &Tensor::scalar(lr as f32))
+        let lr = lr_scalar("sgd", lr)?;
+        self.step_lr(params, grads, &lr)
     }
 
     /// [`Sgd::step`] with the learning rate as an f32 scalar tensor.
     pub fn step_lr(&mut self, params: &[Tensor], grads: &[Tensor], lr: &Tensor) -> Result<()> {
         check(params, grads)?;
+        check_same_params("sgd", &self.params, params)?;
+        Sgd::check_settings(self.momentum, self.weight_decay)?;
         check_lr("sgd", lr)?;
         for ((p, g), b) in params.iter().zip(grads).zip(&self.buf) {
             let g = if self.weight_decay != 0.0 { g.add(&p.mul_scalar(self.weight_decay)?)? } else { g.clone() };
@@ -274,6 +374,95 @@ impl WarmupCosine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn param(n: usize) -> Tensor {
+        Tensor::from_vec((0..n).map(|i| 0.5 + i as f32).collect::<Vec<_>>(), [n]).unwrap()
+    }
+
+    fn refused_setting<T: std::fmt::Debug>(r: Result<T>) -> &'static str {
+        match r {
+            Err(FrontendError::HyperParameter { name, .. }) => name,
+            other => panic!("expected a HyperParameter error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn adamw_refuses_settings_that_cannot_train() {
+        let p = [param(3)];
+        let with = |f: fn(&mut AdamWConfig)| {
+            let mut c = AdamWConfig::default();
+            f(&mut c);
+            AdamW::new(&p, c)
+        };
+        assert_eq!(refused_setting(with(|c| c.beta1 = 1.0)), "beta1");
+        assert_eq!(refused_setting(with(|c| c.beta1 = -0.5)), "beta1");
+        assert_eq!(refused_setting(with(|c| c.beta2 = 1.0)), "beta2");
+        assert_eq!(refused_setting(with(|c| c.beta2 = f64::NAN)), "beta2");
+        assert_eq!(refused_setting(with(|c| c.eps = 0.0)), "eps");
+        assert_eq!(refused_setting(with(|c| c.eps = -1.0)), "eps");
+        assert_eq!(refused_setting(with(|c| c.eps = 1e-50)), "eps"); // 0 in f32
+        assert_eq!(refused_setting(with(|c| c.weight_decay = f64::NAN)), "weight_decay");
+        assert_eq!(refused_setting(with(|c| c.weight_decay = -1.0)), "weight_decay");
+        with(|c| c.beta1 = 0.0).unwrap();
+        // A config changed after construction is checked at the step.
+        let mut opt = AdamW::new(&p, AdamWConfig::default()).unwrap();
+        opt.config.beta2 = 1.0;
+        assert_eq!(refused_setting(opt.step(&p, &[param(3)], 1e-3)), "beta2");
+    }
+
+    #[test]
+    fn learning_rates_that_cannot_train_are_refused_by_both_optimizers() {
+        let p = [param(2)];
+        let mut adamw = AdamW::new(&p, AdamWConfig::default()).unwrap();
+        let mut sgd = Sgd::new(&p, 0.9, 0.0).unwrap();
+        for lr in [f64::NAN, f64::INFINITY, -1e-2, 1e300, 1e-50] {
+            let e = adamw.step(&p, &[param(2)], lr).unwrap_err().to_string();
+            assert!(e.starts_with("adamw: lr = ") && e.contains("representable in f32"), "{lr}: {e}");
+            assert_eq!(refused_setting(sgd.step(&p, &[param(2)], lr)), "lr");
+        }
+        adamw.step(&p, &[param(2)], 0.0).unwrap();
+        sgd.step(&p, &[param(2)], 1e-3).unwrap();
+    }
+
+    #[test]
+    fn sgd_refuses_momentum_and_decay_out_of_range() {
+        let p = [param(2)];
+        assert_eq!(refused_setting(Sgd::new(&p, f64::NAN, 0.0)), "momentum");
+        assert_eq!(refused_setting(Sgd::new(&p, -1.0, 0.0)), "momentum");
+        assert_eq!(refused_setting(Sgd::new(&p, 0.9, f64::INFINITY)), "weight_decay");
+        assert_eq!(refused_setting(Sgd::new(&p, 0.9, -0.1)), "weight_decay");
+    }
+
+    #[test]
+    fn a_parameter_listed_twice_is_refused() {
+        let (a, b) = (param(2), param(3));
+        let twice = [a.clone(), b, a];
+        let e = AdamW::new(&twice, AdamWConfig::default()).unwrap_err().to_string();
+        assert_eq!(e, "adamw: parameters 0 and 2 are the same tensor: list each parameter once");
+        let e = Sgd::new(&twice, 0.0, 0.0).unwrap_err().to_string();
+        assert!(e.starts_with("sgd: parameters 0 and 2 are the same tensor"), "{e}");
+    }
+
+    #[test]
+    fn a_step_takes_the_parameters_the_optimizer_was_built_for_in_order() {
+        let (a, b) = (param(2), param(2));
+        let grads = [param(2), param(2)];
+        let mut adamw = AdamW::new(&[a.clone(), b.clone()], AdamWConfig::default()).unwrap();
+        let mut sgd = Sgd::new(std::slice::from_ref(&a), 0.9, 0.0).unwrap();
+        // More parameters than it was built for: SGD used to update the first
+        // and silently skip the rest.
+        let e = sgd.step(&[a.clone(), b.clone()], &grads, 0.1).unwrap_err().to_string();
+        assert_eq!(e, "sgd: 2 parameters for the 1 it was built for");
+        // The same tensors in another order would swap their moments.
+        let e = adamw.step(&[b.clone(), a.clone()], &grads, 0.1).unwrap_err().to_string();
+        assert!(
+            e.starts_with("adamw: parameter 0 is the optimizer's parameter 1: pass the parameters in the order"),
+            "{e}"
+        );
+        let e = adamw.step(&[a.clone(), param(2)], &grads, 0.1).unwrap_err().to_string();
+        assert_eq!(e, "adamw: parameter 1 (tensor<2xf32>) is not one the optimizer was built for");
+        adamw.step(&[a, b], &grads, 0.1).unwrap();
+    }
 
     #[test]
     fn warmup_then_cosine() {

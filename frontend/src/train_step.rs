@@ -89,7 +89,8 @@ impl TrainStep {
         opt: &mut O,
         lr: f64,
     ) -> Result<StepStats> {
-        self.record_lr(loss, params, opt, &Tensor::scalar(lr as f32))
+        let lr = crate::optim::lr_scalar("train_step", lr)?;
+        self.record_lr(loss, params, opt, &lr)
     }
 
     /// [`TrainStep::record`] with the learning rate as an f32 scalar tensor:
