@@ -224,11 +224,37 @@ where
         })
     }
 
+    /// Runs the closure. When it fails, the call has no effect: the ops it
+    /// recorded are discarded and every tensor it assigned (parameters,
+    /// optimizer state, the generator) reads as before, unless the closure
+    /// itself ran a step (`mark_step`, a read) before failing, which cannot
+    /// be undone.
+    fn record(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let epoch = context::with(|c| c.trace.epoch);
+        let undo = crate::lowering::UndoAssigns::begin();
+        match (self.f)(inputs) {
+            Ok(returned) => {
+                undo.keep();
+                Ok(returned)
+            }
+            Err(e) if context::with(|c| c.trace.epoch) == epoch => {
+                drop(undo);
+                context::with(|c| c.trace = trace::Trace::new());
+                drop(executor::take_hooks());
+                Err(e)
+            }
+            Err(e) => {
+                undo.keep();
+                Err(e)
+            }
+        }
+    }
+
     /// Runs the closure as an ordinary step and makes its cut the plan.
     fn trace(&mut self, guard: Guard, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         self.traces += 1;
         let watermark = trace::next_tensor_id();
-        let returned = (self.f)(inputs)?;
+        let returned = self.record(inputs)?;
         let Some(cut) = cut_step()? else {
             return Ok(returned);
         };

@@ -15,6 +15,9 @@
 //!   did before. Tensors created inside the lowering are left stale: nothing
 //!   outside the closure can hold them unless the closure leaked them.
 //! - Lowerings nest: each has its own log, restored innermost first.
+//! - A captured step's trace (`crate::capture`) opens a log too, kept when
+//!   its closure returns and restored when the closure fails, so a failed
+//!   call leaves every tensor as it was ([`UndoAssigns::keep`]).
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -66,6 +69,25 @@ impl UndoAssigns {
         DEPTH.with(|d| d.set(d.get() + 1));
         UndoAssigns(())
     }
+
+    /// Closes the log keeping every assignment made while it was open. Under
+    /// an enclosing log, the states saved here move to it (where it has none
+    /// of its own for the tensor), so the enclosing undo still restores them.
+    pub fn keep(self) {
+        std::mem::forget(self);
+        DEPTH.with(|d| d.set(d.get() - 1));
+        LOGS.with(|l| {
+            let mut logs = l.borrow_mut();
+            let log = logs.pop().unwrap_or_default();
+            if let Some(outer) = logs.last_mut() {
+                for s in log {
+                    if !outer.iter().any(|o| Rc::ptr_eq(&o.tensor, &s.tensor)) {
+                        outer.push(s);
+                    }
+                }
+            }
+        });
+    }
 }
 
 impl Drop for UndoAssigns {
@@ -78,5 +100,43 @@ impl Drop for UndoAssigns {
             *s.tensor.state.borrow_mut() = s.state;
             s.tensor.bound.set(s.bound);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::UndoAssigns;
+    use crate::tensor::Tensor;
+
+    fn t(v: f32) -> Tensor {
+        Tensor::from_vec(vec![v, v + 1.0], [2]).unwrap()
+    }
+
+    #[test]
+    fn a_kept_inner_log_is_still_undone_by_the_enclosing_one() {
+        let (a, b) = (t(1.0), t(2.0));
+        let outer = UndoAssigns::begin();
+        a.assign(&t(10.0)).unwrap();
+        let inner = UndoAssigns::begin();
+        b.assign(&t(20.0)).unwrap();
+        a.assign(&t(30.0)).unwrap();
+        inner.keep();
+        assert_eq!(b.to_vec::<f32>().unwrap(), vec![20.0, 21.0], "kept while the outer log is open");
+        drop(outer);
+        assert_eq!(a.to_vec::<f32>().unwrap(), vec![1.0, 2.0], "a as before the outer log");
+        assert_eq!(b.to_vec::<f32>().unwrap(), vec![2.0, 3.0], "b, saved by the inner log, as before too");
+    }
+
+    #[test]
+    fn a_dropped_log_restores_and_a_kept_one_does_not() {
+        let a = t(1.0);
+        let undo = UndoAssigns::begin();
+        a.assign(&t(5.0)).unwrap();
+        drop(undo);
+        assert_eq!(a.to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
+        let keep = UndoAssigns::begin();
+        a.assign(&t(7.0)).unwrap();
+        keep.keep();
+        assert_eq!(a.to_vec::<f32>().unwrap(), vec![7.0, 8.0]);
     }
 }

@@ -148,3 +148,45 @@ fn verify_mode_catches_rust_values_baked_into_the_trace() -> anyhow::Result<()> 
     assert!(err.to_string().contains("differs from the captured one"), "{err}");
     Ok(())
 }
+
+/// A call whose closure fails after the optimizer step has no effect: the
+/// update it recorded is discarded, not run by the next call (it used to be:
+/// AdamW's counter ended one step ahead and the parameters drifted from a
+/// loop that skipped the batch).
+#[test]
+fn a_failed_call_leaves_parameters_and_optimizer_state_as_they_were() -> anyhow::Result<()> {
+    let data = batches(8, 16);
+    let odd = batches(1, 5).pop().expect("one batch");
+    // The loop without the failing batch.
+    let mut a = model()?;
+    for (x, y, lr) in &data {
+        train(&mut a, &[x.clone(), y.clone(), lr.clone()])?;
+        kiln::mark_step()?;
+    }
+    // Captured, with a batch of 5 rows in the middle whose call fails after
+    // its update was recorded.
+    let mut b = model()?;
+    {
+        let mut step = kiln::compile_step(|inputs: &[Tensor]| {
+            let out = train(&mut b, inputs)?;
+            if inputs[0].dims()[0] == 5 {
+                return Err(kiln::FrontendError::InvalidArgument { op: "user step", reason: "a batch of 5".into() });
+            }
+            Ok(out)
+        });
+        for (i, (x, y, lr)) in data.iter().enumerate() {
+            if i == 4 {
+                let e = step.call(&[odd.0.clone(), odd.1.clone(), odd.2.clone()]).unwrap_err();
+                assert_eq!(e.to_string(), "user step: a batch of 5");
+            }
+            step.call(&[x.clone(), y.clone(), lr.clone()])?;
+        }
+    }
+    kiln::sync()?;
+    for (p, q) in a.params.iter().zip(&b.params) {
+        assert_eq!(bits(p), bits(q), "parameter {:?} differs", p.name());
+    }
+    assert_eq!(b.opt.t.to_vec::<f32>()?, vec![8.0], "AdamW's step counter");
+    assert_eq!(bits(&a.opt.t), bits(&b.opt.t));
+    Ok(())
+}
