@@ -3,9 +3,11 @@
 //! A checkpoint holds named tensors (parameters, optimizer state, the RNG
 //! state) and the step number. Writes go to a temporary file in the same
 //! directory, are synced, then renamed over the target, so a crash mid-write
-//! leaves the previous checkpoint intact. A checksum over every tensor's name
-//! and bytes is stored in the metadata and verified on load: a corrupt or
-//! truncated file is an error naming the path, never silently loaded.
+//! leaves the previous checkpoint intact. A checksum over the step and every
+//! tensor's name, dtype, shape and bytes is stored in the metadata and
+//! verified on load: a corrupt or truncated file is an error naming the path,
+//! never silently loaded. (Files of format 1, written before 2026-11-25,
+//! still load; their checksum covers the names and bytes only.)
 //!
 //! A tensor whose replicas hold different values (the per-replica RNG keys)
 //! is saved once per replica (`<name>@replica<r>` for r ≥ 1) and restored to
@@ -33,8 +35,14 @@ use crate::nn::Module;
 use crate::optim::Optimizer;
 use crate::step::mark_step;
 use crate::tensor::Tensor;
+use crate::train_step::TrainStep;
 
-const FORMAT: &str = "kiln-checkpoint-1";
+/// The format written: its checksum covers the step, and every tensor's
+/// dtype and shape besides its name and bytes.
+const FORMAT: &str = "kiln-checkpoint-2";
+/// The format before 2026-11-25, still read: its checksum covered names and
+/// bytes only, so a flipped step, dtype or shape in the header went unseen.
+const FORMAT_1: &str = "kiln-checkpoint-1";
 /// `<name>@replica<r>`: replica `r`'s value of a tensor whose replicas differ.
 const REPLICA_SEP: &str = "@replica";
 
@@ -71,21 +79,55 @@ fn kiln_dtype(d: Dtype) -> Option<DType> {
     })
 }
 
-/// FNV-1a over names and bytes: cheap, and enough to catch corruption.
-fn checksum<'a>(items: impl Iterator<Item = (&'a str, &'a [u8])>) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for &b in bytes {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    };
-    for (name, bytes) in items {
-        eat(name.as_bytes());
-        eat(&(bytes.len() as u64).to_le_bytes());
-        eat(bytes);
+/// FNV-1a: cheap, and enough to catch corruption.
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
     }
-    h
+    fn eat(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn eat_u64(&mut self, v: u64) {
+        self.eat(&v.to_le_bytes());
+    }
+}
+
+/// Over names and bytes: format 1's checksum, and what the nodes of a run
+/// compare before one of them writes.
+fn checksum<'a>(items: impl Iterator<Item = (&'a str, &'a [u8])>) -> u64 {
+    let mut h = Fnv::new();
+    for (name, bytes) in items {
+        h.eat(name.as_bytes());
+        h.eat_u64(bytes.len() as u64);
+        h.eat(bytes);
+    }
+    h.0
+}
+
+/// The file's checksum (format 2): the step, then each tensor (sorted by
+/// name) as its name, dtype, rank, dimensions and bytes.
+fn file_checksum<'a>(step: u64, items: impl Iterator<Item = (&'a str, &'a Literal)>) -> u64 {
+    let mut h = Fnv::new();
+    h.eat(b"step");
+    h.eat_u64(step);
+    for (name, l) in items {
+        h.eat_u64(name.len() as u64);
+        h.eat(name.as_bytes());
+        h.eat(l.ty().dtype.to_string().as_bytes());
+        let dims = l.ty().shape.dims();
+        h.eat_u64(dims.len() as u64);
+        for &d in dims {
+            h.eat_u64(d as u64);
+        }
+        h.eat_u64(l.bytes().len() as u64);
+        h.eat(l.bytes());
+    }
+    h.0
 }
 
 /// Every tensor a training run needs to resume, by name: `param.<name>` for
@@ -106,16 +148,46 @@ pub(crate) fn state_of(params: Vec<(String, Tensor)>, optimizer: &dyn Optimizer)
 }
 
 /// Saves the whole training state of `model` and `optimizer` at `step` to
-/// `path` (atomically; see [`save`]).
+/// `path` (atomically; see [`save`]). A loop that steps through a
+/// [`TrainStep`] with loss scaling saves with [`save_training_with`], or a
+/// resumed run starts again from the initial loss scale.
 pub fn save_training(path: impl AsRef<Path>, step: u64, model: &dyn Module, optimizer: &dyn Optimizer) -> Result<()> {
     save(path, step, &training_state(model, optimizer))
 }
 
 /// Restores what [`save_training`] wrote into `model`, `optimizer` and the
 /// generator; returns the saved step. Nothing is assigned unless every tensor
-/// is present with its type.
+/// is present with its type, and the file holds nothing else: a tensor the
+/// model and optimizer lack (another model's layer, a loss scaler's state) is
+/// an error naming it. [`restore`] loads a subset.
 pub fn restore_training(path: impl AsRef<Path>, model: &dyn Module, optimizer: &dyn Optimizer) -> Result<u64> {
-    restore(path, &training_state(model, optimizer))
+    restore_all(path.as_ref(), &training_state(model, optimizer))
+}
+
+/// [`save_training`] with `train_step`'s state too (its loss scale and growth
+/// counter), so a mixed-precision run resumes bit-identically.
+pub fn save_training_with(
+    path: impl AsRef<Path>,
+    step: u64,
+    model: &dyn Module,
+    optimizer: &dyn Optimizer,
+    train_step: &TrainStep,
+) -> Result<()> {
+    let mut state = training_state(model, optimizer);
+    state.extend(train_step.state());
+    save(path, step, &state)
+}
+
+/// Restores what [`save_training_with`] wrote (see [`restore_training`]).
+pub fn restore_training_with(
+    path: impl AsRef<Path>,
+    model: &dyn Module,
+    optimizer: &dyn Optimizer,
+    train_step: &TrainStep,
+) -> Result<u64> {
+    let mut state = training_state(model, optimizer);
+    state.extend(train_step.state());
+    restore_all(path.as_ref(), &state)
 }
 
 /// Saves `tensors` (runs the pending step first) and `step` to `path`.
@@ -129,6 +201,11 @@ pub fn save(path: impl AsRef<Path>, step: u64, tensors: &[(String, Tensor)]) -> 
     names.sort_unstable();
     if names.windows(2).any(|w| w[0] == w[1]) {
         return Err(err("duplicate tensor names".into()));
+    }
+    if let Some(n) = names.iter().find(|n| n.contains(REPLICA_SEP)) {
+        return Err(err(format!(
+            "tensor name {n:?} contains {REPLICA_SEP:?}, which checkpoints keep for replicas' own values: rename it"
+        )));
     }
     // Replica 0's value under the tensor's name; a tensor whose replicas hold
     // different values (the per-replica RNG keys) also stores replicas 1.. as
@@ -146,7 +223,7 @@ pub fn save(path: impl AsRef<Path>, step: u64, tensors: &[(String, Tensor)]) -> 
     // Sorted by name: the order safetensors gives back on load.
     let mut sorted: Vec<&(String, Literal)> = literals.iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(&b.0));
-    let sum = checksum(sorted.iter().map(|(n, l)| (n.as_str(), l.bytes())));
+    let sum = file_checksum(step, sorted.iter().map(|(n, l)| (n.as_str(), l)));
     let mut meta = HashMap::new();
     meta.insert("format".to_string(), FORMAT.to_string());
     meta.insert("step".to_string(), step.to_string());
@@ -246,8 +323,9 @@ pub fn load_bytes(bytes: &[u8], path: &Path) -> Result<Loaded> {
     let (_, meta) =
         SafeTensors::read_metadata(bytes).map_err(|e| err(format!("not a readable safetensors file: {e}")))?;
     let info = meta.metadata().clone().unwrap_or_default();
-    if info.get("format").map(String::as_str) != Some(FORMAT) {
-        return Err(err(format!("not a kiln checkpoint (format {:?})", info.get("format"))));
+    let format = info.get("format").map(String::as_str);
+    if format != Some(FORMAT) && format != Some(FORMAT_1) {
+        return Err(err(format!("not a kiln checkpoint (format {format:?})")));
     }
     let step = info.get("step").and_then(|s| s.parse().ok()).ok_or_else(|| err("missing step".into()))?;
     let expected = info.get("checksum").cloned().ok_or_else(|| err("missing checksum".into()))?;
@@ -260,7 +338,12 @@ pub fn load_bytes(bytes: &[u8], path: &Path) -> Result<Loaded> {
         tensors.push((name.to_string(), lit));
     }
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
-    let got = format!("{:016x}", checksum(tensors.iter().map(|(n, l)| (n.as_str(), l.bytes()))));
+    let got = if format == Some(FORMAT) {
+        file_checksum(step, tensors.iter().map(|(n, l)| (n.as_str(), l)))
+    } else {
+        checksum(tensors.iter().map(|(n, l)| (n.as_str(), l.bytes())))
+    };
+    let got = format!("{got:016x}");
     if got != expected {
         return Err(err(format!("checksum mismatch (stored {expected}, computed {got}): the file is corrupt")));
     }
@@ -285,7 +368,41 @@ fn merges_trailing_dims(file: &TensorType, model: &TensorType) -> bool {
 /// unless all targets match.
 pub fn restore(path: impl AsRef<Path>, targets: &[(String, Tensor)]) -> Result<u64> {
     let path = path.as_ref();
+    restore_loaded(path, load(path)?, targets)
+}
+
+/// [`restore`] of a file that must hold `targets` and nothing else (their
+/// replicas' values aside).
+fn restore_all(path: &Path, targets: &[(String, Tensor)]) -> Result<u64> {
     let loaded = load(path)?;
+    let base = |n: &str| n.split_once(REPLICA_SEP).map_or(n, |(b, _)| b).to_string();
+    let extra: Vec<String> = loaded
+        .tensors
+        .iter()
+        .map(|(n, _)| base(n))
+        .filter(|n| !targets.iter().any(|(t, _)| t == n))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if !extra.is_empty() {
+        let hint = if extra.iter().any(|n| n.starts_with("loss_scaler.")) {
+            " (a loss scaler's state: restore with restore_training_with and the TrainStep)"
+        } else {
+            " (checkpoint::restore loads a subset)"
+        };
+        return Err(FrontendError::Checkpoint {
+            path: path.to_path_buf(),
+            reason: format!(
+                "the file holds {} tensor(s) this model and optimizer lack: {}{hint}",
+                extra.len(),
+                extra.join(", ")
+            ),
+        });
+    }
+    restore_loaded(path, loaded, targets)
+}
+
+fn restore_loaded(path: &Path, loaded: Loaded, targets: &[(String, Tensor)]) -> Result<u64> {
     let mut plan = Vec::with_capacity(targets.len());
     for (name, t) in targets {
         let lit = loaded.tensors.iter().find(|(n, _)| n == name).map(|(_, l)| l).ok_or_else(|| {
