@@ -333,13 +333,16 @@ fn erf(x: f64) -> f64 {
     }
     let a = x.abs();
     let r = if a < 2.5 {
+        // `<=`: at 0 every term is 0 and `<` never held (the reference
+        // backend spun forever on erf(0), so on GELU of a zero). Below 2.5
+        // the terms fall under 1e-17 of the sum within about 60 steps.
         let (mut term, mut sum, mut n) = (a, a, 0.0);
-        loop {
+        while n < 200.0 {
             n += 1.0;
             term *= -a * a / n;
             let add = term / (2.0 * n + 1.0);
             sum += add;
-            if add.abs() < 1e-17 * sum.abs() {
+            if add.abs() <= 1e-17 * sum.abs() {
                 break;
             }
         }
@@ -578,7 +581,9 @@ fn convert(x: &Literal, to: DType) -> Literal {
         let v: Vec<i128> = x
             .to_f64s()
             .iter()
-            .map(|&v| if v.is_nan() { 0 } else { (v.trunc().clamp(lo as f64, hi as f64)) as i128 })
+            // Clamped as integers: i64::MAX and u64::MAX round up to 2^63
+            // and 2^64 as f64, which wrapped to i64::MIN and 0.
+            .map(|&v| if v.is_nan() { 0 } else { (v.trunc() as i128).clamp(lo, hi) })
             .collect();
         return ints_to(&ty, &v);
     }
@@ -731,4 +736,40 @@ pub(crate) fn all_reduce(r: ReduceOp, parts: &[&Literal]) -> Result<Literal> {
     }
     debug_assert_eq!(acc.ty(), &ty);
     Ok(acc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{convert, erf};
+    use crate::ir::{DType, Literal};
+
+    #[test]
+    fn float_to_64_bit_integers_saturates_as_xla_does() {
+        let x = Literal::from_f64s(DType::F32, [6], &[f64::INFINITY, 1e19, 1e20, f64::NEG_INFINITY, f64::NAN, -7.9])
+            .unwrap();
+        let i = convert(&x, DType::I64);
+        let got: Vec<i64> = i.bytes().chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(got, [i64::MAX, i64::MAX, i64::MAX, i64::MIN, 0, -7]);
+        let u = convert(&x, DType::U64);
+        let got: Vec<u64> = u.bytes().chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(got, [u64::MAX, 1e19f32 as u64, u64::MAX, 0, 0, 0]); // 1e19 in f32 fits u64
+    }
+
+    #[test]
+    fn erf_ends_at_zero_and_matches_known_values() {
+        assert_eq!(erf(0.0).to_bits(), 0f64.to_bits());
+        assert_eq!(erf(-0.0).to_bits(), (-0f64).to_bits());
+        assert_eq!(erf(1e-300), 2.0 / std::f64::consts::PI.sqrt() * 1e-300);
+        // erf to 16 digits (Python's math.erf).
+        for (x, want) in [
+            (0.5, 0.520_499_877_813_046_5),
+            (1.0, 0.842_700_792_949_714_9),
+            (2.4, 0.999_311_486_103_354_9),
+            (3.0, 0.999_977_909_503_001_4),
+        ] {
+            assert!((erf(x) - want).abs() < 1e-15, "erf({x}) = {}", erf(x));
+            assert!((erf(-x) + want).abs() < 1e-15, "erf(-{x})");
+        }
+        assert!(erf(f64::NAN).is_nan());
+    }
 }

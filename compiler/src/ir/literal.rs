@@ -66,6 +66,35 @@ impl Literal {
     }
 }
 
+/// `v` rounded to f32 by round-to-odd: toward zero, with the last bit set
+/// when anything was lost. Rounding that to a format with at least two fewer
+/// mantissa bits (f16, bf16) to nearest even gives `v` rounded once.
+fn f32_round_to_odd(v: f64) -> f32 {
+    let t = v as f32;
+    if !v.is_finite() || t as f64 == v {
+        return t;
+    }
+    let mut bits = t.to_bits();
+    if (t as f64).abs() > v.abs() {
+        bits -= 1; // one step toward zero (sign and magnitude are apart)
+    }
+    f32::from_bits(bits | 1)
+}
+
+/// `v` rounded once to the nearest f16 (ties to even).
+pub fn f16_from_f64(v: f64) -> f16 {
+    f16::from_f32(f32_round_to_odd(v))
+}
+
+/// `v` rounded once to the nearest bf16 (ties to even). `half`'s
+/// `bf16::from_f64` drops the f64's low 32 mantissa bits before rounding, so
+/// a value just above a tie became the tie and rounded down: 1 + 2⁻⁸ + 2⁻²³
+/// gave 1.0 on the reference interpreter and in constant folding, where XLA
+/// and the eager backend give 1.0078125.
+pub fn bf16_from_f64(v: f64) -> bf16 {
+    bf16::from_f32(f32_round_to_odd(v))
+}
+
 fn encode(dtype: DType, v: f64, out: &mut Vec<u8>) {
     match dtype {
         DType::Pred => out.push(u8::from(v != 0.0)),
@@ -75,8 +104,8 @@ fn encode(dtype: DType, v: f64, out: &mut Vec<u8>) {
         DType::U8 => out.extend((v as u8).to_le_bytes()),
         DType::U32 => out.extend((v as u32).to_le_bytes()),
         DType::U64 => out.extend((v as u64).to_le_bytes()),
-        DType::F16 => out.extend(f16::from_f64(v).to_le_bytes()),
-        DType::BF16 => out.extend(bf16::from_f64(v).to_le_bytes()),
+        DType::F16 => out.extend(f16_from_f64(v).to_le_bytes()),
+        DType::BF16 => out.extend(bf16_from_f64(v).to_le_bytes()),
         DType::F32 => out.extend((v as f32).to_le_bytes()),
         DType::F64 => out.extend(v.to_le_bytes()),
     }
@@ -111,6 +140,36 @@ mod tests {
             assert_eq!(lit.bytes().len(), 3 * dtype.size_in_bytes());
             assert_eq!(lit.to_f64s(), values, "{dtype}");
         }
+    }
+
+    #[test]
+    fn half_precision_rounds_once_from_f64() {
+        let v = 1.0 + 2f64.powi(-8) + 2f64.powi(-23); // just above a bf16 tie
+        assert_eq!(bf16_from_f64(v).to_f64(), 1.0078125);
+        assert_eq!(bf16_from_f64(-v).to_f64(), -1.0078125);
+        assert_eq!(bf16_from_f64(1.0 + 2f64.powi(-8)).to_f64(), 1.0, "a tie goes to even");
+        assert_eq!(bf16_from_f64(1.0 + 3.0 * 2f64.powi(-8)).to_f64(), 1.015625, "a tie goes to even");
+        // Just above an f16 tie, below f32's precision: f32 alone would round
+        // to the tie.
+        let w = 1.0 + 2f64.powi(-11) + 2f64.powi(-40);
+        assert_eq!(f16_from_f64(w).to_f64(), 1.0 + 2f64.powi(-10));
+        assert_eq!(f16_from_f64(1.0 + 2f64.powi(-11)).to_f64(), 1.0);
+        // Every f32 bit pattern of a sample rounds as half's f32 conversion
+        // (which rounds once) does.
+        let mut x: u32 = 0x1234_5678;
+        for _ in 0..100_000 {
+            x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            let f = f32::from_bits(x);
+            if f.is_nan() {
+                continue;
+            }
+            assert_eq!(bf16_from_f64(f as f64).to_bits(), bf16::from_f32(f).to_bits(), "{f:e}");
+            assert_eq!(f16_from_f64(f as f64).to_bits(), f16::from_f32(f).to_bits(), "{f:e}");
+        }
+        assert!(bf16_from_f64(f64::NAN).is_nan());
+        assert_eq!(bf16_from_f64(f64::INFINITY).to_f64(), f64::INFINITY);
+        assert_eq!(bf16_from_f64(1e300).to_f64(), f64::INFINITY);
+        assert_eq!(f16_from_f64(-1e-300).to_bits(), 0x8000, "-0");
     }
 
     #[test]

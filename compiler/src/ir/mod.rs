@@ -10,6 +10,6 @@ mod shape;
 
 pub use dtype::DType;
 pub use graph::{Alias, Graph, Node, NodeId, Outputs, ValueId};
-pub use literal::{decode, Literal};
+pub use literal::{bf16_from_f64, decode, f16_from_f64, Literal};
 pub use op::{AttentionAttrs, BinaryOp, CompareDir, DotDims, MemorySpace, Op, ReduceOp, RngAlgorithm, UnaryOp};
 pub use shape::{Dims, Shape, TensorType};

@@ -476,13 +476,13 @@ fn element(dtype: DType, s: &str, out: &mut Vec<u8>) -> std::result::Result<(), 
         // the printer wrote are exact in both, so they come back bit for bit.
         DType::F16 => {
             let bits = float_bits(s, 16, f16::NAN.to_bits().into(), |s| {
-                s.parse::<f64>().ok().map(|v| f16::from_f64(v).to_bits().into())
+                s.parse::<f64>().ok().map(|v| crate::ir::f16_from_f64(v).to_bits().into())
             })?;
             out.extend((bits as u16).to_le_bytes())
         }
         DType::BF16 => {
             let bits = float_bits(s, 16, bf16::NAN.to_bits().into(), |s| {
-                s.parse::<f64>().ok().map(|v| bf16::from_f64(v).to_bits().into())
+                s.parse::<f64>().ok().map(|v| crate::ir::bf16_from_f64(v).to_bits().into())
             })?;
             out.extend((bits as u16).to_le_bytes())
         }
