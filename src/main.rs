@@ -223,6 +223,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     json,
                 },
         } => {
+            check_lr(lr)?;
             set_memory_limit(memory_limit.as_deref())?;
             let cfg = MlpConfig {
                 epochs,
@@ -238,6 +239,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 amp: amp.map(Into::into),
                 ..MlpConfig::default()
             };
+            // Before the data is read (`mlp::train` checks again with it).
+            cfg.check_settings(mlp::PIXELS)?;
             train_mlp(&cfg, &data, compare_eager, json)
         }
         Command::Train {
@@ -251,7 +254,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             if let Some(spec) = &shard {
                 // Under a mesh the config's batch is the global one: keep
                 // `batch` per data-parallel rank, as replicas draw it.
-                base.batch *= set_shard(spec)?;
+                let ranks = set_shard(spec)?;
+                base.batch = base.batch.checked_mul(ranks).with_context(|| {
+                    format!("--batch {} x {ranks} data-parallel ranks overflows a batch size", base.batch)
+                })?;
             }
             let cfg = gpt::GptConfig {
                 steps: steps.unwrap_or(base.steps),
@@ -261,9 +267,26 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 max_grad_norm,
                 ..base
             };
+            // The settings before the text is read (the vocabulary is at
+            // least one character); `gpt::train` checks again with the
+            // text's vocabulary and the run's replicas.
+            gpt::GptConfig { vocab: cfg.vocab.max(1), ..cfg.clone() }.check(1)?;
             train_gpt(&text, &cfg, json)
         }
     }
+}
+
+/// `--lr`: the schedule's rate reaches the step as an f32 scalar, so it must
+/// be finite and above 0 there too (`1e308` is finite in f64 and infinite in
+/// f32, `1e-50` is 0).
+fn check_lr(lr: f64) -> anyhow::Result<()> {
+    let f = lr as f32;
+    if !(lr.is_finite() && lr > 0.0 && f.is_finite() && f > 0.0) {
+        anyhow::bail!(
+            "--lr {lr:e}: the learning rate must be a finite number above 0 that f32 can hold (1.4e-45 to 3.4e38)"
+        );
+    }
+    Ok(())
 }
 
 /// `--shard SPEC`: sets the mesh and policy (none for `dp`); returns the

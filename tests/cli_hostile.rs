@@ -46,7 +46,7 @@ fn batch_zero_is_a_typed_error_in_train_and_profile() {
 fn lr_nan_and_hidden_zero_are_refused_up_front() {
     for lr in ["nan", "inf", "-1", "0"] {
         let err = refused(&kiln().args(["train", "mlp", &format!("--lr={lr}")]).output().unwrap());
-        assert!(err.contains("lr = ") && err.contains("a finite number above 0"), "{lr}: {err}");
+        assert!(err.contains("--lr ") && err.contains("a finite number above 0"), "{lr}: {err}");
     }
     let err = refused(&kiln().args(["train", "mlp", "--hidden", "256,0"]).output().unwrap());
     assert!(err.contains("hidden = 0 must be widths of at least 1"), "{err}");
@@ -60,6 +60,66 @@ fn a_hidden_width_beyond_memory_is_refused_before_allocating() {
     assert!(t.elapsed() < Duration::from_secs(60), "refused before any work");
     let err = refused(&kiln().args(["profile", "mlp", "--hidden", "99999999999", "--steps", "2"]).output().unwrap());
     assert!(err.contains("more than the limit of"), "{err}");
+}
+
+/// A small text for the GPT, in a fresh directory.
+fn gpt_text() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("text.txt");
+    std::fs::write(&path, "the quick brown fox jumps over the lazy dog. ".repeat(20)).unwrap();
+    (dir, path)
+}
+
+/// Vocabularies and batches whose parameters or batch buffers overflow or
+/// exceed host memory: refused by the host-memory check, before the model or
+/// a batch is allocated (they once aborted in the allocator, panicked with
+/// `capacity overflow` or were killed for memory).
+#[test]
+fn a_gpt_vocabulary_or_batch_beyond_memory_is_refused_before_allocating() {
+    let (_dir, text) = gpt_text();
+    let text = text.to_str().unwrap();
+    for (flag, value, what) in [
+        ("--vocab", "18446744073709551615", "the GPT's parameters"),
+        ("--vocab", "99999999999", "the GPT's parameters"),
+        ("--batch", "18446744073709551615", "the batch's tokens and targets"),
+        ("--batch", "99999999999", "the batch's tokens and targets"),
+    ] {
+        let t = Instant::now();
+        let err =
+            refused(&kiln().args(["train", "gpt", "--text", text, "--steps", "1", flag, value]).output().unwrap());
+        assert!(err.contains(what) && err.contains("more than the limit of"), "{flag} {value}: {err}");
+        assert!(err.contains(value), "{flag} {value}: the value is named: {err}");
+        assert!(t.elapsed() < Duration::from_secs(30), "{flag} {value}: refused before any work: {:?}", t.elapsed());
+    }
+    let out = kiln()
+        .args(["profile", "gpt", "--text", text, "--steps", "2", "--vocab", "18446744073709551615"])
+        .output()
+        .unwrap();
+    assert!(refused(&out).contains("the GPT's parameters"));
+}
+
+/// Settings that train nothing, or train to NaN, end in a typed error
+/// instead of "0 steps ... final loss NaN" with exit 0.
+#[test]
+fn settings_that_cannot_train_are_refused_up_front() {
+    for (args, says) in [
+        (&["train", "mlp", "--epochs", "0"][..], "epochs = 0 must be at least 1"),
+        (&["train", "mlp", "--max-steps", "0"][..], "max_steps = 0 must be at least 1"),
+        // Finite in f64, infinite as the f32 the step reads.
+        (&["train", "mlp", "--lr", "1e308"][..], "--lr 1e308: "),
+        (&["train", "mlp", "--lr", "1e-50"][..], "--lr 1e-50: "),
+    ] {
+        let t = Instant::now();
+        let err = refused(&kiln().args(args).output().unwrap());
+        assert!(err.contains(says), "{args:?}: {err}");
+        if args[2] == "--lr" {
+            assert!(err.contains("a finite number above 0 that f32 can hold"), "{err}");
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "{args:?}: refused before training: {:?}", t.elapsed());
+    }
+    let (_dir, text) = gpt_text();
+    let err = refused(&kiln().args(["train", "gpt", "--steps", "0", "--text"]).arg(&text).output().unwrap());
+    assert!(err.contains("steps = 0 must be at least 1"), "{err}");
 }
 
 #[test]

@@ -177,6 +177,72 @@ impl GptConfig {
     }
 }
 
+impl GptConfig {
+    /// Parameters of the model: the token and position embeddings, per
+    /// block two layer norms, attention (`qkv`, `proj`) and the MLP (`fc`,
+    /// `proj`) with their biases, and the final norm: `vocab·dim + seq·dim +
+    /// layers·(12·dim² + 13·dim) + 2·dim`. `None` on overflow.
+    pub fn parameter_count(&self) -> Option<usize> {
+        let d = self.dim;
+        let per_block = d.checked_mul(d)?.checked_mul(12)?.checked_add(d.checked_mul(13)?)?;
+        self.vocab
+            .checked_mul(d)?
+            .checked_add(self.seq.checked_mul(d)?)?
+            .checked_add(self.layers.checked_mul(per_block)?)?
+            .checked_add(d.checked_mul(2)?)
+    }
+
+    /// Refuses settings that cannot train before anything is allocated or
+    /// compiled: a zero size or step count, a learning rate that is not a
+    /// finite positive f32, and parameters (weights, gradients, AdamW's two
+    /// moments: four f32 copies) or the host's batch buffers (tokens and
+    /// targets, `batch·seq` i32 each, for each of `replicas` replicas) beyond
+    /// the host's memory. Sizes use checked arithmetic.
+    pub fn check(&self, replicas: usize) -> Result<()> {
+        let bad = |name: &'static str, value: f64, expected: &'static str| {
+            Err(FrontendError::HyperParameter { op: "train gpt", name, value, expected })
+        };
+        for (name, value) in [
+            ("vocab", self.vocab),
+            ("seq", self.seq),
+            ("dim", self.dim),
+            ("heads", self.heads),
+            ("layers", self.layers),
+            ("batch", self.batch),
+        ] {
+            if value == 0 {
+                return bad(name, 0.0, "at least 1");
+            }
+        }
+        if self.steps == 0 {
+            return bad("steps", 0.0, "at least 1");
+        }
+        // The schedule's rate reaches the step as an f32 scalar: 1e308 is
+        // finite in f64 and infinite there.
+        let lr32 = self.lr as f32;
+        if !(self.lr.is_finite() && self.lr > 0.0 && lr32.is_finite() && lr32 > 0.0) {
+            return bad("lr", self.lr, "a finite number above 0 that f32 can hold (1.4e-45 to 3.4e38)");
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return bad("dropout", self.dropout, "in [0, 1)");
+        }
+        crate::limits::check_host_bytes(
+            format!(
+                "the GPT's parameters (vocab {}, seq {}, dim {}, {} layers; weights, gradients and AdamW state)",
+                self.vocab, self.seq, self.dim, self.layers
+            ),
+            self.parameter_count().and_then(|p| crate::limits::checked_bytes(&[p, 4], 4)),
+        )?;
+        crate::limits::check_host_bytes(
+            format!(
+                "the batch's tokens and targets (batch {} x seq {} x 2, {replicas} replica(s))",
+                self.batch, self.seq
+            ),
+            crate::limits::checked_bytes(&[self.batch, self.seq, 2, replicas.max(1)], 4),
+        )
+    }
+}
+
 /// The sorted distinct characters of a text.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CharVocab {
@@ -279,7 +345,8 @@ impl Gpt {
     /// LM head the config's [`LmHeadLoss`] names.
     pub fn loss(&self, ids: &Tensor, targets: &Tensor, train: bool) -> Result<Tensor> {
         let tokens = ids.dims().iter().product::<usize>() as u64;
-        match LmHeadLoss::resolve(self.cfg.lm_head, 4 * tokens * self.cfg.vocab as u64)? {
+        let logits_bytes = tokens.saturating_mul(self.cfg.vocab as u64).saturating_mul(4);
+        match LmHeadLoss::resolve(self.cfg.lm_head, logits_bytes)? {
             LmHeadLoss::Logits => {
                 let logits = self.forward(ids, train)?;
                 let (b, t, v) = (logits.dims()[0], logits.dims()[1], logits.dims()[2]);
@@ -417,11 +484,7 @@ fn optimizer() -> AdamWConfig {
 /// step), recorded on tokens of the vocabulary and never run: what `kiln
 /// profile gpt --max-batch` sizes. The parameters are initialised on the host.
 pub fn recorded_train_step(cfg: &GptConfig) -> Result<kiln_compiler::ir::Graph> {
-    for (name, value) in [("vocab", cfg.vocab), ("seq", cfg.seq), ("batch", cfg.batch)] {
-        if value == 0 {
-            return Err(FrontendError::HyperParameter { op: "gpt step", name, value: 0.0, expected: "at least 1" });
-        }
-    }
+    cfg.check(1)?;
     let params = &mut ParamStore::new(cfg.seed);
     let model = Gpt::new(params, cfg)?;
     let mut opt = AdamW::new(&params.tensors(), optimizer())?;
@@ -452,13 +515,24 @@ pub fn captured_step<'a>(
 /// Random windows of `data` (see [`GptTrainer::next_batch`]).
 fn sample_batch(data: &[i32], sampler: &mut HostRng, cfg: &GptConfig) -> Result<(Tensor, Tensor)> {
     let (b, t) = (cfg.batch, cfg.seq);
+    // `GptConfig::check` bounds `b·t`; a config that skipped it still gets
+    // an error, not an overflow.
+    let tokens = b.checked_mul(t).ok_or_else(|| {
+        let (limit, limit_source) = crate::limits::host_limit_bytes();
+        FrontendError::TooLarge {
+            what: format!("a batch of {b} windows of {t} tokens"),
+            bytes: None,
+            limit,
+            limit_source,
+        }
+    })?;
     // Every process draws every global replica's windows from the same
     // sampler and keeps its own, so the run sees what one process would.
     let global = crate::replicas::global_replicas()?;
     let local = crate::replicas::local_replica_indices()?;
     let (mut xs, mut ys) = (Vec::with_capacity(local.len()), Vec::with_capacity(local.len()));
     for g in 0..global {
-        let (mut x, mut y) = (Vec::with_capacity(b * t), Vec::with_capacity(b * t));
+        let (mut x, mut y) = (Vec::with_capacity(tokens), Vec::with_capacity(tokens));
         for _ in 0..b {
             let start = (sampler.next_u64() % (data.len() - t) as u64) as usize;
             x.extend_from_slice(&data[start..start + t]);
@@ -471,7 +545,7 @@ fn sample_batch(data: &[i32], sampler: &mut HostRng, cfg: &GptConfig) -> Result<
     }
     let (x, y) = (
         crate::replicas::from_shards(xs, [b, t])?.with_name("tokens"),
-        crate::replicas::from_shards(ys, [b * t])?.with_name("targets"),
+        crate::replicas::from_shards(ys, [tokens])?.with_name("targets"),
     );
     // Under a mesh the batch splits over its `data` axis.
     crate::shard::shard_batch(&x)?;
@@ -515,6 +589,7 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
     let vocab = CharVocab::new(text);
     // `cfg.vocab` pads the embedding past the text's characters (0: no padding).
     let cfg = GptConfig { vocab: vocab.len().max(cfg.vocab), ..cfg.clone() };
+    cfg.check(crate::replicas::global_replicas()?)?;
     let client = super::open_client()?;
     let client_seconds = client.seconds;
     let setup = Instant::now();
@@ -577,4 +652,43 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
     crate::executor::sync()?;
     report.count_since(&before);
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `parameter_count` is what `Gpt::new` makes, so the host check sizes
+    /// the real model.
+    #[test]
+    fn parameter_count_is_the_models() {
+        let cfg = GptConfig { vocab: 11, layers: 3, ..GptConfig::tiny(11) };
+        let mut ps = ParamStore::new(0);
+        Gpt::new(&mut ps, &cfg).unwrap();
+        assert_eq!(cfg.parameter_count(), Some(ps.num_elements()));
+    }
+
+    #[test]
+    fn check_refuses_sizes_beyond_memory_and_settings_that_cannot_train() {
+        let ok = GptConfig::tiny(65);
+        ok.check(1).unwrap();
+        let too_large =
+            |cfg: GptConfig, replicas: usize| matches!(cfg.check(replicas), Err(FrontendError::TooLarge { .. }));
+        assert!(too_large(GptConfig { vocab: usize::MAX, ..ok.clone() }, 1));
+        assert!(too_large(GptConfig { batch: usize::MAX, ..ok.clone() }, 1));
+        assert!(too_large(GptConfig { batch: 1 << 40, ..ok.clone() }, 1));
+        assert!(too_large(ok.clone(), usize::MAX));
+        for (cfg, name) in [
+            (GptConfig { steps: 0, ..ok.clone() }, "steps"),
+            (GptConfig { batch: 0, ..ok.clone() }, "batch"),
+            (GptConfig { lr: 1e308, ..ok.clone() }, "lr"),
+            (GptConfig { lr: 1e-50, ..ok.clone() }, "lr"),
+            (GptConfig { lr: f64::NAN, ..ok.clone() }, "lr"),
+        ] {
+            match cfg.check(1) {
+                Err(FrontendError::HyperParameter { name: n, .. }) => assert_eq!(n, name),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+    }
 }

@@ -332,9 +332,10 @@ impl MlpConfig {
         Ok(())
     }
 
-    /// The checks that need no data: a zero batch or width, a learning rate
-    /// that is not a finite positive number, parameters of `pixels`-wide
-    /// inputs larger than host memory, checkpoint flags without a file.
+    /// The checks that need no data: a zero batch, width, epoch or step
+    /// count, a learning rate that is not a finite positive f32, parameters
+    /// of `pixels`-wide inputs larger than host memory, checkpoint flags
+    /// without a file.
     pub fn check_settings(&self, pixels: usize) -> Result<()> {
         let bad = |name: &'static str, value: f64, expected: &'static str| {
             Err(FrontendError::HyperParameter { op: "train mlp", name, value, expected })
@@ -345,8 +346,17 @@ impl MlpConfig {
         if self.eval_batch == 0 {
             return bad("eval_batch", 0.0, "at least 1");
         }
-        if !(self.lr.is_finite() && self.lr > 0.0) {
-            return bad("lr", self.lr, "a finite number above 0");
+        if self.epochs == 0 {
+            return bad("epochs", 0.0, "at least 1");
+        }
+        if self.max_steps == Some(0) {
+            return bad("max_steps", 0.0, "at least 1");
+        }
+        // The schedule's rate reaches the step as an f32 scalar: 1e308 is
+        // finite in f64 and infinite there, 1e-50 is zero.
+        let lr32 = self.lr as f32;
+        if !(self.lr.is_finite() && self.lr > 0.0 && lr32.is_finite() && lr32 > 0.0) {
+            return bad("lr", self.lr, "a finite number above 0 that f32 can hold (1.4e-45 to 3.4e38)");
         }
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
             return bad("weight_decay", self.weight_decay, "a finite number of at least 0");
@@ -563,4 +573,27 @@ pub fn compare_with(other: Backend, data: &FashionMnist, cfg: &MlpConfig, steps:
     let reference = compiled.as_ref().ok().map(|_| run(other));
     context::set_backend(previous);
     Ok((compiled?, reference.expect("ran after a successful compiled run")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Settings that would train zero steps, or in f32 with an infinite or
+    /// zero rate, are refused by name.
+    #[test]
+    fn check_settings_refuses_what_cannot_train() {
+        MlpConfig::default().check_settings(PIXELS).unwrap();
+        for (cfg, name) in [
+            (MlpConfig { epochs: 0, ..MlpConfig::default() }, "epochs"),
+            (MlpConfig { max_steps: Some(0), ..MlpConfig::default() }, "max_steps"),
+            (MlpConfig { lr: 1e308, ..MlpConfig::default() }, "lr"),
+            (MlpConfig { lr: 1e-50, ..MlpConfig::default() }, "lr"),
+        ] {
+            match cfg.check_settings(PIXELS) {
+                Err(FrontendError::HyperParameter { name: n, .. }) => assert_eq!(n, name),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+    }
 }
