@@ -178,3 +178,32 @@ fn bad_identities_are_refused_before_training() {
         assert!(!out.status.success() && stderr.contains(want), "{vars:?}: {stderr}");
     }
 }
+
+/// GPU and node counts no host has are refused before any child starts
+/// (`--gpus-per-node 18446744073709551615` once panicked with `capacity
+/// overflow` listing the ordinals; 0 gave every child an empty
+/// `KILN_LOCAL_DEVICES`; a billion nodes would start a billion processes).
+#[test]
+fn gpu_and_node_counts_out_of_range_are_refused_before_starting_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("started");
+    let script = format!("touch {}", marker.display());
+    for (args, says) in [
+        (&["--nodes", "1", "--gpus-per-node", "18446744073709551615"][..], "--gpus-per-node 18446744073709551615"),
+        (&["--nodes", "2", "--gpus-per-node", "1025"][..], "1024"),
+        (&["--nodes", "1", "--gpus-per-node", "0"][..], "--gpus-per-node 0"),
+        (&["--nodes", "4097"][..], "--nodes 4097"),
+    ] {
+        let out = kiln()
+            .arg("launch")
+            .args(args)
+            .args(["--", "sh", "-c", &script])
+            .timeout(Duration::from_secs(30))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(says) && !err.contains("panicked"), "{args:?}: {err}");
+        assert!(!marker.exists(), "{args:?}: a child started");
+    }
+}

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
+use kiln_runtime::distributed::identity::MAX_NODES;
 use kiln_runtime::distributed::identity::{
     ENV_ATTEMPT, ENV_COORDINATOR, ENV_COORDINATOR_SERVED, ENV_LOCAL_DEVICES, ENV_NODE_ID, ENV_NUM_NODES, ENV_RUN_ID,
 };
@@ -31,13 +32,17 @@ use kiln_runtime::distributed::{StoreServer, EXIT_PEER_LOST};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
+/// The most GPUs one process may drive (`--gpus-per-node`): far above any
+/// host; it stops a typo from listing billions of ordinals.
+pub const MAX_GPUS_PER_NODE: usize = 1024;
+
 #[derive(clap::Args)]
 pub struct LaunchArgs {
     /// Processes to start.
     #[arg(long)]
     pub nodes: u32,
-    /// GPUs each process drives (KILN_LOCAL_DEVICES); default 1 with
-    /// PJRT_DEVICE=CUDA, none otherwise.
+    /// GPUs each process drives (KILN_LOCAL_DEVICES), 1 to 1024; default 1
+    /// with PJRT_DEVICE=CUDA, none otherwise.
     #[arg(long)]
     pub gpus_per_node: Option<usize>,
     /// Port of the key-value store on 127.0.0.1 (0 picks a free one).
@@ -92,6 +97,16 @@ pub fn run(args: &LaunchArgs) -> anyhow::Result<i32> {
     if args.nodes == 0 {
         bail!("--nodes must be at least 1");
     }
+    if args.nodes > MAX_NODES {
+        bail!("--nodes {} is more than the {MAX_NODES} nodes a run may have", args.nodes);
+    }
+    match args.gpus_per_node {
+        Some(0) => bail!("--gpus-per-node 0: each process needs at least 1 GPU (leave the flag out for none)"),
+        Some(g) if g > MAX_GPUS_PER_NODE => {
+            bail!("--gpus-per-node {g} is more than the {MAX_GPUS_PER_NODE} GPUs a process may drive")
+        }
+        _ => {}
+    }
     let (program, rest) = args.command.split_first().context("no command after --")?;
     let server = StoreServer::bind(&format!("127.0.0.1:{}", args.port)).context("starting the key-value store")?;
     let coordinator = server.local_addr().to_string();
@@ -129,6 +144,7 @@ fn run_attempt(
     stop: &AtomicI32,
 ) -> anyhow::Result<i32> {
     use std::os::unix::process::CommandExt;
+    let local_devices = local_devices(args.nodes, gpus)?;
     let mut children: Vec<Option<Child>> = Vec::new();
     for node in 0..args.nodes {
         let mut cmd = Command::new(program);
@@ -140,10 +156,8 @@ fn run_attempt(
             .env(ENV_RUN_ID, run_id)
             .env(ENV_ATTEMPT, attempt.to_string())
             .process_group(0);
-        if let Some(g) = gpus {
-            let first = node as usize * g;
-            let list: Vec<String> = (first..first + g).map(|d| d.to_string()).collect();
-            cmd.env(ENV_LOCAL_DEVICES, list.join(","));
+        if let Some(list) = &local_devices[node as usize] {
+            cmd.env(ENV_LOCAL_DEVICES, list);
         }
         match cmd.spawn() {
             Ok(child) => children.push(Some(child)),
@@ -213,6 +227,20 @@ fn run_attempt(
         None if signalled != 0 => 128 + signalled,
         None => 0,
     })
+}
+
+/// Each node's `KILN_LOCAL_DEVICES` (node `i` drives GPUs `i·g .. (i+1)·g`),
+/// made before any child starts; the ordinals use checked arithmetic (`run`
+/// bounds `nodes` and `g`, so an overflow is never reached).
+fn local_devices(nodes: u32, gpus: Option<usize>) -> anyhow::Result<Vec<Option<String>>> {
+    (0..nodes as usize)
+        .map(|node| {
+            let Some(g) = gpus else { return Ok(None) };
+            let first = node.checked_mul(g).context("--gpus-per-node: GPU ordinals overflow")?;
+            let end = first.checked_add(g).context("--gpus-per-node: GPU ordinals overflow")?;
+            Ok(Some((first..end).map(|d| d.to_string()).collect::<Vec<_>>().join(",")))
+        })
+        .collect()
 }
 
 fn unix_ms() -> u128 {
