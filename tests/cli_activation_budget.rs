@@ -126,3 +126,21 @@ fn a_limit_met_in_live_bytes_but_not_in_xlas_program_is_reported() {
     let live: u64 = line.split("live peak is ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
     assert!(live <= 5 << 20 && held > 5 << 20, "{line}");
 }
+
+/// A byte limit of 2^63 or more is met by every program and warns about
+/// none (it was cast to i64, wrapped negative, and every compiled program
+/// "held more" than it).
+#[test]
+fn a_limit_beyond_i64_gives_no_spurious_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = text_file(&dir);
+    for limit in ["18446744073709551615", "9223372036854775808"] {
+        let err = stderr_of_success(
+            kiln()
+                .args(["train", "gpt", "--config", "tiny", "--steps", "1", "--memory-limit", limit])
+                .arg("--text")
+                .arg(&text),
+        );
+        assert!(!err.contains("compiled program holds") && !err.contains("not met"), "{limit}: {err}");
+    }
+}

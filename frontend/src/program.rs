@@ -334,7 +334,9 @@ pub(crate) fn obtain(
     // its own way (docs/memory.md). Where XLA's stats show that, say so.
     if let Some(r) = remat.filter(|r| r.met && opts.pass_options.activation_fraction.is_none()) {
         if let Ok(m) = exe.compiled_memory_stats() {
-            if m.held_bytes() > r.budget_bytes as i64 {
+            // In i128: a limit of 2^63 B or more is no i64, and casting it
+            // would wrap it negative and warn for every program.
+            if i128::from(m.held_bytes()) > i128::from(r.budget_bytes) {
                 tracing::warn!(
                     "kiln: memory limit {} B met by rematerialization in program {name} ({} nodes), but XLA's \
                      compiled program holds {} B (arguments {}, outputs {} less {} aliased, temporaries {}); \
