@@ -285,3 +285,29 @@ fn max_batch_names_bad_input() {
     let e = run(&["profile", "gpt", "--max-batch"]);
     assert!(e.contains("cpu plugin reports no memory limit") && e.contains("--device-memory"), "{e}");
 }
+
+/// The memory flags are read before the graph and XLA's compile: with a file
+/// that is not a graph, the flag's error comes first (it once came only
+/// after a full compile, so a bad graph was named instead).
+#[test]
+fn memory_flags_are_checked_before_the_graph_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("not-a-graph.kiln");
+    std::fs::write(&path, "this is not a graph\n").unwrap();
+    for (args, says) in [
+        (&["--memory-limit", "garbage"][..], "--memory-limit garbage: not a size"),
+        (&["--memory-limit", "1GiB", "--remat-strategy", "host-offload"][..], "no host memory space"),
+    ] {
+        let out = Command::cargo_bin("kiln")
+            .unwrap()
+            .env_remove("PJRT_DEVICE")
+            .arg("compile")
+            .arg(&path)
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says) && !err.contains("not-a-graph.kiln"), "{args:?}: {err}");
+    }
+}

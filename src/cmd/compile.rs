@@ -123,6 +123,8 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     for out in args.out.iter().chain(&args.memory.memory_plot) {
         kiln::atomic_write::checked_target(out)?;
     }
+    // Flags are read before the graph and XLA's compile.
+    super::memory::check_args(&args.memory, args.plugin.is_none())?;
     let replicas = args.replicas as usize;
     let path = &args.file;
     let source = super::read_graph_text(path)?;

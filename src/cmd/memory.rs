@@ -69,6 +69,26 @@ pub fn parse_budget(s: &str) -> anyhow::Result<RematBudget> {
     }
 }
 
+/// The memory flags checked before any work: `--memory-limit` must parse,
+/// and `--remat-strategy host-offload` is refused where the plugin is known
+/// to be the CPU one (`plugin_from_env`: chosen by `PJRT_DEVICE`, not
+/// `--plugin`), for the reason the strategy gives.
+pub fn check_args(args: &MemoryArgs, plugin_from_env: bool) -> anyhow::Result<()> {
+    if let Some(limit) = &args.memory_limit {
+        parse_budget(limit)?;
+    }
+    if args.remat_strategy == Strategy::HostOffload
+        && plugin_from_env
+        && kiln::runtime::PjrtDevice::from_env()? == kiln::runtime::PjrtDevice::Cpu
+    {
+        let offload = HostOffload { target: kiln::compiler::LowerTarget::Cpu };
+        if let Some(reason) = offload.unavailable_reason() {
+            anyhow::bail!("--remat-strategy host-offload is not available on the CPU plugin: {reason}");
+        }
+    }
+    Ok(())
+}
+
 /// The plan and XLA's view of both programs.
 pub struct PlanReport {
     /// What `--memory-limit` asked for; `plan.budget_bytes` is what it came to.
