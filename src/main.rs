@@ -88,9 +88,15 @@ enum Model {
         /// Replace a --checkpoint FILE that is not a checkpoint of this model.
         #[arg(long, requires = "checkpoint", conflicts_with = "resume")]
         overwrite: bool,
-        /// Also run the first N steps on the eager backend (candle, op by op)
-        /// and print both loss curves side by side.
-        #[arg(long, value_name = "N")]
+        /// Instead of training, run the first N steps on the compiled and on
+        /// the eager backend (candle, op by op) and print both loss curves
+        /// side by side (with --json, one JSON object); nothing is saved.
+        #[arg(
+            long,
+            value_name = "N",
+            value_parser = clap::value_parser!(u64).range(1..),
+            conflicts_with_all = ["checkpoint", "checkpoint_every", "resume", "overwrite", "max_steps"]
+        )]
         compare_eager: Option<u64>,
         /// Mixed precision: matmuls in this dtype, f32 master weights.
         #[arg(long)]
@@ -582,14 +588,16 @@ fn train_mlp(cfg: &MlpConfig, dir: &PathBuf, compare: Option<u64>, json: bool) -
     let data = FashionMnist::load(dir).context("loading Fashion-MNIST")?;
     if let Some(n) = compare {
         let (compiled, eager) = mlp::compare_eager(&data, cfg, n)?;
-        println!("{:>5}  {:>12}  {:>12}  {:>10}", "step", "compiled", "eager", "|diff|");
-        let mut worst: f64 = 0.0;
-        for (i, (a, b)) in compiled.iter().zip(&eager).enumerate() {
-            worst = worst.max((a - b).abs());
-            println!("{:>5}  {a:>12.6}  {b:>12.6}  {:>10.2e}", i + 1, (a - b).abs());
-        }
+        let diffs: Vec<f64> = compiled.iter().zip(&eager).map(|(a, b)| (a - b).abs()).collect();
+        let worst = diffs.iter().copied().fold(0.0, f64::max);
         if json {
+            // stdout carries the one object alone, as every --json does.
             println!("{}", json!({"compiled": compiled, "eager": eager, "max_abs_diff": worst}));
+            return Ok(());
+        }
+        println!("{:>5}  {:>12}  {:>12}  {:>10}", "step", "compiled", "eager", "|diff|");
+        for (i, ((a, b), d)) in compiled.iter().zip(&eager).zip(&diffs).enumerate() {
+            println!("{:>5}  {a:>12.6}  {b:>12.6}  {d:>10.2e}", i + 1);
         }
         return Ok(());
     }

@@ -249,8 +249,9 @@ fn train_gpt_with_amp_reports_the_dtype_and_the_loss_scale() {
 fn compare_eager_trains_the_mlp_on_candle_beside_the_compiled_backend() {
     let out = kiln().args(["train", "mlp", "--hidden", "64", "--compare-eager", "40", "--json"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // With --json stdout is the one object, no table before it.
     let stdout = String::from_utf8(out.stdout).unwrap();
-    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
     let (compiled, eager) = (v["compiled"].as_array().unwrap(), v["eager"].as_array().unwrap());
     assert_eq!((compiled.len(), eager.len()), (40, 40), "{v}");
     // f32 on both sides, different kernels: rounding drift only.
@@ -259,6 +260,29 @@ fn compare_eager_trains_the_mlp_on_candle_beside_the_compiled_backend() {
         assert!((a - b).abs() <= 1e-4 * a.abs(), "compiled {a} vs eager {b}");
     }
     assert!(eager[39].as_f64().unwrap() < eager[0].as_f64().unwrap(), "{v}");
+}
+
+/// `--compare-eager` trains nothing it could save and runs its own step
+/// count: with the flags it would ignore, it is refused naming both.
+#[test]
+fn compare_eager_refuses_the_flags_it_would_ignore() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("c.safetensors");
+    let ck = ck.to_str().unwrap();
+    for (extra, flag) in [
+        (&["--checkpoint", ck][..], "--checkpoint"),
+        (&["--checkpoint", ck, "--resume"][..], "--resume"),
+        (&["--checkpoint", ck, "--overwrite"][..], "--overwrite"),
+        (&["--max-steps", "3"][..], "--max-steps"),
+    ] {
+        let out = kiln().args(["train", "mlp", "--compare-eager", "2"]).args(extra).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && !err.contains("panicked"), "{extra:?}: {err}");
+        assert!(err.contains("--compare-eager") && err.contains(flag), "{extra:?}: {err}");
+    }
+    assert!(!std::path::Path::new(ck).exists(), "nothing was written");
+    let out = kiln().args(["train", "mlp", "--compare-eager", "0"]).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--compare-eager"));
 }
 
 #[test]
