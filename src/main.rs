@@ -74,8 +74,8 @@ enum Model {
         #[arg(long, default_value = FASHION_MNIST_DIR)]
         data: PathBuf,
         /// Save a checkpoint here after each epoch and at the end of the run.
-        /// An existing file that is not a checkpoint of this model is refused
-        /// (see --overwrite).
+        /// A file already there (a previous run's checkpoint included) is
+        /// refused unless --resume or --overwrite.
         #[arg(long)]
         checkpoint: Option<PathBuf>,
         /// Also save the checkpoint every N steps.
@@ -85,7 +85,8 @@ enum Model {
         /// never interrupted (same flags otherwise).
         #[arg(long, requires = "checkpoint")]
         resume: bool,
-        /// Replace a --checkpoint FILE that is not a checkpoint of this model.
+        /// Replace whatever is at --checkpoint FILE (a previous run's checkpoint
+        /// included) instead of refusing it.
         #[arg(long, requires = "checkpoint", conflicts_with = "resume")]
         overwrite: bool,
         /// Instead of training, run the first N steps on the compiled and on

@@ -426,6 +426,31 @@ fn checkpoint_paths_are_checked_before_training() {
     assert!(err.contains("no checkpoint to resume from"), "{err}");
 }
 
+/// A second run at a path holding this model's checkpoint is refused, the
+/// file untouched, and the message says what is there and the two ways on
+/// (it once replaced the step-5 file with step 2, silently).
+#[test]
+fn a_rerun_never_replaces_a_checkpoint_without_resume_or_overwrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("c.safetensors");
+    let run = |extra: &[&str]| {
+        let mut c = kiln();
+        c.args(["train", "mlp", "--epochs", "1", "--hidden", "16", "--json", "--checkpoint"]).arg(&ck).args(extra);
+        c.output().unwrap()
+    };
+    assert_eq!(json(&run(&["--max-steps", "5"]))["steps"], 5);
+    let before = std::fs::read(&ck).unwrap();
+    let err = refused(&run(&["--max-steps", "2"]));
+    assert!(err.contains("holds a checkpoint of this model at step 5"), "{err}");
+    assert!(err.contains("--resume") && err.contains("--overwrite"), "{err}");
+    assert!(std::fs::read(&ck).unwrap() == before, "the refused run changed the checkpoint");
+    // The two ways on: continue from it, or replace it.
+    assert_eq!(json(&run(&["--max-steps", "7", "--resume"]))["steps"], 7);
+    assert_eq!(kiln::checkpoint::load(&ck).unwrap().step, 7);
+    assert_eq!(json(&run(&["--max-steps", "2", "--overwrite"]))["steps"], 2);
+    assert_eq!(kiln::checkpoint::load(&ck).unwrap().step, 2);
+}
+
 /// Every tensor and the step of two checkpoints, bit for bit.
 fn assert_same_checkpoint(a: &Path, b: &Path) {
     let (a, b) = (kiln::checkpoint::load(a).unwrap(), kiln::checkpoint::load(b).unwrap());

@@ -88,8 +88,8 @@ pub struct MlpConfig {
     /// Evaluate on the test set after each epoch.
     pub eval: bool,
     /// Save a checkpoint here after each epoch, every `checkpoint_every`
-    /// steps and at the end of the run (see [`train`] for what may be
-    /// replaced).
+    /// steps and at the end of the run; a file already there is refused
+    /// unless `resume` or `overwrite`.
     pub checkpoint: Option<std::path::PathBuf>,
     /// Also save every this many steps (needs `checkpoint`).
     pub checkpoint_every: Option<u64>,
@@ -97,7 +97,8 @@ pub struct MlpConfig {
     /// schedule and state, so the run ends bit-identical to one that was
     /// never interrupted.
     pub resume: bool,
-    /// Replace a file at `checkpoint` that is not a checkpoint of this model.
+    /// Replace whatever file is at `checkpoint` (without it, or `resume`, an
+    /// existing file is refused).
     pub overwrite: bool,
     /// Mixed precision: matmuls in this dtype (`f16` or `bf16`), master weights
     /// in f32. `None`: everything in f32.
@@ -506,9 +507,10 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
 /// Checks `path` before any training: it must be writable without destroying
 /// anything ([`crate::atomic_write::checked_target`]). With `resume`, the
 /// checkpoint there is restored into `t`. Without it, an existing file is
-/// replaced only if it is a readable checkpoint of this very model (same
-/// tensor names and types) or `overwrite` is set; anything else (a corrupt
-/// file, another model's checkpoint, an unrelated file) is refused.
+/// replaced only with `overwrite`; anything there is refused otherwise, with
+/// what it is (a checkpoint of this model and its step, another model's, or
+/// not a readable checkpoint), so a rerun never replaces a run's checkpoint
+/// by accident.
 fn prepare_checkpoint(t: &mut Trainer, path: &std::path::Path, cfg: &MlpConfig) -> Result<()> {
     let target = crate::atomic_write::checked_target(path)?;
     let exists = target.exists();
@@ -524,26 +526,29 @@ fn prepare_checkpoint(t: &mut Trainer, path: &std::path::Path, cfg: &MlpConfig) 
     if !exists || cfg.overwrite {
         return Ok(());
     }
-    let refuse = |why: String| FrontendError::Checkpoint {
+    let refuse = |what: String| FrontendError::Checkpoint {
         path: path.to_path_buf(),
-        reason: format!("{why}; pass --overwrite to replace it or --resume to continue from it"),
+        reason: format!("{what}; pass --resume to continue from it or --overwrite to replace it"),
     };
     let loaded =
         checkpoint::load(path).map_err(|e| refuse(format!("exists and is not a readable kiln checkpoint ({e})")))?;
+    let step = loaded.step;
     for (name, tensor) in t.state() {
         match loaded.tensors.iter().find(|(n, _)| *n == name) {
             Some((_, lit)) if lit.ty() == tensor.ty() => {}
             Some((_, lit)) => {
                 return Err(refuse(format!(
-                    "holds a checkpoint of another model (tensor {name} is {}, this model's is {})",
+                    "holds a checkpoint of another model at step {step} (tensor {name} is {}, this model's is {})",
                     lit.ty(),
                     tensor.ty()
                 )))
             }
-            None => return Err(refuse(format!("holds a checkpoint of another model (no tensor {name})"))),
+            None => {
+                return Err(refuse(format!("holds a checkpoint of another model at step {step} (no tensor {name})")))
+            }
         }
     }
-    Ok(())
+    Err(refuse(format!("holds a checkpoint of this model at step {step}")))
 }
 
 /// Runs the first `steps` training steps on the compiled backend and again on the
