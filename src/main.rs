@@ -60,7 +60,7 @@ enum Model {
         /// Examples per step on each replica.
         #[arg(long, default_value_t = 128)]
         batch: usize,
-        /// Hidden layer widths (BENCHMARKS.md's mlp-b4096 is 4096,4096).
+        /// Hidden layer widths (benches/RESULTS.md's mlp-b4096 is 4096,4096).
         #[arg(long, value_delimiter = ',', default_value = "256,128")]
         hidden: Vec<usize>,
         #[arg(long, default_value_t = 2e-3)]

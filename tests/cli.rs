@@ -316,3 +316,24 @@ fn plugin_info_lines_are_quiet_unless_asked() {
     assert!(!run(false).contains("cpu_device_count"));
     assert!(run(true).contains("cpu_device_count"));
 }
+
+/// Every `*.md` file a subcommand's `--help` points at exists in the
+/// repository (`train mlp --help` once named a BENCHMARKS.md it does not have).
+#[test]
+fn documents_named_in_help_exist() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut named = 0;
+    for sub in [&["train", "mlp"][..], &["train", "gpt"], &["profile"], &["compile"], &["launch"], &["devices"]] {
+        let out = kiln().args(sub).arg("--help").output().unwrap();
+        assert!(out.status.success());
+        let help = String::from_utf8(out.stdout).unwrap();
+        for word in help.split(|c: char| c.is_whitespace() || "()`',;".contains(c)) {
+            if let Some(stem) = word.strip_suffix(".md").or_else(|| word.strip_suffix(".md's")) {
+                named += 1;
+                let path = root.join(format!("{stem}.md"));
+                assert!(path.is_file(), "kiln {} --help names {word}, which is not in the repository", sub.join(" "));
+            }
+        }
+    }
+    assert!(named > 0, "the help names no document at all: the check would check nothing");
+}

@@ -114,7 +114,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
     };
     let step_ms = step_ms_median(&events);
     // MFU against the dense bf16 peak of the GPU (the convention of
-    // BENCHMARKS.md); not defined for CPUs.
+    // benches/RESULTS.md); not defined for CPUs.
     let target = Target::ALL.into_iter().find(|t| match t.name {
         "h100_sxm" => device_kind.contains("H100"),
         "h200_sxm" => device_kind.contains("H200"),

@@ -156,7 +156,7 @@ impl GptConfig {
         }
     }
 
-    /// GPT-2 small's shape (BENCHMARKS.md `gpt2-small`): for accelerators.
+    /// GPT-2 small's shape (`benches/RESULTS.md`'s `gpt2-small`): for accelerators.
     pub fn gpt2_small(vocab: usize) -> GptConfig {
         GptConfig {
             vocab,
