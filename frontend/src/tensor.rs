@@ -623,10 +623,17 @@ impl Tensor {
         record(Op::Reshape { input, shape })
     }
 
-    /// Collapses everything but the first dimension.
+    /// Collapses dimensions `start..` into one: `flatten_from(1)` of a
+    /// `[b, c, h, w]` tensor is `[b, c·h·w]`. `start` must name a dimension.
     pub fn flatten_from(&self, start: usize) -> Result<Tensor> {
-        let mut dims = self.dims()[..start.min(self.rank())].to_vec();
-        dims.push(self.dims()[start.min(self.rank())..].iter().product());
+        if start >= self.rank() {
+            return Err(FrontendError::InvalidArgument {
+                op: "flatten_from",
+                reason: format!("start {start} is not a dimension of {} (rank {})", self.ty(), self.rank()),
+            });
+        }
+        let mut dims = self.dims()[..start].to_vec();
+        dims.push(self.dims()[start..].iter().product());
         self.reshape(dims)
     }
 
@@ -678,8 +685,12 @@ impl Tensor {
     }
 
     /// Adds `updates` into a copy of `self` at the rows `indices` of `axis`.
+    /// An index outside the axis is reported after the step, as for
+    /// [`Tensor::index_select`] (XLA would drop its update, and the gradient
+    /// would still reach it through a clamped gather).
     pub fn index_add(&self, indices: &Tensor, updates: &Tensor, ax: isize) -> Result<Tensor> {
-        let ax = axis("scatter_add", ax, self.rank())?;
+        let ax = axis("index_add", ax, self.rank())?;
+        crate::device_checks::check_index_range("index_add", "index", indices, self.dims()[ax])?;
         let [operand, indices, updates] = Tensor::values("scatter_add", [self, indices, updates])?;
         record(Op::ScatterAdd { operand, indices, updates, axis: ax })
     }
@@ -718,6 +729,17 @@ impl Tensor {
     /// Reduces over `axes`; under autocast a 16-bit float input is reduced in
     /// f32 (see [`crate::amp`]).
     pub fn reduce(&self, op: ReduceOp, axes: &[isize], keep_dims: bool) -> Result<Tensor> {
+        if self.dtype() == DType::Pred && matches!(op, ReduceOp::Sum | ReduceOp::Prod) {
+            return Err(FrontendError::InvalidArgument {
+                op: op.name(),
+                reason: format!(
+                    "{} is pred, whose {} is a logical {}: convert it first (to_dtype(DType::I32)) to count or multiply",
+                    self.ty(),
+                    op.name(),
+                    if op == ReduceOp::Sum { "or" } else { "and" }
+                ),
+            });
+        }
         let x = amp::full_precision(self)?;
         // Named as called (`sum`, `max`, ...).
         let mut ax = axes.iter().map(|&a| axis(op.name(), a, self.rank())).collect::<Result<Vec<_>>>()?;
@@ -746,14 +768,24 @@ impl Tensor {
 
     /// Mean over `axes`; an axis named twice (`&[1, -1]` on a rank-2 tensor)
     /// counts once, as in the sum. Floating-point tensors only: an integer
-    /// mean would round (convert with [`Tensor::to_dtype`] first).
+    /// mean would round (convert with [`Tensor::to_dtype`] first). A 16-bit
+    /// float mean is summed in f32 and rounded once, as PyTorch does: the
+    /// sum of 100,000 f16 ones overflows f16 (the mean was inf). Under
+    /// autocast the result stays f32, as every reduction's does.
     pub fn mean(&self, axes: &[isize], keep_dims: bool) -> Result<Tensor> {
         floating("mean", self)?;
         let mut ax = axes.iter().map(|&a| axis("mean", a, self.rank())).collect::<Result<Vec<_>>>()?;
         ax.sort_unstable();
         ax.dedup();
         let count: usize = ax.iter().map(|&a| self.dims()[a]).product();
-        self.sum(axes, keep_dims)?.mul_scalar(1.0 / count as f64)
+        let narrow = matches!(self.dtype(), DType::F16 | DType::BF16);
+        let x = if narrow { self.to_dtype(DType::F32)? } else { self.clone() };
+        let m = x.sum(axes, keep_dims)?.mul_scalar(1.0 / count as f64)?;
+        if narrow && amp::autocast_dtype().is_none() {
+            m.to_dtype(self.dtype())
+        } else {
+            Ok(m)
+        }
     }
 
     pub fn mean_all(&self) -> Result<Tensor> {

@@ -71,7 +71,8 @@ fn is_float(d: DType) -> bool {
 }
 
 /// The engine for `op` with result types `outs`, given operand dtypes.
-fn engine(op: &Op, outs: &[TensorType], dtype_of: &dyn Fn(ValueId) -> DType) -> Engine {
+fn engine(op: &Op, outs: &[TensorType], graph: &Graph) -> Engine {
+    let dtype_of = |v: ValueId| graph.ty(v).dtype;
     let all_candle = op.inputs().iter().all(|&v| candle_dtype(dtype_of(v)).is_some())
         && outs.iter().all(|t| candle_dtype(t.dtype).is_some());
     if !all_candle {
@@ -96,11 +97,11 @@ fn engine(op: &Op, outs: &[TensorType], dtype_of: &dyn Fn(ValueId) -> DType) -> 
                     | UnaryOp::Cos
                     | UnaryOp::Floor
                     | UnaryOp::Ceil
-                    | UnaryOp::Sign
                     | UnaryOp::Erf => true,
-                    // Precision near 0 (candle has no log1p/expm1) and
-                    // bitwise not: the interpreter's.
-                    UnaryOp::Log1p | UnaryOp::Expm1 | UnaryOp::Not => false,
+                    // Precision near 0 (candle has no log1p/expm1), bitwise
+                    // not, and sign (candle's gives 0 for NaN and +0 for -0):
+                    // the interpreter's.
+                    UnaryOp::Log1p | UnaryOp::Expm1 | UnaryOp::Not | UnaryOp::Sign => false,
                 }
         }
         Op::Binary { op, .. } => {
@@ -123,10 +124,12 @@ fn engine(op: &Op, outs: &[TensorType], dtype_of: &dyn Fn(ValueId) -> DType) -> 
         Op::BroadcastInDim { .. } | Op::Reshape { .. } | Op::Transpose { .. } | Op::Concatenate { .. } => true,
         Op::Slice { stride, .. } => stride.iter().all(|&s| s == 1),
         Op::Reduce { op, input, .. } => {
+            // candle's max and min fail on an empty axis, where the
+            // interpreter gives the reduction's identity (-inf, +inf).
             dtype_of(*input) != DType::Pred
                 && match op {
                     ReduceOp::Sum => float_out,
-                    ReduceOp::Max | ReduceOp::Min => true,
+                    ReduceOp::Max | ReduceOp::Min => graph.ty(*input).shape.num_elements() > 0,
                     ReduceOp::Prod => false,
                 }
         }
@@ -159,8 +162,7 @@ fn engine(op: &Op, outs: &[TensorType], dtype_of: &dyn Fn(ValueId) -> DType) -> 
 /// of `graph` (which gives every operand's kiln type: a candle `u8` may be a
 /// kiln `pred`).
 pub(crate) fn eval(graph: &Graph, op: &Op, outs: &[TensorType], values: &mut [Vec<Value>]) -> Result<Vec<Value>> {
-    let dtype_of = |v: ValueId| graph.ty(v).dtype;
-    match engine(op, outs, &dtype_of) {
+    match engine(op, outs, graph) {
         Engine::Interpreter => {
             for &v in &op.inputs() {
                 host(&mut values[v.node.index()][v.output as usize], graph.ty(v))?;
@@ -205,9 +207,10 @@ fn eval_candle<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'a Ct
                 UnaryOp::Cos => x.cos(),
                 UnaryOp::Floor => x.floor(),
                 UnaryOp::Ceil => x.ceil(),
-                UnaryOp::Sign => x.sign(),
                 UnaryOp::Erf => x.erf(),
-                UnaryOp::Log1p | UnaryOp::Expm1 | UnaryOp::Not => unreachable!("run by the interpreter"),
+                UnaryOp::Log1p | UnaryOp::Expm1 | UnaryOp::Not | UnaryOp::Sign => {
+                    unreachable!("run by the interpreter")
+                }
             };
             one_candle(y.map_err(e)?)
         }
@@ -282,6 +285,13 @@ fn eval_candle<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'a Ct
                 return one_candle(x.clone());
             }
             let y = match r {
+                // 16-bit floats are summed in f32 and rounded once, as XLA
+                // does: candle sums in the element type (4096 bf16 values in
+                // [1, 1.5) summed to 512).
+                ReduceOp::Sum if matches!(x.dtype(), candle_core::DType::F16 | candle_core::DType::BF16) => x
+                    .to_dtype(candle_core::DType::F32)
+                    .and_then(|w| w.sum(axes.clone()))
+                    .and_then(|w| w.to_dtype(x.dtype())),
                 ReduceOp::Sum => x.sum(axes.clone()),
                 ReduceOp::Max | ReduceOp::Min => {
                     let mut y = x.clone();
