@@ -163,9 +163,22 @@ fn add_donations(trace: &mut Trace, receivers: &[Vec<Rc<Inner>>]) -> Result<()> 
 /// training with and without donation (docs/donation.md). Without donation old
 /// buffers are still freed when a step replaces them, so live buffers stay flat.
 pub(crate) fn donation_enabled() -> Result<bool> {
+    let on_cpu = || Ok::<_, FrontendError>(context::with(|c| c.client())?.platform_name() == "cpu");
     match kiln_runtime::env::bool_var("KILN_DONATE")? {
-        Some(on) => Ok(on),
-        None => Ok(context::with(|c| c.client())?.platform_name() != "cpu"),
+        Some(true) => {
+            // Once per process: this is asked at every step.
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            if !WARNED.is_completed() && on_cpu()? {
+                WARNED.call_once(|| ());
+                let text = "KILN_DONATE=1 with the XLA CPU plugin, which has computed wrong values on donated buffers \
+                            (an MLP trained to 20% accuracy; docs/donation.md): donation is off there by default";
+                tracing::warn!("kiln: {text}");
+                crate::warnings::show_once(crate::warnings::Warning::DonationOnCpu, || text.to_string());
+            }
+            Ok(true)
+        }
+        Some(false) => Ok(false),
+        None => Ok(!on_cpu()?),
     }
 }
 

@@ -1,6 +1,6 @@
 //! kiln's warnings to the user: a recompile, a forced sync, a run of
-//! recompiles, a captured step that cannot be replayed. They reach the user
-//! without any setup.
+//! recompiles, a captured step that cannot be replayed, donation forced on
+//! with the XLA CPU plugin. They reach the user without any setup.
 //!
 //! Every warning goes to `tracing` (as a `WARN` event, at its call site). When no subscriber
 //! listens for warnings (a library user who installed none), the first
@@ -31,11 +31,19 @@ pub enum Warning {
     /// A captured step (`kiln::compile_step`) cannot be replayed, so it is
     /// traced on every call.
     CaptureUnreplayable,
+    /// `KILN_DONATE=1` on the XLA CPU plugin, which has computed wrong values
+    /// on donated buffers (`docs/donation.md`).
+    DonationOnCpu,
 }
 
 impl Warning {
-    const ALL: [Warning; 4] =
-        [Warning::Recompile, Warning::ForcedSync, Warning::RecompileStreak, Warning::CaptureUnreplayable];
+    const ALL: [Warning; 5] = [
+        Warning::Recompile,
+        Warning::ForcedSync,
+        Warning::RecompileStreak,
+        Warning::CaptureUnreplayable,
+        Warning::DonationOnCpu,
+    ];
 
     fn bit(self) -> u8 {
         match self {
@@ -43,6 +51,7 @@ impl Warning {
             Warning::ForcedSync => 2,
             Warning::RecompileStreak => 4,
             Warning::CaptureUnreplayable => 8,
+            Warning::DonationOnCpu => 16,
         }
     }
 
@@ -53,6 +62,7 @@ impl Warning {
             Warning::ForcedSync => "forced sync",
             Warning::RecompileStreak => "recompile streak",
             Warning::CaptureUnreplayable => "captured step traced on every call",
+            Warning::DonationOnCpu => "donation on the XLA CPU plugin",
         }
     }
 }
