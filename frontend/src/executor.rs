@@ -159,7 +159,9 @@ impl Executor {
             return Ok(n);
         }
         let n = match std::env::var("KILN_MAX_STEPS_IN_FLIGHT") {
+            // Unset or empty: the default, as for every kiln variable.
             Err(_) => DEFAULT_MAX_IN_FLIGHT,
+            Ok(v) if v.trim().is_empty() => DEFAULT_MAX_IN_FLIGHT,
             Ok(v) => v.trim().parse::<usize>().map_err(|_| FrontendError::BadEnv {
                 var: "KILN_MAX_STEPS_IN_FLIGHT",
                 value: v.clone(),
