@@ -254,8 +254,22 @@ where
     fn trace(&mut self, guard: Guard, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         self.traces += 1;
         let watermark = trace::next_tensor_id();
+        let epoch = context::with(|c| c.trace.epoch);
         let returned = self.record(inputs)?;
-        let Some(cut) = cut_step()? else {
+        // A step ran inside the closure (a read, or mark_step): the call was
+        // several steps, and what the last cut sees is only its tail.
+        let ran_a_step = context::with(|c| c.trace.epoch) != epoch;
+        let cut = cut_step()?;
+        if ran_a_step {
+            self.untraceable_because(
+                guard,
+                "the closure ran a step itself (a read such as item() or to_vec(), or mark_step), so a call is \
+                 several steps; read the values the closure returns after the call instead"
+                    .into(),
+            );
+            return Ok(returned);
+        }
+        let Some(cut) = cut else {
             return Ok(returned);
         };
         if self.verify {
@@ -277,17 +291,21 @@ where
                 self.plans.insert(guard, plan);
             }
             Ok(None) => {}
-            Err(reason) => {
-                if !self.untraceable.contains_key(&guard) {
-                    let text = format!("captured step cannot be replayed and is traced on every call: {reason}");
-                    tracing::warn!("kiln: {text}");
-                    crate::warnings::show_once(crate::warnings::Warning::CaptureUnreplayable, || text.clone());
-                    self.last_retrace = Some(text.clone());
-                    self.untraceable.insert(guard, text);
-                }
-            }
+            Err(reason) => self.untraceable_because(guard, reason),
         }
         Ok(returned)
+    }
+
+    /// Notes (once per signature, with a warning) that calls with `guard`
+    /// are traced every time, and why.
+    fn untraceable_because(&mut self, guard: Guard, reason: String) {
+        if !self.untraceable.contains_key(&guard) {
+            let text = format!("captured step cannot be replayed and is traced on every call: {reason}");
+            tracing::warn!("kiln: {text}");
+            crate::warnings::show_once(crate::warnings::Warning::CaptureUnreplayable, || text.clone());
+            self.last_retrace = Some(text.clone());
+            self.untraceable.insert(guard, text);
+        }
     }
 }
 

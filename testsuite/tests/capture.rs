@@ -149,6 +149,30 @@ fn verify_mode_catches_rust_values_baked_into_the_trace() -> anyhow::Result<()> 
     Ok(())
 }
 
+/// A closure that reads a value inside runs a step mid-call: it is traced
+/// on every call, and the reason names the read (it used to blame host data
+/// made inside the closure).
+#[test]
+fn a_closure_that_reads_inside_is_traced_every_call_and_says_so() -> anyhow::Result<()> {
+    let mut m = model()?;
+    let data = batches(3, 16);
+    let mut reads = Vec::new();
+    let mut step = kiln::compile_step(|inputs: &[Tensor]| {
+        let out = train(&mut m, inputs)?;
+        reads.push(out[0].item()?);
+        Ok(out)
+    });
+    for (x, y, lr) in &data {
+        step.call(&[x.clone(), y.clone(), lr.clone()])?;
+    }
+    assert_eq!((step.traces(), step.replays()), (3, 0));
+    let why = step.last_retrace().expect("explained");
+    assert!(why.contains("the closure ran a step itself (a read such as item() or to_vec(), or mark_step)"), "{why}");
+    drop(step);
+    assert_eq!(reads.len(), 3);
+    Ok(())
+}
+
 /// A call whose closure fails after the optimizer step has no effect: the
 /// update it recorded is discarded, not run by the next call (it used to be:
 /// AdamW's counter ended one step ahead and the parameters drifted from a
