@@ -207,3 +207,33 @@ fn gpu_and_node_counts_out_of_range_are_refused_before_starting_anything() {
         assert!(!marker.exists(), "{args:?}: a child started");
     }
 }
+
+/// A restarted attempt continues from the checkpoint an earlier attempt of
+/// the run saved: without `--resume` (which the first attempt cannot pass,
+/// having nothing to resume) a file already there is refused, which made
+/// `--restarts` with `--checkpoint` fail on every restart.
+#[test]
+fn a_restarted_attempt_resumes_from_the_checkpoint_of_an_earlier_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let kiln_bin = assert_cmd::cargo::cargo_bin("kiln");
+    // Attempt 0 trains 4 steps, saves and then fails; attempt 1 runs the
+    // same command to 6 steps.
+    let script = format!(
+        r#"{k} train mlp --max-steps $((4 + 2 * KILN_ATTEMPT)) --batch 16 --hidden 16 --checkpoint "$OUT/c.safetensors" --json > "$OUT/attempt$KILN_ATTEMPT.json" && [ "$KILN_ATTEMPT" != 0 ]"#,
+        k = kiln_bin.display()
+    );
+    let out = kiln()
+        .args(["launch", "--nodes", "1", "--restarts", "1", "--", "sh", "-c", &script])
+        .env("OUT", dir.path())
+        .env("KILN_CACHE", "off")
+        .timeout(Duration::from_secs(120))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("attempt 1 resumes from"), "{stderr}");
+    assert!(stderr.contains("(step 4), which an earlier attempt of this run saved"), "{stderr}");
+    let last = std::fs::read_to_string(dir.path().join("attempt1.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(last.lines().last().unwrap()).unwrap();
+    assert_eq!(v["steps"], 6, "{v}");
+}

@@ -523,6 +523,19 @@ fn prepare_checkpoint(t: &mut Trainer, path: &std::path::Path, cfg: &MlpConfig) 
         }
         return t.restore(path);
     }
+    // A restarted attempt under `kiln launch --restarts` continues from what
+    // an earlier attempt of this run saved: the first attempt refused any
+    // file that was there before (below), so this one is the run's own.
+    let attempt = kiln_runtime::distributed::identity::NodeEnv::from_env().identity()?.scope.attempt;
+    if exists && attempt > 0 {
+        t.restore(path)?;
+        eprintln!(
+            "kiln: attempt {attempt} resumes from {} (step {}), which an earlier attempt of this run saved",
+            path.display(),
+            t.step
+        );
+        return Ok(());
+    }
     if !exists || cfg.overwrite {
         return Ok(());
     }
