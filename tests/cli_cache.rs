@@ -174,3 +174,22 @@ fn saved_graphs_compile_and_profile_offline() {
     let spans = t["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X").count();
     assert_eq!(spans, 1 + 1 + 5 + 1, "compile, upload, 5 executions, download");
 }
+
+/// `KILN_CACHE_MAX_BYTES` bounds what the directory holds, from the moment
+/// the cache opens: below one entry's size nothing is kept or served (a
+/// bound of 0 used to keep the newest entry and serve hits from it).
+#[test]
+fn a_bound_below_one_entry_keeps_and_serves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = json(&kiln(dir.path()).args(TRAIN).output().unwrap());
+    assert_eq!(first["compiles"], 2, "{first}");
+    assert_eq!(entries(dir.path()).len(), 2);
+    for bound in ["0", "1K"] {
+        let run = json(&kiln(dir.path()).env("KILN_CACHE_MAX_BYTES", bound).args(TRAIN).output().unwrap());
+        assert_eq!((run["compiles"].as_u64(), run["disk_hits"].as_u64()), (Some(2), Some(0)), "{bound}: {run}");
+        assert_eq!(entries(dir.path()), Vec::<std::path::PathBuf>::new(), "{bound}");
+    }
+    // A bound that holds them keeps them again.
+    json(&kiln(dir.path()).env("KILN_CACHE_MAX_BYTES", "1G").args(TRAIN).output().unwrap());
+    assert_eq!(entries(dir.path()).len(), 2);
+}

@@ -15,7 +15,8 @@
 //!   read-only) and recompiled by the caller.
 //! - **Bounded size.** After each store, the least recently used entries (by
 //!   modification time, refreshed on every hit) are removed until the directory
-//!   holds at most `max_bytes`.
+//!   holds at most `max_bytes`. An entry larger than `max_bytes` is neither
+//!   stored nor served (`KILN_CACHE_MAX_BYTES=0` keeps and serves nothing).
 //! - **Read-only mode** never writes, touches or removes anything.
 //!
 //! Entry layout (`<key>.kexe`): the magic `KILNCCH1`, a u32 LE header length,
@@ -246,6 +247,10 @@ impl DiskCache {
                 tracing::warn!(path = %path.display(), "kiln: compile-cache entry is not a regular file; skipped (`kiln cache clear` removes it)");
                 return Ok(Lookup::Miss);
             }
+            // Larger than the whole bound (lowered since it was written): the
+            // cache may not hold it, so it is not served; the next store
+            // trims the directory.
+            Ok(meta) if meta.len() > self.config.max_bytes => return Ok(Lookup::Miss),
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Lookup::Miss),
             Err(e) => return Err(io_err(&path, e)),
@@ -295,6 +300,17 @@ impl DiskCache {
         }
         let payload = exe.serialize()?;
         let bytes = encode(key, info, &payload);
+        if bytes.len() as u64 > self.config.max_bytes {
+            // An entry larger than the whole bound is not kept (the bound is
+            // what the directory may hold: `KILN_CACHE_MAX_BYTES=0` keeps
+            // nothing), and what is there is trimmed to the bound.
+            tracing::debug!(
+                bytes = bytes.len(),
+                max = self.config.max_bytes,
+                "kiln: compile-cache entry larger than the bound; not stored"
+            );
+            return self.evict(None);
+        }
         let tmp = self.config.dir.join(format!(
             ".tmp-{}-{}-{key}",
             std::process::id(),
