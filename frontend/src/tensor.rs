@@ -98,6 +98,36 @@ fn record(op: Op) -> Result<Tensor> {
     context::with(|c| c.push(op)).map(Tensor::wrap)
 }
 
+/// An integer division by a constant holding 0, or of a constant holding the
+/// signed minimum by a constant holding -1, is refused where it is recorded,
+/// on every backend: XLA's constant folder divides with the host's
+/// instruction and dies of SIGFPE on either (`kiln_compiler`'s guard refuses
+/// it again before lowering, for graphs read from files), while the eager
+/// backend and the interpreter would have computed -1.
+fn refuse_trapping_division(op: BinaryOp, dtype: DType, lhs: ValueId, rhs: ValueId) -> Result<()> {
+    let (dividend, divisor) = context::with(|c| (c.trace.constant_elements(lhs), c.trace.constant_elements(rhs)));
+    let Some(divisor) = divisor else { return Ok(()) };
+    let refuse = |what: String| {
+        Err(FrontendError::InvalidArgument {
+            op: op.name(),
+            reason: format!(
+                "{what} on {dtype}: XLA's constant folder crashes on it; divide floats, or by a value computed in \
+                 the step"
+            ),
+        })
+    };
+    if divisor.contains(&0.0) {
+        return refuse("integer division by a constant holding 0".into());
+    }
+    if dtype.is_signed_integer() && divisor.contains(&-1.0) {
+        let min = -(2f64.powi(dtype.size_in_bytes() as i32 * 8 - 1));
+        if dividend.is_some_and(|d| d.contains(&min)) {
+            return refuse(format!("{min} / -1 (a constant dividend holding the minimum, a divisor holding -1)"));
+        }
+    }
+    Ok(())
+}
+
 impl Tensor {
     pub(crate) fn wrap(inner: Rc<Inner>) -> Tensor {
         Tensor { inner }
@@ -477,6 +507,9 @@ impl Tensor {
         let (a, b) = promote_pair(self, rhs)?;
         let (a, b) = broadcast_pair(op.name(), &a, &b)?;
         let [lhs, rhs] = Tensor::values(op.name(), [&a, &b])?;
+        if matches!(op, BinaryOp::Div | BinaryOp::Rem) && a.dtype().is_integer() {
+            refuse_trapping_division(op, a.dtype(), lhs, rhs)?;
+        }
         record(Op::Binary { op, lhs, rhs })
     }
 

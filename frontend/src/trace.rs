@@ -226,6 +226,17 @@ impl Trace {
         Ok(self.pending(v))
     }
 
+    /// The elements of `v` when it is a constant of this trace (a literal,
+    /// broadcast or reshaped), in no particular order: enough to ask whether
+    /// it holds a value.
+    pub fn constant_elements(&self, v: ValueId) -> Option<Vec<f64>> {
+        match &self.graph.node(v.node).op {
+            Op::Constant { literal } => Some(literal.to_f64s()),
+            Op::BroadcastInDim { input, .. } | Op::Reshape { input, .. } => self.constant_elements(*input),
+            _ => None,
+        }
+    }
+
     /// Remembers a pending tensor of the current trace.
     pub fn track(&mut self, inner: &Rc<Inner>) {
         let t = self;

@@ -188,3 +188,31 @@ fn sum_of_pred_and_flatten_past_the_rank_are_refused() -> kiln::Result<()> {
     assert_eq!(e, "flatten_from: start 3 is not a dimension of tensor<2x3x4xf32> (rank 3)");
     Ok(())
 }
+
+/// Integer division by a constant holding 0 (or MIN / -1 of constants) is
+/// refused where it is recorded, on every backend and naming the op; XLA's
+/// constant folder would die of SIGFPE on it, and the eager backend and the
+/// interpreter used to compute -1 instead. A divisor that is data is not a
+/// constant, and divides as it does on every backend.
+#[test]
+fn integer_division_by_a_constant_zero_is_refused_on_every_backend() -> kiln::Result<()> {
+    on_every_backend(|b| {
+        let three = Tensor::full(3.0, DType::I32, [4])?;
+        let e = three.div(&Tensor::full(0.0, DType::I32, [4])?).unwrap_err().to_string();
+        assert!(
+            e.starts_with("div: integer division by a constant holding 0 on i32: XLA's constant folder"),
+            "{b:?}: {e}"
+        );
+        let x = Tensor::from_vec(vec![7i32, -9, 4, 1], [4])?;
+        let e = x.binary_scalar(kiln::compiler::ir::BinaryOp::Rem, 0.0).unwrap_err().to_string();
+        assert!(e.starts_with("rem: integer division by a constant holding 0 on i32"), "{b:?}: {e}");
+        let min = Tensor::full(f64::from(i32::MIN), DType::I32, [2])?;
+        let e = min.div(&Tensor::full(-1.0, DType::I32, [2])?).unwrap_err().to_string();
+        assert!(e.starts_with("div: -2147483648 / -1"), "{b:?}: {e}");
+        // Data divisors are not constants.
+        let y = x.div(&Tensor::from_vec(vec![2i32, 3, -4, 5], [4])?)?;
+        kiln::mark_step()?;
+        assert_eq!(y.to_vec::<i32>()?, vec![3, -3, -1, 0], "{b:?}");
+        Ok(())
+    })
+}
