@@ -452,7 +452,17 @@ fn print_amp(amp: Option<kiln::DType>, report: &mlp::TrainReport) {
 fn devices(json: bool) -> anyhow::Result<()> {
     use kiln::runtime::{Client, ClientOptions, GpuProbe, PjrtDevice, ReplicaEnv};
 
-    let env = ReplicaEnv::from_env()?;
+    let env = match ReplicaEnv::from_env() {
+        Ok(env) => env,
+        Err(e) => {
+            // Nothing else can be shown without the environment; a script
+            // reading --json still gets an object naming the error.
+            if json {
+                println!("{}", json!({ "errors": [e.to_string()] }));
+            }
+            return Err(e.into());
+        }
+    };
     let probe = kiln::runtime::probe_gpus();
     let plan = env.plan(|| probe.clone());
     // A refused count still leaves the plugin's own devices worth showing.

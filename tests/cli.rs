@@ -89,6 +89,18 @@ fn bad_kiln_cpu_devices_fail_naming_the_variable_and_value() {
     }
 }
 
+/// A PJRT_DEVICE kiln does not know: `--json` still prints an object with
+/// the error (it printed nothing on stdout).
+#[test]
+fn an_unknown_pjrt_device_still_gives_json() {
+    let out = devices_cmd(&[("PJRT_DEVICE", "TPU")]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let err = v["errors"][0].as_str().unwrap();
+    assert!(err.contains("PJRT_DEVICE") && err.contains("TPU"), "{v}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains(err), "the error is on stderr too");
+}
+
 #[test]
 fn gpu_num_devices_on_a_machine_without_gpus_fails_clearly() {
     let out = devices_cmd(&[("PJRT_DEVICE", "CUDA"), ("GPU_NUM_DEVICES", "2")]).output().unwrap();
