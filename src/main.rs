@@ -100,7 +100,7 @@ enum Model {
         )]
         compare_eager: Option<u64>,
         /// Mixed precision: matmuls in this dtype, f32 master weights.
-        #[arg(long)]
+        #[arg(long, ignore_case = true)]
         amp: Option<AmpDtype>,
         /// Rematerialize so each step's predicted peak fits SIZE (`2GiB`, `512MiB`, bytes),
         /// or `N%`: keep the arguments, outputs and N% of the step's activation
@@ -132,7 +132,7 @@ enum Model {
         #[arg(long, default_value_t = 0)]
         seed: u64,
         /// Mixed precision: matmuls in this dtype, f32 master weights.
-        #[arg(long)]
+        #[arg(long, ignore_case = true)]
         amp: Option<AmpDtype>,
         /// Clip the global gradient norm to this value.
         #[arg(long)]

@@ -349,3 +349,23 @@ fn documents_named_in_help_exist() {
     }
     assert!(named > 0, "the help names no document at all: the check would check nothing");
 }
+
+#[test]
+fn amp_and_shard_spellings() {
+    // --amp takes BF16 as bf16 (clap suggested f16 for it).
+    let out = kiln()
+        .env("KILN_CACHE", "off")
+        .args(["train", "mlp", "--amp", "BF16", "--max-steps", "2", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // A --shard part given twice is named.
+    let text = "/usr/share/common-licenses/Apache-2.0";
+    let out = kiln().args(["train", "gpt", "--text", text, "--steps", "2", "--shard", "fsdp,fsdp"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("fsdp is given twice"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

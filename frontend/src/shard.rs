@@ -811,15 +811,25 @@ pub fn parse_shard_flag(spec: &str, devices: usize) -> Result<Option<(Mesh, Poli
     let mut fsdp = false;
     let mut tp: Option<usize> = None;
     let mut dp = false;
+    let mut seen: Vec<&str> = Vec::new();
     for part in spec.split(',').map(str::trim) {
+        let name = part.split_once('=').map_or(part, |(n, _)| n);
+        if seen.contains(&name) {
+            return Err(bad(format!("{name} is given twice")));
+        }
+        seen.push(name);
         match part.split_once('=') {
             None if part == "dp" => dp = true,
             None if part == "fsdp" => fsdp = true,
             Some(("tp", n)) => {
-                let n: usize =
-                    n.trim().parse().ok().filter(|&n| n >= 1).ok_or_else(|| {
-                        bad(format!("tp={n}: the tensor-parallel degree must be a count of at least 1"))
-                    })?;
+                let n: usize = match n.trim().parse::<usize>() {
+                    Ok(v) if v >= 1 => v,
+                    // Beyond usize: a count, just far more than the devices.
+                    Err(e) if *e.kind() == std::num::IntErrorKind::PosOverflow => {
+                        return Err(bad(format!("tp={n}: more than the {devices} device(s)")))
+                    }
+                    _ => return Err(bad(format!("tp={n}: the tensor-parallel degree must be a count of at least 1"))),
+                };
                 tp = Some(n);
             }
             _ => return Err(bad(format!("{part:?} is not dp, fsdp, tp=N or fsdp,tp=N"))),
@@ -868,6 +878,16 @@ pub(crate) fn apply_active(store: &ParamStore) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shard_flag_names_a_part_given_twice_and_a_degree_beyond_any_count() {
+        let msg = |spec: &str| parse_shard_flag(spec, 4).unwrap_err().to_string();
+        assert!(msg("fsdp,fsdp").ends_with("fsdp is given twice"), "{}", msg("fsdp,fsdp"));
+        assert!(msg("tp=2,tp=2").ends_with("tp is given twice"));
+        assert!(msg("tp=99999999999999999999").ends_with("tp=99999999999999999999: more than the 4 device(s)"));
+        assert!(msg("tp=0").contains("must be a count of at least 1"));
+        assert!(parse_shard_flag("fsdp,tp=2", 4).unwrap().is_some());
+    }
     use kiln_compiler::ir::DType;
 
     #[test]
