@@ -40,7 +40,7 @@ fn zeros_like(t: &Tensor, placement: InitPlacement) -> Result<Tensor> {
     Ok(z)
 }
 
-/// `value` if `ok` holds for it, else a [`FrontendError::HyperParameter`]
+/// `Ok` if `ok`, else a [`FrontendError::HyperParameter`] for `value`,
 /// naming the optimizer, the setting and the range it must lie in.
 fn setting(op: &'static str, name: &'static str, value: f64, ok: bool, expected: &'static str) -> Result<()> {
     if ok {
