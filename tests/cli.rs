@@ -369,3 +369,17 @@ fn amp_and_shard_spellings() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `--vocab` pads the text's characters; a size below them was silently
+/// replaced by the text's count.
+#[test]
+fn a_vocab_below_the_texts_characters_is_refused() {
+    let text = "/usr/share/common-licenses/Apache-2.0";
+    let out = kiln().args(["train", "gpt", "--text", text, "--steps", "1", "--vocab", "5"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("train gpt: a vocabulary of 5 is smaller than the text's") && err.contains("distinct characters"),
+        "{err}"
+    );
+}

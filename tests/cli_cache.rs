@@ -193,3 +193,16 @@ fn a_bound_below_one_entry_keeps_and_serves_nothing() {
     json(&kiln(dir.path()).env("KILN_CACHE_MAX_BYTES", "1G").args(TRAIN).output().unwrap());
     assert_eq!(entries(dir.path()).len(), 2);
 }
+
+/// `kiln cache stats` and `clear` look at a directory that is not there
+/// without making it (stats used to create it and its missing parents).
+#[test]
+fn stats_and_clear_of_a_missing_directory_make_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("not").join("there");
+    let stats = json(&kiln(&missing).args(["cache", "stats", "--json"]).output().unwrap());
+    assert_eq!((stats["entries"].as_u64(), stats["read_only"].as_bool()), (Some(0), Some(false)), "{stats}");
+    let clear = json(&kiln(&missing).args(["cache", "clear", "--json"]).output().unwrap());
+    assert_eq!(clear["removed"], 0, "{clear}");
+    assert!(!dir.path().join("not").exists(), "nothing was made");
+}

@@ -25,10 +25,14 @@ pub enum CacheCommand {
 pub fn run(cmd: CacheCommand) -> anyhow::Result<()> {
     let config = DiskCacheConfig::from_env()?
         .context("the compile cache is off (KILN_CACHE=off, or no KILN_CACHE_DIR, XDG_CACHE_HOME or HOME)")?;
-    let cache = DiskCache::open(config)?;
+    // Looking never makes the directory: opened read-only unless clearing
+    // (`stats` still reports the setting the environment gives).
+    let writes = matches!(cmd, CacheCommand::Clear { .. }) && config.dir.exists();
+    let read_only = config.read_only;
+    let cache = DiskCache::open(DiskCacheConfig { read_only: read_only || !writes, ..config })?;
     match cmd {
         CacheCommand::Stats { json } => {
-            let s = cache.stats()?;
+            let s = kiln::runtime::CacheStats { read_only, ..cache.stats()? };
             if json {
                 println!(
                     "{}",
@@ -40,7 +44,8 @@ pub fn run(cmd: CacheCommand) -> anyhow::Result<()> {
             }
         }
         CacheCommand::Clear { json } => {
-            let removed = cache.clear()?;
+            // A directory that is not there holds nothing to remove.
+            let removed = if writes || read_only { cache.clear()? } else { 0 };
             if json {
                 println!("{}", json!({"dir": cache.config().dir, "removed": removed}));
             } else {

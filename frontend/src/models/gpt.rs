@@ -587,7 +587,18 @@ pub fn read_text(path: &Path, seq: usize) -> Result<String> {
 pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) -> Result<TrainReport> {
     let before = metrics::snapshot();
     let vocab = CharVocab::new(text);
-    // `cfg.vocab` pads the embedding past the text's characters (0: no padding).
+    // `cfg.vocab` pads the embedding past the text's characters (0: no
+    // padding); below them it cannot be what the run uses.
+    if cfg.vocab != 0 && cfg.vocab < vocab.len() {
+        return Err(FrontendError::InvalidArgument {
+            op: "train gpt",
+            reason: format!(
+                "a vocabulary of {} is smaller than the text's {} distinct characters (it pads, never cuts)",
+                cfg.vocab,
+                vocab.len()
+            ),
+        });
+    }
     let cfg = GptConfig { vocab: vocab.len().max(cfg.vocab), ..cfg.clone() };
     cfg.check(crate::replicas::global_replicas()?)?;
     let client = super::open_client()?;
