@@ -105,27 +105,23 @@ fn record(op: Op) -> Result<Tensor> {
 /// it again before lowering, for graphs read from files), while the eager
 /// backend and the interpreter would have computed -1.
 fn refuse_trapping_division(op: BinaryOp, dtype: DType, lhs: ValueId, rhs: ValueId) -> Result<()> {
+    use kiln_compiler::lower::{division_trap, DivisionTrap};
     let (dividend, divisor) = context::with(|c| (c.trace.constant_elements(lhs), c.trace.constant_elements(rhs)));
     let Some(divisor) = divisor else { return Ok(()) };
-    let refuse = |what: String| {
-        Err(FrontendError::InvalidArgument {
-            op: op.name(),
-            reason: format!(
-                "{what} on {dtype}: XLA's constant folder crashes on it; divide floats, or by a value computed in \
-                 the step"
-            ),
-        })
-    };
-    if divisor.contains(&0.0) {
-        return refuse("integer division by a constant holding 0".into());
-    }
-    if dtype.is_signed_integer() && divisor.contains(&-1.0) {
-        let min = -(2f64.powi(dtype.size_in_bytes() as i32 * 8 - 1));
-        if dividend.is_some_and(|d| d.contains(&min)) {
-            return refuse(format!("{min} / -1 (a constant dividend holding the minimum, a divisor holding -1)"));
+    // The constants as recorded, before their broadcasts: not paired.
+    let what = match division_trap(dtype, dividend.as_deref(), &divisor, false) {
+        None => return Ok(()),
+        Some(DivisionTrap::ZeroDivisor { .. }) => "integer division by a constant holding 0".to_string(),
+        Some(DivisionTrap::MinOverMinusOne { min, .. }) => {
+            format!("{min} / -1 (a constant dividend holding the minimum, a divisor holding -1)")
         }
-    }
-    Ok(())
+    };
+    Err(FrontendError::InvalidArgument {
+        op: op.name(),
+        reason: format!(
+            "{what} on {dtype}: XLA's constant folder crashes on it; divide floats, or by a value computed in the step"
+        ),
+    })
 }
 
 impl Tensor {

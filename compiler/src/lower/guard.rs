@@ -31,27 +31,54 @@ pub(crate) fn refuse_trapping_division(g: &Graph, live: &[bool]) -> Result<(), C
             continue;
         }
         let Some(divisor) = constant(g, *rhs) else { continue };
-        let values = elements(divisor);
-        let refuse = |reason: String| CompileError::TrappingDivision {
-            op: op.name(),
-            node: format!("%{}", id.index()),
-            dtype,
-            reason,
+        // Only a signed dividend can overflow: the others are not decoded.
+        let dividend = dtype.is_signed_integer().then(|| constant(g, *lhs)).flatten().map(elements);
+        // Operands of one node have one shape: element i meets element i.
+        let trap = division_trap(dtype, dividend.as_deref(), &elements(divisor), true);
+        let reason = match trap {
+            None => continue,
+            Some(DivisionTrap::ZeroDivisor { at }) => format!("the constant divisor is 0 at element {at}"),
+            Some(DivisionTrap::MinOverMinusOne { min, at }) => format!("{min} / -1 overflows at element {at}"),
         };
-        if let Some(i) = values.iter().position(|&v| v == 0.0) {
-            return Err(refuse(format!("the constant divisor is 0 at element {i}")));
-        }
-        if dtype.is_signed_integer() {
-            if let Some(dividend) = constant(g, *lhs) {
-                let min = signed_min(dtype);
-                let pair = elements(dividend).iter().zip(&values).position(|(&a, &b)| a == min && b == -1.0);
-                if let Some(i) = pair {
-                    return Err(refuse(format!("{min} / -1 overflows at element {i}")));
-                }
-            }
-        }
+        return Err(CompileError::TrappingDivision { op: op.name(), node: format!("%{}", id.index()), dtype, reason });
     }
     Ok(())
+}
+
+/// An integer division XLA's constant folder traps on (SIGFPE).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DivisionTrap {
+    /// The divisor holds 0 at element `at`.
+    ZeroDivisor { at: usize },
+    /// The dividend holds the signed minimum `min` (element `at`) where the
+    /// divisor holds -1.
+    MinOverMinusOne { min: f64, at: usize },
+}
+
+/// Whether an integer division of `dtype` by a constant holding `divisor`
+/// traps when XLA folds it; `dividend` is `None` when it is no constant.
+/// With `paired` (operands of one shape), element i meets element i only;
+/// without (operands seen before a broadcast, as the frontend records them),
+/// any element may meet any, and `at` is the dividend's. The one rule for
+/// both the lowering's guard and the frontend's check at record time.
+pub fn division_trap(dtype: DType, dividend: Option<&[f64]>, divisor: &[f64], paired: bool) -> Option<DivisionTrap> {
+    if !dtype.is_integer() {
+        return None;
+    }
+    if let Some(at) = divisor.iter().position(|&v| v == 0.0) {
+        return Some(DivisionTrap::ZeroDivisor { at });
+    }
+    // NaN (never equal) for unsigned types, which cannot overflow so.
+    let min = signed_min(dtype);
+    let dividend = dividend?;
+    let at = if paired {
+        dividend.iter().zip(divisor).position(|(&a, &b)| a == min && b == -1.0)
+    } else if divisor.contains(&-1.0) {
+        dividend.iter().position(|&a| a == min)
+    } else {
+        None
+    };
+    at.map(|at| DivisionTrap::MinOverMinusOne { min, at })
 }
 
 fn constant(g: &Graph, v: ValueId) -> Option<&Literal> {

@@ -25,6 +25,7 @@ mod cudnn;
 mod dense;
 mod emit;
 mod guard;
+pub use guard::{division_trap, DivisionTrap};
 pub(crate) mod live;
 
 use crate::ir::{Graph, TensorType};
