@@ -287,8 +287,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 /// be finite and above 0 there too (`1e308` is finite in f64 and infinite in
 /// f32, `1e-50` is 0).
 fn check_lr(lr: f64) -> anyhow::Result<()> {
-    let f = lr as f32;
-    if !(lr.is_finite() && lr > 0.0 && f.is_finite() && f > 0.0) {
+    if !(lr > 0.0 && kiln::optim::f32_rate(lr).is_some()) {
         anyhow::bail!(
             "--lr {lr:e}: the learning rate must be a finite number above 0 that f32 can hold (1.4e-45 to 3.4e38)"
         );

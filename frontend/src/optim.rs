@@ -50,14 +50,22 @@ fn setting(op: &'static str, name: &'static str, value: f64, ok: bool, expected:
     }
 }
 
-/// A learning rate given as a Rust number: finite, not negative, and not so
-/// small that f32 (the step's type) rounds it to 0 or so large that it
-/// rounds to infinity.
-pub(crate) fn lr_scalar(op: &'static str, lr: f64) -> Result<Tensor> {
+/// `lr` as the f32 scalar a step takes it as, when it is one: finite, not
+/// negative, not so large that f32 makes it infinite (1e308) and not so small
+/// that f32 rounds a positive rate to 0 (1e-50). The one test of a learning
+/// rate, for the optimizers and the training loops' settings alike.
+pub fn f32_rate(lr: f64) -> Option<f32> {
     let f = lr as f32;
-    let ok = lr.is_finite() && lr >= 0.0 && f.is_finite() && (f > 0.0) == (lr > 0.0);
-    setting(op, "lr", lr, ok, "finite, not negative, and representable in f32 (0 or at least 1.4e-45, below 3.4e38)")?;
-    Ok(Tensor::scalar(f))
+    (lr.is_finite() && lr >= 0.0 && f.is_finite() && (f > 0.0) == (lr > 0.0)).then_some(f)
+}
+
+/// A learning rate given as a Rust number, checked by [`f32_rate`].
+pub(crate) fn lr_scalar(op: &'static str, lr: f64) -> Result<Tensor> {
+    let expected = "finite, not negative, and representable in f32 (0 or at least 1.4e-45, below 3.4e38)";
+    match f32_rate(lr) {
+        Some(f) => Ok(Tensor::scalar(f)),
+        None => Err(FrontendError::HyperParameter { op, name: "lr", value: lr, expected }),
+    }
 }
 
 /// The same tensor twice in one parameter list would be updated twice with

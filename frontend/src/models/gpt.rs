@@ -217,10 +217,8 @@ impl GptConfig {
         if self.steps == 0 {
             return bad("steps", 0.0, "at least 1");
         }
-        // The schedule's rate reaches the step as an f32 scalar: 1e308 is
-        // finite in f64 and infinite there.
-        let lr32 = self.lr as f32;
-        if !(self.lr.is_finite() && self.lr > 0.0 && lr32.is_finite() && lr32 > 0.0) {
+        // The schedule's rate reaches the step as an f32 scalar.
+        if !(self.lr > 0.0 && crate::optim::f32_rate(self.lr).is_some()) {
             return bad("lr", self.lr, "a finite number above 0 that f32 can hold (1.4e-45 to 3.4e38)");
         }
         if !(0.0..1.0).contains(&self.dropout) {

@@ -353,10 +353,8 @@ impl MlpConfig {
         if self.max_steps == Some(0) {
             return bad("max_steps", 0.0, "at least 1");
         }
-        // The schedule's rate reaches the step as an f32 scalar: 1e308 is
-        // finite in f64 and infinite there, 1e-50 is zero.
-        let lr32 = self.lr as f32;
-        if !(self.lr.is_finite() && self.lr > 0.0 && lr32.is_finite() && lr32 > 0.0) {
+        // The schedule's rate reaches the step as an f32 scalar.
+        if !(self.lr > 0.0 && crate::optim::f32_rate(self.lr).is_some()) {
             return bad("lr", self.lr, "a finite number above 0 that f32 can hold (1.4e-45 to 3.4e38)");
         }
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
