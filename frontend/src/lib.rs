@@ -52,6 +52,7 @@ pub use memory_limit::{
     activation_budget, capture_graph, host_offload, memory_limit, set_activation_budget, set_host_offload,
     set_memory_limit,
 };
+pub use program::loop_kernels_from_env;
 pub use random::manual_seed;
 pub use step::{element_type, lower, lower_with, mark_step, step, LowerOpts, StepReport};
 pub use tensor::Tensor;

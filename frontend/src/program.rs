@@ -189,6 +189,7 @@ pub(crate) fn obtain(
         num_replicas: replicas,
         target: LowerTarget::from_platform(client.platform_name()),
         shardings: partitioned.as_ref().map(|p| p.module.clone()),
+        loop_kernels: loop_kernels_from_env()?,
     };
     // Across processes every node must agree on which replica runs where:
     // replica r on the r-th global device, spelled out (in one process the
@@ -436,4 +437,11 @@ fn partition(
         attention: crate::shard::attention_split(mesh),
     };
     Ok(Partitioned { module, local, layout: Layout { mesh: mesh.clone(), params } })
+}
+
+/// Whether the CUDA lowering runs column sums with kiln's own loop kernels
+/// (`kiln_compiler::LowerOptions::loop_kernels`): on unless
+/// `KILN_LOOP_KERNELS` says off (`0`, `false`, ...), which leaves them to XLA.
+pub fn loop_kernels_from_env() -> Result<bool> {
+    Ok(kiln_runtime::env::bool_var("KILN_LOOP_KERNELS")?.unwrap_or(true))
 }

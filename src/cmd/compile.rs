@@ -161,8 +161,11 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
 
     let started = Instant::now();
     let decisions = composite::decisions(&optimized, target);
-    let module = lower(&optimized, &LowerOptions { num_replicas: replicas, target, shardings: None })
-        .with_context(|| format!("lowering {}", path.display()))?;
+    let module = lower(
+        &optimized,
+        &LowerOptions { num_replicas: replicas, target, shardings: None, loop_kernels: kiln::loop_kernels_from_env()? },
+    )
+    .with_context(|| format!("lowering {}", path.display()))?;
     let lower_time = started.elapsed();
 
     let spinner = spinner(args.json, &format!("compiling {} ({replicas} replica(s))", path.display()));

@@ -11,6 +11,7 @@ use std::fmt::{Display, Write};
 
 use super::cudnn;
 use super::dense::{dense, identity};
+use super::loop_kernel::{self, Kernel};
 use super::LowerOptions;
 use crate::ir::{
     BinaryOp, DType, DotDims, Graph, Literal, Node, NodeId, Op, ReduceOp, Shape, TensorType, UnaryOp, ValueId,
@@ -41,9 +42,17 @@ pub(super) fn module(g: &Graph, opts: &LowerOptions, live: &[bool]) -> Result<St
         opts.num_replicas
     );
     e.signature(opts.shardings.as_ref());
-    for (id, node) in g.nodes() {
-        if live[id.index()] || matches!(node.op, Op::Parameter { .. }) {
-            e.node(id, node)?;
+    // Loop kernels of kiln's own (CUDA, one program per device: XLA's SPMD
+    // partitioner cannot split a Triton call).
+    let kernels = if opts.target == super::LowerTarget::Cuda && opts.loop_kernels && opts.shardings.is_none() {
+        loop_kernel::find(g, live)
+    } else {
+        Vec::new()
+    };
+    for item in order(g, live, &kernels) {
+        match item {
+            Item::Node(id) => e.node(id, g.node(id))?,
+            Item::Kernel(k) => e.loop_kernel(&kernels[k]),
         }
     }
     let results: Vec<String> = g.outputs().iter().map(|&v| e.name(v)).collect();
@@ -55,6 +64,95 @@ pub(super) fn module(g: &Graph, opts: &LowerOptions, live: &[bool]) -> Result<St
     }
     e.out.push_str("  }\n}\n");
     Ok(e.out)
+}
+
+/// What the module writes, one at a time: a node, or a loop kernel that
+/// stands for several.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Item {
+    Node(NodeId),
+    Kernel(usize),
+}
+
+/// The order the module writes nodes and kernels in: insertion order without
+/// kernels; with them, a topological order of the nodes and the kernels (each
+/// kernel one item) that takes the lowest ready node id first and a kernel as
+/// soon as its operands are written, since a reader of a kernel's value can
+/// come before the kernel's last member (and a kernel's operand after its
+/// first).
+fn order(g: &Graph, live: &[bool], kernels: &[Kernel]) -> Vec<Item> {
+    if kernels.is_empty() {
+        let wanted = |id: NodeId| live[id.index()] || matches!(g.node(id).op, Op::Parameter { .. });
+        return g.nodes().map(|(id, _)| id).filter(|&id| wanted(id)).map(Item::Node).collect();
+    }
+    let mut owner: Vec<Option<usize>> = vec![None; g.len()];
+    for (k, kernel) in kernels.iter().enumerate() {
+        for m in &kernel.members {
+            owner[m.index()] = Some(k);
+        }
+    }
+    let item = |id: NodeId| owner[id.index()].map_or(Item::Node(id), Item::Kernel);
+    // What is still read: the outputs, the kernels' operands and what those
+    // read, but not what only the kernels' members read (a remat guard, the
+    // constants the kernel holds).
+    let mut read = vec![false; g.len()];
+    for v in g.outputs() {
+        read[v.node.index()] = true;
+    }
+    for v in kernels.iter().flat_map(|k| &k.inputs) {
+        read[v.value.node.index()] = true;
+    }
+    for i in (0..g.len()).rev() {
+        if read[i] && owner[i].is_none() {
+            for v in g.node(NodeId::from_index(i)).op.inputs() {
+                read[v.node.index()] = true;
+            }
+        }
+    }
+    let kept =
+        |id: NodeId| owner[id.index()].is_none() && (read[id.index()] || matches!(g.node(id).op, Op::Parameter { .. }));
+    // Each item's key (where it would come in insertion order) and the items it waits for.
+    let mut items: Vec<Item> = g.nodes().map(|(id, _)| id).filter(|&id| kept(id)).map(Item::Node).collect();
+    items.extend((0..kernels.len()).map(Item::Kernel));
+    let key = |it: Item| match it {
+        Item::Node(id) => id.index(),
+        Item::Kernel(k) => kernels[k].members[0].index(),
+    };
+    let index: std::collections::HashMap<Item, usize> = items.iter().enumerate().map(|(i, &it)| (it, i)).collect();
+    let mut waits = vec![0usize; items.len()];
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); items.len()];
+    for (i, &it) in items.iter().enumerate() {
+        let reads: Vec<ValueId> = match it {
+            Item::Node(id) => g.node(id).op.inputs().to_vec(),
+            Item::Kernel(k) => kernels[k].inputs.iter().map(|i| i.value).collect(),
+        };
+        let mut deps: Vec<Item> = reads.iter().map(|v| item(v.node)).filter(|&d| d != it).collect();
+        deps.sort();
+        deps.dedup();
+        for d in deps {
+            let j = index[&d];
+            readers[j].push(i);
+            waits[i] += 1;
+        }
+    }
+    let mut ready: std::collections::BinaryHeap<std::cmp::Reverse<(usize, usize)>> = items
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| waits[*i] == 0)
+        .map(|(i, &it)| std::cmp::Reverse((key(it), i)))
+        .collect();
+    let mut out = Vec::with_capacity(items.len());
+    while let Some(std::cmp::Reverse((_, i))) = ready.pop() {
+        out.push(items[i]);
+        for &r in &readers[i] {
+            waits[r] -= 1;
+            if waits[r] == 0 {
+                ready.push(std::cmp::Reverse((key(items[r]), r)));
+            }
+        }
+    }
+    debug_assert_eq!(out.len(), items.len(), "a loop kernel made a cycle");
+    out
 }
 
 struct Emitter<'g> {
@@ -139,6 +237,70 @@ impl Emitter<'_> {
     /// `name = stablehlo.constant dense<..> : ty`.
     fn constant(&mut self, name: &str, lit: &Literal) {
         self.line(format!("{name} = stablehlo.constant {} : {}", dense(lit), lit.ty()));
+    }
+
+    /// A loop kernel: the Triton call, then the sum of its column sums.
+    fn loop_kernel(&mut self, k: &Kernel) {
+        let (reduce, _) = k.sum;
+        let call = Self::helper(reduce, "loop");
+        let full = self.ty(k.stores[0].1[0]).shape.clone();
+        let args: Vec<String> = k.inputs.iter().map(|i| self.name(i.value)).collect();
+        let in_types: Vec<TensorType> = k.inputs.iter().map(|i| self.ty(i.value).clone()).collect();
+        let mut out_types: Vec<TensorType> =
+            k.stores.iter().map(|(s, _)| TensorType::new(k.body[*s].dtype, full.clone())).collect();
+        let sums = TensorType::new(DType::F32, vec![k.partial_rows(), k.cols]);
+        out_types.push(sums.clone());
+        let layouts = |ts: &[TensorType]| ts.iter().map(|t| row_major(t.shape.rank())).collect::<Vec<_>>().join(", ");
+        let (gx, gy) = k.grid();
+        self.line(format!(
+            "{call}:{} = stablehlo.custom_call @__gpu$xla.gpu.triton({}) {{api_version = 4 : i32, backend_config = \
+             {{debug = false, grid_x = {gx} : i32, grid_y = {gy} : i32, grid_z = 1 : i32, ir = \"{}\", name = \"{}\", \
+             num_ctas = 1 : i32, num_stages = 1 : i32, num_warps = {} : i32}}, operand_layouts = [{}], result_layouts = [{}]}} \
+             : ({}) -> ({})",
+            out_types.len(),
+            args.join(", "),
+            mlir_escape(&super::ttir::module(k)),
+            super::ttir::NAME,
+            super::ttir::WARPS,
+            layouts(&in_types),
+            layouts(&out_types),
+            in_types.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", "),
+            out_types.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", "),
+        ));
+        for (j, (_, values)) in k.stores.iter().enumerate() {
+            for v in values {
+                self.names[v.node.index()] = vec![format!("{call}#{j}")];
+            }
+        }
+        let init = Self::helper(reduce, "init");
+        self.constant(&init, &identity(ReduceOp::Sum, DType::F32));
+        let total = Self::helper(reduce, "total");
+        let row = TensorType::new(DType::F32, vec![k.cols]);
+        self.line(format!(
+            "{total} = stablehlo.reduce({call}#{} init: {init}) applies stablehlo.add across dimensions = [0] \
+             : ({sums}, {}) -> {row}",
+            k.stores.len(),
+            TensorType::scalar(DType::F32),
+        ));
+        let want = self.g.node(reduce).outputs[0].clone();
+        let mut value = total;
+        if want.dtype != DType::F32 {
+            let c = Self::helper(reduce, "convert");
+            self.line(format!(
+                "{c} = stablehlo.convert {value} : ({row}) -> {}",
+                TensorType::new(want.dtype, vec![k.cols])
+            ));
+            value = c;
+        }
+        if want.shape.dims() != [k.cols] {
+            let r = Self::helper(reduce, "reshape");
+            self.line(format!(
+                "{r} = stablehlo.reshape {value} : ({}) -> {want}",
+                TensorType::new(want.dtype, vec![k.cols])
+            ));
+            value = r;
+        }
+        self.names[reduce.index()] = vec![value];
     }
 
     fn node(&mut self, id: NodeId, node: &Node) -> Result<(), CompileError> {
@@ -722,6 +884,31 @@ fn dot_dims(d: &DotDims) -> String {
 }
 
 /// `[a, b, c]`.
+/// `minor_to_major` of a row-major array of `rank` dimensions, as a custom
+/// call's layout attribute.
+fn row_major(rank: usize) -> String {
+    let dims: Vec<String> = (0..rank).rev().map(|d| d.to_string()).collect();
+    if rank == 1 {
+        "dense<0> : tensor<1xindex>".to_string()
+    } else {
+        format!("dense<[{}]> : tensor<{rank}xindex>", dims.join(", "))
+    }
+}
+
+/// `text` as the body of an MLIR string literal.
+fn mlir_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + text.len() / 8);
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\22"),
+            '\\' => out.push_str("\\5C"),
+            '\n' => out.push_str("\\0A"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 fn list<T: Display>(xs: &[T]) -> String {
     format!("[{}]", xs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))
 }

@@ -27,6 +27,8 @@ mod emit;
 mod guard;
 pub use guard::{division_trap, DivisionTrap};
 pub(crate) mod live;
+pub(crate) mod loop_kernel;
+mod ttir;
 
 use crate::ir::{Graph, TensorType};
 use crate::CompileError;
@@ -45,6 +47,11 @@ pub struct LowerOptions {
     /// `mhlo.num_partitions` and an `mhlo.sharding` on every argument and
     /// result of `@main`; XLA's SPMD partitioner does the rest.
     pub shardings: Option<ModuleShardings>,
+    /// On the CUDA target, run each column sum and the elementwise work
+    /// around it as a Triton kernel of kiln's own where that work recomputes
+    /// a transcendental ([`loop_kernel`]); off, XLA fuses it. On by default;
+    /// ignored on the CPU and with shardings.
+    pub loop_kernels: bool,
 }
 
 /// The shardings of a partitioned module, in XLA's HLO sharding text
@@ -132,7 +139,7 @@ impl LowerTarget {
 
 impl Default for LowerOptions {
     fn default() -> Self {
-        LowerOptions { num_replicas: 1, target: LowerTarget::Cpu, shardings: None }
+        LowerOptions { num_replicas: 1, target: LowerTarget::Cpu, shardings: None, loop_kernels: true }
     }
 }
 

@@ -1,0 +1,955 @@
+//! Loop kernels of kiln's own on the CUDA target: a column sum and the
+//! elementwise work around it, run as one Triton kernel (`ttir.rs` writes it,
+//! `emit.rs` calls it through XLA's `__gpu$xla.gpu.triton` custom call).
+//!
+//! Why: a bias gradient is the sum over the tokens of a value that the
+//! backward computes elementwise. When remat recomputes a GELU for that
+//! backward, XLA's CUDA backend makes the recomputation, the backward and the
+//! sum one reduction kernel with several outputs, and that kernel runs at
+//! about 2.0 TB/s where a loop kernel reaches 2.8 (gpt2-small on the H100:
+//! 102 µs a layer against 72; `docs/memory.md`, "The bias gradient split off
+//! a recomputed GELU"). Two clones of one chain, each behind its own barrier,
+//! also make XLA compute the chain twice. The kernel here tiles the rows and
+//! columns, computes the elementwise body once per element (common
+//! subexpressions merged, barrier outputs of one value read once), writes the
+//! values the rest of the step reads and one row of column sums per tile of
+//! rows; XLA adds those rows up.
+//!
+//! What is taken (everything else stays XLA's):
+//! - a `reduce sum` of a floating value over every axis but the last;
+//! - the elementwise nodes its operand is made of, back to values that are
+//!   not elementwise (a GEMM, a barrier, a parameter): `add`, `sub`, `mul`,
+//!   `div`, `neg`, `exp`, `tanh` and float converts, all of the operand's
+//!   shape; broadcasts of scalar constants; broadcasts of a vector along the
+//!   last axis, whose converts are taken too;
+//! - then the elementwise nodes computable from what is taken whose results
+//!   leave for a non-elementwise reader (the GELU output a weight gradient
+//!   reads);
+//! - only where the body recomputes a transcendental (where XLA's kernel is
+//!   slow; a body without one is left to XLA), and only when taking it cannot
+//!   make a cycle (no path leaves the kernel and comes back).
+//!
+//! Semantics: every value is computed in f32 and rounded to its node's dtype
+//! only where the graph converts and where it is stored, as XLA's GPU backend
+//! computes 16-bit elementwise work inside a kernel (it drops the roundings
+//! between ops: `xla_allow_excess_precision`, on by default); `tanh` uses
+//! [`tanh`]'s formula (within 5e-7 relative of the exact value in f32). The
+//! column sums are f32 sums of the unrounded values, added in another order
+//! than XLA's reduction.
+
+use std::collections::HashMap;
+
+use crate::ir::{BinaryOp, CompareDir, DType, Graph, NodeId, Op, ReduceOp, UnaryOp, ValueId};
+
+/// Where a kernel value varies: over the tile (`Full`), along the columns
+/// only (`Row`: a vector broadcast over the rows) or nowhere (`Scalar`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Space {
+    Scalar,
+    Row,
+    Full,
+}
+
+/// One instruction of a kernel's body. Operands are earlier instructions.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Inst {
+    /// The kernel's `k`-th operand, read in its dtype.
+    Load(usize),
+    /// A scalar constant (f64 bits), already of the instruction's dtype.
+    Const(u64),
+    Unary(UnaryOp, usize),
+    Binary(BinaryOp, usize, usize),
+    /// To the instruction's dtype.
+    Convert(usize),
+}
+
+/// An instruction with the dtype its result is rounded to and its space.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Step {
+    pub inst: Inst,
+    pub dtype: DType,
+    pub space: Space,
+}
+
+/// An operand of the custom call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Input {
+    /// The graph value passed (a barrier's output is passed as it is).
+    pub value: ValueId,
+    pub space: Space,
+    pub dtype: DType,
+}
+
+/// One loop kernel: what it reads, computes and writes, and the graph nodes
+/// it stands for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Kernel {
+    /// The product of the leading dimensions.
+    pub rows: usize,
+    /// The last dimension.
+    pub cols: usize,
+    /// Rows and columns of one tile: a program computes `chunks` tiles, one
+    /// below the other, adding their values column by column as it goes.
+    pub block: (usize, usize),
+    pub chunks: usize,
+    pub inputs: Vec<Input>,
+    pub body: Vec<Step>,
+    /// What the kernel writes, in the order of the call's results: a body
+    /// step and the graph values (full-shaped) it holds. Values the body
+    /// merged into one step are written once.
+    pub stores: Vec<(usize, Vec<ValueId>)>,
+    /// The `reduce` node replaced and the step whose column sums it takes.
+    pub sum: (NodeId, usize),
+    /// Every node the call stands for (the reduce included), ascending.
+    pub members: Vec<NodeId>,
+}
+
+impl Kernel {
+    /// Rows of one program.
+    pub fn program_rows(&self) -> usize {
+        self.block.0 * self.chunks
+    }
+
+    /// Rows of column sums the kernel writes (one per program row).
+    pub fn partial_rows(&self) -> usize {
+        self.rows / self.program_rows()
+    }
+
+    /// The program grid: programs down the rows, across the columns.
+    pub fn grid(&self) -> (usize, usize) {
+        (self.partial_rows(), self.cols / self.block.1)
+    }
+}
+
+/// Tile rows; columns tried, widest first (a tile of 1024 elements is 8 a
+/// thread at 4 warps, as Triton's elementwise kernels run); tiles a program
+/// computes, most first (fewer rows of column sums).
+const TILE_ROWS: usize = 8;
+const TILE_COLS: [usize; 3] = [128, 64, 32];
+const CHUNKS: [usize; 6] = [32, 16, 8, 4, 2, 1];
+
+/// The loop kernels of `g`'s live nodes, their members disjoint, in the order
+/// of their reduces.
+pub(crate) fn find(g: &Graph, live: &[bool]) -> Vec<Kernel> {
+    let users = users_of(g, live);
+    let mut taken = vec![false; g.len()];
+    let mut kernels = Vec::new();
+    for (id, node) in g.nodes() {
+        if !live[id.index()] {
+            continue;
+        }
+        if let Some(k) = Finder::new(g, live, &users, &taken).kernel(id, &node.op) {
+            for m in &k.members {
+                taken[m.index()] = true;
+            }
+            kernels.push(k);
+        }
+    }
+    kernels
+}
+
+/// Live readers of each node, ascending, without repeats.
+fn users_of(g: &Graph, live: &[bool]) -> Vec<Vec<NodeId>> {
+    let mut users = vec![Vec::new(); g.len()];
+    for (id, node) in g.nodes() {
+        if live[id.index()] {
+            for v in node.op.inputs() {
+                let u = &mut users[v.node.index()];
+                if u.last() != Some(&id) {
+                    u.push(id);
+                }
+            }
+        }
+    }
+    users
+}
+
+/// Whether `op` is an elementwise op the kernel computes.
+fn elementwise(op: &Op) -> bool {
+    match op {
+        Op::Unary { op, .. } => matches!(op, UnaryOp::Neg | UnaryOp::Exp | UnaryOp::Tanh),
+        Op::Binary { op, .. } => matches!(op, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div),
+        Op::Convert { .. } => true,
+        _ => false,
+    }
+}
+
+fn float(d: DType) -> bool {
+    matches!(d, DType::BF16 | DType::F16 | DType::F32)
+}
+
+struct Finder<'a> {
+    g: &'a Graph,
+    live: &'a [bool],
+    users: &'a [Vec<NodeId>],
+    taken: &'a [bool],
+}
+
+impl<'a> Finder<'a> {
+    fn new(g: &'a Graph, live: &'a [bool], users: &'a [Vec<NodeId>], taken: &'a [bool]) -> Self {
+        Finder { g, live, users, taken }
+    }
+
+    /// A full-shaped elementwise node the kernel may compute.
+    fn member(&self, v: ValueId, shape: &crate::ir::Shape) -> bool {
+        let node = self.g.node(v.node);
+        let t = &node.outputs[0];
+        self.live[v.node.index()]
+            && !self.taken[v.node.index()]
+            && elementwise(&node.op)
+            && &t.shape == shape
+            && float(t.dtype)
+            && node.op.inputs().iter().all(|x| float(self.g.ty(*x).dtype))
+    }
+
+    fn kernel(&self, id: NodeId, op: &Op) -> Option<Kernel> {
+        let Op::Reduce { op: ReduceOp::Sum, input, axes } = op else { return None };
+        let t = self.g.ty(*input);
+        let rank = t.shape.rank();
+        if rank < 2 || !float(t.dtype) || *axes != (0..rank - 1).collect::<Vec<_>>() || self.taken[id.index()] {
+            return None;
+        }
+        let dims = t.shape.dims();
+        let cols = dims[rank - 1];
+        let rows: usize = dims[..rank - 1].iter().product();
+        if rows.checked_mul(cols)? >= i32::MAX as usize {
+            return None;
+        }
+        let bn = TILE_COLS.into_iter().find(|bn| cols % bn == 0)?;
+        let chunks = CHUNKS.into_iter().find(|c| rows % (TILE_ROWS * c) == 0)?;
+        let block = (TILE_ROWS, bn);
+        let shape = t.shape.clone();
+        // The cone of the reduce's operand.
+        let mut inside: Vec<NodeId> = Vec::new();
+        let mut stack = vec![*input];
+        while let Some(v) = stack.pop() {
+            if inside.contains(&v.node) || !self.member(v, &shape) {
+                continue;
+            }
+            inside.push(v.node);
+            stack.extend(self.g.node(v.node).op.inputs());
+        }
+        if inside.is_empty() {
+            return None;
+        }
+        // Every leaf the cone reads must be loadable (checked on a builder
+        // that is thrown away: the body is built once the members are known).
+        let mut probe = Builder::new(self);
+        for &n in &inside {
+            for x in self.g.node(n).op.inputs() {
+                if !inside.contains(&x.node) && probe.leaf(x, &shape).is_none() {
+                    return None;
+                }
+            }
+        }
+        // Siblings: readers computable from what is taken, kept when their
+        // result leaves for a non-elementwise reader.
+        let first = *inside.iter().min()?;
+        let mut extra: Vec<NodeId> = Vec::new();
+        let computable = |n: NodeId, inside: &[NodeId], extra: &[NodeId], b: &mut Builder| {
+            self.g
+                .node(n)
+                .op
+                .inputs()
+                .iter()
+                .all(|x| inside.contains(&x.node) || extra.contains(&x.node) || b.constant_or_row(*x, &shape))
+        };
+        for i in first.index()..self.g.len() {
+            let n = NodeId::from_index(i);
+            if n == id || inside.contains(&n) || !self.member(n.into(), &shape) {
+                continue;
+            }
+            if computable(n, &inside, &extra, &mut probe) {
+                extra.push(n);
+            }
+        }
+        // Keep a sibling only where it is needed by a kept one or read by a
+        // node that is not elementwise.
+        let mut keep = vec![false; extra.len()];
+        for j in (0..extra.len()).rev() {
+            let n = extra[j];
+            keep[j] = self.users[n.index()].iter().any(|u| {
+                if let Some(k) = extra.iter().position(|e| e == u) {
+                    keep[k]
+                } else {
+                    !inside.contains(u) && !elementwise(&self.g.node(*u).op)
+                }
+            }) || self.g.outputs().iter().any(|o| o.node == n);
+        }
+        let extra: Vec<NodeId> = extra.into_iter().zip(keep).filter(|(_, k)| *k).map(|(n, _)| n).collect();
+        let mut members: Vec<NodeId> = inside.iter().chain(&extra).copied().collect();
+        members.push(id);
+        members.sort();
+        // No path may leave the kernel and come back.
+        if self.cycle(&members) {
+            return None;
+        }
+        // The body, in node order, and what leaves it.
+        let mut b = Builder::new(self);
+        let mut stores: Vec<(usize, Vec<ValueId>)> = Vec::new();
+        for &n in &members {
+            if n == id {
+                continue;
+            }
+            let step = b.value(n.into(), &shape)?;
+            let read_outside = self.users[n.index()].iter().any(|u| members.binary_search(u).is_err())
+                || self.g.outputs().iter().any(|o| o.node == n);
+            if read_outside {
+                match stores.iter_mut().find(|(s, _)| *s == step) {
+                    Some((_, values)) => values.push(n.into()),
+                    None => stores.push((step, vec![n.into()])),
+                }
+            }
+        }
+        let sum = b.value(*input, &shape)?;
+        let transcendental = b
+            .body
+            .iter()
+            .any(|s| matches!(s.inst, Inst::Unary(UnaryOp::Tanh | UnaryOp::Exp, _)) && s.space == Space::Full);
+        if !transcendental || stores.is_empty() || b.body.len() > 256 {
+            return None;
+        }
+        Some(Kernel { rows, cols, block, chunks, inputs: b.inputs, body: b.body, stores, sum: (id, sum), members })
+    }
+
+    /// Whether a path from a member through non-members reaches a member.
+    fn cycle(&self, members: &[NodeId]) -> bool {
+        let last = *members.last().expect("members");
+        let mut seen = vec![false; last.index() + 1];
+        let mut stack: Vec<NodeId> = members
+            .iter()
+            .flat_map(|m| self.users[m.index()].iter().copied())
+            .filter(|u| members.binary_search(u).is_err() && *u < last)
+            .collect();
+        while let Some(n) = stack.pop() {
+            if seen[n.index()] {
+                continue;
+            }
+            seen[n.index()] = true;
+            for &u in &self.users[n.index()] {
+                if members.binary_search(&u).is_ok() {
+                    return true;
+                }
+                if u < last && !seen[u.index()] {
+                    stack.push(u);
+                }
+            }
+        }
+        false
+    }
+}
+
+/// Builds a kernel's body with common subexpressions merged.
+struct Builder<'f, 'a> {
+    f: &'f Finder<'a>,
+    inputs: Vec<Input>,
+    body: Vec<Step>,
+    memo: HashMap<Step, usize>,
+    /// Step of each graph value already built.
+    built: HashMap<ValueId, usize>,
+    /// Input index of each source value (barrier outputs resolved).
+    loaded: HashMap<ValueId, usize>,
+}
+
+impl<'f, 'a> Builder<'f, 'a> {
+    fn new(f: &'f Finder<'a>) -> Self {
+        Builder {
+            f,
+            inputs: Vec::new(),
+            body: Vec::new(),
+            memo: HashMap::new(),
+            built: HashMap::new(),
+            loaded: HashMap::new(),
+        }
+    }
+
+    fn push(&mut self, inst: Inst, dtype: DType, space: Space) -> usize {
+        let step = Step { inst, dtype, space };
+        if let Some(&i) = self.memo.get(&step) {
+            return i;
+        }
+        self.body.push(step.clone());
+        self.memo.insert(step, self.body.len() - 1);
+        self.body.len() - 1
+    }
+
+    /// The value an optimization barrier's output carries, through barriers.
+    fn source(&self, mut v: ValueId) -> ValueId {
+        while let Op::OptimizationBarrier { inputs } = &self.f.g.node(v.node).op {
+            v = inputs[v.output as usize];
+        }
+        v
+    }
+
+    fn load(&mut self, v: ValueId, space: Space) -> usize {
+        let src = self.source(v);
+        let dtype = self.f.g.ty(v).dtype;
+        let k = match self.loaded.get(&src) {
+            Some(&k) => k,
+            None => {
+                self.inputs.push(Input { value: v, space, dtype });
+                self.loaded.insert(src, self.inputs.len() - 1);
+                self.inputs.len() - 1
+            }
+        };
+        self.push(Inst::Load(k), dtype, space)
+    }
+
+    /// Whether `v` is a broadcast constant or a broadcast row, which any
+    /// kernel can compute without a new full-shaped input.
+    fn constant_or_row(&mut self, v: ValueId, shape: &crate::ir::Shape) -> bool {
+        matches!(self.f.g.node(v.node).op, Op::BroadcastInDim { .. }) && self.leaf(v, shape).is_some()
+    }
+
+    /// A value the cone reads but does not compute: a broadcast scalar
+    /// constant, a broadcast row, or a full-shaped value loaded.
+    fn leaf(&mut self, v: ValueId, shape: &crate::ir::Shape) -> Option<usize> {
+        if let Some(&s) = self.built.get(&v) {
+            return Some(s);
+        }
+        let g = self.f.g;
+        let t = g.ty(v).clone();
+        if !float(t.dtype) {
+            return None;
+        }
+        let s = match &g.node(v.node).op {
+            Op::BroadcastInDim { input, dims, .. } if &t.shape == shape => {
+                let it = g.ty(*input);
+                if it.shape.rank() == 0 {
+                    self.scalar(*input)?
+                } else if it.shape.rank() == 1 && dims[..] == [shape.rank() - 1] {
+                    self.row(*input)?
+                } else {
+                    return None;
+                }
+            }
+            _ if &t.shape == shape => self.load(v, Space::Full),
+            _ => return None,
+        };
+        self.built.insert(v, s);
+        Some(s)
+    }
+
+    /// A scalar constant.
+    fn scalar(&mut self, v: ValueId) -> Option<usize> {
+        let g = self.f.g;
+        let t = g.ty(v);
+        match &g.node(v.node).op {
+            Op::Constant { literal } if literal.ty().shape.rank() == 0 && float(t.dtype) => {
+                let x = literal.to_f64s()[0];
+                Some(self.push(Inst::Const(x.to_bits()), t.dtype, Space::Scalar))
+            }
+            _ => None,
+        }
+    }
+
+    /// A vector along the columns: its float converts are computed, any other
+    /// producer's value is loaded. A `select` whose predicate is `x == x or
+    /// x != x` (true for every x: the remat guards' form) is its true operand.
+    fn row(&mut self, v: ValueId) -> Option<usize> {
+        let g = self.f.g;
+        let t = g.ty(v).clone();
+        if !float(t.dtype) {
+            return None;
+        }
+        match &g.node(v.node).op {
+            Op::Convert { input, .. } if float(g.ty(*input).dtype) => {
+                let x = self.row(*input)?;
+                Some(self.push(Inst::Convert(x), t.dtype, Space::Row))
+            }
+            Op::Select { pred, on_true, .. } if self.always_true(*pred) => self.row(*on_true),
+            Op::Constant { .. } | Op::Iota { .. } => None,
+            _ => Some(self.load(v, Space::Row)),
+        }
+    }
+
+    /// `x == x or x != x`, true for every x, NaN included.
+    fn always_true(&self, p: ValueId) -> bool {
+        let g = self.f.g;
+        let Op::Binary { op: BinaryOp::Or, lhs, rhs } = &g.node(p.node).op else { return false };
+        let cmp = |v: &ValueId| match &g.node(v.node).op {
+            Op::Compare { dir, lhs, rhs } if lhs == rhs => Some(*dir),
+            _ => None,
+        };
+        let same = |a: &ValueId, b: &ValueId| match (&g.node(a.node).op, &g.node(b.node).op) {
+            (Op::Compare { lhs: x, .. }, Op::Compare { lhs: y, .. }) => x == y,
+            _ => false,
+        };
+        matches!(
+            (cmp(lhs), cmp(rhs)),
+            (Some(CompareDir::Eq), Some(CompareDir::Ne)) | (Some(CompareDir::Ne), Some(CompareDir::Eq))
+        ) && same(lhs, rhs)
+    }
+
+    /// The step computing `v` (a member, or a leaf).
+    fn value(&mut self, v: ValueId, shape: &crate::ir::Shape) -> Option<usize> {
+        if let Some(&s) = self.built.get(&v) {
+            return Some(s);
+        }
+        let g = self.f.g;
+        let node = g.node(v.node);
+        if !self.f.member(v, shape) {
+            return self.leaf(v, shape);
+        }
+        let dtype = node.outputs[0].dtype;
+        let s = match &node.op {
+            Op::Unary { op, input } => {
+                let x = self.value(*input, shape)?;
+                let space = self.body[x].space;
+                self.push(Inst::Unary(*op, x), dtype, space)
+            }
+            Op::Binary { op, lhs, rhs } => {
+                let (a, b) = (self.value(*lhs, shape)?, self.value(*rhs, shape)?);
+                let space = self.body[a].space.max(self.body[b].space);
+                self.push(Inst::Binary(*op, a, b), dtype, space)
+            }
+            Op::Convert { input, .. } => {
+                let x = self.value(*input, shape)?;
+                let space = self.body[x].space;
+                self.push(Inst::Convert(x), dtype, space)
+            }
+            _ => return None,
+        };
+        self.built.insert(v, s);
+        Some(s)
+    }
+}
+
+/// Rounds an f32 to `dtype` and back (the identity for f32).
+#[cfg(test)]
+fn round(x: f32, dtype: DType) -> f32 {
+    match dtype {
+        DType::BF16 => half::bf16::from_f32(x).to_f32(),
+        DType::F16 => half::f16::from_f32(x).to_f32(),
+        _ => x,
+    }
+}
+
+/// `tanh` as the kernel computes it (f32, `ttir.rs` writes the same steps):
+/// an odd polynomial below 0.0625, `(1 - e) / (1 + e)` with `e = exp(-2|z|)`
+/// above, the sign put back.
+#[cfg(test)]
+fn tanh(z: f32) -> f32 {
+    let a = z.abs();
+    if a < TANH_SMALL {
+        let z2 = z * z;
+        z * (1.0 + z2 * (TANH_C3 + z2 * TANH_C5))
+    } else {
+        let e = (-2.0 * a).exp();
+        let q = (1.0 - e) / (1.0 + e);
+        if z < 0.0 {
+            -q
+        } else {
+            q
+        }
+    }
+}
+
+/// Below this `|z|` the kernel's `tanh` is its Taylor polynomial.
+pub(crate) const TANH_SMALL: f32 = 0.0625;
+/// `-1/3` and `2/15`, the polynomial's coefficients.
+pub(crate) const TANH_C3: f32 = -1.0 / 3.0;
+pub(crate) const TANH_C5: f32 = 2.0 / 15.0;
+
+#[cfg(test)]
+impl Kernel {
+    /// Runs the kernel on the host, as the device computes it (but for the
+    /// last bits of `exp` and division): the stored values (row-major, f32
+    /// holding each dtype's values) and the column sums of every tile of rows.
+    /// `inputs` are the operands' values, in order.
+    pub(crate) fn evaluate(&self, inputs: &[Vec<f32>]) -> (Vec<Vec<f32>>, Vec<f32>) {
+        let (rows, cols) = (self.rows, self.cols);
+        let mut stores = vec![vec![0.0; rows * cols]; self.stores.len()];
+        let mut partial = vec![0.0f32; self.partial_rows() * cols];
+        let mut vals = vec![0.0f32; self.body.len()];
+        let (bm, pr) = (self.block.0, self.program_rows());
+        for p in 0..self.partial_rows() {
+            for c in 0..cols {
+                // The tile's accumulator: one f32 a tile row, summed over the
+                // chunks, then over the tile's rows.
+                let mut acc = vec![0.0f32; bm];
+                for r in p * pr..(p + 1) * pr {
+                    for (i, s) in self.body.iter().enumerate() {
+                        let x = match s.inst {
+                            Inst::Load(k) => match self.inputs[k].space {
+                                Space::Full => inputs[k][r * cols + c],
+                                Space::Row => inputs[k][c],
+                                Space::Scalar => inputs[k][0],
+                            },
+                            Inst::Const(bits) => f64::from_bits(bits) as f32,
+                            Inst::Convert(a) => vals[a],
+                            Inst::Unary(op, a) => match op {
+                                UnaryOp::Neg => -vals[a],
+                                UnaryOp::Exp => vals[a].exp(),
+                                UnaryOp::Tanh => tanh(vals[a]),
+                                _ => unreachable!("not a kernel op"),
+                            },
+                            Inst::Binary(op, a, b) => match op {
+                                BinaryOp::Add => vals[a] + vals[b],
+                                BinaryOp::Sub => vals[a] - vals[b],
+                                BinaryOp::Mul => vals[a] * vals[b],
+                                BinaryOp::Div => vals[a] / vals[b],
+                                _ => unreachable!("not a kernel op"),
+                            },
+                        };
+                        vals[i] = match s.inst {
+                            Inst::Convert(_) => round(x, s.dtype),
+                            _ => x,
+                        };
+                    }
+                    for (k, &(s, _)) in self.stores.iter().enumerate() {
+                        stores[k][r * cols + c] = round(vals[s], self.body[s].dtype);
+                    }
+                    acc[r % bm] += vals[self.sum.1];
+                }
+                partial[p * cols + c] = pairwise(&acc);
+            }
+        }
+        (stores, partial)
+    }
+}
+
+/// A sum in the order of a tree reduction over halves, as Triton's reduce
+/// over a power-of-two axis adds (up to its lanes' order).
+#[cfg(test)]
+fn pairwise(x: &[f32]) -> f32 {
+    if x.len() == 1 {
+        x[0]
+    } else {
+        let h = x.len() / 2;
+        pairwise(&x[..h]) + pairwise(&x[h..])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{DotDims, Literal, Shape, TensorType};
+    use crate::lower::live::live_nodes;
+
+    type R<T> = Result<T, crate::CompileError>;
+
+    /// SplitMix64, seeded from the clock: fresh inputs every run (the seed
+    /// is in every failure message).
+    struct Rng(u64);
+    impl Rng {
+        fn fresh() -> Rng {
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos());
+            Rng(t as u64)
+        }
+        fn next(&mut self) -> f64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+        }
+        /// Uniform in [-a, a], rounded to `dtype`.
+        fn values(&mut self, n: usize, a: f64, dtype: DType) -> Vec<f64> {
+            (0..n).map(|_| f64::from(round(((2.0 * self.next() - 1.0) * a) as f32, dtype))).collect()
+        }
+    }
+
+    fn splat(g: &mut Graph, v: f64, shape: &[usize]) -> R<ValueId> {
+        let c = g.value(Op::Constant { literal: Literal::scalar(DType::BF16, v) })?;
+        g.value(Op::BroadcastInDim { input: c, shape: Shape::new(shape), dims: vec![] })
+    }
+
+    fn bin(g: &mut Graph, op: BinaryOp, a: ValueId, b: ValueId) -> R<ValueId> {
+        g.value(Op::Binary { op, lhs: a, rhs: b })
+    }
+
+    /// GELU's constants as kiln's bf16 graphs hold them.
+    const A: f64 = 0.044677734;
+    const C: f64 = 0.796875;
+    const A3: f64 = 0.134033203125;
+
+    /// One chain of a recomputed GELU from `h` and the f32 bias `b` (each
+    /// read through a barrier, as remat reads its leaves): x, 0.5 x and tanh.
+    fn chain(g: &mut Graph, h: ValueId, b: ValueId, guard: Option<ValueId>, shape: &[usize]) -> R<[ValueId; 3]> {
+        let ins = match guard {
+            Some(dg) => vec![b, h, dg],
+            None => vec![b, h],
+        };
+        let bar = g.add(Op::OptimizationBarrier { inputs: ins })?;
+        let (b, h) = (ValueId::new(bar, 0), ValueId::new(bar, 1));
+        let b = if guard.is_some() {
+            // The remat guard: select(x == x or x != x, b, 0) on one element of dg.
+            let dg = ValueId::new(bar, 2);
+            let one = g.value(Op::Slice {
+                input: dg,
+                start: vec![0; shape.len()],
+                limit: vec![1; shape.len()],
+                stride: vec![1; shape.len()],
+            })?;
+            let s = g.value(Op::Reshape { input: one, shape: Shape::new([]) })?;
+            let eq = g.value(Op::Compare { dir: CompareDir::Eq, lhs: s, rhs: s })?;
+            let ne = g.value(Op::Compare { dir: CompareDir::Ne, lhs: s, rhs: s })?;
+            let p = bin(g, BinaryOp::Or, eq, ne)?;
+            let z = g.value(Op::Constant { literal: Literal::scalar(DType::F32, 0.0) })?;
+            let z = g.value(Op::BroadcastInDim { input: z, shape: Shape::new([shape[2]]), dims: vec![] })?;
+            g.value(Op::Select { pred: p, on_true: b, on_false: z })?
+        } else {
+            b
+        };
+        let b16 = g.value(Op::Convert { input: b, to: DType::BF16 })?;
+        let bb = g.value(Op::BroadcastInDim { input: b16, shape: Shape::new(shape), dims: vec![2] })?;
+        let x = bin(g, BinaryOp::Add, h, bb)?;
+        let (a, c, half) = (splat(g, A, shape)?, splat(g, C, shape)?, splat(g, 0.5, shape)?);
+        let x2 = bin(g, BinaryOp::Mul, x, x)?;
+        let x3 = bin(g, BinaryOp::Mul, x2, x)?;
+        let ax3 = bin(g, BinaryOp::Mul, x3, a)?;
+        let inner = bin(g, BinaryOp::Add, x, ax3)?;
+        let z = bin(g, BinaryOp::Mul, inner, c)?;
+        let hx = bin(g, BinaryOp::Mul, x, half)?;
+        let t = g.value(Op::Unary { op: UnaryOp::Tanh, input: z })?;
+        Ok([x, hx, t])
+    }
+
+    /// The 50% plan's GELU backward in kiln's form (as in gpt2-small's
+    /// planned step): GELU's output from one chain for the weight gradient,
+    /// dh from a second chain behind a guarded barrier that reads the first's
+    /// `0.5 x`, and the bias gradient as the f32 sum of dh over the tokens.
+    /// Outputs: g, dh, db.
+    fn planned(shape: &[usize]) -> R<Graph> {
+        let mut g = Graph::new();
+        let h = g.parameter(TensorType::new(DType::BF16, shape.to_vec()));
+        let b = g.parameter(TensorType::new(DType::F32, vec![shape[2]]));
+        let dg = g.parameter(TensorType::new(DType::BF16, shape.to_vec()));
+        let one = splat(&mut g, 1.0, shape)?;
+        let [_, hx1, t1] = chain(&mut g, h, b, None, shape)?;
+        let opt = bin(&mut g, BinaryOp::Add, t1, one)?;
+        let gelu = bin(&mut g, BinaryOp::Mul, hx1, opt)?;
+        let [x2, _, t2] = chain(&mut g, h, b, Some(dg), shape)?;
+        let (half, c, a3) = (splat(&mut g, 0.5, shape)?, splat(&mut g, C, shape)?, splat(&mut g, A3, shape)?);
+        // dh = dg (0.5 (1 + t) + 0.5 x (1 - t²) c (1 + 3a x²))
+        let opt2 = bin(&mut g, BinaryOp::Add, t2, one)?;
+        let p1 = bin(&mut g, BinaryOp::Mul, opt2, half)?;
+        let tt = bin(&mut g, BinaryOp::Mul, t2, t2)?;
+        let sech = bin(&mut g, BinaryOp::Sub, one, tt)?;
+        let xx = bin(&mut g, BinaryOp::Mul, x2, x2)?;
+        let q = bin(&mut g, BinaryOp::Mul, xx, a3)?;
+        let q = bin(&mut g, BinaryOp::Add, one, q)?;
+        let p2 = bin(&mut g, BinaryOp::Mul, hx1, sech)?;
+        let p2 = bin(&mut g, BinaryOp::Mul, p2, c)?;
+        let p2 = bin(&mut g, BinaryOp::Mul, p2, q)?;
+        let d = bin(&mut g, BinaryOp::Add, p1, p2)?;
+        let dh = bin(&mut g, BinaryOp::Mul, dg, d)?;
+        let dh32 = g.value(Op::Convert { input: dh, to: DType::F32 })?;
+        let db = g.value(Op::Reduce { op: ReduceOp::Sum, input: dh32, axes: vec![0, 1] })?;
+        g.set_outputs(vec![gelu, dh, db])?;
+        Ok(g)
+    }
+
+    fn kernels(g: &Graph) -> Vec<Kernel> {
+        find(g, &live_nodes(g))
+    }
+
+    /// GELU and its derivative in f64, with the graph's constants.
+    fn gelu_f64(x: f64) -> (f64, f64) {
+        let t = (C * (x + A * x * x * x)).tanh();
+        (0.5 * x * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * C * (1.0 + A3 * x * x))
+    }
+
+    #[test]
+    fn the_planned_gelu_backward_becomes_one_kernel_with_one_chain() -> R<()> {
+        let shape = [2, 8, 64];
+        let g = planned(&shape)?;
+        let ks = kernels(&g);
+        assert_eq!(ks.len(), 1, "{ks:?}");
+        let k = &ks[0];
+        assert_eq!((k.rows, k.cols, k.block, k.chunks), (16, 64, (8, 64), 2));
+        // h and b are read once each, through either barrier, and dg once.
+        let spaces: Vec<(Space, DType)> = k.inputs.iter().map(|i| (i.space, i.dtype)).collect();
+        assert_eq!(spaces, [(Space::Full, DType::BF16), (Space::Row, DType::F32), (Space::Full, DType::BF16)]);
+        // The two chains are one: one tanh.
+        let tanhs = k.body.iter().filter(|s| matches!(s.inst, Inst::Unary(UnaryOp::Tanh, _))).count();
+        assert_eq!(tanhs, 1);
+        // It writes GELU's output and dh; the reduce is the sum.
+        let outs = g.outputs();
+        let stored: Vec<ValueId> = k.stores.iter().flat_map(|(_, v)| v.clone()).collect();
+        assert_eq!(stored, vec![outs[0], outs[1]]);
+        assert_eq!(k.sum.0, outs[2].node);
+        Ok(())
+    }
+
+    #[test]
+    fn the_kernel_computes_gelu_its_backward_and_the_bias_gradient() -> R<()> {
+        let shape = [2, 8, 64];
+        let g = planned(&shape)?;
+        let k = &kernels(&g)[0];
+        let mut rng = Rng::fresh();
+        let seed = rng.0;
+        let n = 2 * 8 * 64;
+        let h = rng.values(n, 3.0, DType::BF16);
+        let b = rng.values(64, 1.0, DType::F32);
+        let dg = rng.values(n, 1.0, DType::BF16);
+        let as_f32 = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+        let (stores, sums) = k.evaluate(&[as_f32(&h), as_f32(&b), as_f32(&dg)]);
+        let reference = crate::interpret(
+            &g,
+            &[
+                Literal::from_f64s(DType::BF16, Shape::new(shape), &h)?,
+                Literal::from_f64s(DType::F32, Shape::new([64]), &b)?,
+                Literal::from_f64s(DType::BF16, Shape::new(shape), &dg)?,
+            ],
+        )?;
+        // The exact values, in f64, from the same bf16 inputs and bias.
+        let mut exact = [vec![0.0; n], vec![0.0; n], vec![0.0; 64]];
+        for i in 0..n {
+            let x = h[i] + f64::from(round(b[i % 64] as f32, DType::BF16));
+            let (gx, dx) = gelu_f64(x);
+            exact[0][i] = gx;
+            exact[1][i] = dg[i] * dx;
+            exact[2][i % 64] += dg[i] * dx;
+        }
+        let db: Vec<f64> =
+            (0..64).map(|c| (0..k.partial_rows()).map(|r| f64::from(sums[r * 64 + c])).sum::<f64>()).collect();
+        let got = [
+            stores[0].iter().map(|&v| f64::from(v)).collect::<Vec<_>>(),
+            stores[1].iter().map(|&v| f64::from(v)).collect(),
+            db,
+        ];
+        for (j, name) in ["gelu", "dh", "db"].into_iter().enumerate() {
+            let scale = exact[j].iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            let err = |v: &[f64]| v.iter().zip(&exact[j]).fold(0.0f64, |m, (a, e)| m.max((a - e).abs())) / scale;
+            let (kernel, interp) = (err(&got[j]), err(&reference[j].to_f64s()));
+            // The kernel rounds only what it stores, so it is at least as
+            // close as the op-by-op bf16 interpreter (and within bf16's
+            // precision of the exact values).
+            assert!(
+                kernel <= interp * 1.01 + 1e-6,
+                "{name}: kernel {kernel:e} against the interpreter's {interp:e} (seed {seed})"
+            );
+            assert!(kernel < 1.0 / 128.0, "{name}: kernel {kernel:e} (seed {seed})");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn the_kernels_tanh_is_within_5e7_of_the_exact_one() {
+        let mut rng = Rng::fresh();
+        let seed = rng.0;
+        for _ in 0..200_000 {
+            let z = ((2.0 * rng.next() - 1.0) * 12.0) as f32;
+            let exact = f64::from(z).tanh();
+            let err = (f64::from(tanh(z)) - exact).abs() / exact.abs().max(f64::MIN_POSITIVE);
+            assert!(err < 5e-7 || z == 0.0, "tanh({z}) = {} against {exact} (seed {seed})", tanh(z));
+        }
+        assert!(tanh(f32::NAN).is_nan());
+        assert_eq!((tanh(f32::INFINITY), tanh(f32::NEG_INFINITY)), (1.0, -1.0));
+        assert_eq!(tanh(-0.0).to_bits(), (-0.0f32).to_bits());
+    }
+
+    /// The unplanned step: GELU's forward output feeds the next GEMM, whose
+    /// gradient comes back into the backward. Taking the forward's `tanh`
+    /// with the backward would make a cycle, and without it the body has no
+    /// transcendental: XLA keeps it.
+    #[test]
+    fn no_kernel_where_it_would_make_a_cycle_or_has_no_transcendental() -> R<()> {
+        let shape = [2, 8, 64];
+        let mut g = Graph::new();
+        let h = g.parameter(TensorType::new(DType::BF16, shape.to_vec()));
+        let b = g.parameter(TensorType::new(DType::F32, vec![64]));
+        let w = g.parameter(TensorType::new(DType::BF16, vec![64, 64]));
+        let one = splat(&mut g, 1.0, &shape)?;
+        let b16 = g.value(Op::Convert { input: b, to: DType::BF16 })?;
+        let bb = g.value(Op::BroadcastInDim { input: b16, shape: Shape::new(shape), dims: vec![2] })?;
+        let x = bin(&mut g, BinaryOp::Add, h, bb)?;
+        let t = g.value(Op::Unary { op: UnaryOp::Tanh, input: x })?;
+        let opt = bin(&mut g, BinaryOp::Add, t, one)?;
+        let y = bin(&mut g, BinaryOp::Mul, x, opt)?;
+        let mm = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![2], rhs_contract: vec![0] };
+        let dg = g.value(Op::DotGeneral { lhs: y, rhs: w, dims: mm })?;
+        let tt = bin(&mut g, BinaryOp::Mul, t, t)?;
+        let sech = bin(&mut g, BinaryOp::Sub, one, tt)?;
+        let dh = bin(&mut g, BinaryOp::Mul, dg, sech)?;
+        let dh32 = g.value(Op::Convert { input: dh, to: DType::F32 })?;
+        let db = g.value(Op::Reduce { op: ReduceOp::Sum, input: dh32, axes: vec![0, 1] })?;
+        g.set_outputs(vec![dh, db])?;
+        assert!(kernels(&g).is_empty());
+
+        // A sum of plain products: nothing XLA runs slowly.
+        let mut g = Graph::new();
+        let a = g.parameter(TensorType::new(DType::BF16, shape.to_vec()));
+        let c = g.parameter(TensorType::new(DType::BF16, shape.to_vec()));
+        let p = bin(&mut g, BinaryOp::Mul, a, c)?;
+        let p32 = g.value(Op::Convert { input: p, to: DType::F32 })?;
+        let s = g.value(Op::Reduce { op: ReduceOp::Sum, input: p32, axes: vec![0, 1] })?;
+        g.set_outputs(vec![p, s])?;
+        assert!(kernels(&g).is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn no_kernel_for_shapes_the_tiles_do_not_divide_or_sums_over_other_axes() -> R<()> {
+        // 60 columns: no tile width divides them; 3 x 5 rows: no tile height.
+        for shape in [[2, 8, 60], [3, 5, 64]] {
+            assert!(kernels(&planned(&shape)?).is_empty(), "{shape:?}");
+        }
+        // A sum over the tokens of one batch row only is not a column sum.
+        let mut g = planned(&[2, 8, 64])?;
+        let outs = g.outputs().to_vec();
+        let Op::Reduce { input, .. } = g.node(outs[2].node).op.clone() else { unreachable!() };
+        let other = g.value(Op::Reduce { op: ReduceOp::Sum, input, axes: vec![1] })?;
+        g.set_outputs(vec![outs[0], outs[1], other])?;
+        assert!(kernels(&g).is_empty());
+        Ok(())
+    }
+
+    /// Every SSA value of `@main` is defined before it is used (the Triton
+    /// module inside the call's `ir` string aside).
+    fn assert_defined_before_use(text: &str) {
+        let mut defined: std::collections::HashSet<String> = std::collections::HashSet::new();
+        let name =
+            |s: &str| -> String { s.chars().take_while(|c| c.is_ascii_alphanumeric() || "_%#".contains(*c)).collect() };
+        for line in text.lines() {
+            let line = match (line.find("ir = \""), line.find("\", name = ")) {
+                (Some(a), Some(b)) => format!("{}{}", &line[..a], &line[b..]),
+                _ => line.to_string(),
+            };
+            let line = line.trim();
+            let (lhs, rhs) = match line.split_once(" = ") {
+                Some((l, r)) if l.starts_with('%') => (Some(l), r),
+                _ => (None, line),
+            };
+            if line.starts_with("func.func") {
+                for (i, _) in line.match_indices("%arg") {
+                    defined.insert(name(&line[i..]));
+                }
+                continue;
+            }
+            for (i, _) in rhs.match_indices('%') {
+                let used = name(&rhs[i..]);
+                let base = used.split('#').next().unwrap_or_default().to_string();
+                assert!(
+                    defined.contains(&used) || defined.contains(&base),
+                    "`{used}` used before it is defined: {line}"
+                );
+            }
+            if let Some(l) = lhs {
+                let base = l.split(':').next().unwrap_or_default().to_string();
+                defined.insert(base);
+            }
+        }
+    }
+
+    #[test]
+    fn the_cuda_lowering_calls_the_kernel_and_every_other_target_does_not() -> R<()> {
+        use crate::lower::{lower, LowerOptions, LowerTarget};
+        let g = planned(&[2, 8, 64])?;
+        let cuda = lower(&g, &LowerOptions { target: LowerTarget::Cuda, ..LowerOptions::default() })?;
+        assert_eq!(cuda.matches("@__gpu$xla.gpu.triton").count(), 1);
+        assert_defined_before_use(&cuda);
+        insta::assert_snapshot!("loop_kernel_planned_gelu_cuda", cuda);
+        for opts in [
+            LowerOptions::default(),
+            LowerOptions { target: LowerTarget::Cuda, loop_kernels: false, ..LowerOptions::default() },
+        ] {
+            let text = lower(&g, &opts)?;
+            assert!(!text.contains("triton"), "{opts:?}");
+            assert_defined_before_use(&text);
+        }
+        Ok(())
+    }
+}
