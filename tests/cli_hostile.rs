@@ -133,7 +133,7 @@ fn a_thousand_cpu_devices_is_a_typed_error() {
 
 #[test]
 fn boolean_variables_refuse_values_that_are_not_booleans() {
-    for var in ["KILN_DONATE", "KILN_CACHE", "KILN_DEVICE_CHECKS", "KILN_DETECT_ANOMALY"] {
+    for var in ["KILN_DONATE", "KILN_CACHE", "KILN_DEVICE_CHECKS", "KILN_DETECT_ANOMALY", "KILN_LOOP_KERNELS"] {
         let err = refused(&kiln().env(var, "maybe").args(["train", "mlp", "--max-steps", "1"]).output().unwrap());
         assert!(err.contains(&format!("{var}=\"maybe\" is not a boolean")), "{var}: {err}");
     }
