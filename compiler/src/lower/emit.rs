@@ -44,12 +44,21 @@ pub(super) fn module(g: &Graph, opts: &LowerOptions, live: &[bool]) -> Result<St
     e.signature(opts.shardings.as_ref());
     // Loop kernels of kiln's own (CUDA, one program per device: XLA's SPMD
     // partitioner cannot split a Triton call).
-    let kernels = if opts.target == super::LowerTarget::Cuda && opts.loop_kernels && opts.shardings.is_none() {
+    let mut kernels = if opts.target == super::LowerTarget::Cuda && opts.loop_kernels && opts.shardings.is_none() {
         loop_kernel::find(g, live)
     } else {
         Vec::new()
     };
-    for item in order(g, live, &kernels) {
+    let items = match order(g, live, &kernels) {
+        Some(items) => items,
+        // The finder takes no region that makes a cycle; should one slip
+        // through, the module is written without kernels, never half.
+        None => {
+            kernels.clear();
+            order(g, live, &kernels).expect("insertion order is topological")
+        }
+    };
+    for item in items {
         match item {
             Item::Node(id) => e.node(id, g.node(id))?,
             Item::Kernel(k) => e.loop_kernel(&kernels[k]),
@@ -79,11 +88,11 @@ enum Item {
 /// kernel one item) that takes the lowest ready node id first and a kernel as
 /// soon as its operands are written, since a reader of a kernel's value can
 /// come before the kernel's last member (and a kernel's operand after its
-/// first).
-fn order(g: &Graph, live: &[bool], kernels: &[Kernel]) -> Vec<Item> {
+/// first). `None` if the kernels make a cycle.
+fn order(g: &Graph, live: &[bool], kernels: &[Kernel]) -> Option<Vec<Item>> {
     if kernels.is_empty() {
         let wanted = |id: NodeId| live[id.index()] || matches!(g.node(id).op, Op::Parameter { .. });
-        return g.nodes().map(|(id, _)| id).filter(|&id| wanted(id)).map(Item::Node).collect();
+        return Some(g.nodes().map(|(id, _)| id).filter(|&id| wanted(id)).map(Item::Node).collect());
     }
     let mut owner: Vec<Option<usize>> = vec![None; g.len()];
     for (k, kernel) in kernels.iter().enumerate() {
@@ -151,8 +160,7 @@ fn order(g: &Graph, live: &[bool], kernels: &[Kernel]) -> Vec<Item> {
             }
         }
     }
-    debug_assert_eq!(out.len(), items.len(), "a loop kernel made a cycle");
-    out
+    (out.len() == items.len()).then_some(out)
 }
 
 struct Emitter<'g> {
