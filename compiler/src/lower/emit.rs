@@ -49,13 +49,16 @@ pub(super) fn module(g: &Graph, opts: &LowerOptions, live: &[bool]) -> Result<St
     } else {
         Vec::new()
     };
-    let items = match order(g, live, &kernels) {
-        Some(items) => items,
-        // The finder takes no region that makes a cycle; should one slip
-        // through, the module is written without kernels, never half.
-        None => {
-            kernels.clear();
-            order(g, live, &kernels).expect("insertion order is topological")
+    // The finder takes no region that makes a cycle by itself, but two
+    // kernels, each one item, could wait for each other through nodes
+    // outside both; the later kernels give way until the order exists
+    // (without kernels it always does: insertion order is topological).
+    let items = loop {
+        match order(g, live, &kernels) {
+            Some(items) => break items,
+            None => {
+                kernels.pop();
+            }
         }
     };
     for item in items {

@@ -952,4 +952,34 @@ mod tests {
         }
         Ok(())
     }
+
+    /// Two kernels that each read, through a GEMM, what the other writes: no
+    /// cycle among the nodes, one between the two calls. The later one gives
+    /// way.
+    #[test]
+    fn of_two_kernels_that_wait_for_each_other_the_later_one_is_not_called() -> R<()> {
+        use crate::lower::{lower, LowerOptions, LowerTarget};
+        let shape = [2, 8, 64];
+        let mut g = Graph::new();
+        let a = g.parameter(TensorType::new(DType::BF16, shape.to_vec()));
+        let c = g.parameter(TensorType::new(DType::BF16, shape.to_vec()));
+        let w = g.parameter(TensorType::new(DType::BF16, vec![64, 64]));
+        let mm = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![2], rhs_contract: vec![0] };
+        let t1 = g.value(Op::Unary { op: UnaryOp::Tanh, input: a })?;
+        let d1 = g.value(Op::DotGeneral { lhs: t1, rhs: w, dims: mm.clone() })?;
+        let t2 = g.value(Op::Unary { op: UnaryOp::Tanh, input: c })?;
+        let d2 = g.value(Op::DotGeneral { lhs: t2, rhs: w, dims: mm })?;
+        let mut outs = Vec::new();
+        for (t, d) in [(t1, d2), (t2, d1)] {
+            let y = bin(&mut g, BinaryOp::Mul, t, d)?;
+            let y32 = g.value(Op::Convert { input: y, to: DType::F32 })?;
+            outs.push(g.value(Op::Reduce { op: ReduceOp::Sum, input: y32, axes: vec![0, 1] })?);
+        }
+        g.set_outputs(outs)?;
+        assert_eq!(kernels(&g).len(), 2);
+        let cuda = lower(&g, &LowerOptions { target: LowerTarget::Cuda, ..LowerOptions::default() })?;
+        assert_eq!(cuda.matches("@__gpu$xla.gpu.triton").count(), 1);
+        assert_defined_before_use(&cuda);
+        Ok(())
+    }
 }
