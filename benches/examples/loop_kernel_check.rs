@@ -14,10 +14,13 @@
 //! over all gradients. It fails (exit 1) when the loop kernels' L2 error is
 //! more than twice XLA's plus 1e-3.
 
-use kiln::models::gpt::{Gpt, GptConfig};
+use kiln::models::gpt::Gpt;
 use kiln::nn::ParamStore;
 use kiln::{grad, DType, Tensor};
 use serde_json::json;
+
+#[path = "common/gpt_step.rs"]
+mod gpt_step;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -25,21 +28,14 @@ fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let usage = "usage: loop_kernel_check gpt2-small|tiny PERCENT";
     let (Some(config), Some(pct)) = (args.first(), args.get(1)) else { return Err(usage.into()) };
-    let cfg = match config.as_str() {
-        "gpt2-small" => GptConfig { amp: Some(DType::BF16), ..GptConfig::gpt2_small(50304) },
-        "tiny" => GptConfig { amp: Some(DType::BF16), ..GptConfig::tiny(64) },
-        other => return Err(format!("unknown config `{other}`; {usage}").into()),
-    };
+    let cfg = gpt_step::config(config).map_err(|e| format!("{e}; {usage}"))?;
     let fraction: f64 = pct.trim_end_matches('%').parse::<f64>().map_err(|_| usage.to_string())? / 100.0;
     let client = kiln::runtime::replica_plan_from_env()?.create_client()?;
     kiln::set_client(client);
     let mut ps = ParamStore::new(0);
     let model = Gpt::new(&mut ps, &cfg)?;
     let params = ps.tensors();
-    let top = cfg.vocab.min(50257);
-    let ids = |seed: usize| (0..cfg.batch * cfg.seq).map(|i| ((i * 7919 + seed) % top) as i32).collect::<Vec<_>>();
-    let x = Tensor::from_vec(ids(1), [cfg.batch, cfg.seq])?;
-    let y = Tensor::from_vec(ids(2), [cfg.batch * cfg.seq])?;
+    let (x, y) = gpt_step::batch(&cfg)?;
     kiln::mark_step()?;
 
     // The loss and the gradients at `budget`, the loop kernels on or off.

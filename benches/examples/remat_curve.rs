@@ -39,6 +39,8 @@ use kiln::optim::{AdamW, AdamWConfig};
 use kiln::{grad, metrics, DType, Tensor};
 use serde_json::{json, Value};
 
+#[path = "common/gpt_step.rs"]
+mod gpt_step;
 #[path = "common/timing.rs"]
 mod timing;
 use timing::{bench, Res};
@@ -47,11 +49,7 @@ fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let usage = "usage: remat_curve gpt2-small|tiny none|PERCENT [ITERS REPS]";
     let (Some(config), Some(budget)) = (args.first(), args.get(1)) else { return Err(usage.into()) };
-    let cfg = match config.as_str() {
-        "gpt2-small" => GptConfig { amp: Some(DType::BF16), ..GptConfig::gpt2_small(50304) },
-        "tiny" => GptConfig { amp: Some(DType::BF16), ..GptConfig::tiny(64) },
-        other => return Err(format!("unknown config `{other}`; {usage}").into()),
-    };
+    let cfg = gpt_step::config(config).map_err(|e| format!("{e}; {usage}"))?;
     if budget == "plan" {
         return plan_only(&cfg, &args[2..]);
     }
@@ -75,10 +73,7 @@ fn main() -> Res<()> {
     let model = Gpt::new(&mut ps, &cfg)?;
     let params = ps.tensors();
     let mut opt = adamw(&params)?;
-    let top = cfg.vocab.min(50257);
-    let ids = |seed: usize| (0..cfg.batch * cfg.seq).map(|i| ((i * 7919 + seed) % top) as i32).collect::<Vec<_>>();
-    let x = Tensor::from_vec(ids(1), [cfg.batch, cfg.seq])?;
-    let y = Tensor::from_vec(ids(2), [cfg.batch * cfg.seq])?;
+    let (x, y) = gpt_step::batch(&cfg)?;
     let lr = Tensor::scalar(3e-4f32);
     kiln::mark_step()?;
     let inputs = [x, y, lr];
@@ -210,10 +205,7 @@ fn plan_only(cfg: &GptConfig, pcts: &[String]) -> Res<()> {
     let mut ps = ParamStore::new(0);
     let model = Gpt::new(&mut ps, cfg)?;
     let params = ps.tensors();
-    let top = cfg.vocab.min(50257);
-    let ids = |seed: usize| (0..cfg.batch * cfg.seq).map(|i| ((i * 7919 + seed) % top) as i32).collect::<Vec<_>>();
-    let x = Tensor::from_vec(ids(1), [cfg.batch, cfg.seq])?;
-    let y = Tensor::from_vec(ids(2), [cfg.batch * cfg.seq])?;
+    let (x, y) = gpt_step::batch(cfg)?;
     let mut opt = adamw(&params)?;
     let lr = Tensor::scalar(3e-4f32);
     kiln::mark_step()?;
