@@ -30,12 +30,15 @@
 //!   make a cycle (no path leaves the kernel and comes back).
 //!
 //! Semantics: every value is computed in f32 and rounded to its node's dtype
-//! only where the graph converts and where it is stored, as XLA's GPU backend
-//! computes 16-bit elementwise work inside a kernel (it drops the roundings
-//! between ops: `xla_allow_excess_precision`, on by default); `tanh` uses
-//! [`tanh`]'s formula (within 5e-7 relative of the exact value in f32). The
-//! column sums are f32 sums of the unrounded values, added in another order
-//! than XLA's reduction.
+//! only where the graph converts and where it is stored. That is more
+//! precise than the graph's 16-bit ops say: the interpreter and XLA's CUDA
+//! kernels round after every bf16 op (XLA's optimized module of the step keeps
+//! them as bf16 multiplies and adds). The kernel's values are at least as
+//! close to f64 as the interpreter's (tested below), and a build that rounded
+//! after every op was 5 µs a layer slower on the H100 (82.6 against 77.2 µs).
+//! `tanh` uses [`tanh`]'s formula (within 5e-7 relative of the exact value in
+//! f32). The column sums are f32 sums of the unrounded values, added in
+//! another order than XLA's reduction.
 
 use std::collections::HashMap;
 
