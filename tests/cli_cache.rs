@@ -170,6 +170,13 @@ fn saved_graphs_compile_and_profile_offline() {
             .unwrap(),
     );
     assert_eq!((p["compiles"].as_u64(), p["executions"].as_u64()), (Some(1), Some(5)), "{p}");
+    // It uploads every parameter once and downloads the last outputs (it
+    // reported 0 bytes both ways before).
+    let g = kiln::compiler::text::parse(&std::fs::read_to_string(&saved[0]).unwrap()).unwrap();
+    let params: u64 = g.param_types().iter().map(|t| t.size_in_bytes() as u64).sum();
+    let outputs: u64 = g.output_types().iter().map(|t| t.size_in_bytes() as u64).sum();
+    assert!(params > 0 && outputs > 0);
+    assert_eq!((p["host_to_device_bytes"].as_u64(), p["device_to_host_bytes"].as_u64()), (Some(params), Some(outputs)));
     let t: Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
     let spans = t["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X").count();
     assert_eq!(spans, 1 + 1 + 5 + 1, "compile, upload, 5 executions, download");

@@ -15,7 +15,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::compiler::cost::{self, Target};
 use kiln::compiler::ir::{DType, TensorType};
-use kiln::compiler::{lower, pipeline, text, LowerOptions};
+use kiln::compiler::{lower, pipeline, text, LowerOptions, LowerTarget};
 use kiln::data::{FashionMnist, FASHION_MNIST_DIR};
 use kiln::metrics::{self, Event, Payback};
 use kiln::models::{gpt, mlp};
@@ -98,7 +98,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         kiln::atomic_write::checked_target(path)?;
     }
     let model = matches!(args.target.as_str(), "mlp" | "gpt");
-    let Profiled { events, eager, platform, device_kind, graph_flops } =
+    let Profiled { events, eager, platform, device_kind, graph_flops, transfers } =
         if model { profile_model(&args)? } else { profile_graph(&args, Path::new(&args.target))? };
     // Compiles, loads and executions as the timeline saw them (a graph file
     // runs outside the frontend, whose counters then stay empty).
@@ -106,6 +106,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
     let total = |name: &str| events.iter().filter(|e| e.name == name).map(|e| e.duration).sum::<Duration>();
     let executions = count("execute");
     let m = metrics::snapshot();
+    let (to_device, to_host) = transfers.unwrap_or((m.host_to_device_bytes, m.device_to_host_bytes));
     let summary = summarize(&events);
     let flops_per_step = match graph_flops {
         Some(f) => f,
@@ -153,8 +154,8 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
                 "execute_ms_per_step": (executions > 0).then(|| ms(total("execute")) / executions as f64),
                 "eager_step_ms": eager.map(ms),
                 "payback_steps": payback,
-                "host_to_device_bytes": m.host_to_device_bytes,
-                "device_to_host_bytes": m.device_to_host_bytes,
+                "host_to_device_bytes": to_device,
+                "device_to_host_bytes": to_host,
                 "forced_syncs": m.forced_syncs,
                 "trace_file": args.trace,
                 "device_kind": device_kind,
@@ -198,6 +199,10 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         }
         if model {
             println!("{m}");
+        } else {
+            println!(
+                "host->device {to_device} bytes (the inputs, once), device->host {to_host} bytes (the last outputs)"
+            );
         }
         if let Some(path) = &args.trace {
             println!("timeline written to {} (open it in ui.perfetto.dev or chrome://tracing)", path.display());
@@ -230,6 +235,10 @@ struct Profiled {
     /// FLOPs of one execution, when the graph is known here (a graph file);
     /// the models' come from the frontend's counters.
     graph_flops: Option<f64>,
+    /// Bytes copied to and from the device, when they were moved here (a
+    /// graph file's inputs and last outputs); the models' come from the
+    /// frontend's counters.
+    transfers: Option<(u64, u64)>,
 }
 
 fn device_kind(client: &Client) -> String {
@@ -307,6 +316,7 @@ fn profile_model(args: &ProfileArgs) -> anyhow::Result<Profiled> {
         platform: client.platform_name().to_string(),
         device_kind: device_kind(&client),
         graph_flops: None,
+        transfers: None,
     })
 }
 
@@ -322,19 +332,26 @@ fn profile_graph(args: &ProfileArgs, path: &Path) -> anyhow::Result<Profiled> {
     let mut span = |name: &'static str, step: u64, start: Instant| {
         events.push(Event { name, step, start: start - origin, duration: start.elapsed() });
     };
-    let popts = pipeline::PipelineOptions { prune_params: false, ..pipeline::PipelineOptions::default() };
+    // For the client's platform, as a step is: the CUDA fusion model, cuDNN
+    // attention and the loop kernels on a GPU.
+    let target = LowerTarget::from_platform(client.platform_name());
+    let popts =
+        pipeline::PipelineOptions { prune_params: false, ..pipeline::PipelineOptions::default() }.with_target(target);
     let optimized = pipeline::run(&graph, &popts, &mut |_, _| {})?.graph;
+    let lowering = LowerOptions { target, loop_kernels: kiln::loop_kernels_from_env()?, ..LowerOptions::default() };
     let t = Instant::now();
-    let exe = client.compile(&lower(&optimized, &LowerOptions::default())?, &CompileOptions::default())?;
+    let exe = client.compile(&lower(&optimized, &lowering)?, &CompileOptions::default())?;
     span("compile", 1, t);
     let device = client.devices().into_iter().next().context("the PJRT client has no devices")?;
     let t = Instant::now();
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut uploaded = 0u64;
     let inputs = graph
         .param_types()
         .iter()
         .map(|ty| {
             let bytes = random_bytes(ty, &mut seed);
+            uploaded += bytes.len() as u64;
             Ok(client.buffer_from_bytes(&bytes, kiln::element_type(ty.dtype), ty.shape.dims(), &device)?)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -352,8 +369,9 @@ fn profile_graph(args: &ProfileArgs, path: &Path) -> anyhow::Result<Profiled> {
     }
     bar.finish_and_clear();
     let t = Instant::now();
+    let mut downloaded = 0u64;
     for b in &last {
-        b.to_host_bytes()?;
+        downloaded += b.to_host_bytes()?.len() as u64;
     }
     span("download", args.steps, t);
     metrics::reset();
@@ -363,6 +381,7 @@ fn profile_graph(args: &ProfileArgs, path: &Path) -> anyhow::Result<Profiled> {
         platform: client.platform_name().to_string(),
         device_kind: device_kind(&client),
         graph_flops: Some(cost::graph_flops(&optimized)),
+        transfers: Some((uploaded, downloaded)),
     })
 }
 
