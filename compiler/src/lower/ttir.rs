@@ -4,8 +4,11 @@
 //!
 //! The function takes one pointer per operand, then one per stored value,
 //! then the column sums' (XLA passes a custom call's operand buffers, then
-//! its result buffers). Program `(i, j)` of the grid owns rows
-//! `i·BM..(i+1)·BM` and columns `j·BN..(j+1)·BN`; the finder only takes
+//! its result buffers). Program `(i, j)` of the grid owns columns
+//! `j·BN..(j+1)·BN` and `chunks` tiles of `BM` rows from row `i·BM·chunks`:
+//! rows and scalars are computed once, before a loop over those tiles that
+//! computes and stores each tile and adds it into an f32 accumulator, whose
+//! column sums are the program's row of the sums. The finder only takes
 //! shapes the tiles divide, so nothing is masked. Values are f32 in
 //! registers: a `[BM, BN]` tensor over the tile, `[1, BN]` for a row, `[1, 1]`
 //! for a scalar, broadcast where an op meets a wider operand. Results are
@@ -47,8 +50,9 @@ struct Writer<'k> {
     value: Vec<String>,
     /// The stored form of each step (in its dtype).
     stored: Vec<String>,
-    /// Broadcasts and splats already written: (step, space) -> name.
+    /// Broadcasts already written: (step, space) -> name.
     wide: HashMap<(usize, Space), String>,
+    /// Splat constants already written: (f32 bits, space) -> name.
     consts: HashMap<(u32, Space), String>,
 }
 
