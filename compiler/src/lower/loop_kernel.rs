@@ -985,4 +985,41 @@ mod tests {
         assert_defined_before_use(&cuda);
         Ok(())
     }
+
+    /// A stored value the kernel computes once a row (a bias converted to
+    /// bf16, which something outside also reads) is stored as a full tile.
+    #[test]
+    fn a_value_computed_once_a_row_is_stored_as_a_full_tile() -> R<()> {
+        let shape = [2, 8, 64];
+        let mut g = Graph::new();
+        let a = g.parameter(TensorType::new(DType::BF16, shape.to_vec()));
+        let b = g.parameter(TensorType::new(DType::F32, vec![64]));
+        let bb = g.value(Op::BroadcastInDim { input: b, shape: Shape::new(shape), dims: vec![2] })?;
+        let cb = g.value(Op::Convert { input: bb, to: DType::BF16 })?;
+        let t = g.value(Op::Unary { op: UnaryOp::Tanh, input: a })?;
+        let y = bin(&mut g, BinaryOp::Mul, t, cb)?;
+        let y32 = g.value(Op::Convert { input: y, to: DType::F32 })?;
+        let s = g.value(Op::Reduce { op: ReduceOp::Sum, input: y32, axes: vec![0, 1] })?;
+        g.set_outputs(vec![cb, s])?;
+        let k = &kernels(&g)[0];
+        assert_eq!(k.stores.len(), 1);
+        assert_eq!(k.body[k.stores[0].0].space, Space::Row);
+        let ir = crate::lower::ttir::module(k);
+        let store =
+            ir.lines().find(|l| l.trim_start().starts_with("tt.store %") && l.contains("x64x!tt.ptr<bf16>")).unwrap();
+        let value = store.split(", ").nth(1).and_then(|v| v.split(' ').next()).unwrap();
+        let def = ir.lines().find(|l| l.trim_start().starts_with(&format!("{value} = "))).unwrap();
+        assert!(def.contains(&format!("tensor<{}x64xbf16>", k.block.0)), "{def}");
+        // On the host: every row of the stored tile is the rounded bias.
+        let mut rng = Rng::fresh();
+        let av: Vec<f32> = rng.values(2 * 8 * 64, 2.0, DType::BF16).iter().map(|&v| v as f32).collect();
+        let bv: Vec<f32> = rng.values(64, 2.0, DType::F32).iter().map(|&v| v as f32).collect();
+        let operands: Vec<Vec<f32>> =
+            k.inputs.iter().map(|i| if i.value == a { av.clone() } else { bv.clone() }).collect();
+        let (stores, _) = k.evaluate(&operands);
+        for (i, v) in stores[0].iter().enumerate() {
+            assert_eq!(*v, round(bv[i % 64], DType::BF16));
+        }
+        Ok(())
+    }
 }

@@ -252,7 +252,14 @@ pub(crate) fn module(k: &Kernel) -> String {
     for (i, (s, _)) in k.stores.iter().enumerate() {
         let e = elem(k.body[*s].dtype);
         let pt = w.ty(Space::Full, &format!("!tt.ptr<{e}>"));
-        let v = w.narrow(*s);
+        // A stored value is full-shaped in the graph even where the kernel
+        // computes it once a row (a converted bias): broadcast it first.
+        let v = if k.body[*s].space == Space::Full {
+            w.narrow(*s)
+        } else {
+            let x = w.at(*s, Space::Full);
+            w.round(x, k.body[*s].dtype, Space::Full).1
+        };
         let (p, a) = (w.fresh(), w.fresh());
         w.line(format!("{p} = tt.splat %out{i} : !tt.ptr<{e}> -> {pt}"));
         w.line(format!("{a} = tt.addptr {p}, %off : {pt}, {full_i}"));
