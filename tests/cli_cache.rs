@@ -33,6 +33,22 @@ fn entries(dir: &Path) -> Vec<std::path::PathBuf> {
     v
 }
 
+/// `KILN_LOOP_KERNELS` changes the lowered module on a GPU, not the graph:
+/// a program compiled with the loop kernels off is never served with them on
+/// (the cache key used to hold the graph only).
+#[test]
+fn the_loop_kernel_setting_is_part_of_the_cache_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |on: &str| json(&kiln(dir.path()).env("KILN_LOOP_KERNELS", on).args(TRAIN).output().unwrap());
+    let off = run("0");
+    assert_eq!((off["compiles"].as_u64(), off["disk_hits"].as_u64()), (Some(2), Some(0)), "{off}");
+    let on = run("1");
+    assert_eq!((on["compiles"].as_u64(), on["disk_hits"].as_u64()), (Some(2), Some(0)), "{on}");
+    let again = run("1");
+    assert_eq!((again["compiles"].as_u64(), again["disk_hits"].as_u64()), (Some(0), Some(2)), "{again}");
+    assert_eq!(entries(dir.path()).len(), 4);
+}
+
 #[test]
 fn a_second_run_compiles_nothing_and_trains_identically() {
     let dir = tempfile::tempdir().unwrap();

@@ -41,7 +41,8 @@ fn main() -> Res<()> {
     // The loss and the gradients at `budget`, the loop kernels on or off.
     let run = |budget: Option<f64>, loops: bool| -> Res<Vec<Vec<f32>>> {
         kiln::set_activation_budget(budget)?;
-        std::env::set_var("KILN_LOOP_KERNELS", if loops { "1" } else { "0" });
+        kiln::set_loop_kernels(Some(loops));
+        let compiles = kiln::metrics::snapshot().compiles;
         let mut step = kiln::compile_step(|i: &[Tensor]| {
             let loss = kiln::amp::autocast(DType::BF16, || model.loss(&i[0], &i[1], true))?;
             let mut out = vec![loss.clone()];
@@ -50,6 +51,11 @@ fn main() -> Res<()> {
         });
         let out = step.call(&[x.clone(), y.clone()])?;
         let values = out.iter().map(|t| t.to_vec::<f32>()).collect::<kiln::Result<Vec<_>>>()?;
+        // Each setting compiles its own program (a cached one would compare
+        // a program with itself).
+        if kiln::metrics::snapshot().compiles == compiles {
+            return Err(format!("the step at {budget:?} with the loop kernels {loops} compiled nothing").into());
+        }
         Ok(values)
     };
     let base = run(None, false)?;

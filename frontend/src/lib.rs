@@ -49,10 +49,9 @@ pub use executor::Backend;
 pub use executor::{set_max_steps_in_flight, steps_in_flight, sync};
 pub use grad::grad;
 pub use memory_limit::{
-    activation_budget, capture_graph, host_offload, memory_limit, set_activation_budget, set_host_offload,
-    set_memory_limit,
+    activation_budget, capture_graph, host_offload, loop_kernels, memory_limit, set_activation_budget,
+    set_host_offload, set_loop_kernels, set_memory_limit,
 };
-pub use program::loop_kernels_from_env;
 pub use random::manual_seed;
 pub use step::{element_type, lower, lower_with, mark_step, step, LowerOpts, StepReport};
 pub use tensor::Tensor;

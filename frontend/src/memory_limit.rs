@@ -13,6 +13,7 @@ thread_local! {
     static LIMIT: Cell<Option<u64>> = const { Cell::new(None) };
     static ACTIVATION: Cell<Option<f64>> = const { Cell::new(None) };
     static HOST_OFFLOAD: Cell<bool> = const { Cell::new(false) };
+    static LOOP_KERNELS: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
 /// Sets this thread's step memory budget in bytes (`None`: no remat pass).
@@ -61,6 +62,24 @@ pub fn set_host_offload(on: bool) {
 /// Whether host offload is on for this thread's steps.
 pub fn host_offload() -> bool {
     HOST_OFFLOAD.with(Cell::get)
+}
+
+/// Whether this thread's steps run a column sum and the elementwise work
+/// around it as kiln's own Triton kernel on CUDA
+/// (`kiln_compiler::LowerOptions::loop_kernels`, `docs/memory.md`, "Loop
+/// kernels of kiln's own"): `Some` decides; `None`, the default, leaves it to
+/// `KILN_LOOP_KERNELS` (on unless it says off).
+pub fn set_loop_kernels(on: Option<bool>) {
+    set(&LOOP_KERNELS, on);
+}
+
+/// Whether this thread's steps run loop kernels ([`set_loop_kernels`], else
+/// `KILN_LOOP_KERNELS`, else on). An unreadable variable is an error.
+pub fn loop_kernels() -> crate::Result<bool> {
+    match LOOP_KERNELS.with(Cell::get) {
+        Some(on) => Ok(on),
+        None => Ok(kiln_runtime::env::bool_var("KILN_LOOP_KERNELS")?.unwrap_or(true)),
+    }
 }
 
 /// Sets one of this thread's settings, clearing its compile caches when the

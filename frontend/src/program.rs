@@ -189,7 +189,7 @@ pub(crate) fn obtain(
         num_replicas: replicas,
         target: LowerTarget::from_platform(client.platform_name()),
         shardings: partitioned.as_ref().map(|p| p.module.clone()),
-        loop_kernels: loop_kernels_from_env()?,
+        loop_kernels: crate::loop_kernels()?,
     };
     // Across processes every node must agree on which replica runs where:
     // replica r on the r-th global device, spelled out (in one process the
@@ -223,6 +223,8 @@ pub(crate) fn obtain(
     program_id.extend_from_slice(&fp.0);
     program_id.extend_from_slice(BUILD_FINGERPRINT.as_bytes());
     program_id.extend_from_slice(&(replicas as u64).to_le_bytes());
+    // The same graph lowers to another module with the loop kernels off.
+    program_id.push(u8::from(lower_opts.loop_kernels));
     if let Some(p) = &partitioned {
         for text in p.module.params.iter().chain(&p.module.outputs) {
             program_id.extend_from_slice(text.as_bytes());
@@ -437,11 +439,4 @@ fn partition(
         attention: crate::shard::attention_split(mesh),
     };
     Ok(Partitioned { module, local, layout: Layout { mesh: mesh.clone(), params } })
-}
-
-/// Whether the CUDA lowering runs column sums with kiln's own loop kernels
-/// (`kiln_compiler::LowerOptions::loop_kernels`): on unless
-/// `KILN_LOOP_KERNELS` says off (`0`, `false`, ...), which leaves them to XLA.
-pub fn loop_kernels_from_env() -> Result<bool> {
-    Ok(kiln_runtime::env::bool_var("KILN_LOOP_KERNELS")?.unwrap_or(true))
 }

@@ -163,7 +163,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     let decisions = composite::decisions(&optimized, target);
     let module = lower(
         &optimized,
-        &LowerOptions { num_replicas: replicas, target, shardings: None, loop_kernels: kiln::loop_kernels_from_env()? },
+        &LowerOptions { num_replicas: replicas, target, shardings: None, loop_kernels: kiln::loop_kernels()? },
     )
     .with_context(|| format!("lowering {}", path.display()))?;
     let lower_time = started.elapsed();

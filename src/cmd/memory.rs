@@ -124,7 +124,7 @@ pub fn plan_and_compile(
     let plan = rematerialize(&sequenced, strategy, &opts).context("planning rematerialization")?;
     let module = lower(
         &plan.graph,
-        &LowerOptions { num_replicas: replicas, target, shardings: None, loop_kernels: kiln::loop_kernels_from_env()? },
+        &LowerOptions { num_replicas: replicas, target, shardings: None, loop_kernels: kiln::loop_kernels()? },
     )
     .context("lowering the planned graph")?;
     let xla_after = client
@@ -402,10 +402,8 @@ pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json:
     };
     // XLA's peak of the compiled step; `None` where the plugin gives no stats.
     let compiled_peak = |g: &Graph| -> anyhow::Result<Option<u64>> {
-        let module = lower(
-            g,
-            &LowerOptions { target, loop_kernels: kiln::loop_kernels_from_env()?, ..LowerOptions::default() },
-        )?;
+        let module =
+            lower(g, &LowerOptions { target, loop_kernels: kiln::loop_kernels()?, ..LowerOptions::default() })?;
         let exe = client.compile(&module, &CompileOptions::default()).context("compiling the advised step")?;
         Ok(exe.compiled_memory_stats().ok().map(|m| m.held_bytes().max(0) as u64))
     };

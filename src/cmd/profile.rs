@@ -338,7 +338,7 @@ fn profile_graph(args: &ProfileArgs, path: &Path) -> anyhow::Result<Profiled> {
     let popts =
         pipeline::PipelineOptions { prune_params: false, ..pipeline::PipelineOptions::default() }.with_target(target);
     let optimized = pipeline::run(&graph, &popts, &mut |_, _| {})?.graph;
-    let lowering = LowerOptions { target, loop_kernels: kiln::loop_kernels_from_env()?, ..LowerOptions::default() };
+    let lowering = LowerOptions { target, loop_kernels: kiln::loop_kernels()?, ..LowerOptions::default() };
     let t = Instant::now();
     let exe = client.compile(&lower(&optimized, &lowering)?, &CompileOptions::default())?;
     span("compile", 1, t);

@@ -147,3 +147,32 @@ fn a_loop_that_recompiles_every_step_is_warned_about() -> anyhow::Result<()> {
     assert_eq!(after.recompile_warnings - before.recompile_warnings, 1, "one warning when the streak reaches 4");
     Ok(())
 }
+
+/// The loop-kernel setting changes the lowered module on a GPU, not the
+/// graph: switching it compiles the step again, in memory and on disk, and
+/// switching back is served from the cache again.
+#[test]
+fn switching_the_loop_kernels_compiles_again_and_back_is_cached() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    kiln::set_disk_cache(Some(disk(dir.path())))?;
+    let mut rng = Rng::new(5);
+    let x = Tensor::from_vec(rng.normal_vec(4 * 8), [4, 8])?;
+    let w = Tensor::from_vec(rng.normal_vec(8 * 5), [8, 5])?;
+    let mut compiled = Vec::new();
+    let mut values = Vec::new();
+    for on in [false, false, true, true, false] {
+        kiln::set_loop_kernels(Some(on));
+        assert_eq!(kiln::loop_kernels()?, on);
+        let (v, r) = small_step(&x, &w)?;
+        compiled.push(r.compiled);
+        values.push(v);
+    }
+    kiln::set_loop_kernels(None);
+    // off: compiled; off: memory hit; on: compiled; on: hit; off again: a
+    // disk hit (the memory cache was cleared by the switch).
+    assert_eq!(compiled, [true, false, true, false, false]);
+    assert_eq!(std::fs::read_dir(dir.path())?.count(), 2);
+    // The CPU target has no loop kernels: the same values either way.
+    assert!(values.iter().all(|v| v == &values[0]));
+    Ok(())
+}
