@@ -17,9 +17,6 @@ pub(super) const BACKWARD: &str = "__cudnn$fmhaSoftmaxBackward";
 
 /// `minor_to_major` of a BNTH result stored as BTNH.
 pub(super) const BNTH_AS_BTNH: &str = "dense<[3, 1, 2, 0]> : tensor<4xindex>";
-pub(super) const ROW_MAJOR_4: &str = "dense<[3, 2, 1, 0]> : tensor<4xindex>";
-pub(super) const ROW_MAJOR_3: &str = "dense<[2, 1, 0]> : tensor<3xindex>";
-pub(super) const SCALAR_1: &str = "dense<0> : tensor<1xindex>";
 pub(super) const WORKSPACE: &str = "tensor<0xui8>";
 
 /// A dot's dimension numbers as the config spells them (numbers as strings).
@@ -75,7 +72,7 @@ pub(super) fn backend_config(q: &TensorType, s: usize, attrs: AttentionAttrs, ba
         scale = attrs.scale(),
         mask = if attrs.causal { "CAUSAL" } else { "NO_MASK" },
     );
-    json.replace('"', "\\22")
+    super::emit::mlir_escape(&json)
 }
 
 /// BTNH type of a BNTH operand.

@@ -275,8 +275,8 @@ impl Emitter<'_> {
             super::ttir::WARPS,
             layouts(&in_types),
             layouts(&out_types),
-            in_types.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", "),
-            out_types.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", "),
+            join(in_types),
+            join(out_types),
         ));
         for (j, (_, values)) in k.stores.iter().enumerate() {
             for v in values {
@@ -583,13 +583,13 @@ impl Emitter<'_> {
                     cudnn::backend_config(&tq, s, *attrs, false),
                     manual_results(split.is_some(), 3),
                     cudnn::BNTH_AS_BTNH,
-                    cudnn::ROW_MAJOR_3,
-                    cudnn::SCALAR_1,
+                    row_major(3),
+                    row_major(1),
                     join(ins),
                     outs[0],
                     outs[1],
                     cudnn::WORKSPACE,
-                    r4 = cudnn::ROW_MAJOR_4,
+                    r4 = row_major(4),
                 ));
                 let results: Vec<String> = (0..2).map(|i| format!("{call}#{i}")).collect();
                 self.names[id.index()] = match &split {
@@ -635,14 +635,14 @@ impl Emitter<'_> {
                     xs.join(", "),
                     cudnn::backend_config(&tq, s, *attrs, true),
                     manual_results(split.is_some(), 4),
-                    cudnn::ROW_MAJOR_3,
-                    cudnn::SCALAR_1,
+                    row_major(3),
+                    row_major(1),
                     join(ins),
                     outs[0],
                     outs[1],
                     outs[2],
                     cudnn::WORKSPACE,
-                    r4 = cudnn::ROW_MAJOR_4,
+                    r4 = row_major(4),
                     b = cudnn::BNTH_AS_BTNH,
                 ));
                 let results: Vec<String> = (0..3).map(|i| format!("{call}#{i}")).collect();
@@ -896,7 +896,7 @@ fn dot_dims(d: &DotDims) -> String {
 
 /// `[a, b, c]`.
 /// `minor_to_major` of a row-major array of `rank` dimensions, as a custom
-/// call's layout attribute.
+/// call's layout attribute (the cuDNN calls' and the loop kernels').
 fn row_major(rank: usize) -> String {
     let dims: Vec<String> = (0..rank).rev().map(|d| d.to_string()).collect();
     if rank == 1 {
@@ -906,8 +906,9 @@ fn row_major(rank: usize) -> String {
     }
 }
 
-/// `text` as the body of an MLIR string literal.
-fn mlir_escape(text: &str) -> String {
+/// `text` as the body of an MLIR string literal (a custom call's backend
+/// config: the cuDNN calls' JSON, the loop kernels' Triton IR).
+pub(super) fn mlir_escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + text.len() / 8);
     for c in text.chars() {
         match c {

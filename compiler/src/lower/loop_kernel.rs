@@ -168,13 +168,17 @@ pub(crate) fn find(g: &Graph, live: &[bool]) -> Vec<Kernel> {
 /// [`find`], taking regions of `min_elements` or more.
 fn find_with(g: &Graph, live: &[bool], min_elements: usize) -> Vec<Kernel> {
     let users = users_of(g, live);
+    let mut output = vec![false; g.len()];
+    for v in g.outputs() {
+        output[v.node.index()] = true;
+    }
     let mut taken = vec![false; g.len()];
     let mut kernels = Vec::new();
     for (id, node) in g.nodes() {
         if !live[id.index()] {
             continue;
         }
-        let finder = Finder { g, live, users: &users, taken: &taken, min_elements };
+        let finder = Finder { g, live, users: &users, output: &output, taken: &taken, min_elements };
         if let Some(k) = finder.kernel(id, &node.op) {
             for m in &k.members {
                 taken[m.index()] = true;
@@ -219,6 +223,8 @@ struct Finder<'a> {
     g: &'a Graph,
     live: &'a [bool],
     users: &'a [Vec<NodeId>],
+    /// Whether a node's value is one of the graph's outputs.
+    output: &'a [bool],
     taken: &'a [bool],
     min_elements: usize,
 }
@@ -310,7 +316,7 @@ impl<'a> Finder<'a> {
                 } else {
                     !inside.contains(u) && !elementwise(&self.g.node(*u).op)
                 }
-            }) || self.g.outputs().iter().any(|o| o.node == n);
+            }) || self.output[n.index()];
         }
         let extra: Vec<NodeId> = extra.into_iter().zip(keep).filter(|(_, k)| *k).map(|(n, _)| n).collect();
         let mut members: Vec<NodeId> = inside.iter().chain(&extra).copied().collect();
@@ -328,8 +334,8 @@ impl<'a> Finder<'a> {
                 continue;
             }
             let step = b.value(n.into(), &shape)?;
-            let read_outside = self.users[n.index()].iter().any(|u| members.binary_search(u).is_err())
-                || self.g.outputs().iter().any(|o| o.node == n);
+            let read_outside =
+                self.users[n.index()].iter().any(|u| members.binary_search(u).is_err()) || self.output[n.index()];
             if read_outside {
                 match stores.iter_mut().find(|(s, _)| *s == step) {
                     Some((_, values)) => values.push(n.into()),
