@@ -14,6 +14,13 @@ fn disk(dir: &std::path::Path) -> DiskCacheConfig {
     DiskCacheConfig { dir: dir.to_path_buf(), max_bytes: 1 << 30, read_only: false }
 }
 
+/// Random `x: [4, 8]` and `w: [8, 5]` for [`small_step`].
+fn small_inputs(seed: u64) -> anyhow::Result<(Tensor, Tensor)> {
+    let mut rng = Rng::new(seed);
+    let x = Tensor::from_vec(rng.normal_vec(4 * 8), [4, 8])?;
+    Ok((x, Tensor::from_vec(rng.normal_vec(8 * 5), [8, 5])?))
+}
+
 /// `tanh(x @ w) * 1.5`, run as one step; returns the values.
 fn small_step(x: &Tensor, w: &Tensor) -> anyhow::Result<(Vec<f32>, kiln::StepReport)> {
     let y = x.matmul(w)?.tanh()?.mul_scalar(1.5)?;
@@ -25,9 +32,7 @@ fn small_step(x: &Tensor, w: &Tensor) -> anyhow::Result<(Vec<f32>, kiln::StepRep
 fn the_disk_cache_serves_a_cleared_memory_cache_and_replaces_damaged_entries() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     kiln::set_disk_cache(Some(disk(dir.path())))?;
-    let mut rng = Rng::new(3);
-    let x = Tensor::from_vec(rng.normal_vec(4 * 8), [4, 8])?;
-    let w = Tensor::from_vec(rng.normal_vec(8 * 5), [8, 5])?;
+    let (x, w) = small_inputs(3)?;
 
     let m0 = metrics::snapshot();
     let (want, r) = small_step(&x, &w)?;
@@ -155,9 +160,7 @@ fn a_loop_that_recompiles_every_step_is_warned_about() -> anyhow::Result<()> {
 fn switching_the_loop_kernels_compiles_again_and_back_is_cached() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     kiln::set_disk_cache(Some(disk(dir.path())))?;
-    let mut rng = Rng::new(5);
-    let x = Tensor::from_vec(rng.normal_vec(4 * 8), [4, 8])?;
-    let w = Tensor::from_vec(rng.normal_vec(8 * 5), [8, 5])?;
+    let (x, w) = small_inputs(5)?;
     let mut compiled = Vec::new();
     let mut values = Vec::new();
     for on in [false, false, true, true, false] {
