@@ -24,6 +24,9 @@
 //! 0.864/2.775/4.556), the H100's own plans to the nanosecond and the byte
 //! (2026-11-24, `benches/RESULTS.md`).
 //!
+//! `REMAT_PLAN_DUMP=DIR` (plan mode): also writes each plan's CUDA module,
+//! as the lowering gives it to XLA, to `DIR/plan_PERCENT.mlir`.
+//!
 //! `REMAT_OFFLOAD=1`: the remat pass offloads saved activations to pinned
 //! host memory before it recomputes (`kiln::set_host_offload`, CUDA only).
 //!
@@ -224,6 +227,20 @@ fn plan_only(cfg: &GptConfig, pcts: &[String]) -> Res<()> {
             .with_target(kiln::compiler::LowerTarget::Cuda);
         let out = run(&graph, &opts, &mut |_, _| {})?;
         let plan = plan_json(&out.stats);
+        if let Ok(dir) = std::env::var("REMAT_PLAN_DUMP") {
+            // The CUDA module of the plan, for reading what the lowering
+            // made of it (the loop kernels, the recomputed chains).
+            let lowered = kiln::compiler::lower::lower(
+                &out.graph,
+                &kiln::compiler::lower::LowerOptions {
+                    num_replicas: 1,
+                    target: kiln::compiler::LowerTarget::Cuda,
+                    shardings: None,
+                    loop_kernels: true,
+                },
+            )?;
+            std::fs::write(format!("{dir}/plan_{p}.mlir"), lowered)?;
+        }
         println!(
             "PLAN {}",
             json!({"budget_pct": f, "extra_flops": out.stats.remat_extra_flops,

@@ -35,6 +35,7 @@ mod pin;
 mod remat;
 mod sequence;
 mod siblings;
+mod twins;
 
 pub use exact::Exact;
 pub use gpu::XlaGpuFusion;

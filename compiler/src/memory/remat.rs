@@ -402,6 +402,12 @@ fn greedy(name: &'static str, g: &Graph, opts: &RematOptions, segments: bool) ->
             cur_t = m.seconds;
         }
     }
+    if !choices.is_empty() {
+        // Two chains that clone the same GEMM share one ([`super::twins`]).
+        let (merged, n) = super::twins::merge_twin_gemms(&cur, opts.fusion, budget)?;
+        tracing::debug!(twins = n, "merged twin GEMMs");
+        cur = merged;
+    }
     if opts.pin_floating && !choices.is_empty() {
         let l = liveness(&cur, opts.fusion);
         if let Some(bwd) = first_backward_read(&cur, &l, opts) {
