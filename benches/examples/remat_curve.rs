@@ -27,6 +27,12 @@
 //! `REMAT_PLAN_DUMP=DIR` (plan mode): also writes each plan's CUDA module,
 //! as the lowering gives it to XLA, to `DIR/plan_PERCENT.mlir`.
 //!
+//! `REMAT_PEAK_LIST=1` (plan mode): also prints where each plan's live bytes
+//! peak by the CUDA model, the temp curve's highest points and the largest
+//! temporaries live at the peak, with the ops that write them. Plan mode's
+//! step takes its LM-head blocks from `KILN_LM_HEAD` where it is set, as the
+//! timed step does.
+//!
 //! `REMAT_OFFLOAD=1`: the remat pass offloads saved activations to pinned
 //! host memory before it recomputes (`kiln::set_host_offload`, CUDA only).
 //!
@@ -203,8 +209,16 @@ fn plan_json(pipeline: &kiln::compiler::pipeline::PipelineStats) -> Value {
 fn plan_only(cfg: &GptConfig, pcts: &[String]) -> Res<()> {
     use kiln::compiler::pipeline::{run, PipelineOptions};
     // The GPU's LM-head blocks (the CPU plugin's are smaller: gpt2-small's
-    // model temp was 77 MB under the H100's step's, every plan another).
-    let cfg = &GptConfig { lm_head: Some(cfg.lm_head.unwrap_or(LmHeadLoss::DEFAULT_GPU)), ..cfg.clone() };
+    // model temp was 77 MB under the H100's step's, every plan another),
+    // unless `KILN_LM_HEAD` names others, as it does for the timed step.
+    let from_env = match std::env::var(kiln::models::gpt::ENV_LM_HEAD) {
+        Ok(v) if !v.trim().is_empty() => Some(
+            LmHeadLoss::parse(v.trim()).ok_or_else(|| format!("KILN_LM_HEAD={v}: not logits, blocks or blocks:MIB"))?,
+        ),
+        _ => None,
+    };
+    let lm_head = cfg.lm_head.or(from_env).unwrap_or(LmHeadLoss::DEFAULT_GPU);
+    let cfg = &GptConfig { lm_head: Some(lm_head), ..cfg.clone() };
     let mut ps = ParamStore::new(0);
     let model = Gpt::new(&mut ps, cfg)?;
     let params = ps.tensors();
@@ -241,6 +255,9 @@ fn plan_only(cfg: &GptConfig, pcts: &[String]) -> Res<()> {
             )?;
             std::fs::write(format!("{dir}/plan_{p}.mlir"), lowered)?;
         }
+        if std::env::var("REMAT_PEAK_LIST").is_ok() {
+            print_peak(&out.graph);
+        }
         println!(
             "PLAN {}",
             json!({"budget_pct": f, "extra_flops": out.stats.remat_extra_flops,
@@ -250,4 +267,42 @@ fn plan_only(cfg: &GptConfig, pcts: &[String]) -> Res<()> {
         );
     }
     Ok(())
+}
+
+/// `REMAT_PEAK_LIST` (plan mode): where the plan's live bytes peak by the
+/// CUDA model, the temp curve's eight highest points at least 200 kernels
+/// apart, and the 40 largest temporaries live at the peak, each with the op
+/// that writes it. What a budget below the plan would have to cut.
+fn print_peak(g: &kiln::compiler::ir::Graph) {
+    use kiln::compiler::memory::{fusion_for, liveness, BufferKind};
+    let l = liveness(g, fusion_for(kiln::compiler::LowerTarget::Cuda));
+    let (live, temp) = (l.live_curve(), l.temp_curve());
+    let Some((pos, &peak)) = live.iter().enumerate().max_by_key(|&(i, b)| (*b, std::cmp::Reverse(i))) else {
+        return;
+    };
+    let op = |id: kiln::compiler::ir::NodeId| format!("{:?}", g.node(id).op).chars().take(60).collect::<String>();
+    println!("PEAK at kernel {pos} of {}: live {peak} B, temp {} B, {}", live.len(), temp[pos], op(l.order[pos]));
+    let mut highest: Vec<(u64, usize)> = temp.iter().enumerate().map(|(i, &t)| (t, i)).collect();
+    highest.sort_by(|a, b| b.cmp(a));
+    let mut shown: Vec<usize> = Vec::new();
+    for (t, i) in highest {
+        if shown.iter().all(|&s| s.abs_diff(i) >= 200) {
+            shown.push(i);
+            println!("  temp {t} B at kernel {i}: {}", op(l.order[i]));
+        }
+        if shown.len() == 8 {
+            break;
+        }
+    }
+    let mut held: Vec<_> = l
+        .buffers
+        .iter()
+        .filter(|b| b.def <= pos && b.last_use >= pos)
+        .filter(|b| !matches!(b.kind, BufferKind::Argument | BufferKind::Donated | BufferKind::Host))
+        .collect();
+    held.sort_by_key(|b| std::cmp::Reverse(b.bytes));
+    for b in held.iter().take(40) {
+        let ty = g.ty(b.value);
+        println!("  {:>11} B {:?} {ty} kernels {}..={}: {}", b.bytes, b.kind, b.def, b.last_use, op(b.value.node));
+    }
 }
