@@ -216,3 +216,31 @@ fn integer_division_by_a_constant_zero_is_refused_on_every_backend() -> kiln::Re
         Ok(())
     })
 }
+
+/// Integers convert to f32 in one rounding to nearest even, and to bf16 from
+/// that f32, as XLA's CPU plugin and the eager backend do. The reference
+/// interpreter went through f64 and rounded twice: 2^60 + 2^36 + 1, just over
+/// a tie of f32, fell onto the tie in f64 and then to even (2^60, not 2^60 +
+/// 2^37); and, exact in f64, 2^30 + 2^22 + 1 rounded once to bf16 where XLA
+/// rounds it to f32 first (2^30 + 2^23 against XLA's 2^30).
+#[test]
+fn integers_to_floats_round_as_xla_does() -> kiln::Result<()> {
+    let (p22, p36, p52, p60) = (1i64 << 22, 1i64 << 36, 1i64 << 52, 1i64 << 60);
+    let mut wide = vec![p60 + p36 + 1, -(p60 + p36 + 1), p60 + p52 + 1, p60 + p36, i64::MAX, i64::MIN + 1];
+    let mut rng =
+        Rng::new(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs()));
+    wide.extend((0..26).map(|_| rng.next_u64() as i64 >> (rng.next_u64() % 40)));
+    let narrow = vec![(1 << 30) + p22 as i32 + 1, (1 << 30) + p22 as i32, -(1 << 30) - 3 * p22 as i32 - 1, i32::MAX];
+    // The host rounds an integer to f32 once, to nearest even.
+    let want_f32: Vec<f32> = wide.iter().map(|&v| v as f32).collect();
+    assert_eq!(want_f32[0], (p60 + 2 * p36) as f32);
+    let want_bf16 = [2f32.powi(30), 2f32.powi(30), -(2f32.powi(30) + 2f32.powi(24)), 2f32.powi(31)];
+    on_every_backend(|b| {
+        let x = Tensor::from_vec(wide.clone(), [wide.len()])?.to_dtype(DType::F32)?;
+        let y = Tensor::from_vec(narrow.clone(), [4])?.to_dtype(DType::BF16)?.to_dtype(DType::F32)?;
+        kiln::mark_step()?;
+        assert_eq!(x.to_vec::<f32>()?, want_f32, "{b:?}: i64 to f32");
+        assert_eq!(y.to_vec::<f32>()?, want_bf16, "{b:?}: i32 to bf16");
+        Ok(())
+    })
+}

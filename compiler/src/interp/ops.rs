@@ -573,7 +573,11 @@ fn convert(x: &Literal, to: DType) -> Literal {
         if from.is_float() {
             return floats_to(&ty, &x.to_f64s());
         }
-        return floats_to(&ty, &ints(x).iter().map(|&v| v as f64).collect::<Vec<_>>());
+        // One rounding to f32 (and from there to bf16 or f16), as XLA's
+        // integer conversions round: through f64 first, a 64-bit integer
+        // just over a tie of f32 fell onto the tie and then to even.
+        let round = |v: i128| if to == DType::F64 { v as f64 } else { f64::from(v as f32) };
+        return floats_to(&ty, &ints(x).iter().map(|&v| round(v)).collect::<Vec<_>>());
     }
     if from.is_float() {
         // Truncate toward zero, saturate at the type's range, NaN -> 0.
