@@ -451,6 +451,28 @@ fn a_rerun_never_replaces_a_checkpoint_without_resume_or_overwrite() {
     assert_eq!(kiln::checkpoint::load(&ck).unwrap().step, 2);
 }
 
+/// `--resume` with another `--batch` is refused, naming both and the file
+/// untouched: the saved step is a place in the data and the schedule only at
+/// the batch it was taken with (a resumed run at batch 32 from a batch-64
+/// checkpoint once went on, starting elsewhere in the epoch).
+#[test]
+fn resume_with_another_batch_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("c.safetensors");
+    let run = |batch: &str, extra: &[&str]| {
+        let mut c = kiln();
+        c.args(["train", "mlp", "--epochs", "1", "--hidden", "16", "--json", "--batch", batch, "--checkpoint"]);
+        c.arg(&ck).args(extra);
+        c.output().unwrap()
+    };
+    assert_eq!(json(&run("64", &["--max-steps", "4"]))["steps"], 4);
+    let before = std::fs::read(&ck).unwrap();
+    let err = refused(&run("32", &["--max-steps", "8", "--resume"]));
+    assert!(err.contains("step 4") && err.contains("64 examples a step") && err.contains("takes 32"), "{err}");
+    assert!(std::fs::read(&ck).unwrap() == before, "the refused run changed the checkpoint");
+    assert_eq!(json(&run("64", &["--max-steps", "8", "--resume"]))["steps"], 8);
+}
+
 /// Every tensor and the step of two checkpoints, bit for bit.
 fn assert_same_checkpoint(a: &Path, b: &Path) {
     let (a, b) = (kiln::checkpoint::load(a).unwrap(), kiln::checkpoint::load(b).unwrap());

@@ -209,7 +209,15 @@ pub struct Trainer {
     pub amp: Option<DType>,
     /// Updates skipped so far for non-finite gradients.
     pub skipped: u64,
+    /// Examples a step takes (batch × replicas), saved with the state and
+    /// checked when a checkpoint is restored: the saved step means a place
+    /// in the data and the learning-rate schedule only at the batch it was
+    /// taken with. `None`: neither saved nor checked.
+    pub examples_per_step: Option<u64>,
 }
+
+/// The checkpoint tensor holding [`Trainer::examples_per_step`].
+pub const EXAMPLES_PER_STEP: &str = "data.examples_per_step";
 
 impl Trainer {
     pub fn new(pixels: usize, classes: usize, cfg: &MlpConfig) -> Result<Trainer> {
@@ -221,7 +229,7 @@ impl Trainer {
         params.materialize()?;
         random::manual_seed(cfg.seed);
         let ordered = super::ordered_step(cfg.amp, None)?;
-        Ok(Trainer { params, model, opt, step: 0, ordered, amp: cfg.amp, skipped: 0 })
+        Ok(Trainer { params, model, opt, step: 0, ordered, amp: cfg.amp, skipped: 0, examples_per_step: None })
     }
 
     /// Records and runs one training step; returns the loss.
@@ -265,10 +273,32 @@ impl Trainer {
     }
 
     pub fn save(&self, path: &std::path::Path) -> Result<()> {
-        checkpoint::save(path, self.step, &self.state())
+        let mut state = self.state();
+        if let Some(n) = self.examples_per_step {
+            state.push((EXAMPLES_PER_STEP.to_string(), Tensor::from_vec(vec![n], [1])?));
+        }
+        checkpoint::save(path, self.step, &state)
     }
 
+    /// Restores a checkpoint [`Trainer::save`] wrote. One saved at another
+    /// number of examples a step is refused, naming both (a file without the
+    /// number, written before it was saved, is taken as it is).
     pub fn restore(&mut self, path: &std::path::Path) -> Result<()> {
+        if let Some(n) = self.examples_per_step {
+            let loaded = checkpoint::load(path)?;
+            let saved = loaded.tensors.iter().find(|(name, _)| name == EXAMPLES_PER_STEP);
+            if let Some(saved) = saved.and_then(|(_, l)| l.to_f64s().first().map(|&v| v as u64)).filter(|&s| s != n) {
+                return Err(FrontendError::Checkpoint {
+                    path: path.to_path_buf(),
+                    reason: format!(
+                        "saved at step {} of a run taking {saved} examples a step (batch × replicas), and this \
+                         run takes {n}: the step would resume elsewhere in the data and the learning-rate \
+                         schedule; resume with the batch it was saved with, or start a new run",
+                        loaded.step
+                    ),
+                });
+            }
+        }
         self.step = checkpoint::restore(path, &self.state())?;
         Ok(())
     }
@@ -394,6 +424,7 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     let client_seconds = client.seconds;
     let setup = Instant::now();
     let mut t = Trainer::new(data.train.pixels(), CLASSES, cfg)?;
+    t.examples_per_step = Some((cfg.batch * replicas) as u64);
     // The set-up ends with the devices' memory pool reserved (the first
     // step's allocations would wait for it anyway).
     client.pool_ms();
