@@ -173,9 +173,7 @@ pub fn save_training_with(
     optimizer: &dyn Optimizer,
     train_step: &TrainStep,
 ) -> Result<()> {
-    let mut state = training_state(model, optimizer);
-    state.extend(train_step.state());
-    save(path, step, &state)
+    save(path, step, &training_state_with(model, optimizer, train_step))
 }
 
 /// Restores what [`save_training_with`] wrote (see [`restore_training`]).
@@ -185,9 +183,15 @@ pub fn restore_training_with(
     optimizer: &dyn Optimizer,
     train_step: &TrainStep,
 ) -> Result<u64> {
+    restore_all(path.as_ref(), &training_state_with(model, optimizer, train_step))
+}
+
+/// [`training_state`] and `train_step`'s state (its loss scaler's): what
+/// [`save_training_with`] writes and [`restore_training_with`] reads.
+fn training_state_with(model: &dyn Module, optimizer: &dyn Optimizer, train_step: &TrainStep) -> Vec<(String, Tensor)> {
     let mut state = training_state(model, optimizer);
     state.extend(train_step.state());
-    restore_all(path.as_ref(), &state)
+    state
 }
 
 /// Saves `tensors` (runs the pending step first) and `step` to `path`.
