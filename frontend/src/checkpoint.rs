@@ -406,7 +406,8 @@ fn restore_all(path: &Path, targets: &[(String, Tensor)]) -> Result<u64> {
     restore_loaded(path, loaded, targets)
 }
 
-fn restore_loaded(path: &Path, loaded: Loaded, targets: &[(String, Tensor)]) -> Result<u64> {
+/// [`restore`] of a checkpoint already loaded from `path`.
+pub(crate) fn restore_loaded(path: &Path, loaded: Loaded, targets: &[(String, Tensor)]) -> Result<u64> {
     let mut plan = Vec::with_capacity(targets.len());
     for (name, t) in targets {
         let lit = loaded.tensors.iter().find(|(n, _)| n == name).map(|(_, l)| l).ok_or_else(|| {

@@ -284,8 +284,8 @@ impl Trainer {
     /// number of examples a step is refused, naming both (a file without the
     /// number, written before it was saved, is taken as it is).
     pub fn restore(&mut self, path: &std::path::Path) -> Result<()> {
+        let loaded = checkpoint::load(path)?;
         if let Some(n) = self.examples_per_step {
-            let loaded = checkpoint::load(path)?;
             let saved = loaded.tensors.iter().find(|(name, _)| name == EXAMPLES_PER_STEP);
             if let Some(saved) = saved.and_then(|(_, l)| l.to_f64s().first().map(|&v| v as u64)).filter(|&s| s != n) {
                 return Err(FrontendError::Checkpoint {
@@ -299,7 +299,7 @@ impl Trainer {
                 });
             }
         }
-        self.step = checkpoint::restore(path, &self.state())?;
+        self.step = checkpoint::restore_loaded(path, loaded, &self.state())?;
         Ok(())
     }
 }
