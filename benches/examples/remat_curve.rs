@@ -211,13 +211,7 @@ fn plan_only(cfg: &GptConfig, pcts: &[String]) -> Res<()> {
     // The GPU's LM-head blocks (the CPU plugin's are smaller: gpt2-small's
     // model temp was 77 MB under the H100's step's, every plan another),
     // unless `KILN_LM_HEAD` names others, as it does for the timed step.
-    let from_env = match std::env::var(kiln::models::gpt::ENV_LM_HEAD) {
-        Ok(v) if !v.trim().is_empty() => Some(
-            LmHeadLoss::parse(v.trim()).ok_or_else(|| format!("KILN_LM_HEAD={v}: not logits, blocks or blocks:MIB"))?,
-        ),
-        _ => None,
-    };
-    let lm_head = cfg.lm_head.or(from_env).unwrap_or(LmHeadLoss::DEFAULT_GPU);
+    let lm_head = cfg.lm_head.or(LmHeadLoss::from_env()?).unwrap_or(LmHeadLoss::DEFAULT_GPU);
     let cfg = &GptConfig { lm_head: Some(lm_head), ..cfg.clone() };
     let mut ps = ParamStore::new(0);
     let model = Gpt::new(&mut ps, cfg)?;

@@ -110,13 +110,21 @@ impl LmHeadLoss {
         if let Some(c) = chosen {
             return Ok(c);
         }
+        match LmHeadLoss::from_env()? {
+            Some(l) => Ok(l),
+            None => LmHeadLoss::default_for_backend(logits_bytes),
+        }
+    }
+
+    /// What `KILN_LM_HEAD` names; `None` where it is unset or empty.
+    pub fn from_env() -> Result<Option<LmHeadLoss>> {
         match std::env::var(ENV_LM_HEAD) {
-            Ok(v) if !v.trim().is_empty() => LmHeadLoss::parse(v.trim()).ok_or(FrontendError::BadEnv {
+            Ok(v) if !v.trim().is_empty() => LmHeadLoss::parse(v.trim()).map(Some).ok_or(FrontendError::BadEnv {
                 var: ENV_LM_HEAD,
                 value: v,
                 expected: "logits, blocks or blocks:MIB (a whole number of MiB >= 1)",
             }),
-            _ => LmHeadLoss::default_for_backend(logits_bytes),
+            _ => Ok(None),
         }
     }
 
