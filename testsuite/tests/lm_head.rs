@@ -275,6 +275,33 @@ fn fused_op_matches_the_pair_it_replaces() {
     }
 }
 
+/// The forward alone (a weighted loss's, an evaluation's) chains its blocks
+/// on CUDA through barriers whose carried results are read: block k+1's rows
+/// of h pass one barrier with block k's nll, and the joined nll reads the
+/// barrier's copy. XLA CUDA keeps only the operands of a barrier whose
+/// results something reads; with the nll as a bare anchor it dropped it and
+/// ran gpt2-small's eight 1024-row blocks back to back, each in a buffer of
+/// its own (`docs/memory.md`, "The LM head in two passes").
+#[test]
+fn forward_blocks_chain_through_barrier_results_that_are_read() {
+    let mut g = Graph::new();
+    let h = g.parameter(TensorType::new(DType::BF16, vec![64, 8]));
+    let w = g.parameter(TensorType::new(DType::BF16, vec![33, 8]));
+    let labels = g.parameter(TensorType::new(DType::I32, vec![64]));
+    let ce = g.add(Op::LmHeadCrossEntropy { h, w, labels, chunk: 16, shards: 1 }).unwrap();
+    g.set_outputs(vec![ValueId::new(ce, 0), ValueId::new(ce, 1)]).unwrap();
+    let text = lower(&g, &LowerOptions { target: LowerTarget::Cuda, ..LowerOptions::default() }).unwrap();
+    let barriers: Vec<&str> = text.lines().filter(|l| l.contains("stablehlo.optimization_barrier")).collect();
+    assert_eq!(barriers.len(), 3, "4 blocks, 3 links:\n{text}");
+    for b in barriers {
+        let (name, arity) = b.trim().split_once(" =").unwrap().0.split_once(':').unwrap();
+        assert_eq!(arity, "3", "h rows, the carried nll and the anchor: {b}");
+        for k in 0..2 {
+            assert!(text.contains(&format!("{name}#{k}")), "result {k} of {name} is never read:\n{text}");
+        }
+    }
+}
+
 /// A per-token weighted cotangent, or one computed from the loss itself,
 /// leaves the pair as it was.
 #[test]

@@ -142,10 +142,11 @@ struct Block {
 /// guard on it ([`crate::fence::after`]), so XLA neither merges the blocks'
 /// matmuls back into one nor runs them side by side: one block's logits are
 /// dead before the next block's exist. `carry` (the previous block's rows of
-/// dh) passes through the same barrier and is returned fenced, for the
-/// caller to read instead: XLA then finishes that dh GEMM's split-K sum in
-/// the block that made it, where it had kept every block's f32 pieces (12
-/// MiB each for gpt2-small) for the final join.
+/// dh, or in the forward alone its nll) passes through the same barrier and
+/// is returned fenced, for the caller to read instead: XLA keeps only the
+/// barrier operands whose results are read, and with dh it then finishes
+/// that dh GEMM's split-K sum in the block that made it, where it had kept
+/// every block's f32 pieces (12 MiB each for gpt2-small) for the final join.
 #[allow(clippy::too_many_arguments)]
 fn block(
     g: &mut Graph,
@@ -349,14 +350,20 @@ pub(crate) fn expand_forward(
 ) -> Result<[ValueId; 2]> {
     let n = g.ty(h).shape.dims()[0];
     let (mut nll, mut lse) = (Vec::new(), Vec::new());
-    let mut after = None;
     for span in rows.blocks(n) {
-        let b = block(g, h, w, labels, (rows, span), after, None, guard)?;
+        // Each block's rows of h pass one barrier with the previous block's
+        // nll, and that nll is read through it: XLA CUDA drops a barrier's
+        // operand whose result nothing reads, and with it the order. With the
+        // nll only an anchor, it ran all eight of gpt2-small's 1024-row blocks
+        // of logits back to back, each in its own buffer (`docs/memory.md`,
+        // "The LM head in two passes").
+        let after = nll.last().copied();
+        let b = block(g, h, w, labels, (rows, span), after, nll.last_mut(), guard)?;
         let r = block_loss(g, &b, rows)?;
-        after = Some(r.nll);
-        nll.push(convert(g, r.nll, DType::F32)?);
+        nll.push(r.nll);
         lse.push(convert(g, r.lse, DType::F32)?);
     }
+    let nll = nll.into_iter().map(|x| convert(g, x, DType::F32)).collect::<Result<Vec<_>>>()?;
     Ok([rows.join(g, nll)?, rows.join(g, lse)?])
 }
 
