@@ -49,6 +49,24 @@ def halves(x, f):
     return x
 
 
+def block_dl(hb, w, lab):
+    """A row block's lse ([rows, 1]), nll, and dl written over its bf16
+    logits in halves."""
+    lb = hb @ w.T
+    logits = lb.astype(jnp.float32)
+    m = jnp.max(logits, 1, keepdims=True)
+    z = jnp.sum(jnp.exp(logits - m), 1, keepdims=True)
+    picked = jnp.take_along_axis(lb, lab[:, None], axis=1)[:, 0].astype(jnp.float32)
+    lse = jnp.log(z) + m
+
+    def f(x, start):
+        cols = start + jnp.arange(x.shape[1])[None, :]
+        onehot = (cols == lab[:, None]).astype(jnp.float32)
+        return ((jnp.exp(x.astype(jnp.float32) - lse) - onehot) * G).astype(jnp.bfloat16)
+
+    return lse, lse[:, 0] - picked, halves(lb, f)
+
+
 def rows(h, w, labels):
     acc = None
     nll, dh = [], []
@@ -57,21 +75,8 @@ def rows(h, w, labels):
         hb = h[s:e]
         if acc is not None:
             hb, acc, nll[-1] = lax.optimization_barrier((hb, acc, nll[-1]))
-        lb = hb @ w.T
-        logits = lb.astype(jnp.float32)
-        m = jnp.max(logits, 1, keepdims=True)
-        z = jnp.sum(jnp.exp(logits - m), 1, keepdims=True)
-        picked = jnp.take_along_axis(lb, labels[s:e, None], axis=1)[:, 0].astype(jnp.float32)
-        lse = jnp.log(z) + m
-        nll.append(lse[:, 0] - picked)
-        lab = labels[s:e]
-
-        def f(x, start):
-            cols = start + jnp.arange(x.shape[1])[None, :]
-            onehot = (cols == lab[:, None]).astype(jnp.float32)
-            return ((jnp.exp(x.astype(jnp.float32) - lse) - onehot) * G).astype(jnp.bfloat16)
-
-        dl = halves(lb, f)
+        _, block_nll, dl = block_dl(hb, w, labels[s:e])
+        nll.append(block_nll)
         dh.append(dl @ w)
         part = lax.dot_general(dl, hb, TN).astype(jnp.float32)
         acc = part if acc is None else acc + part
@@ -126,22 +131,10 @@ def dh_first(h, w, labels, r, k):
         hb = h[s:e]
         if dh:
             hb, dh[-1], nll[-1] = lax.optimization_barrier((hb, dh[-1], nll[-1]))
-        lb = hb @ w.T
-        logits = lb.astype(jnp.float32)
-        m = jnp.max(logits, 1, keepdims=True)
-        z = jnp.sum(jnp.exp(logits - m), 1, keepdims=True)
-        picked = jnp.take_along_axis(lb, labels[s:e, None], axis=1)[:, 0].astype(jnp.float32)
-        lse = jnp.log(z) + m
-        nll.append(lse[:, 0] - picked)
+        lse, block_nll, dl = block_dl(hb, w, labels[s:e])
+        nll.append(block_nll)
         lses.append(lse[:, 0])
-        lab = labels[s:e]
-
-        def f(x, start, lab=lab, lse=lse):
-            cols = start + jnp.arange(x.shape[1])[None, :]
-            onehot = (cols == lab[:, None]).astype(jnp.float32)
-            return ((jnp.exp(x.astype(jnp.float32) - lse) - onehot) * G).astype(jnp.bfloat16)
-
-        dh.append(halves(lb, f) @ w)
+        dh.append(dl @ w)
     dh = jnp.concatenate(dh)
     lse = jnp.concatenate(lses)
     dw = jnp.zeros(w.shape, jnp.bfloat16)
