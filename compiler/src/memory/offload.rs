@@ -17,6 +17,11 @@
 //! - Candidates are greedy remat's (values whose readers split into an early
 //!   group before `P` and a late group after it), dearest recomputation per
 //!   byte first (the cheap ones, GELU's internals, are left to recomputation).
+//!   A value with a late reader that is fused into kernels (inserted before
+//!   `P`, run after it) is skipped: the rewrite redirects only readers that
+//!   come after the copy back. On gpt2-small that leaves out the attention
+//!   outputs and the projections' outputs; the q/k/v head transposes go
+//!   instead.
 //! - The link is one copy engine each way at [`HOST_LINK_BYTES_PER_SECOND`],
 //!   with the kernels' times from the kernel model. Out: copies run in the
 //!   order of the values' writes, each from the end of its writing kernel;
@@ -37,11 +42,13 @@
 //! copies moved 54.7 GB/s one way and 46.5 GB/s each way at once.
 //!
 //! On the gpt2-small train step the strategy loses to greedy recomputation
-//! alone at every budget (60%: 2.73-2.90 GiB of XLA temp and 21.97-24.24 ms
-//! against 2.26 GiB and 21.41 ms): XLA's latency-hiding scheduler reorders
-//! the backward to hide the copies (more memory), and without it the copies
-//! do not overlap (more time). So it is opt-in (docs/memory.md, "Host
-//! offload").
+//! alone at every budget measured (60%: 2.73-2.90 GiB of XLA temp and
+//! 21.97-24.24 ms against 2.26 GiB and 21.41 ms; 22% on an H200: 3.76 GB and
+//! 24.28 ms against 0.87 GB and 22.36 ms): XLA's latency-hiding scheduler
+//! reorders the backward to hide the copies (more memory), and without it
+//! the copies do not overlap (22%: 785 MB, the plan, at +11 ms). So it is
+//! opt-in (docs/memory.md, "Host offload" and "Host offload at the tight
+//! budgets").
 //!
 //! The XLA CPU plugin has no host memory space and refuses the annotation
 //! (`NOT_FOUND: No registered implementation for untyped custom call to
