@@ -16,6 +16,16 @@ use prost::Message;
 
 use crate::error::{Result, RuntimeError};
 
+/// A value of an XLA debug option as `env_option_overrides` carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptionValue {
+    /// A bool field.
+    Bool(bool),
+    /// A string field, or a repeated string field given as one
+    /// comma-separated value (XLA splits it).
+    Str(&'static str),
+}
+
 /// XLA debug options set on every compile, by name (`env_option_overrides`,
 /// which PJRT applies over the plugin's defaults), each to keep a program's
 /// meaning the plugin's choice would change:
@@ -27,7 +37,25 @@ use crate::error::{Result, RuntimeError};
 ///   PyTorch, JAX and kiln's reference interpreter do. The CUDA plugin's own
 ///   option, `xla_gpu_enable_fast_min_max`, is off by default (the NaN test
 ///   passes there, H100, 2026-11-25).
-pub const SEMANTIC_OVERRIDES: [(&str, bool); 1] = [("xla_cpu_enable_fast_min_max", false)];
+/// - `xla_disable_hlo_passes = rematerialization`: XLA's own
+///   rematerialization, which the CUDA plugin runs when a program's temp
+///   exceeds its scheduler's memory limit (80% of the device's memory less
+///   the arguments and outputs, times 95%), changed what kiln's train steps
+///   compute.
+///   With that limit lowered to about 0.9 GB (the compile options'
+///   `device_memory_size`, a trial build; H200, 2026-11-28), XLA's pass ran,
+///   and gpt2-small's unplanned step trained to a loss of 7.02 and the 50%
+///   plan's to 4.49 where every correct run reads 8.84-8.95; with the pass
+///   off the same builds read 8.90-8.95 (`benches/RESULTS.md`, "XLA's own
+///   rematerialization"). kiln plans memory itself (the remat pass,
+///   `--memory-limit`); a step too large for the device now fails with the
+///   plugin's out-of-memory error instead of running wrong. The CPU plugin
+///   0.0.1 does not contain the pass (none of its messages is in the
+///   library); the override is a no-op there.
+pub const SEMANTIC_OVERRIDES: [(&str, OptionValue); 2] = [
+    ("xla_cpu_enable_fast_min_max", OptionValue::Bool(false)),
+    ("xla_disable_hlo_passes", OptionValue::Str("rematerialization")),
+];
 
 /// How to compile a program: replica and partition counts and an optional
 /// fixed device assignment.
@@ -55,12 +83,23 @@ struct CompileOptionsProto {
     env_option_overrides: BTreeMap<String, OptionOverrideProto>,
 }
 
-/// One value of `env_option_overrides` (only the bool arm of its `oneof`,
-/// with presence, so that `false` is sent).
+/// One value of `env_option_overrides` (the string and bool arms of its
+/// `oneof`, with presence, so that `false` is sent).
 #[derive(Clone, PartialEq, Message)]
 struct OptionOverrideProto {
+    #[prost(string, optional, tag = "1")]
+    string_field: Option<String>,
     #[prost(bool, optional, tag = "2")]
     bool_field: Option<bool>,
+}
+
+impl From<OptionValue> for OptionOverrideProto {
+    fn from(v: OptionValue) -> Self {
+        match v {
+            OptionValue::Bool(b) => OptionOverrideProto { string_field: None, bool_field: Some(b) },
+            OptionValue::Str(s) => OptionOverrideProto { string_field: Some(s.to_string()), bool_field: None },
+        }
+    }
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -143,10 +182,7 @@ impl CompileOptions {
                 use_spmd_partitioning: self.num_partitions > 1,
                 device_assignment,
             }),
-            env_option_overrides: SEMANTIC_OVERRIDES
-                .iter()
-                .map(|&(name, on)| (name.to_string(), OptionOverrideProto { bool_field: Some(on) }))
-                .collect(),
+            env_option_overrides: SEMANTIC_OVERRIDES.iter().map(|&(name, v)| (name.to_string(), v.into())).collect(),
         };
         Ok(proto.encode_to_vec())
     }
@@ -171,9 +207,18 @@ mod tests {
     fn every_compile_carries_the_semantic_overrides() {
         let bytes = CompileOptions::default().to_proto_bytes().unwrap();
         let decoded = CompileOptionsProto::decode(bytes.as_slice()).unwrap();
-        let got: Vec<(&str, Option<bool>)> =
-            decoded.env_option_overrides.iter().map(|(k, v)| (k.as_str(), v.bool_field)).collect();
-        assert_eq!(got, [("xla_cpu_enable_fast_min_max", Some(false))]);
+        let got: Vec<(&str, Option<&str>, Option<bool>)> = decoded
+            .env_option_overrides
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.string_field.as_deref(), v.bool_field))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("xla_cpu_enable_fast_min_max", None, Some(false)),
+                ("xla_disable_hlo_passes", Some("rematerialization"), None)
+            ]
+        );
     }
 
     #[test]
