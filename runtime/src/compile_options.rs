@@ -21,8 +21,8 @@ use crate::error::{Result, RuntimeError};
 pub enum OptionValue {
     /// A bool field.
     Bool(bool),
-    /// A string field, or a repeated string field given as one
-    /// comma-separated value (XLA splits it).
+    /// A string field (or, as for `xla_disable_hlo_passes`, one value of a
+    /// repeated one).
     Str(&'static str),
 }
 
@@ -41,8 +41,7 @@ pub enum OptionValue {
 ///   rematerialization, which the CUDA plugin runs when a program's temp
 ///   exceeds its scheduler's memory limit (80% of the device's memory less
 ///   the arguments and outputs, times 95%), changed what kiln's train steps
-///   compute.
-///   With that limit lowered to about 0.9 GB (the compile options'
+///   compute. With that limit lowered to about 0.9 GB (the compile options'
 ///   `device_memory_size`, a trial build; H200, 2026-11-28), XLA's pass ran,
 ///   and gpt2-small's unplanned step trained to a loss of 7.02 and the 50%
 ///   plan's to 4.49 where every correct run reads 8.84-8.95; with the pass
@@ -51,11 +50,32 @@ pub enum OptionValue {
 ///   `--memory-limit`); a step too large for the device now fails with the
 ///   plugin's out-of-memory error instead of running wrong. The CPU plugin
 ///   0.0.1 does not contain the pass (none of its messages is in the
-///   library); the override is a no-op there.
+///   library); the override is a no-op there. PJRT's override replaces the
+///   option's value from `XLA_FLAGS` (on the CPU plugin a pass disabled
+///   there ran again), so the passes named by `--xla_disable_hlo_passes=` in
+///   `XLA_FLAGS` are sent with it ([`disabled_passes`]).
 pub const SEMANTIC_OVERRIDES: [(&str, OptionValue); 2] = [
     ("xla_cpu_enable_fast_min_max", OptionValue::Bool(false)),
     ("xla_disable_hlo_passes", OptionValue::Str("rematerialization")),
 ];
+
+/// The value sent for `xla_disable_hlo_passes`: kiln's passes, then those
+/// `xla_flags` (the `XLA_FLAGS` variable's value) disables, each once, comma-
+/// separated as XLA reads the option.
+pub fn disabled_passes(kiln: &str, xla_flags: Option<&str>) -> String {
+    let mut passes: Vec<&str> = kiln.split(',').filter(|p| !p.is_empty()).collect();
+    let users = xla_flags
+        .into_iter()
+        .flat_map(str::split_whitespace)
+        .filter_map(|f| f.strip_prefix("--xla_disable_hlo_passes="))
+        .flat_map(|v| v.split(','));
+    for p in users {
+        if !p.is_empty() && !passes.contains(&p) {
+            passes.push(p);
+        }
+    }
+    passes.join(",")
+}
 
 /// How to compile a program: replica and partition counts and an optional
 /// fixed device assignment.
@@ -182,7 +202,19 @@ impl CompileOptions {
                 use_spmd_partitioning: self.num_partitions > 1,
                 device_assignment,
             }),
-            env_option_overrides: SEMANTIC_OVERRIDES.iter().map(|&(name, v)| (name.to_string(), v.into())).collect(),
+            env_option_overrides: SEMANTIC_OVERRIDES
+                .iter()
+                .map(|&(name, v)| {
+                    let value = match v {
+                        OptionValue::Str(passes) if name == "xla_disable_hlo_passes" => OptionOverrideProto {
+                            string_field: Some(disabled_passes(passes, std::env::var("XLA_FLAGS").ok().as_deref())),
+                            bool_field: None,
+                        },
+                        v => v.into(),
+                    };
+                    (name.to_string(), value)
+                })
+                .collect(),
         };
         Ok(proto.encode_to_vec())
     }
@@ -216,8 +248,29 @@ mod tests {
             got,
             [
                 ("xla_cpu_enable_fast_min_max", None, Some(false)),
-                ("xla_disable_hlo_passes", Some("rematerialization"), None)
+                (
+                    "xla_disable_hlo_passes",
+                    Some(disabled_passes("rematerialization", std::env::var("XLA_FLAGS").ok().as_deref()).as_str()),
+                    None
+                )
             ]
+        );
+    }
+
+    #[test]
+    fn passes_the_user_disables_are_sent_with_kilns() {
+        assert_eq!(disabled_passes("rematerialization", None), "rematerialization");
+        assert_eq!(disabled_passes("rematerialization", Some("--xla_dump_to=/tmp/d")), "rematerialization");
+        assert_eq!(
+            disabled_passes(
+                "rematerialization",
+                Some("--xla_dump_to=/tmp/d  --xla_disable_hlo_passes=algsimp,rematerialization,,cse")
+            ),
+            "rematerialization,algsimp,cse"
+        );
+        assert_eq!(
+            disabled_passes("rematerialization", Some("--xla_disable_hlo_passes=a --xla_disable_hlo_passes=b")),
+            "rematerialization,a,b"
         );
     }
 
