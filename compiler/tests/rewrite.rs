@@ -331,10 +331,12 @@ proptest! {
         let got = interpret(&out.graph, &x).unwrap();
         assert_close(&want, &got, &print(&g));
         // The graph never grows, except by one node for each op moved below a
-        // broadcast that something else still reads (extraction costs trees,
-        // so it cannot see that the broadcast stays).
+        // broadcast that something else still reads, or a convert moved
+        // through data movement while the convert is read elsewhere
+        // (extraction costs trees, so it cannot see that the broadcast or
+        // the convert stays: docs/optimizer.md).
         let fired = out.stats.rules_fired();
-        let moved = ["unary-below-broadcast", "binary-below-broadcast"].iter().map(|r| fired.get(r).copied().unwrap_or(0)).sum::<usize>();
+        let moved = ["unary-below-broadcast", "binary-below-broadcast", "convert-movement"].iter().map(|r| fired.get(r).copied().unwrap_or(0)).sum::<usize>();
         prop_assert!(out.graph.len() <= g.len() + moved, "{} -> {} nodes, {moved} moved", g.len(), out.graph.len());
     }
 
@@ -434,6 +436,27 @@ fn golden_identities() {
       return %4, %1
     }
     ");
+}
+
+/// Tree-cost extraction's blind spot, as the property test bounds it:
+/// `reshape(convert(x))` and `convert(reshape(x))` tie, and with `convert(x)`
+/// also returned the second form computes the convert twice (found by
+/// `the_pipeline_keeps_values`, 3 -> 4 nodes; docs/optimizer.md). The values
+/// stay; the growth stays within one node per `convert-movement` firing.
+#[test]
+fn a_convert_moved_through_a_reshape_grows_the_graph_by_at_most_one_node_a_firing() {
+    let text = "graph(%0: tensor<2x3xf32>) {
+  %1 = convert %0 : tensor<2x3xbf16>
+  %2 = reshape %1 : tensor<6xbf16>
+  return %2, %1, %0
+}";
+    let g = parse(text).unwrap();
+    let out = run(&g, &checked(PipelineOptions::default()), &mut |_, _| {}).unwrap();
+    let fired = out.stats.rules_fired().get("convert-movement").copied().unwrap_or(0);
+    assert!(fired >= 1, "{:?}", out.stats.rules_fired());
+    assert!(out.graph.len() <= g.len() + fired, "{} -> {} nodes:\n{}", g.len(), out.graph.len(), print(&out.graph));
+    let x = inputs(&g, 0x9e37_79b9_7f4a_7c15);
+    assert_close(&interpret(&g, &x).unwrap(), &interpret(&out.graph, &x).unwrap(), text);
 }
 
 /// Extraction keeps the recorded order: a walk from the outputs would emit
