@@ -21,9 +21,23 @@ use crate::error::{Result, RuntimeError};
 pub enum OptionValue {
     /// A bool field.
     Bool(bool),
-    /// A string field (or, as for `xla_disable_hlo_passes`, one value of a
-    /// repeated one).
-    Str(&'static str),
+    /// A repeated string field, comma-separated as XLA reads it, that adds
+    /// to what `XLA_FLAGS` gives the same option: PJRT's override replaces
+    /// that value, so it is sent along ([`merged_list`]).
+    List(&'static str),
+}
+
+impl OptionValue {
+    /// The override for option `name`, given `xla_flags` (the `XLA_FLAGS`
+    /// variable's value).
+    fn to_override(self, name: &str, xla_flags: Option<&str>) -> OptionOverrideProto {
+        match self {
+            OptionValue::Bool(b) => OptionOverrideProto { string_field: None, bool_field: Some(b) },
+            OptionValue::List(l) => {
+                OptionOverrideProto { string_field: Some(merged_list(name, l, xla_flags)), bool_field: None }
+            }
+        }
+    }
 }
 
 /// XLA debug options set on every compile, by name (`env_option_overrides`,
@@ -52,29 +66,30 @@ pub enum OptionValue {
 ///   0.0.1 does not contain the pass (none of its messages is in the
 ///   library); the override is a no-op there. PJRT's override replaces the
 ///   option's value from `XLA_FLAGS` (on the CPU plugin a pass disabled
-///   there ran again), so the passes named by `--xla_disable_hlo_passes=` in
-///   `XLA_FLAGS` are sent with it ([`disabled_passes`]).
+///   there ran again), so it is an [`OptionValue::List`]: the passes named
+///   by `--xla_disable_hlo_passes=` in `XLA_FLAGS` are sent with it.
 pub const SEMANTIC_OVERRIDES: [(&str, OptionValue); 2] = [
     ("xla_cpu_enable_fast_min_max", OptionValue::Bool(false)),
-    ("xla_disable_hlo_passes", OptionValue::Str("rematerialization")),
+    ("xla_disable_hlo_passes", OptionValue::List("rematerialization")),
 ];
 
-/// The value sent for `xla_disable_hlo_passes`: kiln's passes, then those
-/// `xla_flags` (the `XLA_FLAGS` variable's value) disables, each once, comma-
-/// separated as XLA reads the option.
-pub fn disabled_passes(kiln: &str, xla_flags: Option<&str>) -> String {
-    let mut passes: Vec<&str> = kiln.split(',').filter(|p| !p.is_empty()).collect();
+/// The value sent for list option `name`: kiln's items, then those
+/// `--NAME=` in `xla_flags` (the `XLA_FLAGS` variable's value) gives, each
+/// once, comma-separated as XLA reads the option.
+pub fn merged_list(name: &str, kiln: &str, xla_flags: Option<&str>) -> String {
+    let flag = format!("--{name}=");
+    let mut items: Vec<&str> = kiln.split(',').filter(|p| !p.is_empty()).collect();
     let users = xla_flags
         .into_iter()
         .flat_map(str::split_whitespace)
-        .filter_map(|f| f.strip_prefix("--xla_disable_hlo_passes="))
+        .filter_map(|f| f.strip_prefix(flag.as_str()))
         .flat_map(|v| v.split(','));
     for p in users {
-        if !p.is_empty() && !passes.contains(&p) {
-            passes.push(p);
+        if !p.is_empty() && !items.contains(&p) {
+            items.push(p);
         }
     }
-    passes.join(",")
+    items.join(",")
 }
 
 /// How to compile a program: replica and partition counts and an optional
@@ -111,15 +126,6 @@ struct OptionOverrideProto {
     string_field: Option<String>,
     #[prost(bool, optional, tag = "2")]
     bool_field: Option<bool>,
-}
-
-impl From<OptionValue> for OptionOverrideProto {
-    fn from(v: OptionValue) -> Self {
-        match v {
-            OptionValue::Bool(b) => OptionOverrideProto { string_field: None, bool_field: Some(b) },
-            OptionValue::Str(s) => OptionOverrideProto { string_field: Some(s.to_string()), bool_field: None },
-        }
-    }
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -202,19 +208,13 @@ impl CompileOptions {
                 use_spmd_partitioning: self.num_partitions > 1,
                 device_assignment,
             }),
-            env_option_overrides: SEMANTIC_OVERRIDES
-                .iter()
-                .map(|&(name, v)| {
-                    let value = match v {
-                        OptionValue::Str(passes) if name == "xla_disable_hlo_passes" => OptionOverrideProto {
-                            string_field: Some(disabled_passes(passes, std::env::var("XLA_FLAGS").ok().as_deref())),
-                            bool_field: None,
-                        },
-                        v => v.into(),
-                    };
-                    (name.to_string(), value)
-                })
-                .collect(),
+            env_option_overrides: {
+                let xla_flags = std::env::var("XLA_FLAGS").ok();
+                SEMANTIC_OVERRIDES
+                    .iter()
+                    .map(|&(name, v)| (name.to_string(), v.to_override(name, xla_flags.as_deref())))
+                    .collect()
+            },
         };
         Ok(proto.encode_to_vec())
     }
@@ -250,7 +250,14 @@ mod tests {
                 ("xla_cpu_enable_fast_min_max", None, Some(false)),
                 (
                     "xla_disable_hlo_passes",
-                    Some(disabled_passes("rematerialization", std::env::var("XLA_FLAGS").ok().as_deref()).as_str()),
+                    Some(
+                        merged_list(
+                            "xla_disable_hlo_passes",
+                            "rematerialization",
+                            std::env::var("XLA_FLAGS").ok().as_deref()
+                        )
+                        .as_str()
+                    ),
                     None
                 )
             ]
@@ -259,19 +266,14 @@ mod tests {
 
     #[test]
     fn passes_the_user_disables_are_sent_with_kilns() {
-        assert_eq!(disabled_passes("rematerialization", None), "rematerialization");
-        assert_eq!(disabled_passes("rematerialization", Some("--xla_dump_to=/tmp/d")), "rematerialization");
+        let passes = |flags| merged_list("xla_disable_hlo_passes", "rematerialization", flags);
+        assert_eq!(passes(None), "rematerialization");
+        assert_eq!(passes(Some("--xla_dump_to=/tmp/d")), "rematerialization");
         assert_eq!(
-            disabled_passes(
-                "rematerialization",
-                Some("--xla_dump_to=/tmp/d  --xla_disable_hlo_passes=algsimp,rematerialization,,cse")
-            ),
+            passes(Some("--xla_dump_to=/tmp/d  --xla_disable_hlo_passes=algsimp,rematerialization,,cse")),
             "rematerialization,algsimp,cse"
         );
-        assert_eq!(
-            disabled_passes("rematerialization", Some("--xla_disable_hlo_passes=a --xla_disable_hlo_passes=b")),
-            "rematerialization,a,b"
-        );
+        assert_eq!(passes(Some("--xla_disable_hlo_passes=a --xla_disable_hlo_passes=b")), "rematerialization,a,b");
     }
 
     #[test]
