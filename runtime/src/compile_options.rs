@@ -60,7 +60,9 @@ impl OptionValue {
 ///   and gpt2-small's unplanned step trained to a loss of 7.02 and the 50%
 ///   plan's to 4.49 where every correct run reads 8.84-8.95; with the pass
 ///   off the same builds read 8.90-8.95 (`benches/RESULTS.md`, "XLA's own
-///   rematerialization"). kiln plans memory itself (the remat pass,
+///   rematerialization"). With the pass on and donation off they trained
+///   right, so it is the pass meeting parameters aliased to outputs ("XLA's
+///   rematerialization and donation"). kiln plans memory itself (the remat pass,
 ///   `--memory-limit`); a step too large for the device now fails with the
 ///   plugin's out-of-memory error instead of running wrong. The CPU plugin
 ///   0.0.1 does not contain the pass (none of its messages is in the
