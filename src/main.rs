@@ -182,9 +182,30 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", error_chain(&e));
+            if let Some(hint) = hint(&e) {
+                eprintln!("hint: {hint}");
+            }
             ExitCode::FAILURE
         }
     }
+}
+
+/// What to do next, for errors whose message cannot say it: the plugin's
+/// out-of-memory error names bytes and an allocator, not kiln's remedies.
+fn hint(e: &anyhow::Error) -> Option<&'static str> {
+    use kiln::runtime::{PjrtErrorCode, RuntimeError};
+    let out_of_memory = e.chain().any(|cause| {
+        let runtime =
+            cause.downcast_ref::<RuntimeError>().or_else(|| match cause.downcast_ref::<kiln::FrontendError>() {
+                Some(kiln::FrontendError::Runtime(r)) => Some(r),
+                _ => None,
+            });
+        matches!(runtime, Some(RuntimeError::Pjrt { code: PjrtErrorCode::ResourceExhausted, .. }))
+    });
+    out_of_memory.then_some(
+        "the step needs more device memory than the plugin may take: `kiln profile <model> --max-batch` finds the \
+         largest batch that fits, and `--memory-limit` rematerializes the step to fit a budget (docs/memory.md)",
+    )
 }
 
 /// The error and its causes joined by ": ", each cause said once: kiln's
@@ -668,4 +689,31 @@ fn train_mlp(cfg: &MlpConfig, dir: &PathBuf, compare: Option<u64>, json: bool) -
         println!("{}", kiln::metrics::report());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln::runtime::{PjrtErrorCode, RuntimeError};
+
+    fn pjrt(code: PjrtErrorCode) -> RuntimeError {
+        RuntimeError::Pjrt {
+            function: "PJRT_Event_Await",
+            code,
+            message: "Out of memory while trying to allocate".into(),
+        }
+    }
+
+    #[test]
+    fn an_out_of_memory_error_gets_the_remedies_however_it_is_wrapped() {
+        let direct = anyhow::Error::from(pjrt(PjrtErrorCode::ResourceExhausted));
+        let through_frontend = anyhow::Error::from(kiln::FrontendError::from(pjrt(PjrtErrorCode::ResourceExhausted)));
+        let with_context = through_frontend.context("step 3");
+        for e in [direct, with_context] {
+            let h = hint(&e).expect("a hint");
+            assert!(h.contains("--max-batch") && h.contains("--memory-limit"), "{h}");
+        }
+        assert_eq!(hint(&anyhow::Error::from(pjrt(PjrtErrorCode::InvalidArgument))), None);
+        assert_eq!(hint(&anyhow::anyhow!("no such file")), None);
+    }
 }
