@@ -58,6 +58,44 @@ fn cross_entropy_matches_f64() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The gradient of cross-entropy is `(softmax - onehot) / n` (f64, fresh
+/// logits), and it is recorded without a path through log-softmax's max
+/// shift: no float comparison (the shift's derivative is zero, and that path
+/// cost gpt2-small's explicit-logits step on the H200 1.06 ms and 1.57 GB,
+/// `benches/RESULTS.md`, "`log_softmax`'s max shift without a gradient").
+#[test]
+fn cross_entropy_gradient_is_softmax_minus_onehot_without_the_max_path() -> anyhow::Result<()> {
+    use kiln::compiler::ir::Op;
+    let (n, c) = (4, 9);
+    let mut rng = Rng::new(0x5eed_1c3);
+    let logits = rng.normal_vec(n * c);
+    let labels = vec![3i32, 0, 8, 5];
+    let x = Tensor::from_vec(logits.clone(), [n, c])?;
+    let y = Tensor::from_vec(labels.clone(), [n])?;
+    let g = kiln::capture_graph(|| {
+        let loss = nn::cross_entropy(&x, &y, None)?;
+        Ok(vec![loss.clone(), kiln::grad(&loss, std::slice::from_ref(&x))?.remove(0)])
+    })?;
+    let float_compares = g
+        .nodes()
+        .filter(|(_, node)| matches!(&node.op, Op::Compare { lhs, .. } if g.ty(*lhs).dtype.is_float()))
+        .count();
+    assert_eq!(float_compares, 0, "the backward compares the logits with something (their max?)");
+
+    let got = kiln::grad(&nn::cross_entropy(&x, &y, None)?, std::slice::from_ref(&x))?.remove(0).to_vec::<f32>()?;
+    let want: Vec<f64> = logits
+        .chunks(c)
+        .zip(&labels)
+        .flat_map(|(row, &l)| {
+            let e: Vec<f64> = row.iter().map(|&v| f64::from(v).exp()).collect();
+            let z: f64 = e.iter().sum();
+            e.into_iter().enumerate().map(move |(j, ej)| (ej / z - f64::from(j == l as usize)) / n as f64)
+        })
+        .collect();
+    close(&got, &want, 1e-6, "d cross_entropy / d logits");
+    Ok(())
+}
+
 #[test]
 fn dropout_zeroes_about_p_and_rescales_the_rest() -> anyhow::Result<()> {
     kiln::manual_seed(17);
