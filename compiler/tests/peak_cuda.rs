@@ -101,7 +101,10 @@ fn the_cuda_model_predicts_xla_cuda_within_15_percent() {
 /// buffer assignment: the bf16 logits and their bf16 gradient, no f32 `exp`
 /// over the logits, one f32 residual per block (plus the embedding's), the
 /// two-output GELU kernel's `tanh` and output per block. The model's peak
-/// holds the same.
+/// holds the same. (The saved step differentiates `log_softmax` through its
+/// max shift, as kiln did until 2026-11-28; on the H200 XLA kept that
+/// step's f32 `exp` of the logits, 1.54 GiB, for the shift's gradient:
+/// `benches/RESULTS.md`, "The input's node on extraction ties".)
 #[test]
 fn the_cuda_models_peak_holds_what_xla_cudas_peak_holds() {
     let g = load("gpt2-small-bf16-adamw-step.kiln.gz");
