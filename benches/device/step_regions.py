@@ -16,10 +16,10 @@ import re
 
 def kind(name):
     n = name.lower()
-    if n.startswith("nvjet") or "gemm" in n and "fusion" not in n or "cutlass" in n:
-        return "cublas"
     if "cudnn" in n or "sdpa" in n or "fmha" in n:
         return "cudnn"
+    if n.startswith("nvjet") or ("gemm" in n and "fusion" not in n) or "cutlass" in n:
+        return "cublas"
     if n.startswith("gemm_fusion"):
         return "triton-gemm"
     return re.sub(r"[._]\d+$", "", name)
