@@ -408,6 +408,7 @@ fn train_gpt(path: &std::path::Path, cfg: &gpt::GptConfig, json: bool) -> anyhow
                 "setup_ms": report.setup_seconds * 1e3,
                 "client_ms": report.client_seconds * 1e3,
                 "setup_breakdown": report.setup.as_ref().map(setup_json),
+                "remat": remat_json(),
             })
         );
     } else {
@@ -421,8 +422,32 @@ fn train_gpt(path: &std::path::Path, cfg: &gpt::GptConfig, json: bool) -> anyhow
             report.step_ms_median()
         );
         print_amp(cfg.amp, &report);
+        if let Some(line) = kiln::metrics::snapshot().step_remat_line() {
+            println!("remat: {line}");
+        }
     }
     Ok(())
+}
+
+/// The train step's remat plan for `--json` (`null` without a memory
+/// limit): the budget, whether it was met, what was recomputed and the
+/// peaks by kiln's model.
+fn remat_json() -> serde_json::Value {
+    let m = kiln::metrics::snapshot();
+    let Some(record) = m.step_remat_plan() else { return serde_json::Value::Null };
+    let r = &record.plan;
+    json!({
+        "budget_bytes": r.budget_bytes,
+        "activation_fraction": record.activation_fraction,
+        "met": r.met,
+        "values_recomputed": r.recomputed.iter().map(|v| v.values).sum::<usize>(),
+        "extra_flops": r.recomputed.iter().map(|v| v.flops).sum::<u64>(),
+        "values_offloaded": r.offloaded.len(),
+        "predicted_peak_bytes_before": r.before.peak_bytes,
+        "predicted_peak_bytes_after": r.after.peak_bytes,
+        "predicted_temp_bytes_before": r.before.allocated_temp_bytes,
+        "predicted_temp_bytes_after": r.after.allocated_temp_bytes,
+    })
 }
 
 /// `kiln train gpt --json`'s `setup_breakdown`: where `setup_ms` went.
@@ -672,6 +697,7 @@ fn train_mlp(cfg: &MlpConfig, dir: &PathBuf, compare: Option<u64>, json: bool) -
                 "init": report.init.map(init_name),
                 "setup_ms": report.setup_seconds * 1e3,
                 "client_ms": report.client_seconds * 1e3,
+                "remat": remat_json(),
             })
         );
     } else {

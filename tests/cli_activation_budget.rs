@@ -56,6 +56,45 @@ fn half_the_activation_memory_trains_the_same_losses_with_fewer_temp_bytes() {
     }
     let temp = |v: &Value| v["device_memory"]["temp_bytes"].as_i64().unwrap();
     assert!(temp(&half) < temp(&plain), "XLA temp bytes {} planned vs {} unplanned", temp(&half), temp(&plain));
+    // The JSON reports the train step's plan, and no plan without a limit.
+    assert!(plain["remat"].is_null(), "{}", plain["remat"]);
+    let r = &half["remat"];
+    assert_eq!(r["met"], true, "{r}");
+    assert!(r["values_recomputed"].as_u64().unwrap() > 0 && r["extra_flops"].as_u64().unwrap() > 0, "{r}");
+    let (before, after) =
+        (r["predicted_peak_bytes_before"].as_u64().unwrap(), r["predicted_peak_bytes_after"].as_u64().unwrap());
+    assert!(after < before && after <= r["budget_bytes"].as_u64().unwrap(), "{r}");
+}
+
+/// With the parameters initialised on the device, their init is a program of
+/// its own, with nothing kept for a backward. A percentage of the activation
+/// memory names the training steps' working sets, so the init is not warned
+/// about under one (a user on a GPU saw only a warning that the limit was not
+/// met, about a program they never wrote); a byte limit the init exceeds is
+/// reported, naming it. The text summary reports the train step's plan.
+#[test]
+fn the_init_program_is_named_and_a_percentage_leaves_it_unreported() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = text_file(&dir);
+    let run = |limit: &str| {
+        let out = kiln()
+            .env("KILN_INIT", "device")
+            .args(["train", "gpt", "--config", "tiny", "--steps", "1", "--memory-limit", limit, "--text"])
+            .arg(&text)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{err}");
+        (String::from_utf8_lossy(&out.stdout).into_owned(), err)
+    };
+    let (out, err) = run("50%");
+    assert!(!err.contains("not met"), "the train step meets 50% and the init is not reported: {err}");
+    let line = out.lines().find(|l| l.starts_with("remat: ")).unwrap_or_else(|| panic!("no remat line: {out}"));
+    assert!(line.contains("50% of the activation memory) met: ") && line.contains("value(s) recomputed"), "{line}");
+    let (_, err) = run("1KiB");
+    let init: Vec<&str> = err.lines().filter(|l| l.contains("(the parameters' init, ")).collect();
+    assert_eq!(init.len(), 1, "{err}");
+    assert!(init[0].contains("memory limit 1024 B not met by rematerialization"), "{}", init[0]);
 }
 
 #[test]

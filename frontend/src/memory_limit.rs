@@ -14,6 +14,29 @@ thread_local! {
     static ACTIVATION: Cell<Option<f64>> = const { Cell::new(None) };
     static HOST_OFFLOAD: Cell<bool> = const { Cell::new(false) };
     static LOOP_KERNELS: Cell<Option<bool>> = const { Cell::new(None) };
+    static PARAM_INIT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `step` (a `mark_step`) as the parameters' init program
+/// ([`crate::nn::ParamStore::materialize`]): the budget's remat pass still
+/// runs on it, but a limit it does not meet is reported as the init's, and
+/// not at all for a percentage of the activation memory, which names the
+/// training steps' working sets (an init program has no backward and keeps
+/// nothing for one).
+pub(crate) fn as_param_init<R>(step: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            PARAM_INIT.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(PARAM_INIT.with(|c| c.replace(true)));
+    step()
+}
+
+/// Whether the step being cut is the parameters' init ([`as_param_init`]).
+pub(crate) fn in_param_init() -> bool {
+    PARAM_INIT.with(Cell::get)
 }
 
 /// Sets this thread's step memory budget in bytes (`None`: no remat pass).

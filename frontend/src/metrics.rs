@@ -77,6 +77,22 @@ pub struct Metrics {
     pub pipeline_time: Duration,
     /// What the newest pipeline run did, pass by pass.
     pub last_pipeline: Option<kiln_compiler::pipeline::PipelineStats>,
+    /// The remat plans of the programs built under a memory limit, oldest
+    /// first (the newest [`KEPT_REMAT_PLANS`]). [`Metrics::step_remat_plan`]
+    /// picks the training step's.
+    pub remat_plans: Vec<RematRecord>,
+}
+
+/// How many remat plans [`Metrics::remat_plans`] keeps (the newest).
+pub const KEPT_REMAT_PLANS: usize = 16;
+
+/// One program's remat plan and the budget it was asked for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RematRecord {
+    pub plan: kiln_compiler::pipeline::RematSummary,
+    /// The share of the activation memory the budget kept
+    /// ([`crate::set_activation_budget`]), `None` for a byte limit.
+    pub activation_fraction: Option<f64>,
 }
 
 /// One span of the per-step timeline.
@@ -211,6 +227,47 @@ impl Metrics {
         self.pipeline_runs += 1;
         self.pipeline_time += took;
         self.last_pipeline = Some(stats.clone());
+        if let Some(r) = stats.passes.iter().find_map(|p| p.remat.as_ref()) {
+            if self.remat_plans.len() == KEPT_REMAT_PLANS {
+                self.remat_plans.remove(0);
+            }
+            self.remat_plans
+                .push(RematRecord { plan: r.clone(), activation_fraction: crate::memory_limit::activation_budget() });
+        }
+    }
+
+    /// The remat plan of the program with the largest unplanned peak: in a
+    /// training run, the train step's (the parameters' init and an
+    /// evaluation program keep nothing for a backward and peak lower).
+    pub fn step_remat_plan(&self) -> Option<&RematRecord> {
+        self.remat_plans.iter().max_by_key(|r| r.plan.before.peak_bytes)
+    }
+
+    /// One line on [`Metrics::step_remat_plan`]: whether it met its budget,
+    /// what it recomputed and the peaks by kiln's model.
+    pub fn step_remat_line(&self) -> Option<String> {
+        let record = self.step_remat_plan()?;
+        let r = &record.plan;
+        let values: usize = r.recomputed.iter().map(|v| v.values).sum();
+        let flops = r.recomputed.iter().map(|v| v.flops).sum::<u64>() as f64;
+        let share = record
+            .activation_fraction
+            .map(|f| format!(" (arguments and outputs, and {:.0}% of the activation memory)", f * 100.0))
+            .unwrap_or_default();
+        let recomputed = match values {
+            0 => "nothing recomputed".to_string(),
+            n => format!("{n} value(s) recomputed ({flops:.2e} extra FLOPs)"),
+        };
+        Some(format!(
+            "peak budget {}{share} {}: {recomputed}{}, predicted peak {} -> {}, temporaries {} -> {}",
+            bytes(r.budget_bytes),
+            if r.met { "met" } else { "not met (the lowest peak found)" },
+            if r.offloaded.is_empty() { String::new() } else { format!(", {} kept in host memory", r.offloaded.len()) },
+            bytes(r.before.peak_bytes),
+            bytes(r.after.peak_bytes),
+            bytes(r.before.allocated_temp_bytes),
+            bytes(r.after.allocated_temp_bytes),
+        ))
     }
 
     /// Mean time of one execution: the execute call plus the time blocked on
@@ -287,6 +344,9 @@ impl fmt::Display for Metrics {
                     ms(s.time)
                 )?;
             }
+        }
+        if let Some(line) = self.step_remat_line() {
+            writeln!(f, "remat            {line}")?;
         }
         writeln!(f, "recompiles       {}", self.recompiles)?;
         for e in &self.recompile_explanations {

@@ -249,7 +249,13 @@ pub(crate) fn obtain(
     // The program's name in warnings and in KILN_SAVE_GRAPHS's file name.
     let name = format!("step-{}", &fp.to_string()[..16]);
     let remat = out.stats.passes.iter().find_map(|p| p.remat.as_ref());
-    if let Some(r) = remat.filter(|r| !r.met) {
+    // The parameters' init program is named so: a user who set a limit for
+    // training did not write it. A percentage of its activation memory means
+    // nothing for it (no backward), so that goes unsaid.
+    let init = crate::memory_limit::in_param_init();
+    let what = if init { "the parameters' init, " } else { "" };
+    let unsaid = init && opts.pass_options.activation_fraction.is_some();
+    if let Some(r) = remat.filter(|r| !r.met && !unsaid) {
         let limit = match opts.pass_options.activation_fraction {
             Some(f) => format!("{} B ({:.0}% of its activation memory)", r.budget_bytes, f * 100.0),
             None => format!("{} B", r.budget_bytes),
@@ -264,7 +270,7 @@ pub(crate) fn obtain(
             ""
         };
         tracing::warn!(
-            "kiln: memory limit {limit} not met by rematerialization in program {name} ({} nodes): it runs \
+            "kiln: memory limit {limit} not met by rematerialization in program {name} ({what}{} nodes): it runs \
              the lowest-peak plan reached, {} B predicted (from {} B, {values} value(s) recomputed){why}",
             nodes,
             r.after.peak_bytes,
@@ -341,7 +347,7 @@ pub(crate) fn obtain(
             // would wrap it negative and warn for every program.
             if i128::from(m.held_bytes()) > i128::from(r.budget_bytes) {
                 tracing::warn!(
-                    "kiln: memory limit {} B met by rematerialization in program {name} ({} nodes), but XLA's \
+                    "kiln: memory limit {} B met by rematerialization in program {name} ({what}{} nodes), but XLA's \
                      compiled program holds {} B (arguments {}, outputs {} less {} aliased, temporaries {}); \
                      the plan's live peak is {} B",
                     r.budget_bytes,

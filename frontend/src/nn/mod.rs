@@ -157,7 +157,7 @@ impl ParamStore {
             return Ok(false);
         }
         self.prepare_init()?;
-        crate::step::mark_step()?;
+        crate::memory_limit::as_param_init(crate::step::mark_step)?;
         Ok(true)
     }
 
