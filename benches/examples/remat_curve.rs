@@ -192,7 +192,7 @@ fn plan_json(pipeline: &kiln::compiler::pipeline::PipelineStats) -> Value {
                                  "argument_bytes": r.before.argument_bytes, "output_bytes": r.before.output_bytes},
                 "model_after": {"peak_bytes": r.after.peak_bytes, "temp_bytes": r.after.temp_peak_bytes},
                 "recomputed": r.recomputed.len(),
-                "values_freed": r.recomputed.iter().map(|v| v.values).sum::<usize>(),
+                "values_freed": r.values_recomputed(),
                 "model_extra_ms": r.extra_ns as f64 / 1e6,
                 "cloned_nodes": r.recomputed.iter().map(|v| v.cloned_nodes).sum::<usize>(),
                 "recomputed_bytes": r.recomputed.iter().map(|v| v.bytes).sum::<u64>(),

@@ -67,6 +67,19 @@ pub struct RematSummary {
     pub offloaded: Vec<RecomputedValue>,
 }
 
+impl RematSummary {
+    /// Values the plan frees by recomputing them (a chain of clones may free
+    /// several).
+    pub fn values_recomputed(&self) -> usize {
+        self.recomputed.iter().map(|v| v.values).sum()
+    }
+
+    /// FLOPs the plan's recomputations add to the step.
+    pub fn extra_flops(&self) -> u64 {
+        self.recomputed.iter().map(|v| v.flops).sum()
+    }
+}
+
 /// One recomputation of the remat pass (one value, or several that one chain
 /// of clones frees: [`crate::memory::RematChoice::also`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -248,13 +248,12 @@ impl Metrics {
     pub fn step_remat_line(&self) -> Option<String> {
         let record = self.step_remat_plan()?;
         let r = &record.plan;
-        let values: usize = r.recomputed.iter().map(|v| v.values).sum();
-        let flops = r.recomputed.iter().map(|v| v.flops).sum::<u64>() as f64;
+        let flops = r.extra_flops() as f64;
         let share = record
             .activation_fraction
             .map(|f| format!(" (arguments and outputs, and {:.0}% of the activation memory)", f * 100.0))
             .unwrap_or_default();
-        let recomputed = match values {
+        let recomputed = match r.values_recomputed() {
             0 => "nothing recomputed".to_string(),
             n => format!("{n} value(s) recomputed ({flops:.2e} extra FLOPs)"),
         };

@@ -260,7 +260,7 @@ pub(crate) fn obtain(
             Some(f) => format!("{} B ({:.0}% of its activation memory)", r.budget_bytes, f * 100.0),
             None => format!("{} B", r.budget_bytes),
         };
-        let values = r.recomputed.iter().map(|v| v.values).sum::<usize>();
+        let values = r.values_recomputed();
         // Nothing taken: no candidate lowered the peak (a program without a
         // backward has none; a peak in the optimizer's update is past them).
         let why = if values == 0 {
