@@ -127,7 +127,7 @@ fn the_plot_path_is_checked_first_and_written_through_a_link() {
     let out = compile(&sub);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("plots") && err.contains("is a directory"), "{err}");
+    assert!(err.contains("--memory-plot") && err.contains("plots") && err.contains("is a directory"), "{err}");
     assert!(!String::from_utf8_lossy(&out.stdout).contains("compiled"), "the refusal came after the compile");
     assert!(sub.is_dir() && std::fs::read_dir(&sub).unwrap().next().is_none());
 

@@ -120,8 +120,9 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     if let Some(plot) = &args.memory.memory_plot {
         super::memory::check_plot_path(plot)?;
     }
-    for out in args.out.iter().chain(&args.memory.memory_plot) {
-        kiln::atomic_write::checked_target(out)?;
+    let outputs = args.out.iter().map(|p| ("--out", p));
+    for (flag, out) in outputs.chain(args.memory.memory_plot.iter().map(|p| ("--memory-plot", p))) {
+        kiln::atomic_write::checked_target(out).with_context(|| format!("{flag} {}", out.display()))?;
     }
     // Flags are read before the graph and XLA's compile.
     super::memory::check_args(&args.memory, args.plugin.is_none())?;

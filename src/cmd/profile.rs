@@ -95,7 +95,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         anyhow::bail!("--steps must be at least 1");
     }
     if let Some(path) = &args.trace {
-        kiln::atomic_write::checked_target(path)?;
+        kiln::atomic_write::checked_target(path).with_context(|| format!("--trace {}", path.display()))?;
     }
     let model = matches!(args.target.as_str(), "mlp" | "gpt");
     let Profiled { events, eager, platform, device_kind, graph_flops, transfers } =
