@@ -261,6 +261,34 @@ fn max_batch_sizes_the_step_the_train_loop_compiles() {
     assert_eq!(saved, recorded);
 }
 
+/// The text report ends with the command to run: with a memory limit where
+/// remat raised the batch (the tiny GPT at 3 GiB), and without one where it
+/// did not (the MLP at 64 MiB, whose next batch's input alone is 49 MiB).
+#[test]
+fn max_batch_names_the_train_command_that_fits() {
+    let report = |args: &[&str]| {
+        let out = Command::cargo_bin("kiln").unwrap().args(["profile"]).args(args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let batch = |text: &str, name: &str| -> u64 {
+        let line = text.lines().find(|l| l.trim_start().starts_with(name)).unwrap_or_else(|| panic!("{text}"));
+        line.split("batch").nth(1).unwrap().trim().split(':').next().unwrap().trim().parse().unwrap()
+    };
+    let mlp = report(&["mlp", "--max-batch", "--device-memory", "64MiB"]);
+    let b = batch(&mlp, "without remat");
+    assert_eq!(batch(&mlp, "with remat"), b, "{mlp}");
+    assert!(mlp.contains("remat does not raise the batch here"), "{mlp}");
+    assert!(mlp.contains(&format!("`kiln train mlp --batch {b}` fits without it")), "{mlp}");
+    assert!(!mlp.contains("--memory-limit"), "{mlp}");
+
+    let gpt = report(&["gpt", "--max-batch", "--device-memory", "3GiB"]);
+    let (plain, remat) = (batch(&gpt, "without remat"), batch(&gpt, "with remat"));
+    assert!(remat > plain, "{gpt}");
+    assert!(gpt.contains(&format!("`kiln train gpt --batch {remat} --memory-limit {}`", 3u64 << 30)), "{gpt}");
+    assert!(!gpt.contains("does not raise"), "{gpt}");
+}
+
 /// `--max-batch` refuses what cannot be sized before any work, by name: a
 /// zero vocabulary or width, a clipping norm that is not positive (or
 /// clipping for a model without it), and a device size the CPU plugin

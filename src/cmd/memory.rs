@@ -513,11 +513,16 @@ pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json:
         AdvisedModel::Mlp { .. } => "mlp",
         AdvisedModel::Gpt { .. } => "gpt",
     };
-    if let Some(b) = advice.iter().find(|a| a.remat).and_then(|a| a.batch) {
-        println!(
+    let plain = advice.iter().find(|a| !a.remat).and_then(|a| a.batch);
+    match advice.iter().find(|a| a.remat).and_then(|a| a.batch) {
+        Some(b) if Some(b) == plain => {
+            println!("  remat does not raise the batch here: `kiln train {name} --batch {b}` fits without it")
+        }
+        Some(b) => println!(
             "  with remat, `kiln train {name} --batch {b} --memory-limit {device_bytes}` (and the same settings) \
              compiles the plan sized here"
-        );
+        ),
+        None => {}
     }
     Ok(())
 }
