@@ -131,18 +131,31 @@ fn a_limit_remat_cannot_meet_trains_with_the_lowest_peak_plan_and_says_so() {
     assert!(dir.path().join("graphs").join(format!("{name}.kiln")).is_file(), "{name}: {err}");
 }
 
-/// A percentage the MLP's programs cannot meet, where greedy recomputes
-/// nothing in either (the eval program has no backward): the warning says no
-/// recomputation was found that lowers the peak, not just "0 values".
+/// Limits the MLP's programs cannot meet, where greedy recomputes nothing:
+/// the warnings say why, not just "0 values". The train step's peak is past
+/// the values it keeps; the evaluation program keeps none, so under a
+/// percentage of the activation memory it is not reported (a budget that
+/// names the steps' saved activations means nothing for it), and under a byte
+/// limit it is, saying there is nothing to recompute.
 #[test]
 fn a_limit_where_nothing_is_recomputed_says_why() {
-    let args = ["train", "mlp", "--epochs", "1", "--max-steps", "2", "--json", "--memory-limit", "50%"];
-    let err = stderr_of_success(kiln().args(args));
-    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("not met by rematerialization")).collect();
-    assert!(!warnings.is_empty(), "{err}");
-    for w in warnings {
-        assert!(w.contains("0 value(s) recomputed); no recomputation found lowers this program's peak"), "{w}");
-    }
+    let warnings = |limit: &str| -> Vec<String> {
+        let args = ["train", "mlp", "--epochs", "1", "--max-steps", "2", "--json", "--memory-limit", limit];
+        let err = stderr_of_success(kiln().args(args));
+        err.lines().filter(|l| l.contains("not met by rematerialization")).map(str::to_string).collect()
+    };
+    let peak_past = "0 value(s) recomputed); no recomputation found lowers this program's peak";
+    let nothing_kept = "0 value(s) recomputed); the program keeps no values for a backward";
+    let percentage = warnings("50%");
+    assert_eq!(percentage.len(), 1, "{percentage:#?}");
+    assert!(
+        percentage[0].contains(peak_past) && percentage[0].contains("50% of its activation memory"),
+        "{percentage:#?}"
+    );
+    let bytes = warnings("5MiB");
+    assert_eq!(bytes.len(), 2, "{bytes:#?}");
+    assert_eq!(bytes.iter().filter(|w| w.contains(peak_past)).count(), 1, "{bytes:#?}");
+    assert_eq!(bytes.iter().filter(|w| w.contains(nothing_kept)).count(), 1, "{bytes:#?}");
 }
 
 /// A byte limit the plan meets in live bytes while XLA's compiled program

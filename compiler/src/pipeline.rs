@@ -65,6 +65,10 @@ pub struct RematSummary {
     /// Each value kept in pinned host memory (`cloned_nodes` and `flops`
     /// zero).
     pub offloaded: Vec<RecomputedValue>,
+    /// Whether the unplanned program keeps values for later readers that
+    /// remat could recompute ([`crate::memory::keeps_values_for_later`]):
+    /// false for a program without a backward.
+    pub keeps_values: bool,
 }
 
 impl RematSummary {
@@ -415,7 +419,11 @@ fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, Com
             })
             .collect()
     };
+    // A plan that chose something had candidates; only an empty plan asks.
+    let keeps_values =
+        !plan.choices.is_empty() || !plan.offloaded.is_empty() || crate::memory::keeps_values_for_later(g, &ro);
     s.remat = Some(RematSummary {
+        keeps_values,
         budget_bytes: plan.budget_bytes,
         met: plan.met,
         before: plan.before,

@@ -250,24 +250,27 @@ pub(crate) fn obtain(
     let name = format!("step-{}", &fp.to_string()[..16]);
     let remat = out.stats.passes.iter().find_map(|p| p.remat.as_ref());
     // The parameters' init program is named so: a user who set a limit for
-    // training did not write it. A percentage of its activation memory means
-    // nothing for it (no backward), so that goes unsaid.
+    // training did not write it. A percentage of the activation memory means
+    // nothing for a program that keeps no values for a backward (the init, an
+    // evaluation), so that goes unsaid.
     let init = crate::memory_limit::in_param_init();
     let what = if init { "the parameters' init, " } else { "" };
-    let unsaid = init && opts.pass_options.activation_fraction.is_some();
-    if let Some(r) = remat.filter(|r| !r.met && !unsaid) {
+    let percentage = opts.pass_options.activation_fraction.is_some();
+    if let Some(r) = remat.filter(|r| !r.met && !(percentage && (init || !r.keeps_values))) {
         let limit = match opts.pass_options.activation_fraction {
             Some(f) => format!("{} B ({:.0}% of its activation memory)", r.budget_bytes, f * 100.0),
             None => format!("{} B", r.budget_bytes),
         };
         let values = r.values_recomputed();
-        // Nothing taken: no candidate lowered the peak (a program without a
-        // backward has none; a peak in the optimizer's update is past them).
-        let why = if values == 0 {
-            "; no recomputation found lowers this program's peak (as in a program without a backward, or \
-             one whose peak is in the optimizer's update)"
-        } else {
-            ""
+        // Nothing taken: there was nothing to recompute, or no candidate
+        // lowered the peak (a peak in the optimizer's update is past them).
+        let why = match (values, r.keeps_values) {
+            (0, false) => "; the program keeps no values for a backward, so there is nothing to recompute",
+            (0, true) => {
+                "; no recomputation found lowers this program's peak (as where the peak is in the optimizer's \
+                 update, after the values it keeps are read)"
+            }
+            _ => "",
         };
         tracing::warn!(
             "kiln: memory limit {limit} not met by rematerialization in program {name} ({what}{} nodes): it runs \

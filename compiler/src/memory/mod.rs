@@ -44,8 +44,8 @@ pub use liveness::{liveness, Allocation, Buffer, BufferKind, Liveness};
 pub use offload::HostOffload;
 pub use peak::{peak_memory, PeakMemory};
 pub use remat::{
-    activation_budget_bytes, rematerialize, Greedy, LeafGuards, Off, RecomputeCost, RematBudget, RematChoice,
-    RematOptions, RematPlan, RematStrategy,
+    activation_budget_bytes, keeps_values_for_later, rematerialize, Greedy, LeafGuards, Off, RecomputeCost,
+    RematBudget, RematChoice, RematOptions, RematPlan, RematStrategy,
 };
 pub use sequence::{sequence_backward, sequence_for};
 

@@ -811,6 +811,14 @@ pub(super) fn first_backward_read(g: &Graph, l: &Liveness, opts: &RematOptions) 
     candidates(g, l, opts).iter().map(|c| c.late_pos).min()
 }
 
+/// Whether `g` keeps any value for a reader well after its writer that remat
+/// could recompute (a training step's backward reading the forward's values).
+/// A program without a backward (an evaluation, the parameters' init) keeps
+/// none: a budget in a share of its activation memory has nothing to act on.
+pub fn keeps_values_for_later(g: &Graph, opts: &RematOptions) -> bool {
+    first_backward_read(g, &liveness(g, opts.fusion), opts).is_some()
+}
+
 pub(super) fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Candidate> {
     let users = users_of(g);
     let pos = l.positions();
@@ -1201,6 +1209,21 @@ mod tests {
         }
         g.set_outputs(vec![ct]).unwrap();
         g
+    }
+
+    /// The ladder's backward reads its forward's values; the same chain
+    /// without a backward (an evaluation's shape) keeps none for later.
+    #[test]
+    fn a_backward_is_what_keeps_values_for_later() {
+        let opts = RematOptions::new(RematBudget::Bytes(0), &EveryNodeAKernel);
+        assert!(keeps_values_for_later(&ladder(6), &opts));
+        let mut g = Graph::new();
+        let mut x = g.parameter(TensorType::new(DType::F32, [256]));
+        for _ in 0..6 {
+            x = g.value(Op::Unary { op: UnaryOp::Tanh, input: x }).unwrap();
+        }
+        g.set_outputs(vec![x]).unwrap();
+        assert!(!keeps_values_for_later(&g, &opts));
     }
 
     #[test]
