@@ -1,0 +1,180 @@
+//! The remat pass on a model it was not tuned on: the Llama-style decoder of
+//! `common/llama.rs` (RMSNorm, rotary embeddings, SwiGLU, an untied head over
+//! explicit logits), trained under bf16 autocast with AdamW and captured with
+//! `compile_step`, under one activation budget, timed as `remat_curve` times
+//! its step.
+//!
+//! `remat_llama small|tiny none|PERCENT [ITERS REPS]`: `small` (about 130M
+//! parameters) for a GPU, `tiny` for the CPU plugin; one process per budget,
+//! with `KILN_CACHE=off`. Prints `RESULT {json}`: XLA's compiled memory stats
+//! of the step, the plan (values recomputed, extra FLOPs, the model's peaks),
+//! the step time and the losses of the first five steps and the last.
+//!
+//! `remat_llama small|tiny plan PERCENT...` runs nothing: it prints the remat
+//! pass's plan of the same step at each budget for the CUDA target (`PLAN
+//! {json}`: recomputed values by op, with their bytes and FLOPs), for reading
+//! a plan on a machine without a GPU.
+
+use std::time::Instant;
+
+use kiln::nn::ParamStore;
+use kiln::optim::{AdamW, AdamWConfig};
+use kiln::{grad, metrics, DType, Tensor};
+use serde_json::json;
+
+#[path = "common/llama.rs"]
+mod llama;
+#[path = "common/timing.rs"]
+mod timing;
+use llama::{Llama, LlamaConfig};
+use timing::{bench, Res};
+
+fn main() -> Res<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: remat_llama small|tiny none|PERCENT [ITERS REPS]";
+    let (Some(config), Some(budget)) = (args.first(), args.get(1)) else { return Err(usage.into()) };
+    let cfg = match config.as_str() {
+        "small" => LlamaConfig::small(),
+        "tiny" => LlamaConfig::tiny(),
+        other => return Err(format!("unknown config `{other}`; {usage}").into()),
+    };
+    if budget == "plan" {
+        return plan_only(cfg, &args[2..]);
+    }
+    let fraction = match budget.as_str() {
+        "none" => None,
+        p => {
+            let f: f64 = p.trim_end_matches('%').parse().map_err(|_| format!("budget `{p}`: {usage}"))?;
+            Some(f / 100.0)
+        }
+    };
+    let iters: usize = args.get(2).map(|a| a.parse()).transpose()?.unwrap_or(10);
+    let reps: usize = args.get(3).map(|a| a.parse()).transpose()?.unwrap_or(3);
+
+    let client = kiln::runtime::replica_plan_from_env()?.create_client()?;
+    let platform = client.platform_name().to_string();
+    kiln::set_client(client);
+    kiln::set_activation_budget(fraction)?;
+
+    let mut ps = ParamStore::new(0);
+    let model = Llama::new(&mut ps, cfg)?;
+    let params = ps.tensors();
+    let parameters: usize = params.iter().map(Tensor::elem_count).sum();
+    let mut opt = AdamW::new(&params, AdamWConfig { weight_decay: 0.1, ..Default::default() })?;
+    let (x, y) = model.batch()?;
+    kiln::mark_step()?;
+    let inputs = [x, y, Tensor::scalar(3e-4f32)];
+    let mut step = kiln::compile_step(|i: &[Tensor]| {
+        let loss = kiln::amp::autocast(DType::BF16, || model.loss(&i[0], &i[1]))?;
+        let grads = grad(&loss, &params)?;
+        opt.step_lr(&params, &grads, &i[2])?;
+        Ok(vec![loss])
+    });
+
+    let t = Instant::now();
+    let first = step.call(&inputs)?;
+    kiln::sync()?;
+    let first_step_ms = t.elapsed().as_secs_f64() * 1e3;
+    let m = metrics::snapshot();
+    // The first steps' losses, read one by one: where a planned step's
+    // numbers part from the unplanned one's, before training on one batch
+    // amplifies rounding.
+    let mut losses = vec![first[0].to_vec::<f32>()?[0]];
+    for _ in 1..5 {
+        losses.push(step.call(&inputs)?[0].to_vec::<f32>()?[0]);
+    }
+    let xla = kiln::shard::program_memory_stats()?
+        .into_iter()
+        .max_by_key(|s| s.argument_size_in_bytes)
+        .ok_or("no compiled program")?;
+    let (ms, runs) = bench(
+        || {
+            step.call(&inputs)?;
+            Ok(())
+        },
+        3,
+        iters,
+        reps,
+    )?;
+    let last = step.call(&inputs)?;
+    let loss_last = last[0].to_vec::<f32>()?[0];
+    let plan = m.step_remat_plan().map(|r| {
+        let p = &r.plan;
+        json!({
+            "met": p.met,
+            "budget_bytes": p.budget_bytes,
+            "values_recomputed": p.values_recomputed(),
+            "extra_flops": p.extra_flops(),
+            "model_extra_ms": p.extra_ns as f64 / 1e6,
+            "model_peak_bytes": [p.before.peak_bytes, p.after.peak_bytes],
+            "model_temp_bytes": [p.before.allocated_temp_bytes, p.after.allocated_temp_bytes],
+        })
+    });
+    let out = json!({
+        "model": "llama",
+        "config": config,
+        "parameters": parameters,
+        "platform": platform,
+        "budget_pct": fraction.map(|f| f * 100.0),
+        "ms": ms,
+        "runs_ms": runs,
+        "first_step_ms": first_step_ms,
+        "xla": {
+            "argument_bytes": xla.argument_size_in_bytes,
+            "output_bytes": xla.output_size_in_bytes,
+            "alias_bytes": xla.alias_size_in_bytes,
+            "temp_bytes": xla.temp_size_in_bytes,
+            "peak_bytes": xla.held_bytes(),
+        },
+        "plan": plan,
+        "losses_first": losses,
+        "loss_last": loss_last,
+    });
+    println!("RESULT {out}");
+    Ok(())
+}
+
+/// Plan mode: the captured step (loss, gradients, AdamW update) through the
+/// pipeline for the CUDA target at each budget.
+fn plan_only(cfg: LlamaConfig, pcts: &[String]) -> Res<()> {
+    use kiln::compiler::pipeline::{run, PipelineOptions};
+    let mut ps = ParamStore::new(0);
+    let model = Llama::new(&mut ps, cfg)?;
+    let params = ps.tensors();
+    let mut opt = AdamW::new(&params, AdamWConfig { weight_decay: 0.1, ..Default::default() })?;
+    let (x, y) = model.batch()?;
+    let lr = Tensor::scalar(3e-4f32);
+    kiln::mark_step()?;
+    let graph = kiln::capture_graph(|| {
+        let loss = kiln::amp::autocast(DType::BF16, || model.loss(&x, &y))?;
+        let grads = grad(&loss, &params)?;
+        opt.step_lr(&params, &grads, &lr)?;
+        let mut out = vec![loss];
+        out.extend(params.iter().cloned());
+        out.extend(opt.state().into_iter().map(|(_, t)| t));
+        Ok(out)
+    })?;
+    for p in pcts {
+        let f: f64 = p.trim_end_matches('%').parse().map_err(|_| format!("budget `{p}` is not a percentage"))?;
+        let opts = PipelineOptions::default()
+            .with_activation_budget(Some(f / 100.0))
+            .with_target(kiln::compiler::LowerTarget::Cuda);
+        let out = run(&graph, &opts, &mut |_, _| {})?;
+        let Some(r) = out.stats.passes.iter().find_map(|p| p.remat.clone()) else { continue };
+        let mut by_op = std::collections::BTreeMap::<&str, (usize, u64, u64)>::new();
+        for v in &r.recomputed {
+            let e = by_op.entry(v.op).or_default();
+            e.0 += v.values;
+            e.1 += v.bytes;
+            e.2 += v.flops;
+        }
+        println!(
+            "PLAN {}",
+            json!({"budget_pct": f, "met": r.met, "values": r.values_recomputed(), "extra_flops": r.extra_flops(),
+                   "model_extra_ms": r.extra_ns as f64 / 1e6,
+                   "model_temp_bytes": [r.before.allocated_temp_bytes, r.after.allocated_temp_bytes],
+                   "by_op": by_op})
+        );
+    }
+    Ok(())
+}
