@@ -154,6 +154,11 @@ fn plan_only(cfg: LlamaConfig, pcts: &[String]) -> Res<()> {
         out.extend(opt.state().into_iter().map(|(_, t)| t));
         Ok(out)
     })?;
+    if std::env::var("LLAMA_BUFFERS").is_ok() {
+        let unplanned =
+            run(&graph, &PipelineOptions::default().with_target(kiln::compiler::LowerTarget::Cuda), &mut |_, _| {})?;
+        print_buffers(&unplanned.graph);
+    }
     for p in pcts {
         let f: f64 = p.trim_end_matches('%').parse().map_err(|_| format!("budget `{p}` is not a percentage"))?;
         let opts = PipelineOptions::default()
@@ -177,4 +182,27 @@ fn plan_only(cfg: LlamaConfig, pcts: &[String]) -> Res<()> {
         );
     }
     Ok(())
+}
+
+/// `LLAMA_BUFFERS` (plan mode): the unplanned step's temporaries of 10 MB or
+/// more by the CUDA model, by writing op and type, with how many there are and
+/// how many are live where the live bytes peak.
+fn print_buffers(g: &kiln::compiler::ir::Graph) {
+    use kiln::compiler::memory::{fusion_for, liveness, BufferKind};
+    let l = liveness(g, fusion_for(kiln::compiler::LowerTarget::Cuda));
+    let live = l.live_curve();
+    let peak = live.iter().enumerate().max_by_key(|&(i, b)| (*b, std::cmp::Reverse(i))).map_or(0, |(i, _)| i);
+    let mut groups = std::collections::BTreeMap::<(String, String), (usize, usize, u64)>::new();
+    for b in l.buffers.iter().filter(|b| b.kind == BufferKind::Temp && b.bytes >= 10_000_000) {
+        let op =
+            format!("{:?}", g.node(b.value.node).op).chars().take_while(|c| c.is_alphanumeric()).collect::<String>();
+        let e = groups.entry((op, g.ty(b.value).to_string())).or_default();
+        e.0 += 1;
+        e.1 += usize::from(b.def <= peak && b.last_use >= peak);
+        e.2 = b.bytes;
+    }
+    println!("BUFFERS peak at kernel {peak} of {}: {} B live", live.len(), live[peak]);
+    for ((op, ty), (n, at_peak, bytes)) in groups {
+        println!("  {n:>3} x {bytes:>10} B {op} {ty} ({at_peak} live at the peak)");
+    }
 }

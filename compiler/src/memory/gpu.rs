@@ -238,6 +238,12 @@ fn expensive(g: &Graph, n: NodeId) -> bool {
     match &node.op {
         Op::Unary { op, .. } => match op {
             UnaryOp::Exp | UnaryOp::Sqrt | UnaryOp::Rsqrt => !cheap_float,
+            // XLA expands the logistic into `1 / (1 + exp(-x))` before it
+            // fuses, with the divide in f32 also for bf16, and duplicates
+            // that into every reader: a SwiGLU's bf16 sigmoid is computed
+            // in each kernel that reads it, never written (H200, 2026-11-28,
+            // the Llama-style step of `remat_llama`).
+            UnaryOp::Logistic => !node.outputs.first().is_some_and(|t| t.dtype.is_float()),
             other => crate::cost::is_transcendental_unary(*other),
         },
         Op::Binary { op, .. } => match op {
@@ -288,6 +294,11 @@ mod tests {
         assert!(liveness(&g, &XlaGpuFusion).materialized[u.index()], "GPU: exp bf16 is expensive");
         let (g, u) = two_readers(UnaryOp::Tanh, DType::F32);
         assert!(liveness(&g, &XlaGpuFusion).materialized[u.index()], "GPU: tanh is expensive");
+        for dtype in [DType::BF16, DType::F32] {
+            let (g, u) = two_readers(UnaryOp::Logistic, dtype);
+            assert!(!liveness(&g, &XlaGpuFusion).materialized[u.index()], "GPU: logistic {dtype} is expanded, cheap");
+            assert!(liveness(&g, &XlaCpuFusion).materialized[u.index()], "CPU: logistic {dtype} is expensive");
+        }
     }
 
     /// A residual stream `x_{i+1} = x_i + f_i` where each `f_i` is a GEMM of
