@@ -17,9 +17,11 @@
 //!   matmul operand are folded into the GEMM's layout.
 //! - What counts as expensive differs from the CPU: `exp`, `sqrt`, `rsqrt` and
 //!   `divide` in f32 or f16 are cheap on the GPU and duplicated into several
-//!   readers (the loss's `exp` over the logits is never written), while
-//!   `tanh`, `log` and the rest are computed once and written (GELU's `tanh`
-//!   is a second output of the GELU kernel).
+//!   readers (the loss's `exp` over the logits is never written), and so is
+//!   `logistic` in any float type, which XLA expands into `exp` and an f32
+//!   divide before fusing (a SwiGLU's sigmoid, read off the H200 on
+//!   2026-11-28); `tanh`, `log` and the rest are computed once and written
+//!   (GELU's `tanh` is a second output of the GELU kernel).
 //! - Duplication stops: of two residual adds per block, XLA writes one (the
 //!   add after the MLP) and recomputes the other in its readers. The model
 //!   counts, from the last node back, how many kernels would recompute each
