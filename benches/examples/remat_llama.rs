@@ -165,6 +165,9 @@ fn plan_only(cfg: LlamaConfig, pcts: &[String]) -> Res<()> {
             .with_activation_budget(Some(f / 100.0))
             .with_target(kiln::compiler::LowerTarget::Cuda);
         let out = run(&graph, &opts, &mut |_, _| {})?;
+        if std::env::var("LLAMA_BUFFERS").is_ok() {
+            print_buffers(&out.graph);
+        }
         let Some(r) = out.stats.passes.iter().find_map(|p| p.remat.clone()) else { continue };
         let mut by_op = std::collections::BTreeMap::<&str, (usize, u64, u64)>::new();
         for v in &r.recomputed {
@@ -185,7 +188,7 @@ fn plan_only(cfg: LlamaConfig, pcts: &[String]) -> Res<()> {
 }
 
 /// `LLAMA_BUFFERS` (plan mode): the unplanned step's temporaries of 10 MB or
-/// more by the CUDA model, by writing op and type, with how many there are and
+/// more by the CUDA model, then each plan's, by writing op and type, with how many there are and
 /// how many are live where the live bytes peak.
 fn print_buffers(g: &kiln::compiler::ir::Graph) {
     use kiln::compiler::memory::{fusion_for, liveness, BufferKind};
