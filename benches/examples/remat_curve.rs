@@ -48,6 +48,8 @@ use kiln::optim::{AdamW, AdamWConfig};
 use kiln::{grad, metrics, DType, Tensor};
 use serde_json::{json, Value};
 
+#[path = "common/budget_run.rs"]
+mod budget_run;
 #[path = "common/gpt_step.rs"]
 mod gpt_step;
 #[path = "common/timing.rs"]
@@ -62,20 +64,9 @@ fn main() -> Res<()> {
     if budget == "plan" {
         return plan_only(&cfg, &args[2..]);
     }
-    let fraction = match budget.as_str() {
-        "none" => None,
-        p => {
-            let f: f64 = p.trim_end_matches('%').parse().map_err(|_| format!("budget `{p}`: {usage}"))?;
-            Some(f / 100.0)
-        }
-    };
-    let iters: usize = args.get(2).map(|a| a.parse()).transpose()?.unwrap_or(10);
-    let reps: usize = args.get(3).map(|a| a.parse()).transpose()?.unwrap_or(3);
-
-    let client = kiln::runtime::replica_plan_from_env()?.create_client()?;
-    let platform = client.platform_name().to_string();
-    kiln::set_client(client);
-    kiln::set_activation_budget(fraction)?;
+    let fraction = budget_run::budget(budget, usage)?;
+    let (iters, reps) = budget_run::iters_reps(&args)?;
+    let platform = budget_run::client_under(fraction)?;
     kiln::set_host_offload(offload_from_env());
 
     let mut ps = ParamStore::new(0);
@@ -96,10 +87,7 @@ fn main() -> Res<()> {
     let first_step_ms = t.elapsed().as_secs_f64() * 1e3;
     let m = metrics::snapshot();
     let pipeline = m.last_pipeline.clone().ok_or("no pipeline ran for the step")?;
-    let xla = kiln::shard::program_memory_stats()?
-        .into_iter()
-        .max_by_key(|s| s.argument_size_in_bytes)
-        .ok_or("no compiled program")?;
+    let xla = budget_run::step_memory()?;
     losses.push(first[0].to_vec::<f32>()?[0]);
 
     let flops_before = m.flops_executed;
@@ -120,7 +108,6 @@ fn main() -> Res<()> {
     let flops_per_step = (after.flops_executed - flops_before) / steps;
 
     let plan = plan_json(&pipeline);
-    let peak = xla.held_bytes();
     let out = json!({
         "system": "kiln",
         "config": config,
@@ -129,13 +116,7 @@ fn main() -> Res<()> {
         "ms": ms,
         "runs_ms": runs,
         "first_step_ms": first_step_ms,
-        "xla": {
-            "argument_bytes": xla.argument_size_in_bytes,
-            "output_bytes": xla.output_size_in_bytes,
-            "alias_bytes": xla.alias_size_in_bytes,
-            "temp_bytes": xla.temp_size_in_bytes,
-            "peak_bytes": peak,
-        },
+        "xla": budget_run::xla_json(&xla),
         "step_flops": flops_per_step,
         "extra_flops": pipeline.remat_extra_flops,
         "remat_pass_ms": pipeline.passes.iter().find(|p| p.name == "remat").map(|p| p.time.as_secs_f64() * 1e3),
@@ -227,10 +208,10 @@ fn plan_only(cfg: &GptConfig, pcts: &[String]) -> Res<()> {
         Ok(out)
     })?;
     for p in pcts {
-        let f: f64 = p.trim_end_matches('%').parse().map_err(|_| format!("budget `{p}` is not a percentage"))?;
+        let pct = budget_run::percent(p)?;
         let t = Instant::now();
         let opts = PipelineOptions::default()
-            .with_activation_budget(Some(f / 100.0))
+            .with_activation_budget(Some(pct / 100.0))
             .with_host_offload(offload_from_env())
             .with_target(kiln::compiler::LowerTarget::Cuda);
         let out = run(&graph, &opts, &mut |_, _| {})?;
@@ -254,7 +235,7 @@ fn plan_only(cfg: &GptConfig, pcts: &[String]) -> Res<()> {
         }
         println!(
             "PLAN {}",
-            json!({"budget_pct": f, "extra_flops": out.stats.remat_extra_flops,
+            json!({"budget_pct": pct, "extra_flops": out.stats.remat_extra_flops,
                    "pipeline_ms": t.elapsed().as_secs_f64() * 1e3,
                    "remat_pass_ms": out.stats.passes.iter().find(|p| p.name == "remat").map(|p| p.time.as_secs_f64() * 1e3),
                    "plan": plan})

@@ -22,6 +22,8 @@ use kiln::optim::{AdamW, AdamWConfig};
 use kiln::{grad, metrics, DType, Tensor};
 use serde_json::json;
 
+#[path = "common/budget_run.rs"]
+mod budget_run;
 #[path = "common/llama.rs"]
 mod llama;
 #[path = "common/timing.rs"]
@@ -41,20 +43,9 @@ fn main() -> Res<()> {
     if budget == "plan" {
         return plan_only(cfg, &args[2..]);
     }
-    let fraction = match budget.as_str() {
-        "none" => None,
-        p => {
-            let f: f64 = p.trim_end_matches('%').parse().map_err(|_| format!("budget `{p}`: {usage}"))?;
-            Some(f / 100.0)
-        }
-    };
-    let iters: usize = args.get(2).map(|a| a.parse()).transpose()?.unwrap_or(10);
-    let reps: usize = args.get(3).map(|a| a.parse()).transpose()?.unwrap_or(3);
-
-    let client = kiln::runtime::replica_plan_from_env()?.create_client()?;
-    let platform = client.platform_name().to_string();
-    kiln::set_client(client);
-    kiln::set_activation_budget(fraction)?;
+    let fraction = budget_run::budget(budget, usage)?;
+    let (iters, reps) = budget_run::iters_reps(&args)?;
+    let platform = budget_run::client_under(fraction)?;
 
     let mut ps = ParamStore::new(0);
     let model = Llama::new(&mut ps, cfg)?;
@@ -83,10 +74,7 @@ fn main() -> Res<()> {
     for _ in 1..5 {
         losses.push(step.call(&inputs)?[0].to_vec::<f32>()?[0]);
     }
-    let xla = kiln::shard::program_memory_stats()?
-        .into_iter()
-        .max_by_key(|s| s.argument_size_in_bytes)
-        .ok_or("no compiled program")?;
+    let xla = budget_run::step_memory()?;
     let (ms, runs) = bench(
         || {
             step.call(&inputs)?;
@@ -119,13 +107,7 @@ fn main() -> Res<()> {
         "ms": ms,
         "runs_ms": runs,
         "first_step_ms": first_step_ms,
-        "xla": {
-            "argument_bytes": xla.argument_size_in_bytes,
-            "output_bytes": xla.output_size_in_bytes,
-            "alias_bytes": xla.alias_size_in_bytes,
-            "temp_bytes": xla.temp_size_in_bytes,
-            "peak_bytes": xla.held_bytes(),
-        },
+        "xla": budget_run::xla_json(&xla),
         "plan": plan,
         "losses_first": losses,
         "loss_last": loss_last,
@@ -160,9 +142,9 @@ fn plan_only(cfg: LlamaConfig, pcts: &[String]) -> Res<()> {
         print_buffers(&unplanned.graph);
     }
     for p in pcts {
-        let f: f64 = p.trim_end_matches('%').parse().map_err(|_| format!("budget `{p}` is not a percentage"))?;
+        let pct = budget_run::percent(p)?;
         let opts = PipelineOptions::default()
-            .with_activation_budget(Some(f / 100.0))
+            .with_activation_budget(Some(pct / 100.0))
             .with_target(kiln::compiler::LowerTarget::Cuda);
         let out = run(&graph, &opts, &mut |_, _| {})?;
         if std::env::var("LLAMA_BUFFERS").is_ok() {
@@ -178,7 +160,7 @@ fn plan_only(cfg: LlamaConfig, pcts: &[String]) -> Res<()> {
         }
         println!(
             "PLAN {}",
-            json!({"budget_pct": f, "met": r.met, "values": r.values_recomputed(), "extra_flops": r.extra_flops(),
+            json!({"budget_pct": pct, "met": r.met, "values": r.values_recomputed(), "extra_flops": r.extra_flops(),
                    "model_extra_ms": r.extra_ns as f64 / 1e6,
                    "model_temp_bytes": [r.before.allocated_temp_bytes, r.after.allocated_temp_bytes],
                    "by_op": by_op})
