@@ -177,17 +177,20 @@ fn print_buffers(g: &kiln::compiler::ir::Graph) {
     let l = liveness(g, fusion_for(kiln::compiler::LowerTarget::Cuda));
     let live = l.live_curve();
     let peak = live.iter().enumerate().max_by_key(|&(i, b)| (*b, std::cmp::Reverse(i))).map_or(0, |(i, _)| i);
-    let mut groups = std::collections::BTreeMap::<(String, String), (usize, usize, u64)>::new();
+    // Per (op, type): count, live at the peak, bytes, and the kernels of the
+    // last one (where a single buffer is written and last read).
+    let mut groups = std::collections::BTreeMap::<(String, String), (usize, usize, u64, usize, usize)>::new();
     for b in l.buffers.iter().filter(|b| b.kind == BufferKind::Temp && b.bytes >= 10_000_000) {
         let op =
             format!("{:?}", g.node(b.value.node).op).chars().take_while(|c| c.is_alphanumeric()).collect::<String>();
         let e = groups.entry((op, g.ty(b.value).to_string())).or_default();
         e.0 += 1;
         e.1 += usize::from(b.def <= peak && b.last_use >= peak);
-        e.2 = b.bytes;
+        (e.2, e.3, e.4) = (b.bytes, b.def, b.last_use);
     }
     println!("BUFFERS peak at kernel {peak} of {}: {} B live", live.len(), live[peak]);
-    for ((op, ty), (n, at_peak, bytes)) in groups {
-        println!("  {n:>3} x {bytes:>10} B {op} {ty} ({at_peak} live at the peak)");
+    for ((op, ty), (n, at_peak, bytes, def, last)) in groups {
+        let span = if n == 1 { format!(", kernels {def}..={last}") } else { String::new() };
+        println!("  {n:>3} x {bytes:>10} B {op} {ty} ({at_peak} live at the peak{span})");
     }
 }
