@@ -447,6 +447,8 @@ fn remat_json() -> serde_json::Value {
         "predicted_peak_bytes_after": r.after.peak_bytes,
         "predicted_temp_bytes_before": r.before.allocated_temp_bytes,
         "predicted_temp_bytes_after": r.after.allocated_temp_bytes,
+        "predicted_live_temp_bytes_before": r.before.temp_peak_bytes,
+        "predicted_live_temp_bytes_after": r.after.temp_peak_bytes,
     })
 }
 

@@ -64,6 +64,10 @@ fn half_the_activation_memory_trains_the_same_losses_with_fewer_temp_bytes() {
     let (before, after) =
         (r["predicted_peak_bytes_before"].as_u64().unwrap(), r["predicted_peak_bytes_after"].as_u64().unwrap());
     assert!(after < before && after <= r["budget_bytes"].as_u64().unwrap(), "{r}");
+    // 50% of the live temporaries is what the peak gave up.
+    let live = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k}: {r}"));
+    let (live_before, live_after) = (live("predicted_live_temp_bytes_before"), live("predicted_live_temp_bytes_after"));
+    assert!(live_after < live_before && (before - after) * 2 >= live_before, "{r}");
 }
 
 /// With the parameters initialised on the device, their init is a program of

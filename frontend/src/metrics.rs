@@ -257,13 +257,19 @@ impl Metrics {
             0 => "nothing recomputed".to_string(),
             n => format!("{n} value(s) recomputed ({flops:.2e} extra FLOPs)"),
         };
+        // Live temporaries are what a percentage is of; XLA places some in
+        // the outputs' allocations (on the CPU plugin most of a small step's),
+        // so what it allocates for them is given too.
         Some(format!(
-            "peak budget {}{share} {}: {recomputed}{}, predicted peak {} -> {}, temporaries {} -> {}",
+            "peak budget {}{share} {}: {recomputed}{}, predicted peak {} -> {}, live temporaries {} -> {} \
+             (as XLA allocates them, {} -> {})",
             bytes(r.budget_bytes),
             if r.met { "met" } else { "not met (the lowest peak found)" },
             if r.offloaded.is_empty() { String::new() } else { format!(", {} kept in host memory", r.offloaded.len()) },
             bytes(r.before.peak_bytes),
             bytes(r.after.peak_bytes),
+            bytes(r.before.temp_peak_bytes),
+            bytes(r.after.temp_peak_bytes),
             bytes(r.before.allocated_temp_bytes),
             bytes(r.after.allocated_temp_bytes),
         ))
