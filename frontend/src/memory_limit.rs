@@ -19,10 +19,10 @@ thread_local! {
 
 /// Runs `step` (a `mark_step`) as the parameters' init program
 /// ([`crate::nn::ParamStore::materialize`]): the budget's remat pass still
-/// runs on it, but a limit it does not meet is reported as the init's, and
-/// not at all for a percentage of the activation memory, which names the
-/// training steps' working sets (an init program has no backward and keeps
-/// nothing for one).
+/// runs on it, and a limit it does not meet is reported as the init's. Under
+/// a percentage of the activation memory it is not reported at all, as no
+/// program that keeps nothing for a backward is
+/// (`RematSummary::keeps_values`).
 pub(crate) fn as_param_init<R>(step: impl FnOnce() -> R) -> R {
     struct Restore(bool);
     impl Drop for Restore {

@@ -256,7 +256,7 @@ pub(crate) fn obtain(
     let init = crate::memory_limit::in_param_init();
     let what = if init { "the parameters' init, " } else { "" };
     let percentage = opts.pass_options.activation_fraction.is_some();
-    if let Some(r) = remat.filter(|r| !r.met && !(percentage && (init || !r.keeps_values))) {
+    if let Some(r) = remat.filter(|r| !r.met && (!percentage || r.keeps_values)) {
         let limit = match opts.pass_options.activation_fraction {
             Some(f) => format!("{} B ({:.0}% of its activation memory)", r.budget_bytes, f * 100.0),
             None => format!("{} B", r.budget_bytes),
