@@ -252,7 +252,7 @@ fn print_peak(g: &kiln::compiler::ir::Graph) {
     use kiln::compiler::memory::{fusion_for, liveness, BufferKind};
     let l = liveness(g, fusion_for(kiln::compiler::LowerTarget::Cuda));
     let (live, temp) = (l.live_curve(), l.temp_curve());
-    let Some((pos, &peak)) = live.iter().enumerate().max_by_key(|&(i, b)| (*b, std::cmp::Reverse(i))) else {
+    let Some((pos, peak)) = budget_run::live_peak(&live) else {
         return;
     };
     let op = |id: kiln::compiler::ir::NodeId| format!("{:?}", g.node(id).op).chars().take(60).collect::<String>();

@@ -51,16 +51,12 @@ fn main() -> Res<()> {
     let model = Llama::new(&mut ps, cfg)?;
     let params = ps.tensors();
     let parameters: usize = params.iter().map(Tensor::elem_count).sum();
-    let mut opt = AdamW::new(&params, AdamWConfig { weight_decay: 0.1, ..Default::default() })?;
+    let mut opt = adamw(&params)?;
     let (x, y) = model.batch()?;
     kiln::mark_step()?;
     let inputs = [x, y, Tensor::scalar(3e-4f32)];
-    let mut step = kiln::compile_step(|i: &[Tensor]| {
-        let loss = kiln::amp::autocast(DType::BF16, || model.loss(&i[0], &i[1]))?;
-        let grads = grad(&loss, &params)?;
-        opt.step_lr(&params, &grads, &i[2])?;
-        Ok(vec![loss])
-    });
+    let mut step =
+        kiln::compile_step(|i: &[Tensor]| Ok(vec![train_step(&model, &params, &mut opt, &i[0], &i[1], &i[2])?]));
 
     let t = Instant::now();
     let first = step.call(&inputs)?;
@@ -116,6 +112,27 @@ fn main() -> Res<()> {
     Ok(())
 }
 
+/// The example's optimizer: AdamW with weight decay 0.1, as `remat_curve`'s.
+fn adamw(params: &[Tensor]) -> kiln::Result<AdamW> {
+    AdamW::new(params, AdamWConfig { weight_decay: 0.1, ..Default::default() })
+}
+
+/// One train step: the loss under bf16 autocast, its gradients, the AdamW
+/// update at `lr`; the loss.
+fn train_step(
+    model: &Llama,
+    params: &[Tensor],
+    opt: &mut AdamW,
+    x: &Tensor,
+    y: &Tensor,
+    lr: &Tensor,
+) -> kiln::Result<Tensor> {
+    let loss = kiln::amp::autocast(DType::BF16, || model.loss(x, y))?;
+    let grads = grad(&loss, params)?;
+    opt.step_lr(params, &grads, lr)?;
+    Ok(loss)
+}
+
 /// Plan mode: the captured step (loss, gradients, AdamW update) through the
 /// pipeline for the CUDA target at each budget.
 fn plan_only(cfg: LlamaConfig, pcts: &[String]) -> Res<()> {
@@ -123,20 +140,18 @@ fn plan_only(cfg: LlamaConfig, pcts: &[String]) -> Res<()> {
     let mut ps = ParamStore::new(0);
     let model = Llama::new(&mut ps, cfg)?;
     let params = ps.tensors();
-    let mut opt = AdamW::new(&params, AdamWConfig { weight_decay: 0.1, ..Default::default() })?;
+    let mut opt = adamw(&params)?;
     let (x, y) = model.batch()?;
     let lr = Tensor::scalar(3e-4f32);
     kiln::mark_step()?;
     let graph = kiln::capture_graph(|| {
-        let loss = kiln::amp::autocast(DType::BF16, || model.loss(&x, &y))?;
-        let grads = grad(&loss, &params)?;
-        opt.step_lr(&params, &grads, &lr)?;
-        let mut out = vec![loss];
+        let mut out = vec![train_step(&model, &params, &mut opt, &x, &y, &lr)?];
         out.extend(params.iter().cloned());
         out.extend(opt.state().into_iter().map(|(_, t)| t));
         Ok(out)
     })?;
-    if std::env::var("LLAMA_BUFFERS").is_ok() {
+    let buffers = std::env::var("LLAMA_BUFFERS").is_ok();
+    if buffers {
         let unplanned =
             run(&graph, &PipelineOptions::default().with_target(kiln::compiler::LowerTarget::Cuda), &mut |_, _| {})?;
         print_buffers(&unplanned.graph);
@@ -147,7 +162,7 @@ fn plan_only(cfg: LlamaConfig, pcts: &[String]) -> Res<()> {
             .with_activation_budget(Some(pct / 100.0))
             .with_target(kiln::compiler::LowerTarget::Cuda);
         let out = run(&graph, &opts, &mut |_, _| {})?;
-        if std::env::var("LLAMA_BUFFERS").is_ok() {
+        if buffers {
             print_buffers(&out.graph);
         }
         let Some(r) = out.stats.passes.iter().find_map(|p| p.remat.clone()) else { continue };
@@ -176,7 +191,7 @@ fn print_buffers(g: &kiln::compiler::ir::Graph) {
     use kiln::compiler::memory::{fusion_for, liveness, BufferKind};
     let l = liveness(g, fusion_for(kiln::compiler::LowerTarget::Cuda));
     let live = l.live_curve();
-    let peak = live.iter().enumerate().max_by_key(|&(i, b)| (*b, std::cmp::Reverse(i))).map_or(0, |(i, _)| i);
+    let (peak, _) = budget_run::live_peak(&live).unwrap_or((0, 0));
     // Per (op, type): count, live at the peak, bytes, and the kernels of the
     // last one (where a single buffer is written and last read).
     let mut groups = std::collections::BTreeMap::<(String, String), (usize, usize, u64, usize, usize)>::new();

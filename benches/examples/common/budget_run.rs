@@ -57,3 +57,9 @@ pub fn xla_json(stats: &kiln::runtime::CompiledMemoryStats) -> Value {
         "peak_bytes": stats.held_bytes(),
     })
 }
+
+/// Where a live-bytes curve peaks (the first position of its highest value)
+/// and the peak; `None` for an empty curve.
+pub fn live_peak(curve: &[u64]) -> Option<(usize, u64)> {
+    curve.iter().enumerate().max_by_key(|&(i, b)| (*b, std::cmp::Reverse(i))).map(|(i, &b)| (i, b))
+}
