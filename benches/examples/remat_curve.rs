@@ -44,8 +44,7 @@ use std::time::Instant;
 
 use kiln::models::gpt::{Gpt, GptConfig, LmHeadLoss};
 use kiln::nn::ParamStore;
-use kiln::optim::{AdamW, AdamWConfig};
-use kiln::{grad, metrics, DType, Tensor};
+use kiln::{metrics, Tensor};
 use serde_json::{json, Value};
 
 #[path = "common/budget_run.rs"]
@@ -72,14 +71,15 @@ fn main() -> Res<()> {
     let mut ps = ParamStore::new(0);
     let model = Gpt::new(&mut ps, &cfg)?;
     let params = ps.tensors();
-    let mut opt = adamw(&params)?;
+    let mut opt = budget_run::adamw(&params)?;
     let (x, y) = gpt_step::batch(&cfg)?;
     let lr = Tensor::scalar(3e-4f32);
     kiln::mark_step()?;
     let inputs = [x, y, lr];
     let mut losses = Vec::new();
-    let mut step =
-        kiln::compile_step(|i: &[Tensor]| Ok(vec![train_step(&model, &params, &mut opt, &i[0], &i[1], &i[2])?]));
+    let mut step = kiln::compile_step(|i: &[Tensor]| {
+        Ok(vec![budget_run::train_step(&params, &mut opt, &i[2], || model.loss(&i[0], &i[1], true))?])
+    });
 
     let t = Instant::now();
     let first = step.call(&inputs)?;
@@ -126,27 +126,6 @@ fn main() -> Res<()> {
     });
     println!("RESULT {out}");
     Ok(())
-}
-
-/// The benchmark's optimizer: AdamW with weight decay 0.1.
-fn adamw(params: &[Tensor]) -> kiln::Result<AdamW> {
-    AdamW::new(params, AdamWConfig { weight_decay: 0.1, ..Default::default() })
-}
-
-/// One train step: the loss under bf16 autocast, its gradients, the AdamW
-/// update at `lr`; the loss.
-fn train_step(
-    model: &Gpt,
-    params: &[Tensor],
-    opt: &mut AdamW,
-    x: &Tensor,
-    y: &Tensor,
-    lr: &Tensor,
-) -> kiln::Result<Tensor> {
-    let loss = kiln::amp::autocast(DType::BF16, || model.loss(x, y, true))?;
-    let grads = grad(&loss, params)?;
-    opt.step_lr(params, &grads, lr)?;
-    Ok(loss)
 }
 
 /// Whether `REMAT_OFFLOAD` asks for host offload.
@@ -198,11 +177,11 @@ fn plan_only(cfg: &GptConfig, pcts: &[String]) -> Res<()> {
     let model = Gpt::new(&mut ps, cfg)?;
     let params = ps.tensors();
     let (x, y) = gpt_step::batch(cfg)?;
-    let mut opt = adamw(&params)?;
+    let mut opt = budget_run::adamw(&params)?;
     let lr = Tensor::scalar(3e-4f32);
     kiln::mark_step()?;
     let graph = kiln::capture_graph(|| {
-        let mut out = vec![train_step(&model, &params, &mut opt, &x, &y, &lr)?];
+        let mut out = vec![budget_run::train_step(&params, &mut opt, &lr, || model.loss(&x, &y, true))?];
         out.extend(params.iter().cloned());
         out.extend(opt.state().into_iter().map(|(_, t)| t));
         Ok(out)

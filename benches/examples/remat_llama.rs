@@ -18,8 +18,7 @@
 use std::time::Instant;
 
 use kiln::nn::ParamStore;
-use kiln::optim::{AdamW, AdamWConfig};
-use kiln::{grad, metrics, DType, Tensor};
+use kiln::{metrics, Tensor};
 use serde_json::json;
 
 #[path = "common/budget_run.rs"]
@@ -51,12 +50,13 @@ fn main() -> Res<()> {
     let model = Llama::new(&mut ps, cfg)?;
     let params = ps.tensors();
     let parameters: usize = params.iter().map(Tensor::elem_count).sum();
-    let mut opt = adamw(&params)?;
+    let mut opt = budget_run::adamw(&params)?;
     let (x, y) = model.batch()?;
     kiln::mark_step()?;
     let inputs = [x, y, Tensor::scalar(3e-4f32)];
-    let mut step =
-        kiln::compile_step(|i: &[Tensor]| Ok(vec![train_step(&model, &params, &mut opt, &i[0], &i[1], &i[2])?]));
+    let mut step = kiln::compile_step(|i: &[Tensor]| {
+        Ok(vec![budget_run::train_step(&params, &mut opt, &i[2], || model.loss(&i[0], &i[1]))?])
+    });
 
     let t = Instant::now();
     let first = step.call(&inputs)?;
@@ -112,27 +112,6 @@ fn main() -> Res<()> {
     Ok(())
 }
 
-/// The example's optimizer: AdamW with weight decay 0.1, as `remat_curve`'s.
-fn adamw(params: &[Tensor]) -> kiln::Result<AdamW> {
-    AdamW::new(params, AdamWConfig { weight_decay: 0.1, ..Default::default() })
-}
-
-/// One train step: the loss under bf16 autocast, its gradients, the AdamW
-/// update at `lr`; the loss.
-fn train_step(
-    model: &Llama,
-    params: &[Tensor],
-    opt: &mut AdamW,
-    x: &Tensor,
-    y: &Tensor,
-    lr: &Tensor,
-) -> kiln::Result<Tensor> {
-    let loss = kiln::amp::autocast(DType::BF16, || model.loss(x, y))?;
-    let grads = grad(&loss, params)?;
-    opt.step_lr(params, &grads, lr)?;
-    Ok(loss)
-}
-
 /// Plan mode: the captured step (loss, gradients, AdamW update) through the
 /// pipeline for the CUDA target at each budget.
 fn plan_only(cfg: LlamaConfig, pcts: &[String]) -> Res<()> {
@@ -140,12 +119,12 @@ fn plan_only(cfg: LlamaConfig, pcts: &[String]) -> Res<()> {
     let mut ps = ParamStore::new(0);
     let model = Llama::new(&mut ps, cfg)?;
     let params = ps.tensors();
-    let mut opt = adamw(&params)?;
+    let mut opt = budget_run::adamw(&params)?;
     let (x, y) = model.batch()?;
     let lr = Tensor::scalar(3e-4f32);
     kiln::mark_step()?;
     let graph = kiln::capture_graph(|| {
-        let mut out = vec![train_step(&model, &params, &mut opt, &x, &y, &lr)?];
+        let mut out = vec![budget_run::train_step(&params, &mut opt, &lr, || model.loss(&x, &y))?];
         out.extend(params.iter().cloned());
         out.extend(opt.state().into_iter().map(|(_, t)| t));
         Ok(out)

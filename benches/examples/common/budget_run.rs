@@ -3,6 +3,8 @@
 //! of the step program as JSON, so that both read and report a run the same
 //! way.
 
+use kiln::optim::{AdamW, AdamWConfig};
+use kiln::{DType, Tensor};
 use serde_json::{json, Value};
 
 use super::timing::Res;
@@ -62,4 +64,23 @@ pub fn xla_json(stats: &kiln::runtime::CompiledMemoryStats) -> Value {
 /// and the peak; `None` for an empty curve.
 pub fn live_peak(curve: &[u64]) -> Option<(usize, u64)> {
     curve.iter().enumerate().max_by_key(|&(i, b)| (*b, std::cmp::Reverse(i))).map(|(i, &b)| (i, b))
+}
+
+/// The remat examples' optimizer: AdamW with weight decay 0.1.
+pub fn adamw(params: &[Tensor]) -> kiln::Result<AdamW> {
+    AdamW::new(params, AdamWConfig { weight_decay: 0.1, ..Default::default() })
+}
+
+/// One train step: `loss` recorded under bf16 autocast, its gradients, the
+/// AdamW update at `lr`; the loss.
+pub fn train_step(
+    params: &[Tensor],
+    opt: &mut AdamW,
+    lr: &Tensor,
+    loss: impl FnOnce() -> kiln::Result<Tensor>,
+) -> kiln::Result<Tensor> {
+    let loss = kiln::amp::autocast(DType::BF16, loss)?;
+    let grads = kiln::grad(&loss, params)?;
+    opt.step_lr(params, &grads, lr)?;
+    Ok(loss)
 }
