@@ -102,11 +102,17 @@ fn the_init_program_is_named_and_a_percentage_leaves_it_unreported() {
 }
 
 #[test]
-fn a_percentage_outside_the_range_is_named() {
+fn a_percentage_outside_the_range_or_a_bare_fraction_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let text = text_file(&dir);
-    for (limit, says) in [("0%", "must be in (0, 100]"), ("150%", "must be in (0, 100]"), ("half%", "not a percentage")]
-    {
+    let cases = [
+        ("0%", "must be in (0, 100]"),
+        ("150%", "must be in (0, 100]"),
+        ("half%", "not a percentage"),
+        // The library's fraction, which as bytes would round down to 0.
+        ("0.5", "write 50%"),
+    ];
+    for (limit, says) in cases {
         let out = kiln()
             .args(["train", "gpt", "--config", "tiny", "--steps", "1", "--memory-limit", limit, "--text"])
             .arg(&text)

@@ -65,7 +65,20 @@ pub fn parse_budget(s: &str) -> anyhow::Result<RematBudget> {
             }
             Ok(RematBudget::FractionOfActivations(f / 100.0))
         }
-        None => Ok(RematBudget::Bytes(parse_bytes("--memory-limit", s)?)),
+        None => {
+            // A share written as the library's fraction (`0.5`) would read
+            // as a count of bytes rounded down to 0, the lowest-peak plan.
+            if let Ok(f) = s.trim().parse::<f64>() {
+                if f > 0.0 && f < 1.0 {
+                    anyhow::bail!(
+                        "--memory-limit {s}: a bare number is bytes, and {s} bytes is less than one; \
+                         for a share of the activation memory write {}%",
+                        (f * 1e6).round() / 1e4
+                    );
+                }
+            }
+            Ok(RematBudget::Bytes(parse_bytes("--memory-limit", s)?))
+        }
     }
 }
 
@@ -363,6 +376,10 @@ struct Advice {
     over_in_xla: Vec<(usize, u64, u64)>,
 }
 
+/// The largest batch `--max-batch` tries: an answer of this batch means
+/// "at least", and says so.
+pub const MAX_BATCH_SEARCHED: usize = 1 << 20;
+
 /// The largest batch (powers of two) whose training step fits
 /// `device_bytes`, without and with remat: found by kiln's peak model, then
 /// checked by compiling the step through `client` (not run). Each step is
@@ -414,7 +431,7 @@ pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json:
         // A batch that fits without remat fits with it (nothing to
         // recompute), so the remat search starts at the other's answer.
         let mut b = advice.first().and_then(|a: &Advice| a.model_batch).filter(|_| remat).unwrap_or(1);
-        while b <= 1 << 20 {
+        while b <= MAX_BATCH_SEARCHED {
             let t = std::time::Instant::now();
             let (peak, g) = predicted(b, remat)?;
             tracing::info!(batch = b, remat, peak, ms = t.elapsed().as_millis() as u64, "max-batch: predicted");
@@ -457,6 +474,7 @@ pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json:
                 "remat": a.remat,
                 "max_batch": a.batch,
                 "model_max_batch": a.model_batch,
+                "search_capped": a.model_batch == Some(MAX_BATCH_SEARCHED),
                 "predicted_peak_bytes": a.batch.map(|_| a.predicted_peak_bytes),
                 "xla_peak_bytes": a.xla_peak_bytes,
                 "over_in_xla": a.over_in_xla.iter().map(|&(b, p, x)| json!({
@@ -484,47 +502,78 @@ pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json:
         println!("{out}");
         return Ok(());
     }
-    println!(
-        "largest batch (powers of two) whose training step (parameters, AdamW moments, gradients, the update) \
-         fits {} on {}, by kiln's peak model, checked by compiling the step with XLA (not run):",
-        size(device_bytes),
-        client.platform_name()
-    );
-    for a in &advice {
-        let name = if a.remat { "with remat" } else { "without remat" };
-        match a.batch {
-            Some(b) => {
-                let xla = a.xla_peak_bytes.map_or("no stats".to_string(), size);
-                println!("  {name:<13} batch {b:>6}: predicted peak {}, XLA {xla}", size(a.predicted_peak_bytes));
-            }
-            None => println!("  {name:<13} not even batch 1 fits"),
-        }
-        for &(ob, p, x) in &a.over_in_xla {
-            println!("  {:<13} batch {ob:>6} fits by the model ({}), not in XLA's program ({})", "", size(p), size(x));
-        }
-    }
-    if grows && advice.iter().any(|a| !a.remat && a.batch.is_some()) {
-        println!(
-            "  without remat, `kiln train` grows the GPU's pool as it goes: a step within a few GiB of the limit \
-             may need KILN_GPU_PREALLOCATE=true"
-        );
-    }
     let name = match model {
         AdvisedModel::Mlp { .. } => "mlp",
         AdvisedModel::Gpt { .. } => "gpt",
     };
+    print!("{}", max_batch_report(&advice, name, device_bytes, client.platform_name(), grows));
+    Ok(())
+}
+
+/// `--max-batch`'s text answer for model `name` (`mlp`, `gpt`).
+fn max_batch_report(advice: &[Advice], name: &str, device_bytes: u64, platform: &str, grows: bool) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "largest batch (powers of two) whose training step (parameters, AdamW moments, gradients, the update) \
+         fits {} on {platform}, by kiln's peak model, checked by compiling the step with XLA (not run):",
+        size(device_bytes)
+    );
+    for a in advice {
+        let label = if a.remat { "with remat" } else { "without remat" };
+        match a.batch {
+            Some(b) => {
+                let xla = a.xla_peak_bytes.map_or("no stats".to_string(), size);
+                let _ = writeln!(
+                    o,
+                    "  {label:<13} batch {b:>6}: predicted peak {}, XLA {xla}",
+                    size(a.predicted_peak_bytes)
+                );
+                if b == MAX_BATCH_SEARCHED {
+                    let _ = writeln!(o, "  {:<13} (the search stops there: larger batches were not tried)", "");
+                }
+            }
+            None => {
+                let _ = writeln!(o, "  {label:<13} not even batch 1 fits");
+            }
+        }
+        for &(ob, p, x) in &a.over_in_xla {
+            let _ = writeln!(
+                o,
+                "  {:<13} batch {ob:>6} fits by the model ({}), not in XLA's program ({})",
+                "",
+                size(p),
+                size(x)
+            );
+        }
+    }
+    if grows && advice.iter().any(|a| !a.remat && a.batch.is_some()) {
+        let _ = writeln!(
+            o,
+            "  without remat, `kiln train` grows the GPU's pool as it goes: a step within a few GiB of the limit \
+             may need KILN_GPU_PREALLOCATE=true"
+        );
+    }
     let plain = advice.iter().find(|a| !a.remat).and_then(|a| a.batch);
     match advice.iter().find(|a| a.remat).and_then(|a| a.batch) {
-        Some(b) if Some(b) == plain => {
-            println!("  remat does not raise the batch here: `kiln train {name} --batch {b}` fits without it")
+        Some(b) if b == MAX_BATCH_SEARCHED && plain == Some(b) => {
+            let _ = writeln!(o, "  `kiln train {name} --batch {b}` fits without remat");
         }
-        Some(b) => println!(
-            "  with remat, `kiln train {name} --batch {b} --memory-limit {device_bytes}` (and the same settings) \
-             compiles the plan sized here"
-        ),
+        Some(b) if Some(b) == plain => {
+            let _ =
+                writeln!(o, "  remat does not raise the batch here: `kiln train {name} --batch {b}` fits without it");
+        }
+        Some(b) => {
+            let _ = writeln!(
+                o,
+                "  with remat, `kiln train {name} --batch {b} --memory-limit {device_bytes}` (and the same settings) \
+                 compiles the plan sized here"
+            );
+        }
         None => {}
     }
-    Ok(())
+    o
 }
 
 #[cfg(test)]
@@ -542,5 +591,45 @@ mod tests {
         assert!(e.starts_with("--memory-limit 2XB: not a size"), "{e}");
         assert_eq!(parse_budget("50%").unwrap(), RematBudget::FractionOfActivations(0.5));
         assert!(parse_budget("0%").is_err());
+        let e = parse_budget("0.5").unwrap_err().to_string();
+        assert!(e.contains("0.5 bytes is less than one") && e.contains("write 50%"), "{e}");
+        assert!(parse_budget("0.333").unwrap_err().to_string().contains("write 33.3%"));
+        assert_eq!(parse_budget("0").unwrap(), RematBudget::Bytes(0));
+        assert_eq!(parse_budget("1.5e9").unwrap(), RematBudget::Bytes(1_500_000_000));
+    }
+
+    fn advice(remat: bool, batch: Option<usize>) -> Advice {
+        Advice {
+            remat,
+            model_batch: batch,
+            batch,
+            predicted_peak_bytes: 3 << 30,
+            xla_peak_bytes: Some(3 << 30),
+            over_in_xla: Vec::new(),
+        }
+    }
+
+    /// An answer at the search's last batch says that larger ones were not
+    /// tried, and makes no claim about what remat would add; below it, equal
+    /// answers say remat does not raise the batch, and a larger remat answer
+    /// names the command that compiles its plan.
+    #[test]
+    fn max_batch_report_says_where_the_search_stopped() {
+        let top = Some(MAX_BATCH_SEARCHED);
+        let r = max_batch_report(&[advice(false, top), advice(true, top)], "mlp", 100 << 30, "cpu", false);
+        assert_eq!(r.matches("the search stops there").count(), 2, "{r}");
+        assert!(r.contains(&format!("`kiln train mlp --batch {MAX_BATCH_SEARCHED}` fits without remat")), "{r}");
+        assert!(!r.contains("does not raise"), "{r}");
+
+        let r = max_batch_report(&[advice(false, Some(64)), advice(true, Some(64))], "mlp", 1 << 30, "cpu", false);
+        assert!(r.contains("remat does not raise the batch here: `kiln train mlp --batch 64` fits without it"), "{r}");
+        assert!(!r.contains("search stops"), "{r}");
+
+        let r = max_batch_report(&[advice(false, Some(8)), advice(true, Some(32))], "gpt", 1 << 30, "cuda", true);
+        assert!(r.contains(&format!("`kiln train gpt --batch 32 --memory-limit {}`", 1u64 << 30)), "{r}");
+        assert!(r.contains("KILN_GPU_PREALLOCATE=true"), "{r}");
+
+        let r = max_batch_report(&[advice(false, None), advice(true, None)], "gpt", 1 << 20, "cpu", false);
+        assert_eq!(r.matches("not even batch 1 fits").count(), 2, "{r}");
     }
 }
