@@ -264,7 +264,14 @@ impl Metrics {
             "peak budget {}{share} {}: {recomputed}{}, predicted peak {} -> {}, live temporaries {} -> {} \
              (as XLA allocates them, {} -> {})",
             bytes(r.budget_bytes),
-            if r.met { "met" } else { "not met (the lowest peak found)" },
+            if r.met {
+                "met".to_string()
+            } else {
+                format!(
+                    "not met (the lowest peak found, {} over it)",
+                    bytes(r.after.peak_bytes.saturating_sub(r.budget_bytes))
+                )
+            },
             if r.offloaded.is_empty() { String::new() } else { format!(", {} kept in host memory", r.offloaded.len()) },
             bytes(r.before.peak_bytes),
             bytes(r.after.peak_bytes),

@@ -206,7 +206,12 @@ impl PlanReport {
             "remat ({}): budget {}, {}; {} value(s) recomputed in {} recomputation(s), peak {} -> {} predicted ({} saved), {} extra FLOPs ({:.3} ms on {})",
             p.strategy,
             budget,
-            if p.met { "met" } else { "not met (the lowest peak found)" },
+            if p.met {
+                "met".to_string()
+            } else {
+                let over = p.after.peak_bytes.saturating_sub(p.budget_bytes);
+                format!("not met (the lowest peak found, {:.1} KiB over it)", over as f64 / 1024.0)
+            },
             p.choices.iter().map(|c| 1 + c.also.len()).sum::<usize>(),
             p.choices.len(),
             mib(p.before.peak_bytes),

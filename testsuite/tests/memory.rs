@@ -224,6 +224,42 @@ fn greedy_remat_cuts_xla_temp_bytes_of_the_tiny_gpt() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Greedy's path depends on its budget: a small excess goes to the cheapest
+/// candidate that covers it, and on the tiny GPT's train step that path ended
+/// above 40% and 45% of the activation memory (4.0 and 3.6 MiB by the model,
+/// "not met") where the lowest-peak path reaches 3.5 MiB with fewer FLOPs
+/// (`kiln compile … --memory-limit 40%`, 2026-11-28). A budget is now called
+/// unreachable only when the lowest-peak path misses it too.
+#[test]
+fn a_budget_the_lowest_peak_plan_meets_is_never_reported_unmet() -> anyhow::Result<()> {
+    let cfg = gpt::GptConfig { vocab: 25, ..gpt::GptConfig::tiny(25) };
+    let (g, _) = gpt_adamw_step(&cfg, AdamWConfig::default(), 1e-3)?;
+    let g = pipeline::optimize(&g)?.0;
+    let (g, _) = sequence_for(&g, LowerTarget::Cpu)?;
+    let plan = |budget| rematerialize(&g, &Greedy, &RematOptions::for_target(budget, LowerTarget::Cpu));
+    let lowest = plan(RematBudget::Bytes(0))?.after.peak_bytes;
+    let mut reachable = 0;
+    for percent in [30, 35, 40, 45, 50, 55, 60] {
+        let p = plan(RematBudget::FractionOfActivations(percent as f64 / 100.0))?;
+        eprintln!(
+            "{percent}%: budget {} B, peak {} B ({}), lowest {lowest} B, {} FLOPs",
+            p.budget_bytes, p.after.peak_bytes, p.met, p.extra_flops
+        );
+        if lowest <= p.budget_bytes {
+            reachable += 1;
+            assert!(
+                p.met,
+                "{percent}%: the lowest peak {lowest} B is under the budget {} B, the plan's {} B",
+                p.budget_bytes, p.after.peak_bytes
+            );
+        } else {
+            assert!(!p.met && p.after.peak_bytes >= lowest, "{percent}%");
+        }
+    }
+    assert!(reachable >= 3, "the budgets should mostly be reachable");
+    Ok(())
+}
+
 #[test]
 fn a_planned_step_computes_the_same_values_on_the_interpreter() -> anyhow::Result<()> {
     let g = gpt_tiny_step()?;

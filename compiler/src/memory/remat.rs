@@ -194,6 +194,22 @@ impl RematOptions<'static> {
 }
 
 impl<'a> RematOptions<'a> {
+    /// The same options with another budget.
+    pub fn with_budget(&self, budget: RematBudget) -> RematOptions<'a> {
+        RematOptions {
+            budget,
+            target: self.target.clone(),
+            fusion: self.fusion,
+            max_chain_nodes: self.max_chain_nodes,
+            only: self.only,
+            segments: self.segments,
+            pin_floating: self.pin_floating,
+            guard_leaves: self.guard_leaves,
+            cost: self.cost,
+            lazy: self.lazy,
+        }
+    }
+
     pub fn new(budget: RematBudget, fusion: &'a dyn Materialization) -> RematOptions<'a> {
         RematOptions {
             budget,
@@ -307,7 +323,72 @@ impl RematStrategy for Greedy {
         "greedy"
     }
 
+    /// The plan [`Greedy::plan_at`] makes for the budget; where it misses
+    /// the budget, also the plans greedy makes for tighter ones. Greedy's path
+    /// depends on its budget (a small excess goes to the cheapest candidate
+    /// that covers it) and can end above a budget that a tighter budget's path
+    /// goes under, so a budget is called unreachable only after the
+    /// lowest-peak path (budget 0) misses it too. When that path meets it,
+    /// up to [`RETRY_SPLITS`] budgets between its peak and the budget are
+    /// tried by bisection, and the cheapest plan that meets the budget is
+    /// kept; else the lower peak.
     fn plan(&self, g: &Graph, opts: &RematOptions) -> Result<RematPlan, CompileError> {
+        let plan = self.plan_at(g, opts)?;
+        if plan.met || plan.budget_bytes == 0 {
+            return Ok(plan);
+        }
+        let budget = plan.budget_bytes;
+        let by_time = opts.cost == RecomputeCost::Kernels;
+        let at = |bytes: u64| -> Result<RematPlan, CompileError> {
+            let mut p = self.plan_at(g, &opts.with_budget(RematBudget::Bytes(bytes)))?;
+            (p.budget_bytes, p.met) = (budget, p.after.peak_bytes <= budget);
+            Ok(p)
+        };
+        let lowest = at(0)?;
+        if !lowest.met {
+            let lower = lowest.after.peak_bytes < plan.after.peak_bytes;
+            tracing::debug!(
+                budget,
+                lowest = lowest.after.peak_bytes,
+                first = plan.after.peak_bytes,
+                "greedy: budget out of reach"
+            );
+            return Ok(if lower { lowest } else { plan });
+        }
+        let cost = |p: &RematPlan| if by_time { p.extra_seconds } else { p.extra_flops as f64 };
+        let mut best = lowest;
+        // Bisect the budget handed to greedy between the lowest path's peak
+        // (met) and the budget (missed).
+        let (mut lo, mut hi) = (best.after.peak_bytes, budget);
+        for _ in 0..RETRY_SPLITS {
+            let mid = lo + (hi - lo) / 2;
+            if mid <= lo {
+                break;
+            }
+            let p = at(mid)?;
+            if p.met {
+                lo = mid;
+                if cost(&p) < cost(&best) {
+                    best = p;
+                }
+            } else {
+                hi = mid;
+            }
+        }
+        tracing::debug!(budget, peak = best.after.peak_bytes, "greedy: budget met by a tighter path");
+        Ok(best)
+    }
+}
+
+/// Budgets tried between the lowest-peak path and a missed budget
+/// ([`Greedy::plan`]).
+const RETRY_SPLITS: usize = 3;
+
+impl Greedy {
+    /// Greedy at `opts`' budget: the value plan, and with
+    /// [`RematOptions::segments`] the segment plan when it may pay, the
+    /// better kept.
+    fn plan_at(&self, g: &Graph, opts: &RematOptions) -> Result<RematPlan, CompileError> {
         let plan = greedy(self.name(), g, opts, false)?;
         if !opts.segments {
             return Ok(plan);
