@@ -72,6 +72,40 @@ fn memory_limit_reports_the_plan_and_xla_stats_and_draws_the_plot() {
     assert!(svg.starts_with("<svg") && svg.contains("with the plan"), "{}", &svg[..svg.len().min(200)]);
 }
 
+/// Under `--remat-strategy exact` the report also gives greedy's plan at the
+/// same budget, and says when greedy's is the better one (on the ladder at
+/// 50% neither meets the budget and both reach the same peak, greedy with
+/// fewer FLOPs); greedy's is `null` under other strategies.
+#[test]
+fn exact_is_reported_beside_greedys_plan() {
+    let plan_of = |args: &[&str]| {
+        let (_dir, _, out) = compile_ladder(args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()["memory_plan"].clone()
+    };
+    let exact = plan_of(&["--json", "--memory-limit", "50%", "--remat-strategy", "exact"]);
+    let greedy = plan_of(&["--json", "--memory-limit", "50%"]);
+    assert_eq!(exact["strategy"], "exact");
+    assert!(greedy["greedy"].is_null(), "{greedy}");
+    let beside = &exact["greedy"];
+    assert_eq!(beside["met"], greedy["met"], "{exact}");
+    assert_eq!(beside["extra_flops"], greedy["extra_flops"], "{exact}");
+    assert_eq!(beside["peak_bytes"], greedy["predicted"]["after"]["peak_bytes"], "{exact}");
+    let values: usize =
+        greedy["recomputed"].as_array().unwrap().iter().map(|r| 1 + r["also"].as_array().unwrap().len()).sum();
+    assert_eq!(beside["values_recomputed"].as_u64().unwrap() as usize, values, "{exact}");
+    let greedy_better = exact["met"] == false
+        && greedy["met"] == false
+        && beside["peak_bytes"] == exact["predicted"]["after"]["peak_bytes"]
+        && beside["extra_flops"].as_u64() < exact["extra_flops"].as_u64();
+    assert!(greedy_better, "the case this test was written on: {exact}");
+
+    let (_dir, _, out) = compile_ladder(&["--memory-limit", "50%", "--remat-strategy", "exact"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("greedy at the same budget: not met"), "{text}");
+    assert!(text.contains("(better than exact here: --remat-strategy greedy)"), "{text}");
+}
+
 #[test]
 fn a_bad_memory_limit_is_named() {
     let (_dir, _, out) = compile_ladder(&["--memory-limit", "2 parsecs"]);

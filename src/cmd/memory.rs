@@ -109,6 +109,11 @@ pub struct PlanReport {
     pub plan: RematPlan,
     pub xla_before: Option<CompiledMemoryStats>,
     pub xla_after: Result<CompiledMemoryStats, String>,
+    /// Under `--remat-strategy exact`, greedy's plan at the same budget, for
+    /// comparison: the program is exact over the unplanned graph's
+    /// candidates, and greedy, choosing on the graphs its choices rewrote,
+    /// can do better (`docs/memory.md`, "The exact strategy").
+    pub greedy: Option<RematPlan>,
 }
 
 /// Plans remat for `optimized` and compiles the planned program on `client`.
@@ -148,7 +153,11 @@ pub fn plan_and_compile(
     if let Some(path) = &args.memory_plot {
         plot(path, &sequenced, &plan.graph, fusion)?;
     }
-    Ok(Some(PlanReport { budget, plan, xla_before, xla_after }))
+    let greedy = match args.remat_strategy {
+        Strategy::Exact => Some(rematerialize(&sequenced, &Greedy, &opts).context("planning greedy for comparison")?),
+        _ => None,
+    };
+    Ok(Some(PlanReport { budget, plan, xla_before, xla_after, greedy }))
 }
 
 impl PlanReport {
@@ -179,6 +188,10 @@ impl PlanReport {
             "offloaded": p.offloaded.iter().map(|c| json!({
                 "value": c.value.to_string(), "op": c.op, "bytes": c.bytes,
             })).collect::<Vec<_>>(),
+            "greedy": self.greedy.as_ref().map(|g| json!({
+                "met": g.met, "peak_bytes": g.after.peak_bytes, "extra_flops": g.extra_flops,
+                "values_recomputed": g.choices.iter().map(|c| 1 + c.also.len()).sum::<usize>(),
+            })),
             "bytes_saved": p.before.peak_bytes.saturating_sub(p.after.peak_bytes),
             "extra_flops": p.extra_flops,
             "extra_roofline_seconds": p.extra_seconds,
@@ -240,6 +253,20 @@ impl PlanReport {
             )),
             (_, Err(e)) => lines.push(format!("  XLA gave no memory stats for the planned program: {e}")),
             (None, Ok(a)) => lines.push(format!("  XLA temporaries after: {}", mib(a.temp_size_in_bytes as u64))),
+        }
+        if let Some(g) = &self.greedy {
+            // Met first, then the lower peak where neither meets it, then
+            // the fewer FLOPs.
+            let key = |r: &RematPlan| (!r.met, if r.met { 0 } else { r.after.peak_bytes }, r.extra_flops);
+            let better = key(g) < key(p);
+            lines.push(format!(
+                "  greedy at the same budget: {}, peak {} predicted, {} value(s) recomputed, {} extra FLOPs{}",
+                if g.met { "met" } else { "not met" },
+                mib(g.after.peak_bytes),
+                g.choices.iter().map(|c| 1 + c.also.len()).sum::<usize>(),
+                g.extra_flops,
+                if better { " (better than exact here: --remat-strategy greedy)" } else { "" }
+            ));
         }
         for c in p.choices.iter().take(20) {
             let also = match c.also.len() {
