@@ -283,6 +283,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 // Under a mesh the config's batch is the global one: keep
                 // `batch` per data-parallel rank, as replicas draw it.
                 let ranks = set_shard(spec)?;
+                if let (Some(limit), Some(mesh)) = (&memory_limit, kiln::shard::mesh()?) {
+                    if matches!(cmd::memory::parse_budget(limit)?, RematBudget::Bytes(_)) && mesh.size() > 1 {
+                        anyhow::bail!(
+                            "--memory-limit {limit} with --shard {spec}: a size is one device's memory, and under \
+                             the mesh {mesh} the remat pass plans the unpartitioned step (all {} devices' shards \
+                             together); give a share of the activation memory instead (--memory-limit 50%)",
+                            mesh.size()
+                        );
+                    }
+                }
                 base.batch = base.batch.checked_mul(ranks).with_context(|| {
                     format!("--batch {} x {ranks} data-parallel ranks overflows a batch size", base.batch)
                 })?;

@@ -206,3 +206,28 @@ fn a_limit_beyond_i64_gives_no_spurious_warning() {
         assert!(!err.contains("compiled program holds") && !err.contains("not met"), "{limit}: {err}");
     }
 }
+
+/// Under `--shard` a size is refused before training (it is one device's
+/// memory, and remat plans the unpartitioned step); `dp`, which runs one
+/// program per replica, takes it.
+#[test]
+fn a_size_under_a_sharded_mesh_is_refused_before_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = text_file(&dir);
+    let run = |shard: &str| {
+        kiln()
+            .env("KILN_CPU_DEVICES", "2")
+            .args(["train", "gpt", "--config", "tiny", "--steps", "1", "--memory-limit", "8MiB", "--shard", shard])
+            .arg("--text")
+            .arg(&text)
+            .output()
+            .unwrap()
+    };
+    let out = run("fsdp");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--memory-limit 8MiB with --shard fsdp") && err.contains("--memory-limit 50%"), "{err}");
+    assert!(out.stdout.is_empty(), "nothing trained: {}", String::from_utf8_lossy(&out.stdout));
+    let out = run("dp");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -298,3 +298,43 @@ fn device_init_under_tensor_parallelism_gives_host_init_values() -> anyhow::Resu
     }
     Ok(())
 }
+
+/// A memory limit in bytes is one device's, and under a mesh the remat pass
+/// plans the unpartitioned step: refused, by name, at the step; a share of
+/// the activation memory trains (and matches the unbudgeted run).
+#[test]
+fn a_byte_memory_limit_under_a_mesh_is_refused_and_a_share_trains() -> anyhow::Result<()> {
+    let err = on_thread(Some(mesh("data=4")), Some(PolicyKind::Fsdp), || {
+        kiln::set_memory_limit(Some(64 << 20));
+        let text = text();
+        let vocab = CharVocab::new(&text);
+        let mut t = GptTrainer::new(vocab.encode(&text), &config(vocab.len()))?;
+        Ok(t.train_step(LR).map(|_| ()).map_err(|e| e.to_string()))
+    })?
+    .expect_err("a byte limit under a mesh trained");
+    assert!(
+        err.contains("set_memory_limit") && err.contains("data=4") && err.contains("set_activation_budget"),
+        "{err}"
+    );
+
+    let plain = on_thread(Some(mesh("data=4")), Some(PolicyKind::Fsdp), || {
+        let text = text();
+        let vocab = CharVocab::new(&text);
+        let mut t = GptTrainer::new(vocab.encode(&text), &config(vocab.len()))?;
+        Ok((0..3).map(|_| t.train_step(LR)).collect::<kiln::Result<Vec<_>>>()?)
+    })?;
+    let budgeted = on_thread(Some(mesh("data=4")), Some(PolicyKind::Fsdp), || {
+        kiln::set_activation_budget(Some(0.5))?;
+        let text = text();
+        let vocab = CharVocab::new(&text);
+        let mut t = GptTrainer::new(vocab.encode(&text), &config(vocab.len()))?;
+        let losses = (0..3).map(|_| t.train_step(LR)).collect::<kiln::Result<Vec<_>>>()?;
+        let line = kiln::metrics::snapshot().step_remat_line().unwrap_or_default();
+        assert!(line.contains("value(s) recomputed"), "{line}");
+        Ok(losses)
+    })?;
+    for (a, b) in plain.iter().zip(&budgeted) {
+        assert!((a - b).abs() <= 1e-6 * a.abs().max(1.0), "{plain:?} vs {budgeted:?}");
+    }
+    Ok(())
+}
