@@ -35,9 +35,15 @@ pub struct MemoryArgs {
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Strategy {
+    /// No recomputation: the unplanned step's figures.
     Off,
+    /// By the cost model, one recomputation at a time (the default; what
+    /// the training loops run).
     #[default]
     Greedy,
+    /// An integer program over the unplanned step's candidates, for small
+    /// graphs: its solver and rounds can take a minute, and greedy's plan is
+    /// printed beside it.
     Exact,
     /// Saved activations in pinned host memory between forward and backward,
     /// then greedy recomputation for the rest (CUDA plugin only: on the CPU
