@@ -67,7 +67,8 @@ enum Model {
         lr: f64,
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// Stop after this many training steps.
+        /// Train for this many steps (at most --epochs' worth): the learning-rate schedule (warm-up,
+        /// cosine decay) spans them, so a run with another --max-steps is another run, not a prefix.
         #[arg(long, value_name = "N")]
         max_steps: Option<u64>,
         /// Directory holding Fashion-MNIST's IDX files.
