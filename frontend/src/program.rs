@@ -196,6 +196,8 @@ pub(crate) fn obtain(
     let out = pipeline::run(graph, &opts, &mut |p, g| dump.observe(p, g))?;
     metrics::update(|m| m.record_pipeline(&out.stats, t.elapsed()));
     dump.finish()?;
+    // A remat plan relies on the program's order (`CompileOptions::keep_order`).
+    let planned = out.stats.passes.iter().any(|p| p.remat.as_ref().is_some_and(|r| !r.recomputed.is_empty()));
     let pipeline::Optimized { graph: optimized, pruned, .. } = out;
     let donated =
         (0..pruned.kept_params.len()).map(|i| pruned.graph.aliases().iter().any(|a| a.param as usize == i)).collect();
@@ -217,6 +219,10 @@ pub(crate) fn obtain(
     } else {
         None
     };
+    // XLA CUDA's scheduler reorders a step with collectives (partitions or
+    // replicas) around them and undoes a remat plan.
+    let collectives = partitioned.is_some() || replicas > 1;
+    let keep_order = planned && collectives && lower_opts.target == LowerTarget::Cuda;
     let compile_opts = match &partitioned {
         // One replica × the mesh's devices, device d of the mesh on the
         // client's d-th device.
@@ -232,9 +238,10 @@ pub(crate) fn obtain(
                 num_replicas: 1,
                 num_partitions: p.module.num_partitions,
                 device_assignment: Some(vec![devices.iter().map(|d| i64::from(d.id)).collect()]),
+                keep_order,
             }
         }
-        None => CompileOptions { num_replicas: replicas, device_assignment, ..CompileOptions::default() },
+        None => CompileOptions { num_replicas: replicas, device_assignment, keep_order, ..CompileOptions::default() },
     };
     let fp = fingerprint(&optimized);
     let mut program_id = Vec::with_capacity(64);

@@ -16,6 +16,7 @@ fn spmd(parts: usize) -> CompileOptions {
         num_replicas: 1,
         num_partitions: parts,
         device_assignment: Some(vec![(0..parts as i64).collect()]),
+        keep_order: false,
     }
 }
 

@@ -152,7 +152,15 @@ pub fn plan_and_compile(
     )
     .context("lowering the planned graph")?;
     let xla_after = client
-        .compile(&module, &CompileOptions { num_replicas: replicas, ..CompileOptions::default() })
+        .compile(
+            &module,
+            &CompileOptions {
+                num_replicas: replicas,
+                // As the training loops compile a planned step with replicas.
+                keep_order: !plan.choices.is_empty() && replicas > 1 && target == kiln::compiler::LowerTarget::Cuda,
+                ..CompileOptions::default()
+            },
+        )
         .context("compiling the planned graph")?
         .compiled_memory_stats()
         .map_err(|e| e.to_string());
