@@ -285,7 +285,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 // `batch` per data-parallel rank, as replicas draw it.
                 let ranks = set_shard(spec)?;
                 if let (Some(limit), Some(mesh)) = (&memory_limit, kiln::shard::mesh()?) {
-                    if matches!(cmd::memory::parse_budget(limit)?, RematBudget::Bytes(_)) && mesh.size() > 1 {
+                    // 0 (the lowest peak) means the same on either side of the partitioner.
+                    if matches!(cmd::memory::parse_budget(limit)?, RematBudget::Bytes(b) if b > 0) && mesh.size() > 1 {
                         anyhow::bail!(
                             "--memory-limit {limit} with --shard {spec}: a size is one device's memory, and under \
                              the mesh {mesh} the remat pass plans the unpartitioned step (all {} devices' shards \

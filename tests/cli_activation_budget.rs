@@ -230,4 +230,12 @@ fn a_size_under_a_sharded_mesh_is_refused_before_training() {
     assert!(out.stdout.is_empty(), "nothing trained: {}", String::from_utf8_lossy(&out.stdout));
     let out = run("dp");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // 0, the lowest peak, means the same on either side of the partitioner.
+    let out = kiln()
+        .env("KILN_CPU_DEVICES", "2")
+        .args(["train", "gpt", "--config", "tiny", "--steps", "1", "--memory-limit", "0", "--shard", "fsdp", "--text"])
+        .arg(&text)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }

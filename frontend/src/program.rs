@@ -161,10 +161,12 @@ fn pipeline_options() -> Result<pipeline::PipelineOptions> {
     // plans is the unpartitioned one (every device's shards together): how
     // its values split is XLA's partitioner's to decide, so the model's bytes
     // are not one device's. A share of the activation memory means the same
-    // on either side of the partitioner.
-    if let (Some(bytes), None, Some(mesh)) =
-        (crate::memory_limit(), crate::activation_budget(), crate::shard::active_mesh().filter(|m| m.size() > 1))
-    {
+    // on either side of the partitioner, and so does 0 (the lowest peak).
+    if let (Some(bytes), None, Some(mesh)) = (
+        crate::memory_limit().filter(|&b| b > 0),
+        crate::activation_budget(),
+        crate::shard::active_mesh().filter(|m| m.size() > 1),
+    ) {
         return Err(crate::FrontendError::InvalidArgument {
             op: "set_memory_limit",
             reason: format!(
