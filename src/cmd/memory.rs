@@ -204,7 +204,7 @@ impl PlanReport {
             })).collect::<Vec<_>>(),
             "greedy": self.greedy.as_ref().map(|g| json!({
                 "met": g.met, "peak_bytes": g.after.peak_bytes, "extra_flops": g.extra_flops,
-                "values_recomputed": g.choices.iter().map(|c| 1 + c.also.len()).sum::<usize>(),
+                "values_recomputed": g.values_recomputed(),
             })),
             "bytes_saved": p.before.peak_bytes.saturating_sub(p.after.peak_bytes),
             "extra_flops": p.extra_flops,
@@ -239,7 +239,7 @@ impl PlanReport {
                 let over = p.after.peak_bytes.saturating_sub(p.budget_bytes);
                 format!("not met (the lowest peak found, {:.1} KiB over it)", over as f64 / 1024.0)
             },
-            p.choices.iter().map(|c| 1 + c.also.len()).sum::<usize>(),
+            p.values_recomputed(),
             p.choices.len(),
             mib(p.before.peak_bytes),
             mib(p.after.peak_bytes),
@@ -277,7 +277,7 @@ impl PlanReport {
                 "  greedy at the same budget: {}, peak {} predicted, {} value(s) recomputed, {} extra FLOPs{}",
                 if g.met { "met" } else { "not met" },
                 mib(g.after.peak_bytes),
-                g.choices.iter().map(|c| 1 + c.also.len()).sum::<usize>(),
+                g.values_recomputed(),
                 g.extra_flops,
                 if better { " (better than exact here: --remat-strategy greedy)" } else { "" }
             ));

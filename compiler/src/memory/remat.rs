@@ -80,6 +80,7 @@ pub enum RematBudget {
 }
 
 /// Options of the remat pass.
+#[derive(Clone)]
 pub struct RematOptions<'a> {
     pub budget: RematBudget,
     /// Whose roofline prices a recomputation.
@@ -196,18 +197,7 @@ impl RematOptions<'static> {
 impl<'a> RematOptions<'a> {
     /// The same options with another budget.
     pub fn with_budget(&self, budget: RematBudget) -> RematOptions<'a> {
-        RematOptions {
-            budget,
-            target: self.target.clone(),
-            fusion: self.fusion,
-            max_chain_nodes: self.max_chain_nodes,
-            only: self.only,
-            segments: self.segments,
-            pin_floating: self.pin_floating,
-            guard_leaves: self.guard_leaves,
-            cost: self.cost,
-            lazy: self.lazy,
-        }
+        RematOptions { budget, ..self.clone() }
     }
 
     pub fn new(budget: RematBudget, fusion: &'a dyn Materialization) -> RematOptions<'a> {
@@ -267,6 +257,14 @@ pub struct RematPlan {
     /// their backward read ([`super::HostOffload`]; `recomputed_nodes` and
     /// `flops` are zero).
     pub offloaded: Vec<RematChoice>,
+}
+
+impl RematPlan {
+    /// Values the plan frees by recomputing them (a chain of clones may free
+    /// several: [`RematChoice::also`]).
+    pub fn values_recomputed(&self) -> usize {
+        self.choices.iter().map(|c| 1 + c.also.len()).sum()
+    }
 }
 
 /// A way of choosing what to recompute.
