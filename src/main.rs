@@ -284,17 +284,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 // Under a mesh the config's batch is the global one: keep
                 // `batch` per data-parallel rank, as replicas draw it.
                 let ranks = set_shard(spec)?;
-                if let (Some(limit), Some(mesh)) = (&memory_limit, kiln::shard::mesh()?) {
-                    // 0 (the lowest peak) means the same on either side of the partitioner.
-                    if matches!(cmd::memory::parse_budget(limit)?, RematBudget::Bytes(b) if b > 0) && mesh.size() > 1 {
-                        anyhow::bail!(
-                            "--memory-limit {limit} with --shard {spec}: a size is one device's memory, and under \
-                             the mesh {mesh} the remat pass plans the unpartitioned step (all {} devices' shards \
-                             together); give a share of the activation memory instead (--memory-limit 50%)",
-                            mesh.size()
-                        );
-                    }
-                }
+                // Before the text is read; every compile checks again.
+                kiln::check_memory_limit_for_mesh().with_context(|| {
+                    format!(
+                        "--memory-limit {} with --shard {spec}: give a share of the activation memory instead \
+                         (--memory-limit 50%)",
+                        memory_limit.as_deref().unwrap_or_default()
+                    )
+                })?;
                 base.batch = base.batch.checked_mul(ranks).with_context(|| {
                     format!("--batch {} x {ranks} data-parallel ranks overflows a batch size", base.batch)
                 })?;

@@ -74,6 +74,30 @@ pub fn activation_budget() -> Option<f64> {
     ACTIVATION.with(Cell::get)
 }
 
+/// Refuses this thread's byte limit under its mesh of more than one device.
+/// A byte limit is per device, and under a mesh the step the remat pass plans
+/// is the unpartitioned one (every device's shards together): how its values
+/// split is XLA's partitioner's to decide, so the model's bytes are not one
+/// device's. A share of the activation memory means the same on either side
+/// of the partitioner, and so does 0 (the lowest peak). Checked at every
+/// compile; callers may check earlier.
+pub fn check_memory_limit_for_mesh() -> crate::Result<()> {
+    if let (Some(bytes), None, Some(mesh)) =
+        (memory_limit().filter(|&b| b > 0), activation_budget(), crate::shard::active_mesh().filter(|m| m.size() > 1))
+    {
+        return Err(crate::FrontendError::InvalidArgument {
+            op: "set_memory_limit",
+            reason: format!(
+                "a limit of {bytes} B is one device's memory, and under the mesh {mesh} ({} devices) the remat pass \
+                 plans the unpartitioned step, whose bytes are all devices' together: set an activation budget \
+                 (kiln::set_activation_budget, a share of the step's activation memory) instead",
+                mesh.size()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Whether the remat pass may keep saved activations in pinned host memory
 /// under the budget ([`kiln_compiler::memory::HostOffload`]) before it
 /// recomputes. CUDA only: on the CPU plugin a step compiled under a budget

@@ -157,26 +157,7 @@ fn pipeline_options() -> Result<pipeline::PipelineOptions> {
             pipeline::pass(p)?;
         }
     }
-    // A byte limit is per device, and under a mesh the step the remat pass
-    // plans is the unpartitioned one (every device's shards together): how
-    // its values split is XLA's partitioner's to decide, so the model's bytes
-    // are not one device's. A share of the activation memory means the same
-    // on either side of the partitioner, and so does 0 (the lowest peak).
-    if let (Some(bytes), None, Some(mesh)) = (
-        crate::memory_limit().filter(|&b| b > 0),
-        crate::activation_budget(),
-        crate::shard::active_mesh().filter(|m| m.size() > 1),
-    ) {
-        return Err(crate::FrontendError::InvalidArgument {
-            op: "set_memory_limit",
-            reason: format!(
-                "a limit of {bytes} B is one device's memory, and under the mesh {mesh} ({} devices) the remat pass \
-                 plans the unpartitioned step, whose bytes are all devices' together: set an activation budget \
-                 (kiln::set_activation_budget, a share of the step's activation memory) instead",
-                mesh.size()
-            ),
-        });
-    }
+    crate::check_memory_limit_for_mesh()?;
     Ok(opts
         .with_memory_limit(crate::memory_limit())
         .with_activation_budget(crate::activation_budget())
