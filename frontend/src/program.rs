@@ -179,7 +179,7 @@ pub(crate) fn obtain(
     let out = pipeline::run(graph, &opts, &mut |p, g| dump.observe(p, g))?;
     metrics::update(|m| m.record_pipeline(&out.stats, t.elapsed()));
     dump.finish()?;
-    // A remat plan relies on the program's order (`CompileOptions::keep_order`).
+    // A remat plan relies on the program's order (`LowerTarget::keeps_plan_order`).
     let planned = out.stats.passes.iter().any(|p| p.remat.as_ref().is_some_and(|r| !r.recomputed.is_empty()));
     let pipeline::Optimized { graph: optimized, pruned, .. } = out;
     let donated =
@@ -202,10 +202,7 @@ pub(crate) fn obtain(
     } else {
         None
     };
-    // XLA CUDA's scheduler reorders a step with collectives (partitions or
-    // replicas) around them and undoes a remat plan.
-    let collectives = partitioned.is_some() || replicas > 1;
-    let keep_order = planned && collectives && lower_opts.target == LowerTarget::Cuda;
+    let keep_order = lower_opts.target.keeps_plan_order(planned, partitioned.is_some() || replicas > 1);
     let compile_opts = match &partitioned {
         // One replica × the mesh's devices, device d of the mesh on the
         // client's d-th device.

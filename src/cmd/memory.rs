@@ -157,7 +157,7 @@ pub fn plan_and_compile(
             &CompileOptions {
                 num_replicas: replicas,
                 // As the training loops compile a planned step with replicas.
-                keep_order: !plan.choices.is_empty() && replicas > 1 && target == kiln::compiler::LowerTarget::Cuda,
+                keep_order: target.keeps_plan_order(!plan.choices.is_empty(), replicas > 1),
                 ..CompileOptions::default()
             },
         )

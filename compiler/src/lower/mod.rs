@@ -135,6 +135,16 @@ impl LowerTarget {
             LowerTarget::Cuda => true,
         }
     }
+
+    /// Whether a program is compiled in its own order (the runtime's
+    /// `CompileOptions::keep_order`): one with a remat plan (`planned`) and
+    /// collectives (partitions or replicas) on CUDA, where XLA's
+    /// latency-hiding scheduler reorders the backward around the collectives
+    /// and undoes the plan (`docs/memory.md`, "Remat with collectives on
+    /// GPUs"). The CPU plugin's programs keep their plans.
+    pub fn keeps_plan_order(self, planned: bool, collectives: bool) -> bool {
+        planned && collectives && self == LowerTarget::Cuda
+    }
 }
 
 impl Default for LowerOptions {
@@ -174,4 +184,21 @@ pub fn lower(g: &Graph, opts: &LowerOptions) -> Result<String, CompileError> {
     let live = live::live_nodes(&expanded);
     guard::refuse_trapping_division(&expanded, &live)?;
     emit::module(&expanded, opts, &live)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LowerTarget;
+
+    /// Only a planned program with collectives on CUDA is held to its order.
+    #[test]
+    fn a_plan_keeps_its_order_where_cuda_meets_collectives() {
+        assert!(LowerTarget::Cuda.keeps_plan_order(true, true));
+        for (planned, collectives) in [(true, false), (false, true), (false, false)] {
+            assert!(!LowerTarget::Cuda.keeps_plan_order(planned, collectives));
+        }
+        for (planned, collectives) in [(true, true), (true, false), (false, true), (false, false)] {
+            assert!(!LowerTarget::Cpu.keeps_plan_order(planned, collectives));
+        }
+    }
 }
