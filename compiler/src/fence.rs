@@ -38,10 +38,18 @@ pub(crate) fn always_true(out: &mut Graph, anchor: ValueId) -> Result<ValueId, C
 
 /// `select(always, x, 0)`: `x` read through the runtime guard (`always` from
 /// [`always_true`]), so that whatever reads it waits for the anchor.
+///
+/// A constant `x` splatted with 0 reads as `select(always, x, 1)` instead:
+/// a select whose branches are the same constant is folded by any
+/// simplifier, and the guard with it.
 pub(crate) fn read_through(out: &mut Graph, always: ValueId, x: ValueId) -> Result<ValueId, CompileError> {
     let ty = out.ty(x).clone();
-    let zeros = out.splat(ty.dtype, 0.0, &ty.shape)?;
-    out.value(Op::Select { pred: always, on_true: x, on_false: zeros })
+    let other = match &out.node(x.node).op {
+        Op::Constant { literal } if literal.is_splat() && literal.to_f64s().first() == Some(&0.0) => 1.0,
+        _ => 0.0,
+    };
+    let other = out.splat(ty.dtype, other, &ty.shape)?;
+    out.value(Op::Select { pred: always, on_true: x, on_false: other })
 }
 
 /// One node held back: it reads `operands` (some of its own) through the

@@ -14,6 +14,10 @@
 //! cotangents start). The select is the identity bit for bit, so
 //! values do not change; the kernel can no longer run before its anchor.
 //!
+//! A kernel that reads nothing but scalar constants (the zeros an embedding's
+//! gradient is scattered into) floats the same way; it reads its constants
+//! through the guard.
+//!
 //! Invariants: no node is cloned and no FLOP of the model's is added beyond
 //! the guards' selects; parameters, outputs and aliases keep their indices.
 
@@ -66,7 +70,7 @@ pub(super) fn pin_floating(
             continue;
         }
         let bytes: u64 = g.node(id).outputs.iter().map(|t| t.size_in_bytes() as u64).sum();
-        if bytes < min_bytes || !g.node(id).op.inputs().iter().any(|u| pos[u.node.index()].is_some_and(|q| q < bwd)) {
+        if bytes < min_bytes || guarded_operands(g, id, &pos, bwd).is_empty() {
             continue;
         }
         let anchor = l
@@ -88,17 +92,35 @@ pub(super) fn pin_floating(
     }
     let holds: Vec<Hold> = pins
         .iter()
-        .map(|&(id, anchor)| {
-            let mut operands: Vec<ValueId> = Vec::new();
-            for u in g.node(id).op.inputs() {
-                if pos[u.node.index()].is_some_and(|q| q < bwd) && !operands.contains(&u) {
-                    operands.push(u);
-                }
-            }
-            Hold { node: id, anchor, operands }
-        })
+        .map(|&(id, anchor)| Hold { node: id, anchor, operands: guarded_operands(g, id, &pos, bwd) })
         .collect();
     Ok((hold(g, &holds)?, pins.len()))
+}
+
+/// The operands of a floating kernel `id` that its pin reads through the
+/// guard: those computed in the forward (before position `bwd`), or, for a
+/// kernel that reads nothing but scalar constants (the zeros an embedding's
+/// gradient is scattered into, which XLA's schedule otherwise writes in the
+/// forward and holds through the backward), those constants. Empty when the
+/// kernel has neither.
+fn guarded_operands(g: &Graph, id: NodeId, pos: &[Option<usize>], bwd: usize) -> Vec<ValueId> {
+    let inputs = g.node(id).op.inputs();
+    let mut operands: Vec<ValueId> = Vec::new();
+    for u in inputs.iter().copied() {
+        if pos[u.node.index()].is_some_and(|q| q < bwd) && !operands.contains(&u) {
+            operands.push(u);
+        }
+    }
+    let scalar_constant =
+        |u: &ValueId| matches!(&g.node(u.node).op, Op::Constant { literal } if literal.ty().shape.rank() == 0);
+    if operands.is_empty() && !inputs.is_empty() && inputs.iter().all(scalar_constant) {
+        for u in inputs.iter().copied() {
+            if !operands.contains(&u) {
+                operands.push(u);
+            }
+        }
+    }
+    operands
 }
 
 #[cfg(test)]
@@ -129,5 +151,57 @@ mod tests {
         let x = Literal::from_f64s(DType::F32, [1024], &(0..1024).map(|i| (i as f64 * 0.01).cos()).collect::<Vec<_>>())
             .unwrap();
         assert_eq!(crate::interpret(&g, std::slice::from_ref(&x)).unwrap(), crate::interpret(&pinned, &[x]).unwrap());
+    }
+
+    /// The zeros a backward accumulates into read nothing but a constant. They
+    /// are pinned too, and their guard's branches differ, so that no
+    /// simplifier can fold `select(always, 0, 0)` into 0 and the guard with it.
+    /// `zero_in_forward`: the constant is made before the backward (a shared
+    /// constant), or in it.
+    fn zeros_pinned(zero_in_forward: bool) {
+        let mut g = Graph::new();
+        let p = g.parameter(TensorType::new(DType::F32, [1024]));
+        let zero_early = zero_in_forward.then(|| g.value(Op::Constant { literal: Literal::scalar(DType::F32, 0.0) }));
+        let a = g.value(Op::Unary { op: UnaryOp::Exp, input: p }).unwrap();
+        let b = g.value(Op::Unary { op: UnaryOp::Tanh, input: a }).unwrap();
+        let d = g.value(Op::Binary { op: BinaryOp::Mul, lhs: b, rhs: a }).unwrap();
+        let zero = match zero_early {
+            Some(z) => z.unwrap(),
+            None => g.value(Op::Constant { literal: Literal::scalar(DType::F32, 0.0) }).unwrap(),
+        };
+        let z = g.value(Op::BroadcastInDim { input: zero, shape: [1024].into(), dims: vec![] }).unwrap();
+        let e = g.value(Op::Binary { op: BinaryOp::Add, lhs: z, rhs: d }).unwrap();
+        g.set_outputs(vec![e]).unwrap();
+        let bwd = if zero_in_forward { 4 } else { 3 };
+        let (pinned, n) = pin_floating(&g, &EveryNodeAKernel, bwd).unwrap();
+        assert_eq!(n, 1, "the zeros are the one floating kernel");
+        crate::verify(&pinned).unwrap();
+        let bcast = pinned
+            .nodes()
+            .find(|(_, nd)| matches!(nd.op, Op::BroadcastInDim { .. }) && nd.outputs[0].shape.rank() == 1);
+        let Op::BroadcastInDim { input, .. } = bcast.unwrap().1.op else { unreachable!() };
+        let Op::Select { on_true, on_false, .. } = pinned.node(input.node).op else {
+            panic!("the zeros read their constant through the guard")
+        };
+        let constant = |v: ValueId| match &pinned.node(v.node).op {
+            Op::Constant { literal } => literal.to_f64s(),
+            other => panic!("a guard branch is {other:?}"),
+        };
+        assert_eq!(constant(on_true), vec![0.0]);
+        assert_eq!(constant(on_false), vec![1.0], "the branches differ");
+        let x =
+            Literal::from_f64s(DType::F32, [1024], &(0..1024).map(|i| (i as f64 * 0.013).sin()).collect::<Vec<_>>())
+                .unwrap();
+        assert_eq!(crate::interpret(&g, std::slice::from_ref(&x)).unwrap(), crate::interpret(&pinned, &[x]).unwrap());
+    }
+
+    #[test]
+    fn zeros_made_in_the_backward_wait_for_it() {
+        zeros_pinned(false);
+    }
+
+    #[test]
+    fn zeros_from_a_constant_made_in_the_forward_wait_for_the_backward() {
+        zeros_pinned(true);
     }
 }

@@ -490,7 +490,9 @@ fn greedy(name: &'static str, g: &Graph, opts: &RematOptions, segments: bool) ->
     if opts.pin_floating && !choices.is_empty() {
         let l = liveness(&cur, opts.fusion);
         if let Some(bwd) = first_backward_read(&cur, &l, opts) {
-            cur = super::pin::pin_floating(&cur, opts.fusion, bwd)?.0;
+            let (pinned, n) = super::pin::pin_floating(&cur, opts.fusion, bwd)?;
+            tracing::debug!(pinned = n, "pinned floating backward kernels");
+            cur = pinned;
         }
     }
     Ok(finish(name, g, cur, choices, before, opts))
