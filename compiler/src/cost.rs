@@ -178,7 +178,9 @@ pub fn op_cost(op: &Op, operands: &[TensorType], outputs: &[TensorType]) -> Node
         }
         // A placement is a copy over the host link (an async copy engine), no
         // arithmetic and no device kernel.
-        Op::Reshape { .. } | Op::OptimizationBarrier { .. } | Op::Place { .. } => NodeCost::free(),
+        // A sharding constraint: no kernel of its own (the gather it asks for
+        // in a partitioned program is communication, not priced here).
+        Op::Reshape { .. } | Op::OptimizationBarrier { .. } | Op::Place { .. } | Op::Whole { .. } => NodeCost::free(),
         // Reads the selected elements only: as many as it writes.
         Op::Slice { .. } => NodeCost::moves(out_bytes, written),
         Op::DynamicSlice { input: _, starts, sizes: _ } => {

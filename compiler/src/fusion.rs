@@ -61,6 +61,7 @@ pub fn kind(op: &Op) -> FusionKind {
         | Op::RngBitGenerator { .. }
         | Op::OptimizationBarrier { .. }
         | Op::Place { .. }
+        | Op::Whole { .. }
         | Op::AllReduce { .. }
         // Composites: a fused library call or their own expansion.
         | Op::Attention { .. }
@@ -279,7 +280,7 @@ pub fn plan_fusion(g: &Graph) -> FusionPlan {
         let crosses = users[id.index()].iter().any(|u| group[u.index()] != group[id.index()]);
         // Reshapes and barriers are free views; their input's bytes are what
         // reaches memory.
-        let view = matches!(node.op, Op::Reshape { .. } | Op::OptimizationBarrier { .. });
+        let view = matches!(node.op, Op::Reshape { .. } | Op::Whole { .. } | Op::OptimizationBarrier { .. });
         if k != FusionKind::Input && !view && (crosses || is_output[id.index()]) {
             memory_bytes[id.index()] = b;
         }

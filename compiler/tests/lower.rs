@@ -318,9 +318,10 @@ fn variant(op: &Op) -> usize {
         Op::LmHeadCrossEntropyGrad { .. } => 29,
         Op::LmHeadCrossEntropyFused { .. } => 30,
         Op::Place { .. } => 31,
+        Op::Whole { .. } => 32,
     }
 }
-const VARIANTS: usize = 32;
+const VARIANTS: usize = 33;
 
 type Build = Box<dyn Fn(&mut Graph) -> Result<Vec<ValueId>>>;
 
@@ -575,6 +576,15 @@ fn op_cases() -> Vec<(String, usize, Build)> {
         }),
     );
     add("place".into(), 1, Box::new(place_case));
+    add(
+        "whole".into(),
+        1,
+        Box::new(|g| {
+            let x = g.parameter(t(DType::F32, &[4, 8]));
+            let w = g.value(Op::Whole { input: x })?;
+            Ok(vec![g.value(Op::Unary { op: UnaryOp::Exp, input: w })?])
+        }),
+    );
     for causal in [true, false] {
         add(format!("attention_causal_{causal}"), 1, Box::new(move |g| attention_case(g, causal)));
     }
@@ -811,5 +821,46 @@ fn shardings_annotate_main_and_set_the_partition_count() -> Result<()> {
     let short = kiln_compiler::ModuleShardings { outputs: vec![], ..shardings };
     let err = lower(&g, &LowerOptions { shardings: Some(short), ..LowerOptions::default() }).unwrap_err();
     assert!(err.to_string().contains("1 parameter and 0 output shardings for 1 parameters and 1 outputs"), "{err}");
+    Ok(())
+}
+
+/// `whole`: a replicated sharding constraint in a partitioned module, on
+/// either target, and nothing in a module without shardings; the identity on
+/// values, and its text form round-trips.
+#[test]
+fn whole_is_a_replicated_constraint_only_where_the_module_is_partitioned() -> Result<()> {
+    let mut g = Graph::new();
+    let w = g.parameter(TensorType::new(DType::F32, [8, 4]));
+    let x = g.value(Op::Whole { input: w })?;
+    let y = g.value(Op::Unary { op: UnaryOp::Exp, input: x })?;
+    g.set_outputs(vec![y])?;
+    let shardings = kiln_compiler::ModuleShardings {
+        num_partitions: 2,
+        params: vec!["{devices=[2,1]<=[2]}".into()],
+        outputs: vec!["{replicated}".into()],
+        attention: None,
+    };
+    for target in [LowerTarget::Cpu, LowerTarget::Cuda] {
+        let split = lower(&g, &LowerOptions { target, shardings: Some(shardings.clone()), ..LowerOptions::default() })?;
+        assert_eq!(split.matches("@Sharding").count(), 1, "{split}");
+        assert!(
+            split.contains(
+                "stablehlo.custom_call @Sharding(%arg0) {mhlo.sharding = \"{replicated}\"} : (tensor<8x4xf32>) -> tensor<8x4xf32>"
+            ),
+            "{split}"
+        );
+        let single = lower(&g, &LowerOptions { target, ..LowerOptions::default() })?;
+        assert!(!single.contains("custom_call") && single.contains("stablehlo.exponential %arg0"), "{single}");
+    }
+    let text = kiln_compiler::text::print(&g);
+    assert!(text.contains("whole %"), "{text}");
+    assert_eq!(kiln_compiler::text::print(&kiln_compiler::text::parse(&text)?), text);
+    let v: Vec<f64> = (0..32).map(|i| (i as f64 * 0.37).sin()).collect();
+    let lit = Literal::from_f64s(DType::F32, [8, 4], &v)?;
+    let want: Vec<f64> = v.iter().map(|x| (*x as f32).exp() as f64).collect();
+    let got = kiln_compiler::interpret(&g, &[lit])?[0].to_f64s();
+    for (a, b) in got.iter().zip(&want) {
+        assert!((a - b).abs() <= 1e-6 * b.abs(), "{a} vs {b}");
+    }
     Ok(())
 }

@@ -130,9 +130,10 @@ fn variant(op: &Op) -> usize {
         Op::LmHeadCrossEntropyGrad { .. } => 29,
         Op::LmHeadCrossEntropyFused { .. } => 30,
         Op::Place { .. } => 31,
+        Op::Whole { .. } => 32,
     }
 }
-const VARIANTS: usize = 32;
+const VARIANTS: usize = 33;
 
 /// A graph with every `Op` variant and every unary, binary, compare and reduce op.
 fn every_op() -> Graph {
@@ -189,6 +190,7 @@ fn every_op() -> Graph {
     g.add(Op::OptimizationBarrier { inputs: vec![] }).unwrap();
     let host = add(&mut g, Op::Place { input: x, to: MemorySpace::PinnedHost });
     add(&mut g, Op::Place { input: host, to: MemorySpace::Device });
+    add(&mut g, Op::Whole { input: x });
     for op in ReduceOp::ALL {
         add(&mut g, Op::AllReduce { op, input: x });
     }
@@ -322,13 +324,14 @@ fn every_op_prints() {
           %66:0 = optimization_barrier : ()
           %67 = place pinned_host %0 : tensor<2x3xf32>
           %68 = place device %67 : tensor<2x3xf32>
-          %69 = all_reduce sum %0 : tensor<2x3xf32>
-          %70 = all_reduce max %0 : tensor<2x3xf32>
-          %71 = all_reduce min %0 : tensor<2x3xf32>
-          %72 = all_reduce prod %0 : tensor<2x3xf32>
-          %73 = parameter 5 : tensor<2x3xf32>
-          %74 = add %65, %73 : tensor<2x3xf32>
-          return %74, %63#1, %73 {aliases = [0 -> 0, 5 -> 2]}
+          %69 = whole %0 : tensor<2x3xf32>
+          %70 = all_reduce sum %0 : tensor<2x3xf32>
+          %71 = all_reduce max %0 : tensor<2x3xf32>
+          %72 = all_reduce min %0 : tensor<2x3xf32>
+          %73 = all_reduce prod %0 : tensor<2x3xf32>
+          %74 = parameter 5 : tensor<2x3xf32>
+          %75 = add %65, %74 : tensor<2x3xf32>
+          return %75, %63#1, %74 {aliases = [0 -> 0, 5 -> 2]}
         }
     ");
 }

@@ -121,7 +121,8 @@ fn step_collectives(dump: &Path, mesh: &str, policy: PolicyKind, cfg: &GptConfig
             shard::set_policy(Some(policy));
             let text = text();
             let vocab = CharVocab::new(&text);
-            let mut t = GptTrainer::new(vocab.encode(&text), &GptConfig { vocab: vocab.len(), ..cfg.clone() })?;
+            let mut t =
+                GptTrainer::new(vocab.encode(&text), &GptConfig { vocab: cfg.vocab.max(vocab.len()), ..cfg.clone() })?;
             let batches = (0..2).map(|_| t.next_batch()).collect::<kiln::Result<Vec<_>>>()?;
             let mut step = captured_step(&t.model, t.params.tensors(), &mut t.opt, None, None);
             for (x, y) in batches {
@@ -223,6 +224,36 @@ fn tensor_parallel_step_all_reduces_four_times_per_layer_and_never_reshards_head
         .filter(|c| c.opcode == "all-reduce" && !c.shape.starts_with('(') && elements(&c.shape) > 1)
         .collect();
     assert!(per_block.is_empty(), "data=4 blocked head: all-reduces of more than a scalar: {per_block:?}");
+
+    // The same with a vocabulary whose table (FSDP-split over the vocabulary)
+    // outweighs a block's rows, as gpt2-small's does: the partitioner, left
+    // to choose, gathered each block's rows, made half the vocabulary's
+    // logits on each device, then all-gathered and all-to-all'ed them (4
+    // all-to-alls and 10 more all-gathers here; 3.6 GB and 1.6 GB a step for
+    // gpt2-small on two H200s). With the table whole where the blocks read
+    // it, it is gathered once and the rows stay put.
+    let big = GptConfig { vocab: 4096, ..cfg.clone() };
+    let explicit = step_collectives(dump.path(), "data=2", PolicyKind::Fsdp, &big)?;
+    let blocked_cfg = GptConfig { lm_head: Some(LmHeadLoss::Blocks { block_bytes: 4 * 64 * 4096 }), ..big.clone() };
+    let blocked = step_collectives(dump.path(), "data=2", PolicyKind::Fsdp, &blocked_cfg)?;
+    for opcode in COLLECTIVES {
+        eprintln!(
+            "data=2 fsdp, vocab 4096: {opcode} x{} explicit logits, x{} blocked head",
+            count(&explicit, opcode),
+            count(&blocked, opcode)
+        );
+    }
+    for forbidden in ["all-to-all", "collective-permute", "reduce-scatter"] {
+        let found: Vec<&Collective> = blocked.iter().filter(|c| c.opcode == forbidden).collect();
+        assert!(found.is_empty(), "vocab 4096 blocked head: rows or logits move ({forbidden}): {found:?}");
+    }
+    let table = format!("f32[4096,{}]", cfg.dim);
+    let gathers: Vec<&Collective> = blocked.iter().filter(|c| c.opcode == "all-gather").collect();
+    assert_eq!(gathers.iter().filter(|c| c.shape == table).count(), 1, "the table gathered once: {gathers:?}");
+    let logits: Vec<&&Collective> =
+        gathers.iter().filter(|c| c.shape.contains(",4096]") || c.shape.contains(",2048]")).collect();
+    assert!(logits.is_empty(), "vocab 4096 blocked head: logits gathered: {logits:?}");
+    assert!(gathers.len() <= count(&explicit, "all-gather"), "{gathers:?}");
     Ok(())
 }
 

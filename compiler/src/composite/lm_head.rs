@@ -100,6 +100,21 @@ impl Rows {
     }
 }
 
+/// The table `w` as the blocks read it: whole on every device when the rows
+/// are split ([`Op::Whole`]). Each device runs its own rows against the whole
+/// vocabulary. Left to choose, XLA's SPMD partitioner kept an FSDP table split
+/// over the vocabulary and moved rows and logits instead: it gathered each
+/// block's rows, made the logits of half the vocabulary on each device, and
+/// all-gathered and all-to-all'ed them (3.6 GB of all-gathers and 1.6 GB of
+/// all-to-alls a step for gpt2-small on two GPUs, `docs/sharding.md`).
+fn table(g: &mut Graph, w: ValueId, rows: Rows) -> Result<ValueId> {
+    if rows.shards > 1 {
+        v(g, Op::Whole { input: w })
+    } else {
+        Ok(w)
+    }
+}
+
 /// `[n, ...]` as `[parts, n / parts, ...]`.
 fn split_rows(g: &mut Graph, x: ValueId, parts: usize) -> Result<ValueId> {
     let dims = g.ty(x).shape.dims().to_vec();
@@ -349,6 +364,7 @@ pub(crate) fn expand_forward(
     guard: bool,
 ) -> Result<[ValueId; 2]> {
     let n = g.ty(h).shape.dims()[0];
+    let w = table(g, w, rows)?;
     let (mut nll, mut lse) = (Vec::new(), Vec::new());
     for span in rows.blocks(n) {
         // Each block's rows of h pass one barrier with the previous block's
@@ -382,6 +398,7 @@ pub(crate) fn expand_backward(
 ) -> Result<[ValueId; 2]> {
     let dtype = g.ty(h).dtype;
     let n = g.ty(h).shape.dims()[0];
+    let w = table(g, w, rows)?;
     let (mut dh, mut dw) = (Vec::new(), None);
     let a = acc(dtype);
     let (lse, dnll) = (convert(g, lse, a)?, convert(g, dnll, a)?);
@@ -451,6 +468,7 @@ pub(crate) fn expand_fused(
 ) -> Result<[ValueId; 4]> {
     let dtype = g.ty(h).dtype;
     let n = g.ty(h).shape.dims()[0];
+    let w = table(g, w, rows)?;
     let a = acc(dtype);
     let scale = convert(g, scale, a)?;
     let (mut nll, mut lse, mut dh, mut dw) = (Vec::new(), Vec::new(), Vec::new(), None);

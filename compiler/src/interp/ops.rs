@@ -228,7 +228,7 @@ pub(crate) fn eval<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'
         }
         Op::RngBitGenerator { algorithm, state, ty } => super::rng::rng_bit_generator(*algorithm, get(*state), ty),
         Op::OptimizationBarrier { inputs } => Ok(inputs.iter().map(|&v| get(v).clone()).collect()),
-        Op::Place { input, .. } => one(get(*input).clone()),
+        Op::Place { input, .. } | Op::Whole { input } => one(get(*input).clone()),
         Op::Attention { q, k, v, attrs } => super::attention::forward(get(*q), get(*k), get(*v), *attrs, outs),
         Op::AttentionGrad { q, k, v, out, stats, dout, attrs } => {
             super::attention::backward(get(*q), get(*k), get(*v), get(*out), get(*stats), get(*dout), *attrs, outs)

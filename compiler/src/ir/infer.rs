@@ -389,7 +389,7 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
             Ok(smallvec::smallvec![s, out.clone()])
         }
         Op::OptimizationBarrier { inputs } => Ok(inputs.iter().map(|&v| ty(v)).collect()),
-        Op::Place { input, .. } => one(ty(*input)),
+        Op::Place { input, .. } | Op::Whole { input } => one(ty(*input)),
         Op::AllReduce { input, .. } => {
             let t = ty(*input);
             if t.dtype == DType::Pred {

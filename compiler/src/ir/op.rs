@@ -517,6 +517,15 @@ pub enum Op {
         input: ValueId,
         to: MemorySpace,
     },
+    /// The input, whole on every device of a partitioned program: the
+    /// identity on every value. Lowered to a replicated sharding constraint
+    /// in a partitioned module (so XLA's SPMD partitioner gathers the value
+    /// once where it is read, instead of choosing by each reader's operand
+    /// sizes) and to nothing elsewhere. Made by the LM-head loss's expansion
+    /// for the tied table when the rows are split over devices.
+    Whole {
+        input: ValueId,
+    },
     /// Reduction of `input` across all replicas of the program.
     AllReduce {
         op: ReduceOp,
@@ -639,6 +648,7 @@ impl Op {
             Op::RngBitGenerator { .. } => "rng_bit_generator",
             Op::OptimizationBarrier { .. } => "optimization_barrier",
             Op::Place { .. } => "place",
+            Op::Whole { .. } => "whole",
             Op::AllReduce { .. } => "all_reduce",
             Op::Attention { .. } => "attention",
             Op::AttentionGrad { .. } => "attention_grad",
@@ -665,6 +675,7 @@ impl Op {
             | Op::Slice { input, .. }
             | Op::Reduce { input, .. }
             | Op::Place { input, .. }
+            | Op::Whole { input }
             | Op::AllReduce { input, .. } => smallvec![*input],
             Op::Binary { lhs, rhs, .. } | Op::Compare { lhs, rhs, .. } | Op::DotGeneral { lhs, rhs, .. } => {
                 smallvec![*lhs, *rhs]
@@ -702,6 +713,7 @@ impl Op {
             | Op::Slice { input, .. }
             | Op::Reduce { input, .. }
             | Op::Place { input, .. }
+            | Op::Whole { input }
             | Op::AllReduce { input, .. } => *input = f(*input),
             Op::Binary { lhs, rhs, .. } | Op::Compare { lhs, rhs, .. } | Op::DotGeneral { lhs, rhs, .. } => {
                 *lhs = f(*lhs);

@@ -27,6 +27,7 @@ pub(super) fn module(g: &Graph, opts: &LowerOptions, live: &[bool]) -> Result<St
         g,
         num_replicas: opts.num_replicas,
         target: opts.target,
+        partitioned: opts.shardings.is_some(),
         attention: match opts.target {
             super::LowerTarget::Cuda => opts.shardings.as_ref().and_then(|s| s.attention.clone()),
             super::LowerTarget::Cpu => None,
@@ -170,6 +171,9 @@ struct Emitter<'g> {
     g: &'g Graph,
     num_replicas: usize,
     target: super::LowerTarget,
+    /// Whether the module is partitioned by XLA's SPMD partitioner (it has
+    /// shardings): where [`Op::Whole`] is a sharding constraint.
+    partitioned: bool,
     /// The cuDNN attention calls' split over the devices (CUDA only).
     attention: Option<super::AttentionSplit>,
     /// SSA name of each output of each emitted node, indexed by node id.
@@ -546,6 +550,21 @@ impl Emitter<'_> {
                 }
                 super::LowerTarget::Cpu => self.names[id.index()] = vec![self.name(*input)],
             },
+            // A replicated sharding constraint, the form of JAX's
+            // `with_sharding_constraint`; in a module without shardings there
+            // is nothing to constrain.
+            Op::Whole { input } => {
+                if self.partitioned {
+                    let x = self.name(*input);
+                    let t = self.ty(*input).clone();
+                    let def = self.define(id, node);
+                    self.line(format!(
+                        "{def} = stablehlo.custom_call @Sharding({x}) {{mhlo.sharding = \"{{replicated}}\"}} : ({t}) -> {t}"
+                    ));
+                } else {
+                    self.names[id.index()] = vec![self.name(*input)];
+                }
+            }
             Op::AllReduce { op, input } => {
                 let x = self.name(*input);
                 let t = self.ty(*input).clone();

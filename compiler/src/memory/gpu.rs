@@ -203,7 +203,7 @@ fn absorbs(user: &Op, producer: &Op) -> bool {
         | Op::LmHeadCrossEntropyFused { .. } => true,
         // cuBLAS takes an operand in either layout: a transpose (or a
         // reshape) before a GEMM is folded; anything else is written first.
-        Op::DotGeneral { .. } => matches!(producer, Op::Transpose { .. } | Op::Reshape { .. }),
+        Op::DotGeneral { .. } => matches!(producer, Op::Transpose { .. } | Op::Reshape { .. } | Op::Whole { .. }),
         Op::Unary { .. }
         | Op::Binary { .. }
         | Op::Compare { .. }
@@ -215,7 +215,8 @@ fn absorbs(user: &Op, producer: &Op) -> bool {
         | Op::Slice { .. }
         | Op::Concatenate { .. }
         | Op::Pad { .. }
-        | Op::Reshape { .. } => true,
+        | Op::Reshape { .. }
+        | Op::Whole { .. } => true,
         // Custom calls (cuDNN attention), in-place updates, gathers, collectives
         // and barriers read their operands from memory.
         Op::DynamicSlice { .. }

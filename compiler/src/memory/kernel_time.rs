@@ -92,6 +92,7 @@ fn runs(op: &Op) -> bool {
         Op::Parameter { .. }
             | Op::Constant { .. }
             | Op::Reshape { .. }
+            | Op::Whole { .. }
             | Op::OptimizationBarrier { .. }
             | Op::Place { .. }
     )

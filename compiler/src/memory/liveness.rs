@@ -242,7 +242,8 @@ pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
             || matches!(node.op, Op::Parameter { .. } | Op::OptimizationBarrier { .. } | Op::Place { .. })
             || node.outputs.len() > 1
             || planned[i];
-        if materialized[i] && matches!(node.op, Op::Reshape { .. } | Op::OptimizationBarrier { .. }) {
+        if materialized[i] && matches!(node.op, Op::Reshape { .. } | Op::Whole { .. } | Op::OptimizationBarrier { .. })
+        {
             for v in node.op.inputs() {
                 forced[v.node.index()] = true;
             }
@@ -275,7 +276,9 @@ pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
             continue;
         }
         match &node.op {
-            Op::Reshape { input, .. } => buffer_of[i][0] = buffer_of[input.node.index()][input.output as usize],
+            Op::Reshape { input, .. } | Op::Whole { input } => {
+                buffer_of[i][0] = buffer_of[input.node.index()][input.output as usize]
+            }
             Op::OptimizationBarrier { inputs } => {
                 for (k, v) in inputs.iter().enumerate() {
                     buffer_of[i][k] = buffer_of[v.node.index()][v.output as usize];
@@ -405,6 +408,7 @@ fn writes_in_place(op: &Op) -> bool {
         | Op::Constant { .. }
         | Op::Iota { .. }
         | Op::Reshape { .. }
+        | Op::Whole { .. }
         | Op::DynamicSlice { .. }
         | Op::Reduce { .. }
         | Op::DotGeneral { .. }

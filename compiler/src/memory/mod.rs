@@ -148,7 +148,8 @@ pub(crate) fn loop_fusible(op: &Op) -> bool {
         | Op::Pad { .. }
         | Op::Iota { .. }
         | Op::Constant { .. }
-        | Op::Reshape { .. } => true,
+        | Op::Reshape { .. }
+        | Op::Whole { .. } => true,
         Op::Parameter { .. }
         | Op::DynamicSlice { .. }
         | Op::DynamicUpdateSlice { .. }

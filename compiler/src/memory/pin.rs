@@ -66,7 +66,7 @@ pub(super) fn pin_floating(
     for &id in &l.order {
         let i = id.index();
         let p = pos[i].expect("ordered nodes have positions");
-        if !floating[i] || !l.materialized[i] || matches!(g.node(id).op, Op::Reshape { .. }) {
+        if !floating[i] || !l.materialized[i] || matches!(g.node(id).op, Op::Reshape { .. } | Op::Whole { .. }) {
             continue;
         }
         let bytes: u64 = g.node(id).outputs.iter().map(|t| t.size_in_bytes() as u64).sum();

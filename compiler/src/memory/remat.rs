@@ -1048,7 +1048,7 @@ pub(super) fn anchor_for(
         // recomputed `tanh` and, through them, the cotangent. Waiting for the
         // cotangent keeps the clones in the kernel XLA fuses the derivative
         // into (docs/memory.md, "One pass over a recomputed leaf").
-        let view = !l.materialized[i] || matches!(g.node(a.node).op, Op::Reshape { .. });
+        let view = !l.materialized[i] || matches!(g.node(a.node).op, Op::Reshape { .. } | Op::Whole { .. });
         if view {
             stack.extend(g.node(a.node).op.inputs());
         } else if l.exec_pos[i].is_some_and(|p| p > early_end)
@@ -1092,7 +1092,7 @@ pub(super) fn readers(
     while let Some(x) = stack.pop() {
         for &u in &users[x.index()] {
             let Some(p) = l.exec_pos[u.index()] else { continue };
-            let view = !l.materialized[u.index()] || matches!(g.node(u).op, Op::Reshape { .. });
+            let view = !l.materialized[u.index()] || matches!(g.node(u).op, Op::Reshape { .. } | Op::Whole { .. });
             if view {
                 if !views.contains(&u) {
                     views.push(u);

@@ -19,8 +19,10 @@ pub fn sequence_backward(g: &Graph, fusion: &dyn Materialization) -> Result<(Gra
     let Some(bwd) = first_backward_read(g, &l, &opts) else { return Ok((g.clone(), 0)) };
     let mut kernels: Vec<NodeId> = Vec::new();
     for &id in &l.order[bwd..] {
-        let trivial =
-            matches!(g.node(id).op, Op::Reshape { .. } | Op::Parameter { .. } | Op::Constant { .. } | Op::Iota { .. });
+        let trivial = matches!(
+            g.node(id).op,
+            Op::Reshape { .. } | Op::Whole { .. } | Op::Parameter { .. } | Op::Constant { .. } | Op::Iota { .. }
+        );
         if l.materialized[id.index()] && !trivial {
             kernels.push(id);
         }

@@ -265,6 +265,7 @@ impl Parser {
                 let input = self.value(c)?;
                 Op::Place { input, to }
             }
+            "whole" => Op::Whole { input: self.value(c)? },
             "all_reduce" => {
                 let op = c.keyword(&ReduceOp::ALL, |r| r.name(), "reduction")?;
                 let input = self.value(c)?;

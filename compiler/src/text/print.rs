@@ -114,6 +114,7 @@ fn write_node(out: &mut impl Write, id: NodeId, node: &Node) -> fmt::Result {
         }
         Op::AllReduce { op, input } => write!(out, " {} {input}", op.name())?,
         Op::Place { input, to } => write!(out, " {} {input}", to.name())?,
+        Op::Whole { input } => write!(out, " {input}")?,
         Op::Attention { q, k, v, attrs } => {
             write!(out, " {q}, {k}, {v}, scale = {}, causal = {}", attrs.scale(), attrs.causal)?
         }

@@ -29,14 +29,15 @@ pub(crate) fn differentiable(op: &Op, pos: usize) -> bool {
         Op::LayerNorm { .. } => true,
         Op::LmHeadCrossEntropy { .. } => pos < 2,
         // Second derivatives of composites are not built.
-        // The fused LM-head loss already holds its own gradient, and
-        // placements are host offload's (both made by the compiler after
-        // autodiff).
+        // The fused LM-head loss already holds its own gradient, placements
+        // are host offload's and `whole` the LM-head expansion's (all made by
+        // the compiler after autodiff).
         Op::AttentionGrad { .. }
         | Op::LayerNormGrad { .. }
         | Op::LmHeadCrossEntropyGrad { .. }
         | Op::LmHeadCrossEntropyFused { .. }
-        | Op::Place { .. } => false,
+        | Op::Place { .. }
+        | Op::Whole { .. } => false,
         Op::Unary { .. }
         | Op::Binary { .. }
         | Op::Convert { .. }
@@ -358,7 +359,8 @@ pub(crate) fn backward(
         | Op::LayerNormGrad { .. }
         | Op::LmHeadCrossEntropyGrad { .. }
         | Op::LmHeadCrossEntropyFused { .. }
-        | Op::Place { .. } => {}
+        | Op::Place { .. }
+        | Op::Whole { .. } => {}
     }
     Ok(out)
 }

@@ -149,7 +149,8 @@ fn engine(op: &Op, outs: &[TensorType], graph: &Graph) -> Engine {
         | Op::LmHeadCrossEntropy { .. }
         | Op::LmHeadCrossEntropyGrad { .. }
         | Op::LmHeadCrossEntropyFused { .. }
-        | Op::Place { .. } => false,
+        | Op::Place { .. }
+        | Op::Whole { .. } => false,
     };
     if ok {
         Engine::Candle
@@ -328,7 +329,8 @@ fn eval_candle<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'a Ct
         | Op::LmHeadCrossEntropy { .. }
         | Op::LmHeadCrossEntropyGrad { .. }
         | Op::LmHeadCrossEntropyFused { .. }
-        | Op::Place { .. } => unreachable!("run by the interpreter"),
+        | Op::Place { .. }
+        | Op::Whole { .. } => unreachable!("run by the interpreter"),
     }
 }
 
