@@ -16,7 +16,7 @@
 //!
 //! A kernel that reads nothing but scalar constants (the zeros an embedding's
 //! gradient is scattered into) floats the same way; it reads its constants
-//! through the guard.
+//! through the guard, unless XLA folds it into an add ([`folded_by_xla`]).
 //!
 //! Invariants: no node is cloned and no FLOP of the model's is added beyond
 //! the guards' selects; parameters, outputs and aliases keep their indices.
