@@ -207,17 +207,7 @@ fn tensor_parallel_step_all_reduces_four_times_per_layer_and_never_reshards_head
     let explicit = step_collectives(dump.path(), "data=4", PolicyKind::Fsdp, &cfg)?;
     let blocked_cfg = GptConfig { lm_head: Some(LmHeadLoss::Blocks { block_bytes: 4 * 32 * vocab }), ..cfg.clone() };
     let blocked = step_collectives(dump.path(), "data=4", PolicyKind::Fsdp, &blocked_cfg)?;
-    for opcode in COLLECTIVES {
-        eprintln!(
-            "data=4 fsdp: {opcode} x{} explicit logits, x{} blocked head",
-            count(&explicit, opcode),
-            count(&blocked, opcode)
-        );
-    }
-    for forbidden in ["all-to-all", "collective-permute", "reduce-scatter"] {
-        let found: Vec<&Collective> = blocked.iter().filter(|c| c.opcode == forbidden).collect();
-        assert!(found.is_empty(), "data=4 blocked head: rows move between devices ({forbidden}): {found:?}");
-    }
+    blocked_head_moves_nothing("data=4 fsdp", &explicit, &blocked);
     assert_eq!(count(&blocked, "all-gather"), count(&explicit, "all-gather"), "{blocked:?}");
     let per_block: Vec<&Collective> = blocked
         .iter()
@@ -236,17 +226,7 @@ fn tensor_parallel_step_all_reduces_four_times_per_layer_and_never_reshards_head
     let explicit = step_collectives(dump.path(), "data=2", PolicyKind::Fsdp, &big)?;
     let blocked_cfg = GptConfig { lm_head: Some(LmHeadLoss::Blocks { block_bytes: 4 * 64 * 4096 }), ..big.clone() };
     let blocked = step_collectives(dump.path(), "data=2", PolicyKind::Fsdp, &blocked_cfg)?;
-    for opcode in COLLECTIVES {
-        eprintln!(
-            "data=2 fsdp, vocab 4096: {opcode} x{} explicit logits, x{} blocked head",
-            count(&explicit, opcode),
-            count(&blocked, opcode)
-        );
-    }
-    for forbidden in ["all-to-all", "collective-permute", "reduce-scatter"] {
-        let found: Vec<&Collective> = blocked.iter().filter(|c| c.opcode == forbidden).collect();
-        assert!(found.is_empty(), "vocab 4096 blocked head: rows or logits move ({forbidden}): {found:?}");
-    }
+    blocked_head_moves_nothing("data=2 fsdp, vocab 4096", &explicit, &blocked);
     let table = format!("f32[4096,{}]", cfg.dim);
     let gathers: Vec<&Collective> = blocked.iter().filter(|c| c.opcode == "all-gather").collect();
     assert_eq!(gathers.iter().filter(|c| c.shape == table).count(), 1, "the table gathered once: {gathers:?}");
@@ -255,6 +235,26 @@ fn tensor_parallel_step_all_reduces_four_times_per_layer_and_never_reshards_head
     assert!(logits.is_empty(), "vocab 4096 blocked head: logits gathered: {logits:?}");
     assert!(gathers.len() <= count(&explicit, "all-gather"), "{gathers:?}");
     Ok(())
+}
+
+/// Prints both steps' collective counts and asserts that the blocked head's
+/// step moves no rows or logits between devices: no all-to-all,
+/// collective-permute or reduce-scatter.
+fn blocked_head_moves_nothing(label: &str, explicit: &[Collective], blocked: &[Collective]) {
+    for opcode in COLLECTIVES {
+        eprintln!(
+            "{label}: {opcode} x{} explicit logits, x{} blocked head",
+            count(explicit, opcode),
+            count(blocked, opcode)
+        );
+    }
+    for forbidden in ["all-to-all", "collective-permute", "reduce-scatter"] {
+        let found: Vec<&Collective> = blocked.iter().filter(|c| c.opcode == forbidden).collect();
+        assert!(
+            found.is_empty(),
+            "{label}, blocked head: rows or logits move between devices ({forbidden}): {found:?}"
+        );
+    }
 }
 
 /// Elements of an array shape as printed without its layout (`f32[1,1,1]`: 1).
