@@ -61,8 +61,9 @@ pub(super) fn pin_floating(
     }
     let largest = l.buffers.iter().map(|b| b.bytes).max().unwrap_or(0);
     let min_bytes = (largest as f64 * PIN_MIN_BYTES_FRACTION) as u64;
-    // Kernels to pin, each with its anchor.
-    let mut pins: Vec<(NodeId, ValueId)> = Vec::new();
+    // Kernels to pin, each with its anchor and the operands it reads through
+    // the guard.
+    let mut holds: Vec<Hold> = Vec::new();
     for &id in &l.order {
         let i = id.index();
         let p = pos[i].expect("ordered nodes have positions");
@@ -70,7 +71,8 @@ pub(super) fn pin_floating(
             continue;
         }
         let bytes: u64 = g.node(id).outputs.iter().map(|t| t.size_in_bytes() as u64).sum();
-        if bytes < min_bytes || guarded_operands(g, id, &pos, bwd).is_empty() {
+        let operands = guarded_operands(g, id, &pos, bwd);
+        if bytes < min_bytes || operands.is_empty() {
             continue;
         }
         let anchor = l
@@ -83,18 +85,14 @@ pub(super) fn pin_floating(
             })
             .max_by_key(|b| b.def)
             .map(|b| b.value);
-        if let Some(a) = anchor {
-            pins.push((id, a));
+        if let Some(anchor) = anchor {
+            holds.push(Hold { node: id, anchor, operands });
         }
     }
-    if pins.is_empty() {
+    if holds.is_empty() {
         return Ok((g.clone(), 0));
     }
-    let holds: Vec<Hold> = pins
-        .iter()
-        .map(|&(id, anchor)| Hold { node: id, anchor, operands: guarded_operands(g, id, &pos, bwd) })
-        .collect();
-    Ok((hold(g, &holds)?, pins.len()))
+    Ok((hold(g, &holds)?, holds.len()))
 }
 
 /// The operands of a floating kernel `id` that its pin reads through the
