@@ -149,6 +149,11 @@ pub struct PassOptions {
     /// The remat pass offloads saved activations to pinned host memory
     /// before it recomputes ([`crate::memory::HostOffload`]; CUDA only).
     pub host_offload: bool,
+    /// Parameters that XLA's SPMD partitioner will gather where they are
+    /// computed with (FSDP's weights): the remat pass reads them and what is
+    /// computed from them alone where they are
+    /// ([`crate::memory::RematOptions::gathered_params`]).
+    pub gathered_params: Vec<u32>,
 }
 
 /// One pass: a name (what `--passes` spells) and a function from graph to graph
@@ -220,6 +225,7 @@ impl Default for PipelineOptions {
                 activation_fraction: None,
                 target: crate::LowerTarget::Cpu,
                 host_offload: false,
+                gathered_params: Vec::new(),
             },
         }
     }
@@ -263,6 +269,13 @@ impl PipelineOptions {
     /// ([`PassOptions::host_offload`]).
     pub fn with_host_offload(mut self, on: bool) -> PipelineOptions {
         self.pass_options.host_offload = on;
+        self
+    }
+
+    /// The parameters XLA's SPMD partitioner gathers
+    /// ([`PassOptions::gathered_params`]).
+    pub fn with_gathered_params(mut self, params: Vec<u32>) -> PipelineOptions {
+        self.pass_options.gathered_params = params;
         self
     }
 
@@ -401,7 +414,10 @@ fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, Com
         (None, Some(limit)) => RematBudget::Bytes(limit),
         (None, None) => return Ok(g.clone()),
     };
-    let ro = crate::memory::RematOptions::for_target(budget, o.target);
+    let ro = crate::memory::RematOptions {
+        gathered_params: o.gathered_params.clone(),
+        ..crate::memory::RematOptions::for_target(budget, o.target)
+    };
     let offload = crate::memory::HostOffload { target: o.target };
     let strategy: &dyn crate::memory::RematStrategy = if o.host_offload { &offload } else { &crate::memory::Greedy };
     let plan = crate::memory::rematerialize(g, strategy, &ro)?;
@@ -442,7 +458,7 @@ fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, Com
 /// GPT on the CPU plugin: XLA temp -11.4%, step time +4-8%), so it runs
 /// with a memory budget, before `remat`, or when listed.
 fn run_sequence(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, CompileError> {
-    let (out, guarded) = crate::memory::sequence_for(g, o.target)?;
+    let (out, guarded) = crate::memory::sequence_for(g, o.target, &o.gathered_params)?;
     s.changed = guarded;
     Ok(out)
 }

@@ -164,18 +164,22 @@ fn pipeline_options() -> Result<pipeline::PipelineOptions> {
         .with_host_offload(crate::host_offload()))
 }
 
-/// The program of `graph` (a closed raw trace fed by `bindings`), compiled
-/// with `replicas` replicas.
+/// The program of `graph` (a closed raw trace fed by `bindings`, `assigned`
+/// saying which of them an output is assigned over), compiled with
+/// `replicas` replicas.
 pub(crate) fn obtain(
     graph: &Graph,
     bindings: &[Binding],
+    assigned: &[bool],
     out_shardings: Option<&[crate::shard::Sharding]>,
     client: &Client,
     replicas: usize,
 ) -> Result<Obtained> {
     let mut dump = crate::dump::Dump::from_env();
     let t = Instant::now();
-    let opts = pipeline_options()?.with_target(LowerTarget::from_platform(client.platform_name()));
+    let opts = pipeline_options()?
+        .with_target(LowerTarget::from_platform(client.platform_name()))
+        .with_gathered_params(crate::shard::gathered_params(bindings, assigned));
     let out = pipeline::run(graph, &opts, &mut |p, g| dump.observe(p, g))?;
     metrics::update(|m| m.record_pipeline(&out.stats, t.elapsed()));
     dump.finish()?;

@@ -530,6 +530,22 @@ pub(crate) fn of(inner: &Inner) -> Sharding {
     inner.sharding.borrow().clone().unwrap_or_else(|| Sharding::replicated(inner.ty.shape.dims().len()))
 }
 
+/// The parameters of a trace fed by `bindings` that XLA's SPMD partitioner
+/// gathers where they are computed with: the state a step updates
+/// (`assigned`: an output is assigned over it) that is split over the `data`
+/// axis, as FSDP splits weights. Batches are split over it too but are not
+/// assigned over. Empty without a mesh or without that axis.
+pub(crate) fn gathered_params(bindings: &[crate::trace::Binding], assigned: &[bool]) -> Vec<u32> {
+    let Some(mesh) = active_mesh() else { return Vec::new() };
+    if mesh.axis_size(DATA).is_none_or(|s| s == 1) {
+        return Vec::new();
+    }
+    let split = |b: &crate::trace::Binding| {
+        b.tensor.upgrade().is_some_and(|t| of(&t).dims().iter().any(|d| d.as_deref() == Some(DATA)))
+    };
+    (0..bindings.len()).filter(|&i| assigned[i] && split(&bindings[i])).map(|i| i as u32).collect()
+}
+
 /// Under a mesh, the layout of each output of a closing trace: the first
 /// receiver's sharding that is set (replicated when none is), which every
 /// receiver of that output then takes, so all handles on the buffers agree on

@@ -239,7 +239,7 @@ fn cut(t0: Instant) -> Result<Option<CutStep>> {
     // The one place that dispatches on the backend.
     let (results, entry, params) = match backend {
         Backend::Pjrt => {
-            let entry = compiled(&graph, &bindings, out_shardings.as_deref(), key, &mut report)?;
+            let entry = compiled(&graph, &bindings, &receivers, out_shardings.as_deref(), key, &mut report)?;
             report.nodes = entry.nodes;
             report.donated = entry.donated.iter().filter(|&&d| d).count();
             let bindings = select(bindings, &entry.kept_params);
@@ -283,6 +283,7 @@ fn cut(t0: Instant) -> Result<Option<CutStep>> {
 fn compiled(
     graph: &Graph,
     bindings: &[Binding],
+    receivers: &[Vec<Rc<Inner>>],
     out_shardings: Option<&[crate::shard::Sharding]>,
     key: u64,
     report: &mut StepReport,
@@ -299,7 +300,9 @@ fn compiled(
         return Ok(entry);
     }
     let client = context::with(|c| c.client())?;
-    let got = program::obtain(graph, bindings, out_shardings, &client, crate::replicas::global_replicas()?)?;
+    let received: std::collections::HashSet<u64> = receivers.iter().flatten().map(|r| r.id).collect();
+    let assigned: Vec<bool> = bindings.iter().map(|b| received.contains(&b.tensor_id)).collect();
+    let got = program::obtain(graph, bindings, &assigned, out_shardings, &client, crate::replicas::global_replicas()?)?;
     report.compiled = got.compiled;
     report.recompile = got.explanation;
     let new_program = got.compiled || report.recompile.is_some();

@@ -144,7 +144,7 @@ pub fn plan_and_compile(
     };
     // As the pipeline does under a budget: the backward held to the
     // program's order where the target reorders it, then the strategy.
-    let (sequenced, _) = sequence_for(optimized, target).context("ordering the backward")?;
+    let (sequenced, _) = sequence_for(optimized, target, &[]).context("ordering the backward")?;
     let plan = rematerialize(&sequenced, strategy, &opts).context("planning rematerialization")?;
     let module = lower(
         &plan.graph,

@@ -95,7 +95,7 @@ fn gpt_adamw_step(cfg: &gpt::GptConfig, adamw: AdamWConfig, lr: f64) -> anyhow::
 /// The lowest-peak greedy plan as the pipeline plans under a budget on the
 /// CPU target: the backward held to the program's order, then remat.
 fn tightest_cpu_plan(g: &Graph) -> anyhow::Result<kiln::compiler::memory::RematPlan> {
-    let (sequenced, _) = sequence_for(g, LowerTarget::Cpu)?;
+    let (sequenced, _) = sequence_for(g, LowerTarget::Cpu, &[])?;
     Ok(rematerialize(&sequenced, &Greedy, &RematOptions::for_target(RematBudget::Bytes(0), LowerTarget::Cpu))?)
 }
 
@@ -235,7 +235,7 @@ fn a_budget_the_lowest_peak_plan_meets_is_never_reported_unmet() -> anyhow::Resu
     let cfg = gpt::GptConfig { vocab: 25, ..gpt::GptConfig::tiny(25) };
     let (g, _) = gpt_adamw_step(&cfg, AdamWConfig::default(), 1e-3)?;
     let g = pipeline::optimize(&g)?.0;
-    let (g, _) = sequence_for(&g, LowerTarget::Cpu)?;
+    let (g, _) = sequence_for(&g, LowerTarget::Cpu, &[])?;
     let plan = |budget| rematerialize(&g, &Greedy, &RematOptions::for_target(budget, LowerTarget::Cpu));
     let lowest = plan(RematBudget::Bytes(0))?.after.peak_bytes;
     let mut reachable = 0;
@@ -431,7 +431,7 @@ fn greedy_remat_cuts_xla_temp_bytes_of_gpt2_small() -> anyhow::Result<()> {
 fn sequencing_the_backward_cuts_xla_temp_of_the_tiny_gpt() -> anyhow::Result<()> {
     let client = Client::new(&ClientOptions::default())?;
     let g = gpt_tiny_step()?;
-    let (s, guarded) = sequence_backward(&g, &XlaCpuFusion)?;
+    let (s, guarded) = sequence_backward(&g, &XlaCpuFusion, &[])?;
     let (m0, m1) = (xla_stats(&client, &g)?, xla_stats(&client, &s)?);
     let model = peak_memory(&s, &XlaCpuFusion).peak_bytes as f64;
     let xla = m1.held_bytes() as f64;

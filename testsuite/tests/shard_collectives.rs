@@ -105,6 +105,18 @@ fn after_optimizations(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
 /// other program, such as an init program, is far smaller). The dump
 /// directory is emptied first, so only this run's programs are looked at.
 fn step_collectives(dump: &Path, mesh: &str, policy: PolicyKind, cfg: &GptConfig) -> anyhow::Result<Vec<Collective>> {
+    planned_step_collectives(dump, mesh, policy, cfg, None)
+}
+
+/// [`step_collectives`] with the step planned under `budget` (a share of
+/// its activation memory, `kiln::set_activation_budget`).
+fn planned_step_collectives(
+    dump: &Path,
+    mesh: &str,
+    policy: PolicyKind,
+    cfg: &GptConfig,
+    budget: Option<f64>,
+) -> anyhow::Result<Vec<Collective>> {
     for e in std::fs::read_dir(dump)? {
         let p = e?.path();
         if p.is_dir() {
@@ -117,6 +129,7 @@ fn step_collectives(dump: &Path, mesh: &str, policy: PolicyKind, cfg: &GptConfig
     std::thread::scope(|s| {
         s.spawn(|| -> anyhow::Result<()> {
             kiln::set_disk_cache(None)?;
+            kiln::set_activation_budget(budget)?;
             shard::set_mesh(mesh)?;
             shard::set_policy(Some(policy));
             let text = text();
@@ -234,6 +247,34 @@ fn tensor_parallel_step_all_reduces_four_times_per_layer_and_never_reshards_head
         gathers.iter().filter(|c| c.shape.contains(",4096]") || c.shape.contains(",2048]")).collect();
     assert!(logits.is_empty(), "vocab 4096 blocked head: logits gathered: {logits:?}");
     assert!(gathers.len() <= count(&explicit, "all-gather"), "{gathers:?}");
+
+    // Remat under FSDP: a plan that recomputes activations in the backward
+    // reads the weights the forward gathered and gathers none of them again.
+    // With the weights read through the remat fence (and through the CPU
+    // target's ordering guards), the 25% plan of this step made 33
+    // all-gathers more than the unplanned step's 28, and gpt2-small's on two
+    // H200s 90 more than its 9 (`docs/memory.md`, "Remat under FSDP reads the
+    // gathered weights"). One gather more is allowed, the embedding's gradient
+    // (`[vocab, dim]`): on the CPU target the ordering pass anchors a guard on
+    // its scatter, so XLA no longer folds the scatter into the LM head's dw,
+    // and the partitioner makes that gradient split and gathers it.
+    let planned = planned_step_collectives(dump.path(), "data=2", PolicyKind::Fsdp, &cfg, Some(0.25))?;
+    let unplanned = step_collectives(dump.path(), "data=2", PolicyKind::Fsdp, &cfg)?;
+    for opcode in COLLECTIVES {
+        eprintln!(
+            "data=2 fsdp: {opcode} x{} unplanned, x{} at 25%",
+            count(&unplanned, opcode),
+            count(&planned, opcode)
+        );
+    }
+    let mut extra: Vec<&str> = planned.iter().filter(|c| c.opcode == "all-gather").map(|c| c.shape.as_str()).collect();
+    for c in unplanned.iter().filter(|c| c.opcode == "all-gather") {
+        if let Some(k) = extra.iter().position(|&s| s == c.shape) {
+            extra.remove(k);
+        }
+    }
+    let table = format!("f32[{vocab},{}]", cfg.dim);
+    assert!(extra.is_empty() || extra == [table.as_str()], "gathered again under the plan: {extra:?}");
     Ok(())
 }
 

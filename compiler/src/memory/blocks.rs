@@ -34,7 +34,9 @@
 use crate::ir::{Graph, NodeId, Op, ValueId};
 
 use super::liveness::{users_of, BufferKind, Liveness};
-use super::remat::{anchor_for, clonable, clone_closure, readers, recompute_cost, Candidate, RematOptions};
+use super::remat::{
+    anchor_for, clonable, clone_closure, gathered_weights, readers, recompute_cost, unfenced, Candidate, RematOptions,
+};
 
 /// A forward buffer is a cut when the other forward buffers waiting at its
 /// position hold at most this fraction of its bytes.
@@ -143,7 +145,9 @@ fn segment(
     inside: &dyn Fn(usize) -> bool,
     opts: &RematOptions,
 ) -> Option<Candidate> {
-    // Roots: nodes of the segment that a backward node reads directly.
+    // Roots: nodes of the segment that a backward node reads directly; a
+    // gathered weight is read where it is.
+    let weights = gathered_weights(g, &opts.gathered_params);
     let mut roots: Vec<NodeId> = Vec::new();
     let mut late_pos = usize::MAX;
     for &id in &l.order {
@@ -152,7 +156,7 @@ fn segment(
             continue;
         }
         let op = &g.node(id).op;
-        if !clonable(op) || matches!(op, Op::Constant { .. } | Op::Iota { .. }) {
+        if !clonable(op) || matches!(op, Op::Constant { .. } | Op::Iota { .. }) || weights[id.index()] {
             continue;
         }
         let first_late = users[id.index()].iter().filter_map(|u| pos[u.index()]).filter(|&q| q >= bwd).min();
@@ -169,7 +173,7 @@ fn segment(
     // Before the segment: the cut that opens it (kept, in memory or made so
     // by the fence) and buffers are leaves; fused values made of them are
     // cloned.
-    let (chain, leaves) = clone_closure(g, roots.clone(), MAX_SEGMENT_NODES, |u| {
+    let (chain, leaves) = clone_closure(g, roots.clone(), &weights, MAX_SEGMENT_NODES, |u| {
         let in_memory = l.buffer_of[u.node.index()][u.output as usize].is_some();
         let up = pos[u.node.index()]?;
         Some(before(up) && (in_memory || Some(up) == lo))
@@ -195,13 +199,27 @@ fn segment(
     let bytes: u64 = freed.iter().map(|&(b, _)| b).sum();
     let also: Vec<ValueId> = freed.iter().map(|&(_, v)| v).filter(|&v| v != value).collect();
     early_end = early_end.max(l.buffers[l.buffer_of[value.node.index()][value.output as usize]?].def);
-    if early_end >= late_pos || leaves.is_empty() {
+    let unfenced = unfenced(&leaves, &weights);
+    if early_end >= late_pos || leaves.len() == unfenced.len() {
         return None;
     }
     let anchor = anchor_for(g, l, late_node, late_pos, early_end, &chain, &[]);
     anchor?;
     let (flops, seconds) = recompute_cost(g, &chain, &leaves, bytes, opts);
-    Some(Candidate { value, also, bytes, early_end, late_node, late_pos, chain, leaves, anchor, flops, seconds })
+    Some(Candidate {
+        value,
+        also,
+        bytes,
+        early_end,
+        late_node,
+        late_pos,
+        chain,
+        leaves,
+        unfenced,
+        anchor,
+        flops,
+        seconds,
+    })
 }
 
 #[cfg(test)]

@@ -18,6 +18,10 @@
 //! gradient is scattered into) floats the same way; it reads its constants
 //! through the guard, unless XLA folds it into an add ([`folded_by_xla`]).
 //!
+//! A gathered weight ([`super::remat::gathered_weights`]) is never read
+//! through a guard: XLA's SPMD partitioner would gather it again. A kernel
+//! with nothing else to guard is left alone.
+//!
 //! Invariants: no node is cloned and no FLOP of the model's is added beyond
 //! the guards' selects; parameters, outputs and aliases keep their indices.
 
@@ -33,11 +37,13 @@ use crate::fence::{hold, Hold};
 pub(super) const PIN_MIN_BYTES_FRACTION: f64 = 0.02;
 
 /// `g` with its floating backward kernels pinned; `bwd` is the position of
-/// the first backward read. Returns the graph and how many kernels were pinned.
+/// the first backward read, `weights` marks the gathered weights by node.
+/// Returns the graph and how many kernels were pinned.
 pub(super) fn pin_floating(
     g: &Graph,
     fusion: &dyn Materialization,
     bwd: usize,
+    weights: &[bool],
 ) -> Result<(Graph, usize), CompileError> {
     let l = liveness(g, fusion);
     let n = g.len();
@@ -71,7 +77,7 @@ pub(super) fn pin_floating(
             continue;
         }
         let bytes: u64 = g.node(id).outputs.iter().map(|t| t.size_in_bytes() as u64).sum();
-        let operands = guarded_operands(g, id, &pos, bwd);
+        let operands = guarded_operands(g, id, &pos, bwd, weights);
         if bytes < min_bytes || operands.is_empty() {
             continue;
         }
@@ -101,11 +107,12 @@ pub(super) fn pin_floating(
 /// gradient is scattered into, which XLA's schedule otherwise writes in the
 /// forward and holds through the backward), those constants. Empty when the
 /// kernel has neither, and for constants XLA folds away ([`folded_by_xla`]).
-fn guarded_operands(g: &Graph, id: NodeId, pos: &[Option<usize>], bwd: usize) -> Vec<ValueId> {
+/// Gathered weights (`weights`, by node) are never guarded.
+fn guarded_operands(g: &Graph, id: NodeId, pos: &[Option<usize>], bwd: usize, weights: &[bool]) -> Vec<ValueId> {
     let inputs = g.node(id).op.inputs();
     let mut operands: Vec<ValueId> = Vec::new();
     for u in inputs.iter().copied() {
-        if pos[u.node.index()].is_some_and(|q| q < bwd) && !operands.contains(&u) {
+        if pos[u.node.index()].is_some_and(|q| q < bwd) && !weights[u.node.index()] && !operands.contains(&u) {
             operands.push(u);
         }
     }
@@ -163,7 +170,7 @@ mod tests {
         let e = g.value(Op::Binary { op: BinaryOp::Mul, lhs: d, rhs: s }).unwrap();
         g.set_outputs(vec![e]).unwrap();
         // The first backward read is d, at position 3.
-        let (pinned, n) = pin_floating(&g, &EveryNodeAKernel, 3).unwrap();
+        let (pinned, n) = pin_floating(&g, &EveryNodeAKernel, 3, &vec![false; g.len()]).unwrap();
         assert_eq!(n, 1);
         crate::verify(&pinned).unwrap();
         let log = pinned.nodes().find(|(_, nd)| matches!(nd.op, Op::Unary { op: UnaryOp::Log, .. })).unwrap().1;
@@ -194,7 +201,7 @@ mod tests {
         let e = g.value(Op::Binary { op: BinaryOp::Add, lhs: z, rhs: d }).unwrap();
         g.set_outputs(vec![e]).unwrap();
         let bwd = if zero_in_forward { 4 } else { 3 };
-        let (pinned, n) = pin_floating(&g, &EveryNodeAKernel, bwd).unwrap();
+        let (pinned, n) = pin_floating(&g, &EveryNodeAKernel, bwd, &vec![false; g.len()]).unwrap();
         assert_eq!(n, 1, "the zeros are the one floating kernel");
         crate::verify(&pinned).unwrap();
         let bcast = pinned
@@ -234,12 +241,12 @@ mod tests {
         let total = g.value(Op::Binary { op: BinaryOp::Add, lhs: da, rhs: s }).unwrap();
         g.set_outputs(vec![total]).unwrap();
         // The backward starts at d (p, ids, a, da, rows, d).
-        let (_, n) = pin_floating(&g, &EveryNodeAKernel, 5).unwrap();
+        let (_, n) = pin_floating(&g, &EveryNodeAKernel, 5, &vec![false; g.len()]).unwrap();
         assert_eq!(n, 0, "the zeros are folded into the add by XLA, not pinned");
         // Read by the step's output directly, the same zeros are pinned.
         let mut g2 = g.clone();
         g2.set_outputs(vec![s, da]).unwrap();
-        let (_, n) = pin_floating(&g2, &EveryNodeAKernel, 5).unwrap();
+        let (_, n) = pin_floating(&g2, &EveryNodeAKernel, 5, &vec![false; g2.len()]).unwrap();
         assert_eq!(n, 1);
     }
 

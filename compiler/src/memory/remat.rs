@@ -116,6 +116,14 @@ pub struct RematOptions<'a> {
     /// candidate again (false: the reference the lazy plans are checked
     /// against).
     pub lazy: bool,
+    /// Parameters (by index) that XLA's SPMD partitioner gathers where they
+    /// are computed with: weights split over the devices the batch is split
+    /// over (FSDP). A value computed from them alone (a weight, its cast, its
+    /// transpose) is never recomputed and is read where it is, outside the
+    /// barrier: recomputing it, or reading it through the barrier, gathers
+    /// the weight again (`docs/memory.md`, "Remat under FSDP reads the
+    /// gathered weights").
+    pub gathered_params: Vec<u32>,
 }
 
 /// How greedy prices a recomputation.
@@ -212,6 +220,7 @@ impl<'a> RematOptions<'a> {
             guard_leaves: LeafGuards::Every,
             cost: RecomputeCost::Arithmetic,
             lazy: true,
+            gathered_params: Vec::new(),
         }
     }
 }
@@ -490,7 +499,8 @@ fn greedy(name: &'static str, g: &Graph, opts: &RematOptions, segments: bool) ->
     if opts.pin_floating && !choices.is_empty() {
         let l = liveness(&cur, opts.fusion);
         if let Some(bwd) = first_backward_read(&cur, &l, opts) {
-            let (pinned, n) = super::pin::pin_floating(&cur, opts.fusion, bwd)?;
+            let weights = gathered_weights(&cur, &opts.gathered_params);
+            let (pinned, n) = super::pin::pin_floating(&cur, opts.fusion, bwd, &weights)?;
             tracing::debug!(pinned = n, "pinned floating backward kernels");
             cur = pinned;
         }
@@ -844,8 +854,12 @@ pub(super) struct Candidate {
     pub(super) late_pos: usize,
     /// Nodes to clone, in insertion order; the last one produces `value`.
     pub(super) chain: Vec<NodeId>,
-    /// Values the chain reads from memory, fenced by the barrier.
+    /// Values the chain reads from memory, fenced by the barrier but for
+    /// `unfenced`.
     pub(super) leaves: Vec<ValueId>,
+    /// The leaves computed from gathered parameters alone
+    /// ([`RematOptions::gathered_params`]), read where they are.
+    pub(super) unfenced: Vec<ValueId>,
     /// A value of the late region that the barrier waits for.
     pub(super) anchor: Option<ValueId>,
     pub(super) flops: u64,
@@ -903,6 +917,7 @@ pub fn keeps_values_for_later(g: &Graph, opts: &RematOptions) -> bool {
 pub(super) fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Candidate> {
     let users = users_of(g);
     let pos = l.positions();
+    let weights = gathered_weights(g, &opts.gathered_params);
     let mut out = Vec::new();
     for b in &l.buffers {
         if b.kind != BufferKind::Temp {
@@ -915,7 +930,7 @@ pub(super) fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Ca
             }
         }
         let node = g.node(v.node);
-        if !clonable(&node.op) || matches!(node.op, Op::Constant { .. } | Op::Iota { .. }) {
+        if !clonable(&node.op) || matches!(node.op, Op::Constant { .. } | Op::Iota { .. }) || weights[v.node.index()] {
             continue;
         }
         // Kernels that read the buffer, directly or through fused nodes and
@@ -938,7 +953,8 @@ pub(super) fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Ca
         }
         let Some((_, split, early_end)) = best else { continue };
         let (late_pos, late_node) = kernels[split];
-        let Some((mut chain, leaves)) = chain_for(g, l, v, late_pos, opts.max_chain_nodes) else { continue };
+        let Some((mut chain, leaves)) = chain_for(g, l, &weights, v, late_pos, opts.max_chain_nodes) else { continue };
+        let unfenced = unfenced(&leaves, &weights);
         // Views placed before the late point that a late node reads (directly
         // or through other such views) are cloned too, for the late kernels.
         let mut early_views: Vec<NodeId> =
@@ -961,7 +977,7 @@ pub(super) fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Ca
         let anchor = anchor_for(g, l, late_node, late_pos, early_end, &chain, &view_clones);
         // Without a fenced leaf and an anchor nothing stops XLA's CSE from
         // merging the clones back (constant-only chains such as masks).
-        if leaves.is_empty() || anchor.is_none() {
+        if leaves.len() == unfenced.len() || anchor.is_none() {
             continue;
         }
         // Recompute time, as `opts.cost` prices a chain.
@@ -978,6 +994,7 @@ pub(super) fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Ca
             late_pos,
             chain,
             leaves,
+            unfenced,
             anchor,
             flops,
             seconds,
@@ -1108,8 +1125,15 @@ pub(super) fn readers(
 
 /// The nodes to clone to recompute `v` at position `at`, and the values they
 /// read from memory; `None` when the chain would exceed `max_nodes`.
-fn chain_for(g: &Graph, l: &Liveness, v: ValueId, at: usize, max_nodes: usize) -> Option<(Vec<NodeId>, Vec<ValueId>)> {
-    clone_closure(g, vec![v.node], max_nodes, |u| {
+fn chain_for(
+    g: &Graph,
+    l: &Liveness,
+    weights: &[bool],
+    v: ValueId,
+    at: usize,
+    max_nodes: usize,
+) -> Option<(Vec<NodeId>, Vec<ValueId>)> {
+    clone_closure(g, vec![v.node], weights, max_nodes, |u| {
         Some(match l.buffer_of[u.node.index()][u.output as usize] {
             Some(b) => {
                 let b = &l.buffers[b];
@@ -1121,14 +1145,16 @@ fn chain_for(g: &Graph, l: &Liveness, v: ValueId, at: usize, max_nodes: usize) -
 }
 
 /// What recomputing `roots` takes: walking back through operands, a value
-/// is a leaf (read, not cloned) when its producer may not be cloned or when
-/// `kept` says it is in memory at the recomputation (constants and iotas
-/// excepted: cloning them is free); every other producer is cloned too. The
-/// nodes to clone, roots included, and the leaves, each sorted; `None` when
-/// the clones would exceed `max_nodes` or `kept` answers `None`.
+/// is a leaf (read, not cloned) when its producer may not be cloned, when
+/// `weights` marks it ([`gathered_weights`]) or when `kept` says it is in
+/// memory at the recomputation (constants and iotas excepted: cloning them
+/// is free); every other producer is cloned too. The nodes to clone, roots
+/// included, and the leaves, each sorted; `None` when the clones would
+/// exceed `max_nodes` or `kept` answers `None`.
 pub(super) fn clone_closure(
     g: &Graph,
     roots: Vec<NodeId>,
+    weights: &[bool],
     max_nodes: usize,
     mut kept: impl FnMut(ValueId) -> Option<bool>,
 ) -> Option<(Vec<NodeId>, Vec<ValueId>)> {
@@ -1141,7 +1167,9 @@ pub(super) fn clone_closure(
                 continue;
             }
             let un = g.node(u.node);
-            let is_leaf = !clonable(&un.op) || (kept(u)? && !matches!(un.op, Op::Constant { .. } | Op::Iota { .. }));
+            let is_leaf = !clonable(&un.op)
+                || weights[u.node.index()]
+                || (kept(u)? && !matches!(un.op, Op::Constant { .. } | Op::Iota { .. }));
             if is_leaf {
                 leaves.push(u);
             } else {
@@ -1156,6 +1184,33 @@ pub(super) fn clone_closure(
     chain.sort();
     leaves.sort();
     Some((chain, leaves))
+}
+
+/// Per node of `g`, whether it computes from the gathered parameters
+/// `params` alone ([`RematOptions::gathered_params`]): such a parameter, or a
+/// clonable node that reads such values (one at least), constants and iotas.
+pub(super) fn gathered_weights(g: &Graph, params: &[u32]) -> Vec<bool> {
+    let mut out = vec![false; g.len()];
+    if params.is_empty() {
+        return out;
+    }
+    let free = |n: NodeId| matches!(g.node(n).op, Op::Constant { .. } | Op::Iota { .. });
+    for (id, node) in g.nodes() {
+        out[id.index()] = match &node.op {
+            Op::Parameter { index, .. } => params.contains(index),
+            op if clonable(op) && !free(id) => {
+                let inputs = op.inputs();
+                inputs.iter().any(|u| out[u.node.index()]) && inputs.iter().all(|u| out[u.node.index()] || free(u.node))
+            }
+            _ => false,
+        };
+    }
+    out
+}
+
+/// The leaves of a chain that `weights` marks: read where they are.
+pub(super) fn unfenced(leaves: &[ValueId], weights: &[bool]) -> Vec<ValueId> {
+    leaves.iter().copied().filter(|u| weights[u.node.index()]).collect()
 }
 
 /// `g` with `c`'s chain cloned before its first late user and every user at
@@ -1176,9 +1231,12 @@ pub(super) fn rewrite(
     // read ([`LeafGuards::PassAnchor`]).
     let mut passed: Option<(ValueId, ValueId)> = None;
     let remap = |map: &[NodeId], v: ValueId| ValueId::new(map[v.node.index()], v.output);
+    // The leaves behind the barrier; the unfenced ones are read where they
+    // are, as the clones' other operands.
+    let leaves: Vec<ValueId> = c.leaves.iter().copied().filter(|u| !c.unfenced.contains(u)).collect();
     for (id, node) in g.nodes() {
         if id == c.late_node {
-            let mut fenced: Vec<ValueId> = c.leaves.iter().map(|&u| remap(&map, u)).collect();
+            let mut fenced: Vec<ValueId> = leaves.iter().map(|&u| remap(&map, u)).collect();
             let n_leaves = fenced.len();
             if let Some(a) = c.anchor {
                 fenced.push(remap(&map, a));
@@ -1214,8 +1272,8 @@ pub(super) fn rewrite(
                         }
                         let smallest = inputs
                             .iter()
-                            .filter_map(|u| c.leaves.iter().position(|x| x == u))
-                            .min_by_key(|&k| g.ty(c.leaves[k]).size_in_bytes());
+                            .filter_map(|u| leaves.iter().position(|x| x == u))
+                            .min_by_key(|&k| g.ty(leaves[k]).size_in_bytes());
                         if let Some(k) = smallest {
                             pick[k] = true;
                         }
@@ -1242,12 +1300,13 @@ pub(super) fn rewrite(
             for &n in &c.chain {
                 let mut op = g.node(n).op.clone();
                 op.map_inputs(|u| {
-                    if let Some(k) = c.leaves.iter().position(|&x| x == u) {
+                    if let Some(k) = leaves.iter().position(|&x| x == u) {
                         guarded[k]
                     } else if let Some(&(_, cn)) = clones.iter().find(|(o, _)| *o == u.node) {
                         ValueId::new(cn, u.output)
                     } else {
-                        // A view's other operands are read where they are.
+                        // A view's other operands and the unfenced leaves
+                        // are read where they are.
                         remap(&map, u)
                     }
                 });
@@ -1391,6 +1450,69 @@ mod tests {
         let c = cands.iter().find(|c| c.value == t).expect("tanh is a candidate");
         assert_eq!(c.late_node, r.node);
         assert_eq!(c.anchor, Some(dg));
+    }
+
+    /// [`ladder`] with a weight: eight layers `h = tanh(h ∘ wc)` of one
+    /// weight's cast `wc = tanh(w)`, and a backward `ct = ct ∘ h_i ∘ wc` from
+    /// the last layer down; `x` (parameter 0) is the input, `w` (parameter 1)
+    /// the weight.
+    fn weighted_ladder() -> (Graph, ValueId, ValueId) {
+        let mut g = Graph::new();
+        let t = TensorType::new(DType::F32, [256]);
+        let x = g.parameter(t.clone());
+        let w = g.parameter(t);
+        let wc = g.value(Op::Unary { op: UnaryOp::Tanh, input: w }).unwrap();
+        let mul = |g: &mut Graph, a, b| g.value(Op::Binary { op: crate::ir::BinaryOp::Mul, lhs: a, rhs: b });
+        let mut hs = vec![x];
+        for _ in 0..8 {
+            let y = mul(&mut g, *hs.last().unwrap(), wc).unwrap();
+            hs.push(g.value(Op::Unary { op: UnaryOp::Tanh, input: y }).unwrap());
+        }
+        let mut ct = g.value(Op::Unary { op: UnaryOp::Exp, input: hs[8] }).unwrap();
+        for &h in hs[1..8].iter().rev() {
+            let m = mul(&mut g, ct, h).unwrap();
+            ct = mul(&mut g, m, wc).unwrap();
+        }
+        g.set_outputs(vec![ct]).unwrap();
+        (g, w, wc)
+    }
+
+    /// Under FSDP a weight read through the barrier or a guard, or
+    /// recomputed, is a weight gathered again: with the weight's parameter
+    /// among `gathered_params` the plan recomputes layers but reads the
+    /// weight's cast where it is. Without, it fences the cast.
+    #[test]
+    fn a_gathered_weight_is_read_where_it_is() {
+        let (g, w, wc) = weighted_ladder();
+        let reads_weight = |plan: &RematPlan| {
+            plan.graph.nodes().any(|(_, n)| {
+                matches!(n.op, Op::OptimizationBarrier { .. } | Op::Select { .. })
+                    && n.op.inputs().iter().any(|u| u.node == w.node || u.node == wc.node)
+            })
+        };
+        let casts = |plan: &RematPlan| {
+            plan.graph
+                .nodes()
+                .filter(|(_, n)| matches!(n.op, Op::Unary { op: UnaryOp::Tanh, input } if input.node == w.node))
+                .count()
+        };
+        let x = Literal::from_f64s(DType::F32, [256], &(0..256).map(|i| (i as f64 * 0.23).sin()).collect::<Vec<_>>())
+            .unwrap();
+        let wv =
+            Literal::from_f64s(DType::F32, [256], &(0..256).map(|i| 0.5 + (i as f64 * 0.71).cos()).collect::<Vec<_>>())
+                .unwrap();
+        let want = crate::interpret(&g, &[x.clone(), wv.clone()]).unwrap();
+        let mut opts = RematOptions::new(RematBudget::Bytes(0), &EveryNodeAKernel);
+        let fenced = rematerialize(&g, &Greedy, &opts).unwrap();
+        assert!(reads_weight(&fenced), "without gathered parameters the cast is fenced:\n{}", fenced.graph);
+        opts.gathered_params = vec![1];
+        let plan = rematerialize(&g, &Greedy, &opts).unwrap();
+        crate::verify(&plan.graph).unwrap();
+        assert!(!plan.choices.is_empty());
+        assert!(plan.after.peak_bytes < plan.before.peak_bytes, "{:?} -> {:?}", plan.before, plan.after);
+        assert!(!reads_weight(&plan), "a gathered weight read through a fence:\n{}", plan.graph);
+        assert_eq!(casts(&plan), 1, "the weight's cast recomputed:\n{}", plan.graph);
+        assert_eq!(crate::interpret(&plan.graph, &[x, wv]).unwrap(), want);
     }
 
     #[test]

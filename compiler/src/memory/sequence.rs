@@ -3,19 +3,27 @@
 //! reads its smallest operand through the runtime guard of [`crate::fence`]
 //! anchored on that kernel, so a scheduler that orders the step itself (XLA
 //! CPU's depth-first walk from the outputs) runs them in the program's order.
+//! A gathered weight ([`super::remat::gathered_weights`]) is never the operand
+//! guarded: XLA's SPMD partitioner would gather it again.
 
 use crate::fence::{hold, Hold};
 use crate::ir::{Graph, NodeId, Op, ValueId};
 use crate::CompileError;
 
 use super::liveness::liveness;
-use super::remat::{first_backward_read, RematBudget, RematOptions};
+use super::remat::{first_backward_read, gathered_weights, RematBudget, RematOptions};
 use super::Materialization;
 
 /// `g` with its backward kernels chained by guards; how many were guarded.
-pub fn sequence_backward(g: &Graph, fusion: &dyn Materialization) -> Result<(Graph, usize), CompileError> {
+/// `gathered_params`: as [`RematOptions::gathered_params`].
+pub fn sequence_backward(
+    g: &Graph,
+    fusion: &dyn Materialization,
+    gathered_params: &[u32],
+) -> Result<(Graph, usize), CompileError> {
     let l = liveness(g, fusion);
     let opts = RematOptions::new(RematBudget::Bytes(0), fusion);
+    let weights = gathered_weights(g, gathered_params);
     let Some(bwd) = first_backward_read(g, &l, &opts) else { return Ok((g.clone(), 0)) };
     let mut kernels: Vec<NodeId> = Vec::new();
     for &id in &l.order[bwd..] {
@@ -35,7 +43,8 @@ pub fn sequence_backward(g: &Graph, fusion: &dyn Materialization) -> Result<(Gra
         if inputs.iter().any(|u| u.node == k) {
             continue;
         }
-        if let Some(x) = inputs.iter().copied().min_by_key(|u| g.ty(*u).size_in_bytes()) {
+        let guardable = inputs.iter().copied().filter(|u| !weights[u.node.index()]);
+        if let Some(x) = guardable.min_by_key(|u| g.ty(*u).size_in_bytes()) {
             holds.push(Hold { node: m, anchor: ValueId::new(k, 0), operands: vec![x] });
         }
     }
@@ -50,11 +59,15 @@ pub fn sequence_backward(g: &Graph, fusion: &dyn Materialization) -> Result<(Gra
 /// program's order by barriers, gpt2-small's planned step took 24-27% more
 /// time and 10-12% more temp on the H100, `docs/memory.md`), else with its
 /// fusion model.
-pub fn sequence_for(g: &Graph, target: crate::LowerTarget) -> Result<(Graph, usize), CompileError> {
+pub fn sequence_for(
+    g: &Graph,
+    target: crate::LowerTarget,
+    gathered_params: &[u32],
+) -> Result<(Graph, usize), CompileError> {
     if target.keeps_barriers() {
         return Ok((g.clone(), 0));
     }
-    sequence_backward(g, super::fusion_for(target))
+    sequence_backward(g, super::fusion_for(target), gathered_params)
 }
 
 #[cfg(test)]
@@ -78,7 +91,7 @@ mod tests {
         let w = g.value(Op::Binary { op: BinaryOp::Mul, lhs: d, rhs: p }).unwrap();
         let e = g.value(Op::Unary { op: UnaryOp::Exp, input: d }).unwrap();
         g.set_outputs(vec![w, e]).unwrap();
-        let (s, guarded) = sequence_backward(&g, &EveryNodeAKernel).unwrap();
+        let (s, guarded) = sequence_backward(&g, &EveryNodeAKernel, &[]).unwrap();
         crate::verify(&s).unwrap();
         assert!(guarded >= 1, "{}", crate::text::print(&s));
         // e reads d through the guard anchored on w.

@@ -81,8 +81,10 @@ fn union(g: &Graph, l: &Liveness, values: &[Candidate], members: &[usize], opts:
         .collect();
     leaves.sort();
     leaves.dedup();
+    let unfenced: Vec<ValueId> =
+        leaves.iter().copied().filter(|v| members.iter().any(|&i| values[i].unfenced.contains(v))).collect();
     let early_end = members.iter().map(|&i| values[i].early_end).max()?;
-    if leaves.is_empty() || early_end >= first.late_pos {
+    if leaves.len() == unfenced.len() || early_end >= first.late_pos {
         return None;
     }
     let bytes: u64 = members.iter().map(|&i| values[i].bytes).sum();
@@ -106,6 +108,7 @@ fn union(g: &Graph, l: &Liveness, values: &[Candidate], members: &[usize], opts:
         late_pos: first.late_pos,
         chain,
         leaves,
+        unfenced,
         anchor,
         flops,
         seconds,
