@@ -35,7 +35,8 @@ use crate::ir::{Graph, NodeId, Op, ValueId};
 
 use super::liveness::{users_of, BufferKind, Liveness};
 use super::remat::{
-    anchor_for, clonable, clone_closure, gathered_weights, readers, recompute_cost, unfenced, Candidate, RematOptions,
+    anchor_for, clonable, clone_closure, fixed, gathered_weights, readers, recompute_cost, unfenced, Candidate,
+    RematOptions,
 };
 
 /// A forward buffer is a cut when the other forward buffers waiting at its
@@ -156,7 +157,7 @@ fn segment(
             continue;
         }
         let op = &g.node(id).op;
-        if !clonable(op) || matches!(op, Op::Constant { .. } | Op::Iota { .. }) || weights[id.index()] {
+        if !clonable(op) || matches!(op, Op::Constant { .. } | Op::Iota { .. }) || fixed(g, &weights, id) {
             continue;
         }
         let first_late = users[id.index()].iter().filter_map(|u| pos[u.index()]).filter(|&q| q >= bwd).min();

@@ -930,7 +930,8 @@ pub(super) fn candidates(g: &Graph, l: &Liveness, opts: &RematOptions) -> Vec<Ca
             }
         }
         let node = g.node(v.node);
-        if !clonable(&node.op) || matches!(node.op, Op::Constant { .. } | Op::Iota { .. }) || weights[v.node.index()] {
+        if !clonable(&node.op) || matches!(node.op, Op::Constant { .. } | Op::Iota { .. }) || fixed(g, &weights, v.node)
+        {
             continue;
         }
         // Kernels that read the buffer, directly or through fused nodes and
@@ -1145,8 +1146,8 @@ fn chain_for(
 }
 
 /// What recomputing `roots` takes: walking back through operands, a value
-/// is a leaf (read, not cloned) when its producer may not be cloned, when
-/// `weights` marks it ([`gathered_weights`]) or when `kept` says it is in
+/// is a leaf (read, not cloned) when its producer may not be cloned, when it
+/// is [`fixed`] by `weights` ([`gathered_weights`]) or when `kept` says it is in
 /// memory at the recomputation (constants and iotas excepted: cloning them
 /// is free); every other producer is cloned too. The nodes to clone, roots
 /// included, and the leaves, each sorted; `None` when the clones would
@@ -1168,7 +1169,7 @@ pub(super) fn clone_closure(
             }
             let un = g.node(u.node);
             let is_leaf = !clonable(&un.op)
-                || weights[u.node.index()]
+                || fixed(g, weights, u.node)
                 || (kept(u)? && !matches!(un.op, Op::Constant { .. } | Op::Iota { .. }));
             if is_leaf {
                 leaves.push(u);
@@ -1206,6 +1207,17 @@ pub(super) fn gathered_weights(g: &Graph, params: &[u32]) -> Vec<bool> {
         };
     }
     out
+}
+
+/// Whether node `n` is never recomputed where `weights` marks the gathered
+/// weights ([`gathered_weights`]): a gathered weight, or rows picked from one
+/// (an embedding's lookup). XLA's SPMD partitioner does not gather a table
+/// for a lookup: it gathers every device's ids, picks the rows of its share
+/// of the table for the whole batch, and reduce-scatters the result. A
+/// recomputed lookup pays that again (`docs/memory.md`, "Remat under FSDP
+/// reads the gathered weights").
+pub(super) fn fixed(g: &Graph, weights: &[bool], n: NodeId) -> bool {
+    weights[n.index()] || matches!(g.node(n).op, Op::Gather { operand, .. } if weights[operand.node.index()])
 }
 
 /// The leaves of a chain that `weights` marks: read where they are.
@@ -1513,6 +1525,50 @@ mod tests {
         assert!(!reads_weight(&plan), "a gathered weight read through a fence:\n{}", plan.graph);
         assert_eq!(casts(&plan), 1, "the weight's cast recomputed:\n{}", plan.graph);
         assert_eq!(crate::interpret(&plan.graph, &[x, wv]).unwrap(), want);
+    }
+
+    /// An embedding's lookup `x0 = table[ids]` (the table parameter 1) under
+    /// eight layers `h = tanh(h)`, and a backward `ct = ct ∘ h_i` down to
+    /// `h_1`, which is the one value greedy may recompute. `x0` is dead by
+    /// then, so recomputing `h_1` means looking the rows up again, unless the
+    /// table is gathered: then the chain would read `x0`, kept for it, which
+    /// frees nothing, and greedy leaves the step as it is.
+    #[test]
+    fn a_lookup_in_a_gathered_table_is_not_recomputed() {
+        let mut g = Graph::new();
+        let ids = g.parameter(TensorType::new(DType::I32, [64]));
+        let table = g.parameter(TensorType::new(DType::F32, [16, 32]));
+        let x0 = g.value(Op::Gather { operand: table, indices: ids, axis: 0 }).unwrap();
+        let mut hs = vec![x0];
+        for _ in 0..8 {
+            let last = *hs.last().unwrap();
+            hs.push(g.value(Op::Unary { op: UnaryOp::Tanh, input: last }).unwrap());
+        }
+        let mut ct = g.value(Op::Unary { op: UnaryOp::Exp, input: hs[8] }).unwrap();
+        for &h in hs[1..8].iter().rev() {
+            ct = g.value(Op::Binary { op: crate::ir::BinaryOp::Mul, lhs: ct, rhs: h }).unwrap();
+        }
+        g.set_outputs(vec![ct]).unwrap();
+        let lookups = |plan: &RematPlan| plan.graph.nodes().filter(|(_, n)| matches!(n.op, Op::Gather { .. })).count();
+        let only = [hs[1]];
+        let mut opts = RematOptions::new(RematBudget::Bytes(0), &EveryNodeAKernel);
+        opts.only = Some(&only);
+        let idv =
+            Literal::from_f64s(DType::I32, [64], &(0..64).map(|i| ((i * 7) % 16) as f64).collect::<Vec<_>>()).unwrap();
+        let tv =
+            Literal::from_f64s(DType::F32, [16, 32], &(0..512).map(|i| (i as f64 * 0.37).sin()).collect::<Vec<_>>())
+                .unwrap();
+        let want = crate::interpret(&g, &[idv.clone(), tv.clone()]).unwrap();
+        for gathered in [false, true] {
+            opts.gathered_params = if gathered { vec![1] } else { Vec::new() };
+            let plan = rematerialize(&g, &Greedy, &opts).unwrap();
+            crate::verify(&plan.graph).unwrap();
+            // Gathered, keeping x0 for the chain frees nothing: no plan.
+            let (recomputed, expected) = if gathered { (0, 1) } else { (1, 2) };
+            assert_eq!(plan.values_recomputed(), recomputed, "gathered {gathered}:\n{}", plan.graph);
+            assert_eq!(lookups(&plan), expected, "gathered {gathered}:\n{}", plan.graph);
+            assert_eq!(crate::interpret(&plan.graph, &[idv.clone(), tv.clone()]).unwrap(), want);
+        }
     }
 
     #[test]
