@@ -117,6 +117,7 @@ pub(super) fn segment_candidates(
     let Some(bwd) = values.iter().filter(spans).map(|c| c.late_pos).min() else { return Vec::new() };
     let users = users_of(g);
     let pos = l.positions();
+    let weights = gathered_weights(g, &opts.gathered_params);
     let cuts = cuts(g, l, &users, &pos, bwd);
     let mut bounds: Vec<Option<usize>> = vec![None];
     bounds.extend(cuts.iter().map(|&c| Some(c)));
@@ -126,7 +127,7 @@ pub(super) fn segment_candidates(
         for span in 1..=MAX_SPAN_CUTS {
             let Some(&Some(hi)) = bounds.get(k + span) else { break };
             let inside = |p: usize| lo.is_none_or(|lo| p > lo) && p < hi;
-            let seg = segment(g, l, &users, &pos, bwd, lo, &inside, opts);
+            let seg = segment(g, l, &users, &pos, &weights, bwd, lo, &inside, opts);
             if let Some(c) = seg {
                 out.push(c);
             }
@@ -141,14 +142,14 @@ fn segment(
     l: &Liveness,
     users: &[Vec<NodeId>],
     pos: &[Option<usize>],
+    weights: &[bool],
     bwd: usize,
     lo: Option<usize>,
     inside: &dyn Fn(usize) -> bool,
     opts: &RematOptions,
 ) -> Option<Candidate> {
     // Roots: nodes of the segment that a backward node reads directly; a
-    // gathered weight is read where it is.
-    let weights = gathered_weights(g, &opts.gathered_params);
+    // gathered weight (`weights`, [`gathered_weights`]) is read where it is.
     let mut roots: Vec<NodeId> = Vec::new();
     let mut late_pos = usize::MAX;
     for &id in &l.order {
@@ -157,7 +158,7 @@ fn segment(
             continue;
         }
         let op = &g.node(id).op;
-        if !clonable(op) || matches!(op, Op::Constant { .. } | Op::Iota { .. }) || fixed(g, &weights, id) {
+        if !clonable(op) || matches!(op, Op::Constant { .. } | Op::Iota { .. }) || fixed(g, weights, id) {
             continue;
         }
         let first_late = users[id.index()].iter().filter_map(|u| pos[u.index()]).filter(|&q| q >= bwd).min();
@@ -174,7 +175,7 @@ fn segment(
     // Before the segment: the cut that opens it (kept, in memory or made so
     // by the fence) and buffers are leaves; fused values made of them are
     // cloned.
-    let (chain, leaves) = clone_closure(g, roots.clone(), &weights, MAX_SEGMENT_NODES, |u| {
+    let (chain, leaves) = clone_closure(g, roots.clone(), weights, MAX_SEGMENT_NODES, |u| {
         let in_memory = l.buffer_of[u.node.index()][u.output as usize].is_some();
         let up = pos[u.node.index()]?;
         Some(before(up) && (in_memory || Some(up) == lo))
@@ -200,7 +201,7 @@ fn segment(
     let bytes: u64 = freed.iter().map(|&(b, _)| b).sum();
     let also: Vec<ValueId> = freed.iter().map(|&(_, v)| v).filter(|&v| v != value).collect();
     early_end = early_end.max(l.buffers[l.buffer_of[value.node.index()][value.output as usize]?].def);
-    let unfenced = unfenced(&leaves, &weights);
+    let unfenced = unfenced(&leaves, weights);
     if early_end >= late_pos || leaves.len() == unfenced.len() {
         return None;
     }
