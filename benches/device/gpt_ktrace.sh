@@ -2,7 +2,7 @@
 # per-kernel times of kiln's and JAX's gpt2-small step through a
 # CUPTI injection library (ncu segfaults under XLA), plus both optimized HLOs.
 # Usage: gpt_ktrace.sh, from a folder holding it with device_bench, jax_gpt.py,
-# ktrace.c and ktrace.py.
+# ktrace_build.sh, ktrace.c and ktrace.py.
 set -u
 D=$(cd "$(dirname "$0")" && pwd)
 export PJRT_DEVICE=CUDA PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2 KILN_CACHE=off XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -10,15 +10,7 @@ LOG=$OUT/summary.log
 say() { echo "== $* ($(date -u +%T))" | tee -a $LOG; }
 quiet() { grep -v "^I1\|^W1\|ptxas\|Warning\|^E1" | tail -${1:-4} | tee -a $LOG; }
 say start
-SP=$(python3 -c "import site;print(site.getsitepackages()[0])")
-INC=$(dirname "$(find /usr/local /opt $SP -name cupti_activity.h 2>/dev/null | grep -v deprecated | head -1)")
-CUDAH=$(dirname "$(find /usr/local/cuda/include /usr/local /opt $SP -name cuda.h 2>/dev/null | head -1)")
-LIB=$(dirname "$(find $SP /usr/local /opt -name "libcupti.so*" 2>/dev/null | head -1)")
-KV=$(grep -o 'CUpti_ActivityKernel[0-9]*' $INC/cupti_activity.h | sort -V | tail -1)
-echo "cupti inc $INC cuda.h $CUDAH lib $LIB rec $KV" | tee -a $LOG
-ls $LIB | tee -a $LOG
-gcc -shared -fPIC -O2 -DKREC=$KV -I$INC -I$CUDAH $D/ktrace.c -o /tmp/ktrace.so -L$LIB -l:$(ls $LIB | grep '^libcupti.so' | head -1) -Wl,-rpath,$LIB 2>&1 | tail -5 | tee -a $LOG
-ls -la /tmp/ktrace.so | tee -a $LOG
+"$D/ktrace_build.sh" 2>&1 | tee -a $LOG
 mkdir -p /tmp/dk /tmp/dj
 say "kiln profile-gpt 8 traced"
 CUDA_INJECTION64_PATH=/tmp/ktrace.so KTRACE_OUT=/tmp/kiln.tsv XLA_FLAGS="--xla_dump_to=/tmp/dk --xla_dump_hlo_as_text" timeout 120 $D/device_bench profile-gpt 8 2>&1 | quiet 3

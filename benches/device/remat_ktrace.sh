@@ -8,13 +8,7 @@ D=$(cd "$(dirname "$0")" && pwd)
 BIN=${REMAT_BIN:-$D/remat_curve}
 export PJRT_DEVICE=CUDA KILN_CACHE=off TF_CPP_MIN_LOG_LEVEL=2
 mkdir -p "$OUT"
-SP=$(python3 -c "import site;print(site.getsitepackages()[0])")
-INC=$(dirname "$(find /usr/local /opt $SP -name cupti_activity.h 2>/dev/null | grep -v deprecated | head -1)")
-CUDAH=$(dirname "$(find /usr/local/cuda/include /usr/local /opt $SP -name cuda.h 2>/dev/null | head -1)")
-LIB=$(dirname "$(find $SP /usr/local /opt -name "libcupti.so*" 2>/dev/null | head -1)")
-KV=$(grep -o 'CUpti_ActivityKernel[0-9]*' $INC/cupti_activity.h | sort -V | tail -1)
-gcc -shared -fPIC -O2 -DKREC=$KV -I$INC -I$CUDAH $D/ktrace.c -o /tmp/ktrace.so -L$LIB \
-  -l:$(ls $LIB | grep '^libcupti.so' | head -1) -Wl,-rpath,$LIB 2>&1 | tail -5
+"$D/ktrace_build.sh"
 for b in ${REMAT_BUDGETS:-none 60 50}; do
   rm -rf /tmp/d_$b
   t0=$(date +%s)
