@@ -448,6 +448,7 @@ fn remat_json() -> serde_json::Value {
     json!({
         "budget_bytes": r.budget_bytes,
         "activation_fraction": record.activation_fraction,
+        "mesh": record.mesh,
         "met": r.met,
         "values_recomputed": r.values_recomputed(),
         "extra_flops": r.extra_flops(),

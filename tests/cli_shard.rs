@@ -30,8 +30,16 @@ fn corpus(dir: &std::path::Path) -> std::path::PathBuf {
 }
 
 fn train(vars: &[(&str, &str)], text: &std::path::Path, shard: &str) -> std::process::Output {
+    train_with(vars, text, shard, &[])
+}
+
+fn train_with(vars: &[(&str, &str)], text: &std::path::Path, shard: &str, more: &[&str]) -> std::process::Output {
     let text = text.to_str().unwrap();
-    kiln(vars).args(["train", "gpt", "--text", text, "--steps", "6", "--shard", shard, "--json"]).output().unwrap()
+    kiln(vars)
+        .args(["train", "gpt", "--text", text, "--steps", "6", "--shard", shard, "--json"])
+        .args(more)
+        .output()
+        .unwrap()
 }
 
 fn final_loss(out: &std::process::Output) -> f64 {
@@ -57,6 +65,27 @@ fn fsdp_and_tp_train_like_data_parallel() {
         assert!((loss - dp).abs() < 1e-3, "--shard {spec}: {loss} vs dp {dp}");
         assert!(String::from_utf8_lossy(&out.stderr).contains("kiln: mesh"), "the mesh is announced");
     }
+}
+
+/// FSDP with tensor parallelism under a share of the activation memory: the
+/// remat pass plans the unpartitioned step (reading the weights the forward
+/// gathered over `data`), the losses are the unplanned run's, and the JSON
+/// report names the mesh whose whole step its bytes are.
+#[test]
+fn fsdp_with_tp_under_a_budget_trains_like_the_unplanned_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = corpus(dir.path());
+    let four = [("KILN_CPU_DEVICES", "4")];
+    let plain = final_loss(&train(&four, &text, "fsdp,tp=2"));
+    let out = train_with(&four, &text, "fsdp,tp=2", &["--memory-limit", "50%"]);
+    let planned = final_loss(&out);
+    assert!((planned - plain).abs() <= 1e-6 * plain.abs().max(1.0), "planned {planned} vs unplanned {plain}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let remat = &v["remat"];
+    assert_eq!(remat["mesh"], "data=2,model=2", "{remat}");
+    assert_eq!(remat["activation_fraction"].as_f64(), Some(0.5), "{remat}");
+    assert!(remat["values_recomputed"].as_u64().unwrap() > 0, "{remat}");
 }
 
 #[test]

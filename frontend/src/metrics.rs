@@ -93,6 +93,10 @@ pub struct RematRecord {
     /// The share of the activation memory the budget kept
     /// ([`crate::set_activation_budget`]), `None` for a byte limit.
     pub activation_fraction: Option<f64>,
+    /// The mesh the step was partitioned over (`data=2,model=2`), `None`
+    /// without one. The plan is made before XLA partitions the step, so its
+    /// figures are the whole step's, every device's shards together.
+    pub mesh: Option<String>,
 }
 
 /// One span of the per-step timeline.
@@ -231,8 +235,11 @@ impl Metrics {
             if self.remat_plans.len() == KEPT_REMAT_PLANS {
                 self.remat_plans.remove(0);
             }
-            self.remat_plans
-                .push(RematRecord { plan: r.clone(), activation_fraction: crate::memory_limit::activation_budget() });
+            self.remat_plans.push(RematRecord {
+                plan: r.clone(),
+                activation_fraction: crate::memory_limit::activation_budget(),
+                mesh: crate::shard::active_mesh().filter(|m| m.size() > 1).map(|m| m.to_string()),
+            });
         }
     }
 
@@ -262,7 +269,7 @@ impl Metrics {
         // so what it allocates for them is given too.
         Some(format!(
             "peak budget {}{share} {}: {recomputed}{}, predicted peak {} -> {}, live temporaries {} -> {} \
-             (as XLA allocates them, {} -> {})",
+             (as XLA allocates them, {} -> {}){}",
             bytes(r.budget_bytes),
             if r.met {
                 "met".to_string()
@@ -279,6 +286,10 @@ impl Metrics {
             bytes(r.after.temp_peak_bytes),
             bytes(r.before.allocated_temp_bytes),
             bytes(r.after.allocated_temp_bytes),
+            match &record.mesh {
+                Some(mesh) => format!("; the whole step's figures, before XLA partitions it over {mesh}"),
+                None => String::new(),
+            },
         ))
     }
 

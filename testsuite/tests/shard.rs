@@ -331,6 +331,8 @@ fn a_byte_memory_limit_under_a_mesh_is_refused_and_a_share_trains() -> anyhow::R
         let losses = (0..3).map(|_| t.train_step(LR)).collect::<kiln::Result<Vec<_>>>()?;
         let line = kiln::metrics::snapshot().step_remat_line().unwrap_or_default();
         assert!(line.contains("value(s) recomputed"), "{line}");
+        // The plan's bytes are the unpartitioned step's, and the line says so.
+        assert!(line.ends_with("before XLA partitions it over data=4"), "{line}");
         Ok(losses)
     })?;
     for (a, b) in plain.iter().zip(&budgeted) {
