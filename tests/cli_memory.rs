@@ -325,8 +325,8 @@ fn max_batch_names_the_train_command_that_fits() {
 
 /// `--max-batch` refuses what cannot be sized before any work, by name: a
 /// zero vocabulary or width, a clipping norm that is not positive (or
-/// clipping for a model without it), and a device size the CPU plugin
-/// cannot give.
+/// clipping for a model without it), a device size the CPU plugin
+/// cannot give, and a device of 0 bytes.
 #[test]
 fn max_batch_names_bad_input() {
     let run = |args: &[&str]| {
@@ -346,6 +346,8 @@ fn max_batch_names_bad_input() {
     assert!(e.contains("--max-grad-norm") && e.contains("mlp"), "{e}");
     let e = run(&["profile", "gpt", "--max-batch"]);
     assert!(e.contains("cpu plugin reports no memory limit") && e.contains("--device-memory"), "{e}");
+    let e = run(&["profile", "mlp", "--max-batch", "--device-memory", "0GiB"]);
+    assert!(e.contains("--device-memory 0GiB: no step fits in 0 bytes"), "{e}");
 }
 
 /// The memory flags are read before the graph and XLA's compile: with a file

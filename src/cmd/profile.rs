@@ -473,6 +473,9 @@ fn chrome_trace(events: &[Event]) -> serde_json::Value {
 fn max_batch(args: &ProfileArgs) -> anyhow::Result<()> {
     use super::memory::{self, AdvisedModel};
     let asked = args.device_memory.as_deref().map(|s| memory::parse_bytes("--device-memory", s)).transpose()?;
+    if let (Some(0), Some(s)) = (asked, args.device_memory.as_deref()) {
+        anyhow::bail!("--device-memory {s}: no step fits in 0 bytes; give the device's memory (60GiB, 512MiB, bytes)");
+    }
     let amp = args.amp.map(Into::into);
     let model = match args.target.as_str() {
         "mlp" => AdvisedModel::Mlp { cfg: mlp::MlpConfig { hidden: args.hidden.clone(), amp, ..Default::default() } },
