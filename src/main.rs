@@ -564,13 +564,18 @@ fn devices(json: bool) -> anyhow::Result<()> {
     }
 
     if json {
-        let (platform, plugin, list) = match &client {
+        let (platform, plugin, api_version, extensions, list) = match &client {
             Ok(c) => (
                 Some(c.platform_name().to_string()),
                 Some(c.plugin_path().display().to_string()),
+                Some(format!("{}.{}", c.api_version().0, c.api_version().1)),
+                c.plugin_extensions()
+                    .iter()
+                    .map(|e| json!({"type": e.kind, "name": e.name(), "struct_size": e.struct_size}))
+                    .collect(),
                 c.devices().iter().map(|d| json!({"id": d.id(), "kind": d.kind()})).collect(),
             ),
-            Err(_) => (None, None, Vec::new()),
+            Err(_) => (None, None, None, Vec::new(), Vec::new()),
         };
         let (driver, driver_version) = match &probe {
             GpuProbe::NoDriver { .. } => ("missing", None),
@@ -590,6 +595,8 @@ fn devices(json: bool) -> anyhow::Result<()> {
                 "pjrt_device": env.device.to_string(),
                 "platform": platform,
                 "plugin": plugin,
+                "pjrt_api_version": api_version,
+                "plugin_extensions": extensions,
                 "devices": list,
                 "gpu_probe": {"driver": driver, "driver_version": driver_version, "summary": probe.to_string(), "gpus": gpus},
                 "mesh": mesh.as_ref().ok().and_then(|m| m.as_ref()).map(|m| json!({
@@ -605,9 +612,16 @@ fn devices(json: bool) -> anyhow::Result<()> {
     } else {
         match &client {
             Ok(c) => {
-                println!("platform {} ({})", c.platform_name(), c.plugin_path().display());
+                let (major, minor) = c.api_version();
+                println!("platform {} ({}, PJRT C API {major}.{minor})", c.platform_name(), c.plugin_path().display());
                 for d in c.devices() {
                     println!("  device {}: {}", d.id(), d.kind());
+                }
+                let extensions: Vec<String> = c.plugin_extensions().iter().map(|e| e.to_string()).collect();
+                if extensions.is_empty() {
+                    println!("  extensions: none");
+                } else {
+                    println!("  extensions: {}", extensions.join(", "));
                 }
             }
             Err(_) => println!("platform: no PJRT client (error below)"),

@@ -37,6 +37,12 @@ fn devices_lists_the_cpu_plugin() {
     assert_eq!(v["replicas_source"], "KILN_CPU_DEVICES unset");
     assert!(v["gpu_probe"]["driver"].is_string() && v["gpu_probe"]["gpus"].is_array(), "{v}");
     assert_eq!(v["errors"], serde_json::json!([]));
+    // The pinned plugin implements C API 0.81 and chains the FFI extension
+    // (among others), each extension at least `PJRT_Extension_Base` long.
+    assert_eq!(v["pjrt_api_version"], "0.81", "{v}");
+    let extensions = v["plugin_extensions"].as_array().unwrap();
+    assert!(extensions.iter().any(|e| e["name"] == "ffi" && e["type"] == 5), "{v}");
+    assert!(extensions.iter().all(|e| e["struct_size"].as_u64().unwrap() >= 24), "{v}");
 }
 
 /// `kiln devices --json` with these variables and none of the replica

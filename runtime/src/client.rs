@@ -242,6 +242,12 @@ impl Client {
         self.inner.api.version()
     }
 
+    /// The extensions the plugin offers beside the core C API, in the order
+    /// it chains them.
+    pub fn plugin_extensions(&self) -> Vec<crate::pjrt::PluginExtension> {
+        self.inner.api.extensions()
+    }
+
     /// The addressable devices, in the plugin's order.
     /// Which PJRT event functions the plugin implements (its table slot is
     /// set), by C name: what asynchronous execution can rely on. kiln needs

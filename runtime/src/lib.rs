@@ -45,6 +45,7 @@ pub use error::{CountProblem, DevicesFound, PjrtErrorCode, Result, RuntimeError}
 pub use executable::{CompiledMemoryStats, Completion, ExecArg, Executable};
 pub use gpu::{probe_gpus, GpuInfo, GpuProbe};
 pub use gpu_memory::{GpuMemory, MemoryFraction};
+pub use pjrt::PluginExtension;
 pub use plugin::PjrtDevice;
 pub use replicas::{replica_plan_from_env, ReplicaEnv, ReplicaPlan, ReplicaSource};
 pub use signature::{ArgType, Signature};

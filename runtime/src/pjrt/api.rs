@@ -19,6 +19,55 @@ use crate::error::{PjrtErrorCode, Result, RuntimeError};
 /// The oldest PJRT C API this binding accepts (major, minor).
 pub const REQUIRED_API_VERSION: (i32, i32) = (0, 81);
 
+/// The longest extension chain [`Api::extensions`] follows.
+const MAX_EXTENSIONS: usize = 64;
+
+/// One extension a plugin offers beside its function table: the features
+/// outside the core C API (typed custom calls, FFI handlers, profiler hooks,
+/// layouts, ...), each a struct of its own that PJRT chains from the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PluginExtension {
+    /// `PJRT_Extension_Type`.
+    pub kind: u32,
+    /// The extension struct's size in bytes, which grows with its version.
+    pub struct_size: usize,
+}
+
+impl PluginExtension {
+    /// The name of [`PluginExtension::kind`] in `PJRT_Extension_Type`, lower
+    /// case (`ffi`, `layouts`); `None` for a type newer than this table.
+    pub fn name(&self) -> Option<&'static str> {
+        const NAMES: [&str; 16] = [
+            "gpu_custom_call",
+            "profiler",
+            "custom_partitioner",
+            "stream",
+            "layouts",
+            "ffi",
+            "memory_descriptions",
+            "triton",
+            "raw_buffer",
+            "phase_compile",
+            "example",
+            "unknown",
+            "cross_host_transfers",
+            "executable_metadata",
+            "callback",
+            "host_allocator",
+        ];
+        NAMES.get(self.kind as usize).copied()
+    }
+}
+
+impl std::fmt::Display for PluginExtension {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.name() {
+            Some(name) => write!(f, "{name}"),
+            None => write!(f, "type {}", self.kind),
+        }
+    }
+}
+
 /// A loaded, initialized PJRT plugin.
 pub(crate) struct Api {
     table: *const ffi::PJRT_Api,
@@ -132,6 +181,23 @@ impl Api {
         // least `PJRT_Api::STRUCT_SIZE` bytes long; it lives as long as the
         // library, which `self` owns and which is never unloaded.
         unsafe { &*self.table }
+    }
+
+    /// The extensions the plugin chains from its table's `extension_start`,
+    /// in chain order (at most [`MAX_EXTENSIONS`]: a chain longer than that
+    /// is cut there rather than followed into a cycle).
+    pub(crate) fn extensions(&self) -> Vec<PluginExtension> {
+        let mut out = Vec::new();
+        let mut node = self.table().extension_start as *const ffi::PJRT_Extension_Base;
+        while !node.is_null() && out.len() < MAX_EXTENSIONS {
+            // SAFETY: every node of the chain starts with `PJRT_Extension_Base`
+            // (`struct_size`, a C enum, `next`), which the plugin keeps alive
+            // as long as its table; only that prefix is read.
+            let base = unsafe { &*node };
+            out.push(PluginExtension { kind: base.kind, struct_size: base.struct_size });
+            node = base.next;
+        }
+        out
     }
 
     /// Whether each event-related slot of the table is set.

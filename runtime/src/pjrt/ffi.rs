@@ -123,6 +123,7 @@ pub type PJRT_KeyValue_ValueDeleter = Option<unsafe extern "C" fn(value: *mut c_
 // PJRT_HostBufferSemantics values.
 pub const PJRT_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES: c_int = 1;
 
+pjrt_struct!(PJRT_Extension_Base { struct_size: usize, #[c = "type"] kind: u32, next: *const PJRT_Extension_Base });
 pjrt_struct!(PJRT_Api_Version { struct_size: usize, extension_start: Ext, major_version: c_int, minor_version: c_int });
 
 pjrt_struct!(PJRT_Error_Destroy_Args { struct_size: usize, extension_start: Ext, error: *mut PJRT_Error });
@@ -616,6 +617,7 @@ pjrt_struct!(PJRT_Api {
 
 /// Every declared struct, for the header-conformance test.
 pub const ALL_LAYOUTS: &[StructLayout] = &[
+    PJRT_Extension_Base::LAYOUT,
     PJRT_Api_Version::LAYOUT,
     PJRT_Error_Destroy_Args::LAYOUT,
     PJRT_Error_Message_Args::LAYOUT,

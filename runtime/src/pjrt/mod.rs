@@ -16,7 +16,7 @@ pub(crate) mod host;
 pub mod kv;
 
 pub(crate) use api::Api;
-pub use api::REQUIRED_API_VERSION;
+pub use api::{PluginExtension, REQUIRED_API_VERSION};
 pub use cuda::CUDA_DRIVER_LIBRARY;
 
 /// Ends the process with `code` at once: no exit handlers, no static
