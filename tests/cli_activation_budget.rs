@@ -95,6 +95,9 @@ fn the_init_program_is_named_and_a_percentage_leaves_it_unreported() {
     assert!(!err.contains("not met"), "the train step meets 50% and the init is not reported: {err}");
     let line = out.lines().find(|l| l.starts_with("remat: ")).unwrap_or_else(|| panic!("no remat line: {out}"));
     assert!(line.contains("50% of the activation memory) met: ") && line.contains("value(s) recomputed"), "{line}");
+    // Beside the plan, what XLA compiled of it.
+    let xla = out.lines().find(|l| l.starts_with("xla: ")).unwrap_or_else(|| panic!("no xla line: {out}"));
+    assert!(xla.contains("the compiled step holds ") && xla.contains(" MiB of it temporaries"), "{xla}");
     let (_, err) = run("1KiB");
     let init: Vec<&str> = err.lines().filter(|l| l.contains("(the parameters' init, ")).collect();
     assert_eq!(init.len(), 1, "{err}");
