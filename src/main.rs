@@ -435,11 +435,11 @@ fn train_gpt(path: &std::path::Path, cfg: &gpt::GptConfig, json: bool) -> anyhow
             println!("remat: {line}");
             // What XLA made of the plan: its compiled step's figures.
             if let Some(m) = &step_memory {
-                let mib = |b: i64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
+                let size = |b: i64| kiln::metrics::bytes(u64::try_from(b).unwrap_or(0));
                 println!(
                     "xla: the compiled step holds {} at once, {} of it temporaries{}",
-                    mib(m.held_bytes()),
-                    mib(m.temp_size_in_bytes),
+                    size(m.held_bytes()),
+                    size(m.temp_size_in_bytes),
                     if mesh.is_some() { " (one device's)" } else { "" }
                 );
             }

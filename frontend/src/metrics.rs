@@ -312,7 +312,9 @@ impl Metrics {
     }
 }
 
-fn bytes(n: u64) -> String {
+/// `n` bytes for a person, as the remat line gives them: GiB with two
+/// decimals from one GiB up, then MiB and KiB with one, then bytes.
+pub fn bytes(n: u64) -> String {
     match n {
         n if n >= 1 << 30 => format!("{:.2} GiB", n as f64 / (1u64 << 30) as f64),
         n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
