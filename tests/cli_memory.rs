@@ -192,11 +192,12 @@ fn host_offload_on_the_cpu_plugin_is_a_typed_error_and_writes_nothing() {
 }
 
 /// `kiln profile --max-batch`: each answer fits the device by the model and
-/// in XLA's compiled program, and every larger batch the model fitted but
-/// XLA's program did not is listed, halving from the model's answer down to
-/// the one given. (On the CPU plugin the tiny GPT's remat answer at 2 GiB is
-/// such a case: the model fits batch 8192 with remat, XLA's schedule of the
-/// planned step holds about 2.5 GiB.)
+/// in XLA's compiled program, lies on the grid of eighths of a power of two,
+/// and is the model's largest there unless XLA refused that one; every batch
+/// the model fitted but XLA's program did not is listed, the model's answer
+/// first, each one larger than the answer. (On the CPU plugin the tiny GPT's
+/// remat answer at 2 GiB is such a case: XLA's schedule of the planned steps
+/// holds 10-30% more than the model.)
 #[test]
 fn max_batch_answers_fit_in_xla_too() {
     let out = Command::cargo_bin("kiln")
@@ -209,34 +210,34 @@ fn max_batch_answers_fit_in_xla_too() {
     let device = v["device_memory_bytes"].as_u64().unwrap();
     assert_eq!(device, 2 << 30);
     assert_eq!(v["platform"], "cpu", "{v}");
+    // An eighth of the power of two at or below `b`, 1 below 16.
+    let step = |b: u64| ((1u64 << (63 - b.leading_zeros())) / 8).max(1);
     let answers = v["max_batch"].as_array().unwrap();
     assert_eq!(answers.len(), 2, "{v}");
     for a in answers {
         let batch = a["max_batch"].as_u64().unwrap_or_else(|| panic!("no batch fits: {a}"));
-        assert!(batch.is_power_of_two(), "{a}");
+        assert_eq!(batch % step(batch), 0, "{a}");
         assert!(a["predicted_peak_bytes"].as_u64().unwrap() <= device, "{a}");
         assert!(a["xla_peak_bytes"].as_u64().unwrap() <= device, "{a}");
-        let mut expect = a["model_max_batch"].as_u64().unwrap();
-        for o in a["over_in_xla"].as_array().unwrap() {
-            assert_eq!(o["batch"].as_u64(), Some(expect), "{a}");
+        let model = a["model_max_batch"].as_u64().unwrap();
+        let over = a["over_in_xla"].as_array().unwrap();
+        if over.is_empty() {
+            assert_eq!(batch, model, "{a}");
+        } else {
+            assert_eq!(over[0]["batch"].as_u64(), Some(model), "{a}");
+        }
+        for o in over {
+            assert!(o["batch"].as_u64().unwrap() > batch, "{a}");
             assert!(o["predicted_peak_bytes"].as_u64().unwrap() <= device, "{a}");
             assert!(o["xla_peak_bytes"].as_u64().unwrap() > device, "{a}");
-            expect /= 2;
         }
-        assert_eq!(batch, expect, "{a}");
-        // The model's own answer is the largest power of two it fits.
-        let model = a["model_max_batch"].as_u64().unwrap();
+        // The model's own answer is the largest on the grid it fits: the
+        // next batch on the grid was tried and did not fit.
         let remat = a["remat"].as_bool().unwrap();
-        let row = |b: u64| {
-            v["search"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|r| r["batch"].as_u64() == Some(b) && r["remat"].as_bool() == Some(remat))
-                .cloned()
-        };
-        assert_eq!(row(model).unwrap()["fits"], true, "{v}");
-        assert_eq!(row(2 * model).unwrap()["fits"], false, "{v}");
+        let rows: Vec<&Value> = v["search"].as_array().unwrap().iter().filter(|r| r["remat"] == remat).collect();
+        let fits = |b: u64| rows.iter().find(|r| r["batch"].as_u64() == Some(b)).map(|r| r["fits"] == true);
+        assert_eq!(fits(model), Some(true), "{v}");
+        assert_eq!(fits(model + step(model)), Some(false), "{v}");
     }
 }
 

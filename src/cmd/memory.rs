@@ -395,15 +395,6 @@ fn step_graph(model: &AdvisedModel, batch: usize) -> anyhow::Result<Graph> {
     })
 }
 
-/// `bytes` for a person: GiB from one GiB up, else MiB.
-fn size(bytes: u64) -> String {
-    const GIB: f64 = (1u64 << 30) as f64;
-    match bytes as f64 {
-        b if b >= GIB => format!("{:.2} GiB", b / GIB),
-        b => format!("{:.1} MiB", b / (1u64 << 20) as f64),
-    }
-}
-
 /// One answer of `--max-batch`: the largest batch whose step fits, without
 /// or with remat.
 struct Advice {
@@ -422,19 +413,34 @@ struct Advice {
     over_in_xla: Vec<(usize, u64, u64)>,
 }
 
+/// The spacing of the batches `--max-batch` answers with around `b`: an
+/// eighth of the power of two at or below it (1 below 16), so answers are
+/// within 12.5% of the largest batch that fits and stay round (4608, 5120).
+fn batch_step(b: usize) -> usize {
+    let octave = 1usize << (usize::BITS - 1 - b.max(1).leading_zeros());
+    (octave / 8).max(1)
+}
+
+/// The largest batch on `batch_step`'s grid at or below `b` (at least 1).
+fn on_batch_grid(b: usize) -> usize {
+    let b = b.max(1);
+    b - b % batch_step(b)
+}
+
 /// The largest batch `--max-batch` tries: an answer of this batch means
 /// "at least", and says so.
 pub const MAX_BATCH_SEARCHED: usize = 1 << 20;
 
-/// The largest batch (powers of two) whose training step fits
-/// `device_bytes`, without and with remat: found by kiln's peak model, then
+/// The largest batch whose training step fits `device_bytes`, without and
+/// with remat: found by kiln's peak model (doubling, then halving the gap
+/// between the last batch that fits and the first that does not), then
 /// checked by compiling the step through `client` (not run). Each step is
 /// the one `kiln train` would compile on `client`: the same recorded step,
 /// the same pipeline for its platform (with remat, the one `kiln train
 /// --memory-limit <device_bytes>` runs), lowered for it. Where XLA's program
 /// holds more than the device (the CPU plugin schedules a planned step its own
-/// way, `docs/memory.md`), the batch is halved until it fits, and the answers
-/// XLA refused are reported.
+/// way, `docs/memory.md`), the batch is cut by XLA's overshoot until it fits,
+/// and the answers XLA refused are reported.
 pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json: bool) -> anyhow::Result<()> {
     use kiln::compiler::pipeline::{self, PipelineOptions};
     let target = kiln::compiler::LowerTarget::from_platform(client.platform_name());
@@ -474,19 +480,39 @@ pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json:
     let mut advice = Vec::new();
     for remat in [false, true] {
         let mut best: Option<(usize, u64, Graph)> = None;
-        // A batch that fits without remat fits with it (nothing to
-        // recompute), so the remat search starts at the other's answer.
-        let mut b = advice.first().and_then(|a: &Advice| a.model_batch).filter(|_| remat).unwrap_or(1);
-        while b <= MAX_BATCH_SEARCHED {
+        let mut probe = |b: usize| -> anyhow::Result<(u64, Graph)> {
             let t = std::time::Instant::now();
             let (peak, g) = predicted(b, remat)?;
             tracing::info!(batch = b, remat, peak, ms = t.elapsed().as_millis() as u64, "max-batch: predicted");
             rows.push(json!({"batch": b, "remat": remat, "predicted_peak_bytes": peak, "fits": peak <= device_bytes}));
+            Ok((peak, g))
+        };
+        // Doubling finds a batch the model fits and one it does not; halving
+        // the gap between them, on the grid of `batch_step`, finds the
+        // largest it fits. A batch that fits without remat fits with it (its
+        // plan recomputes nothing), so the remat search starts at the other's
+        // answer.
+        let mut b = advice.first().and_then(|a: &Advice| a.model_batch).filter(|_| remat).unwrap_or(1);
+        let mut over = None;
+        while b <= MAX_BATCH_SEARCHED {
+            let (peak, g) = probe(b)?;
             if peak > device_bytes {
+                over = Some(b);
                 break;
             }
             best = Some((b, peak, g));
             b *= 2;
+        }
+        if let (Some(mut hi), Some(mut lo)) = (over, best.as_ref().map(|x| x.0)) {
+            while hi - lo > batch_step(lo) {
+                let mid = on_batch_grid(lo + (hi - lo) / 2);
+                let (peak, g) = probe(mid)?;
+                if peak > device_bytes {
+                    hi = mid;
+                } else {
+                    (lo, best) = (mid, Some((mid, peak, g)));
+                }
+            }
         }
         let mut a = Advice {
             remat,
@@ -496,20 +522,55 @@ pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json:
             xla_peak_bytes: None,
             over_in_xla: Vec::new(),
         };
-        while let Some((b, peak, g)) = best.take() {
+        // Where XLA's program holds more than the device, the search goes on
+        // in XLA between the largest batch known to fit (with remat, the
+        // answer without it, whose step a plan leaves as it is) and the
+        // smallest it refused: first where XLA's overshoot of the model's
+        // answer points, then halving the gap on the grid.
+        let plain = advice
+            .first()
+            .filter(|_| remat)
+            .and_then(|p: &Advice| p.batch.map(|b| (b, p.predicted_peak_bytes, p.xla_peak_bytes)));
+        let mut fit = plain;
+        let mut refused: Option<usize> = None;
+        let mut next = best.take();
+        while let Some((b, peak, g)) = next.take() {
             let t = std::time::Instant::now();
             let xla = compiled_peak(&g)?;
             tracing::info!(batch = b, remat, ?xla, ms = t.elapsed().as_millis() as u64, "max-batch: compiled");
+            let mut guess = 0;
             match xla {
                 Some(x) if x > device_bytes => {
                     a.over_in_xla.push((b, peak, x));
-                    if b > 1 {
-                        let (peak, g) = predicted(b / 2, remat)?;
-                        best = Some((b / 2, peak, g));
+                    // Where the overshoot points, the first time; after
+                    // that it has been seen to point too high.
+                    if refused.is_none() {
+                        guess = on_batch_grid((b as f64 * device_bytes as f64 / x as f64) as usize);
                     }
+                    refused = Some(b);
                 }
-                _ => (a.batch, a.predicted_peak_bytes, a.xla_peak_bytes) = (Some(b), peak, xla),
+                _ => fit = Some((b, peak, xla)),
             }
+            // The model's answer fits in XLA: nothing larger fits the model.
+            let Some(mut hi) = refused else { break };
+            // The next batch to compile lies strictly between `lo` (fits in
+            // XLA, or 0) and `hi` (refused by XLA or by the model).
+            let lo = fit.map_or(0, |f| f.0);
+            while hi - lo > batch_step(lo) {
+                if guess <= lo || guess >= hi {
+                    guess = on_batch_grid(lo + (hi - lo) / 2);
+                }
+                let (peak, g) = probe(guess)?;
+                if peak <= device_bytes {
+                    next = Some((guess, peak, g));
+                    break;
+                }
+                hi = guess;
+            }
+            refused = Some(hi);
+        }
+        if let Some((b, peak, xla)) = fit {
+            (a.batch, a.predicted_peak_bytes, a.xla_peak_bytes) = (Some(b), peak, xla);
         }
         advice.push(a);
     }
@@ -562,19 +623,19 @@ fn max_batch_report(advice: &[Advice], name: &str, device_bytes: u64, platform: 
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "largest batch (powers of two) whose training step (parameters, AdamW moments, gradients, the update) \
+        "largest batch (in steps of an eighth of a power of two) whose training step (parameters, AdamW moments, gradients, the update) \
          fits {} on {platform}, by kiln's peak model, checked by compiling the step with XLA (not run):",
-        size(device_bytes)
+        kiln::metrics::bytes(device_bytes)
     );
     for a in advice {
         let label = if a.remat { "with remat" } else { "without remat" };
         match a.batch {
             Some(b) => {
-                let xla = a.xla_peak_bytes.map_or("no stats".to_string(), size);
+                let xla = a.xla_peak_bytes.map_or("no stats".to_string(), kiln::metrics::bytes);
                 let _ = writeln!(
                     o,
                     "  {label:<13} batch {b:>6}: predicted peak {}, XLA {xla}",
-                    size(a.predicted_peak_bytes)
+                    kiln::metrics::bytes(a.predicted_peak_bytes)
                 );
                 if b == MAX_BATCH_SEARCHED {
                     let _ = writeln!(o, "  {:<13} (the search stops there: larger batches were not tried)", "");
@@ -589,8 +650,8 @@ fn max_batch_report(advice: &[Advice], name: &str, device_bytes: u64, platform: 
                 o,
                 "  {:<13} batch {ob:>6} fits by the model ({}), not in XLA's program ({})",
                 "",
-                size(p),
-                size(x)
+                kiln::metrics::bytes(p),
+                kiln::metrics::bytes(x)
             );
         }
     }
@@ -642,6 +703,22 @@ mod tests {
         assert!(parse_budget("0.333").unwrap_err().to_string().contains("write 33.3%"));
         assert_eq!(parse_budget("0").unwrap(), RematBudget::Bytes(0));
         assert_eq!(parse_budget("1.5e9").unwrap(), RematBudget::Bytes(1_500_000_000));
+    }
+
+    /// The answers' grid: every batch below 16, then eight batches an
+    /// octave, and a grid point stays where it is.
+    #[test]
+    fn batches_lie_on_a_grid_of_eighths() {
+        assert_eq!(
+            (0..=17).map(on_batch_grid).collect::<Vec<_>>(),
+            [1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16]
+        );
+        assert_eq!([4096, 4607, 4608, 5119, 8191, 8192].map(on_batch_grid), [4096, 4096, 4608, 4608, 7680, 8192]);
+        assert_eq!([1, 15, 16, 4096, 5000, MAX_BATCH_SEARCHED].map(batch_step), [1, 1, 2, 512, 512, 1 << 17]);
+        for b in 1..5000 {
+            let g = on_batch_grid(b);
+            assert!(g <= b && b - g < batch_step(b) && on_batch_grid(g) == g, "{b} -> {g}");
+        }
     }
 
     fn advice(remat: bool, batch: Option<usize>) -> Advice {

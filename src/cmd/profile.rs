@@ -66,9 +66,10 @@ pub struct ProfileArgs {
     /// End with one JSON object (for scripts).
     #[arg(long)]
     json: bool,
-    /// The largest batch (powers of two) whose step fits --device-memory, with
-    /// and without remat: found by kiln's peak model, then checked by
-    /// compiling (not running) the step, halved while XLA's program does not fit.
+    /// The largest batch (in steps of an eighth of a power of two: 4096, 4608,
+    /// 5120, ...) whose step fits --device-memory, with and without remat:
+    /// found by kiln's peak model, then checked by compiling (not running) the
+    /// step, searched lower while XLA's program does not fit.
     /// Nothing runs, so there is no timeline to write (`--trace`).
     #[arg(long, conflicts_with = "trace")]
     max_batch: bool,
