@@ -480,11 +480,18 @@ pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json:
     let mut advice = Vec::new();
     for remat in [false, true] {
         let mut best: Option<(usize, u64, Graph)> = None;
+        // A batch's plan is made once (XLA's search may come back to a batch
+        // the model's tried: gpt2-small's plans take seconds each).
+        let mut probed = std::collections::BTreeMap::<usize, (u64, Graph)>::new();
         let mut probe = |b: usize| -> anyhow::Result<(u64, Graph)> {
+            if let Some((peak, g)) = probed.get(&b) {
+                return Ok((*peak, g.clone()));
+            }
             let t = std::time::Instant::now();
             let (peak, g) = predicted(b, remat)?;
             tracing::info!(batch = b, remat, peak, ms = t.elapsed().as_millis() as u64, "max-batch: predicted");
             rows.push(json!({"batch": b, "remat": remat, "predicted_peak_bytes": peak, "fits": peak <= device_bytes}));
+            probed.insert(b, (peak, g.clone()));
             Ok((peak, g))
         };
         // Doubling finds a batch the model fits and one it does not; halving
