@@ -439,8 +439,8 @@ pub const MAX_BATCH_SEARCHED: usize = 1 << 20;
 /// the same pipeline for its platform (with remat, the one `kiln train
 /// --memory-limit <device_bytes>` runs), lowered for it. Where XLA's program
 /// holds more than the device (the CPU plugin schedules a planned step its own
-/// way, `docs/memory.md`), the batch is cut by XLA's overshoot until it fits,
-/// and the answers XLA refused are reported.
+/// way, `docs/memory.md`), the search goes on below it in XLA, and the
+/// answers XLA refused are reported.
 pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json: bool) -> anyhow::Result<()> {
     use kiln::compiler::pipeline::{self, PipelineOptions};
     let target = kiln::compiler::LowerTarget::from_platform(client.platform_name());
