@@ -15,11 +15,14 @@
 //! bit; restoring it into a run with another replica count is an error.
 //! In a run of several processes every node calls `save` alike (the pending
 //! step may hold collectives); each puts the checksum of its values in the
-//! run's store (the generator state, per replica by design, left out), node 0
-//! checks that all agree, writes the file once, and then
-//! puts `written`; the others return only after that, so no node goes on
-//! believing in a file that is not complete. Disagreeing values are an error
-//! naming the nodes, on every node.
+//! run's store (the generator state, per replica by design, left out) and its
+//! replicas' generator states by global replica index; node 0 checks that all
+//! agree, writes the file once, holding every replica's generator state as
+//! one process with all the replicas would, and then puts `written`; the
+//! others return only after that, so no node goes on believing in a file that
+//! is not complete. Disagreeing values are an error naming the nodes, on every
+//! node. On restore each process takes its own replicas' states, so a resumed
+//! run of several processes draws the dropout masks of an uninterrupted one.
 
 use std::collections::HashMap;
 use std::fs;
@@ -214,9 +217,28 @@ pub fn save(path: impl AsRef<Path>, step: u64, tensors: &[(String, Tensor)]) -> 
     // Replica 0's value under the tensor's name; a tensor whose replicas hold
     // different values (the per-replica RNG keys) also stores replicas 1.. as
     // `<name>@replica<r>`, so a resumed run gets every replica's value back.
+    // In a run of several processes the generator state's replicas are
+    // gathered on node 0 by their global index (`save_once`).
+    let session = kiln_runtime::distributed::session();
     let mut literals = Vec::with_capacity(tensors.len());
+    let mut mine = Vec::new();
     for (n, t) in tensors {
         let replicas = t.replica_bytes()?;
+        if session.is_some() && is_per_replica(n) {
+            let local = crate::replicas::local_replica_indices()?;
+            // A value alike on every replica is read once.
+            let values = if replicas.len() == 1 { vec![replicas[0].clone(); local.len()] } else { replicas };
+            if values.len() != local.len() {
+                return Err(err(format!(
+                    "tensor {n} holds {} replicas' values, this process has {} replica(s)",
+                    values.len(),
+                    local.len()
+                )));
+            }
+            let values = local.into_iter().zip(values).map(|(g, b)| Ok((g, Literal::from_bytes(t.ty().clone(), b)?)));
+            mine.push(ReplicaValues { name: n.clone(), values: values.collect::<Result<_>>()? });
+            continue;
+        }
         for (r, bytes) in replicas.iter().enumerate() {
             if r == 0 || replicas.iter().any(|b| b != &replicas[0]) {
                 let name = if r == 0 { n.clone() } else { format!("{n}{REPLICA_SEP}{r}") };
@@ -224,6 +246,15 @@ pub fn save(path: impl AsRef<Path>, step: u64, tensors: &[(String, Tensor)]) -> 
             }
         }
     }
+    match session {
+        Some(session) => save_once(&session, path, step, literals, mine),
+        None => write_atomically(path, &serialize(path, step, &literals)?),
+    }
+}
+
+/// The file's bytes: `literals` and `step`, with the format and checksum.
+fn serialize(path: &Path, step: u64, literals: &[(String, Literal)]) -> Result<Vec<u8>> {
+    let err = |reason: String| FrontendError::Checkpoint { path: path.to_path_buf(), reason };
     // Sorted by name: the order safetensors gives back on load.
     let mut sorted: Vec<&(String, Literal)> = literals.iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(&b.0));
@@ -240,42 +271,139 @@ pub fn save(path: impl AsRef<Path>, step: u64, tensors: &[(String, Tensor)]) -> 
             Ok((n.clone(), view))
         })
         .collect::<Result<Vec<_>>>()?;
-    let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| err(e.to_string()))?;
-    match kiln_runtime::distributed::session() {
-        Some(session) => {
-            // The generator state is per replica by design (each replica's
-            // own dropout stream); every other tensor must agree.
-            let shared =
-                checksum(sorted.iter().filter(|(n, _)| !is_per_replica(n)).map(|(n, l)| (n.as_str(), l.bytes())));
-            save_once(&session, path, step, shared, &bytes)
+    safetensors::serialize(views, Some(meta)).map_err(|e| err(e.to_string()))
+}
+
+/// One process's values of a per-replica tensor: (global replica index,
+/// value) for each of its replicas.
+#[derive(Clone, Debug, PartialEq)]
+struct ReplicaValues {
+    name: String,
+    values: Vec<(usize, Literal)>,
+}
+
+/// `mine` as bytes for the run's store: per tensor, its name, then each
+/// replica's global index and bytes (lengths as u64, little-endian).
+fn encode_replicas(mine: &[ReplicaValues]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut put = |bytes: &[u8]| {
+        out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        out.extend_from_slice(bytes);
+    };
+    for t in mine {
+        put(t.name.as_bytes());
+        put(&(t.values.len() as u64).to_le_bytes());
+        for (g, l) in &t.values {
+            put(&(*g as u64).to_le_bytes());
+            put(l.bytes());
         }
-        None => write_atomically(path, &bytes),
     }
+    out
+}
+
+/// Reads what [`encode_replicas`] wrote on another node, whose tensors are
+/// `like`'s (the same names and types, every node saving the same state).
+fn decode_replicas(bytes: &[u8], like: &[ReplicaValues]) -> std::result::Result<Vec<ReplicaValues>, String> {
+    let mut rest = bytes;
+    let mut take = || -> std::result::Result<&[u8], String> {
+        let short = || "its replicas' values end early".to_string();
+        let (len, tail) = rest.split_first_chunk::<8>().ok_or_else(short)?;
+        let len = usize::try_from(u64::from_le_bytes(*len)).map_err(|_| short())?;
+        if len > tail.len() {
+            return Err(short());
+        }
+        let (item, tail) = tail.split_at(len);
+        rest = tail;
+        Ok(item)
+    };
+    let number = |b: &[u8]| -> std::result::Result<u64, String> {
+        Ok(u64::from_le_bytes(b.try_into().map_err(|_| "a count that is not 8 bytes".to_string())?))
+    };
+    let mut out = Vec::with_capacity(like.len());
+    for t in like {
+        let name = take()?;
+        if name != t.name.as_bytes() {
+            return Err(format!("it sent {:?} where this node has {}", String::from_utf8_lossy(name), t.name));
+        }
+        let ty = t.values.first().map(|(_, l)| l.ty().clone()).ok_or("a tensor with no replica")?;
+        let count = number(take()?)?;
+        let mut values = Vec::new();
+        for _ in 0..count {
+            let g = usize::try_from(number(take()?)?).map_err(|_| "a replica index out of range".to_string())?;
+            let value = Literal::from_bytes(ty.clone(), take()?.to_vec())
+                .map_err(|e| format!("{}: replica {g}'s value: {e}", t.name))?;
+            values.push((g, value));
+        }
+        out.push(ReplicaValues { name: t.name.clone(), values });
+    }
+    if !rest.is_empty() {
+        return Err(format!("{} bytes more than this node's tensors", rest.len()));
+    }
+    Ok(out)
+}
+
+/// Every node's values of each per-replica tensor as the file holds them:
+/// global replica 0's under the tensor's name, and where the replicas differ
+/// replica g's as `<name>@replica<g>`, as one process with all the replicas
+/// would write. The global indices must be `0..n`, each once.
+fn merge_replicas(all: Vec<ReplicaValues>) -> std::result::Result<Vec<(String, Literal)>, String> {
+    let mut by_name = std::collections::BTreeMap::<String, std::collections::BTreeMap<usize, Literal>>::new();
+    for t in all {
+        let slot = by_name.entry(t.name.clone()).or_default();
+        for (g, l) in t.values {
+            if slot.insert(g, l).is_some() {
+                return Err(format!("{}: replica {g} was sent twice", t.name));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (name, values) in by_name {
+        if values.keys().enumerate().any(|(i, &g)| i != g) {
+            return Err(format!("{name}: the replicas sent are {:?}, not 0..{}", values.keys(), values.len()));
+        }
+        let values: Vec<Literal> = values.into_values().collect();
+        let differ = values.iter().any(|l| l.bytes() != values[0].bytes());
+        for (g, l) in values.into_iter().enumerate() {
+            if g == 0 {
+                out.push((name.clone(), l));
+            } else if differ {
+                out.push((format!("{name}{REPLICA_SEP}{g}"), l));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Tensors that differ between replicas by design and so are left out of the
 /// nodes' agreement check: the generator state (`rng.state` in the built-in
-/// loops' training state). The file holds node 0's value, replica 0's, which
-/// is what a single process writes.
+/// loops' training state). Every node sends its replicas' values to node 0,
+/// and the file holds all of them by global replica index ([`merge_replicas`]).
 fn is_per_replica(name: &str) -> bool {
     name == "rng.state" || name.ends_with(".rng.state")
 }
 
 /// The multi-process save (see the module docs): node 0 writes after every
-/// node's checksum matched its own.
+/// node's checksum of `shared` matched its own, with every node's values of
+/// the per-replica tensors (`mine` on each).
 fn save_once(
     session: &kiln_runtime::distributed::Session,
     path: &Path,
     step: u64,
-    sum: u64,
-    bytes: &[u8],
+    shared: Vec<(String, Literal)>,
+    mine: Vec<ReplicaValues>,
 ) -> Result<()> {
     let err = |reason: String| FrontendError::Checkpoint { path: path.to_path_buf(), reason };
+    let sum = {
+        let mut sorted: Vec<&(String, Literal)> = shared.iter().collect();
+        sorted.sort_by(|a, b| a.0.cmp(&b.0));
+        checksum(sorted.iter().map(|(n, l)| (n.as_str(), l.bytes())))
+    };
     let id = session.identity();
     let scope =
         format!("ckpt/{step}/{:016x}", checksum(std::iter::once(("path", path.as_os_str().as_encoded_bytes()))));
     let written = format!("{scope}/written");
     if id.node_id != 0 {
+        session.put(&format!("{scope}/replicas/{}", id.node_id), &encode_replicas(&mine))?;
         session.put(&format!("{scope}/sum/{}", id.node_id), &sum.to_le_bytes())?;
         let answer = session.wait_for(&written)?;
         return match answer.as_slice() {
@@ -284,21 +412,34 @@ fn save_once(
         };
     }
     let mut differ = Vec::new();
+    let mut all = mine.clone();
+    let mut unreadable = None;
     for node in 1..id.num_nodes {
         let theirs = session.wait_for(&format!("{scope}/sum/{node}"))?;
         if theirs.as_slice() != sum.to_le_bytes() {
             differ.push(node);
         }
+        let replicas = session.wait_for(&format!("{scope}/replicas/{node}"))?;
+        match decode_replicas(&replicas, &mine) {
+            Ok(r) => all.extend(r),
+            Err(e) => unreadable = unreadable.or(Some(format!("node {node}'s generator state: {e}"))),
+        }
     }
-    if !differ.is_empty() {
-        let reason =
-            format!("not written: the values of node(s) {differ:?} differ from node 0's (checksum {sum:016x})");
-        session.put(&written, reason.as_bytes())?;
-        return Err(err(reason));
-    }
-    let outcome = write_atomically(path, bytes);
+    let merged = match (differ.is_empty(), unreadable) {
+        (false, _) => {
+            Err(format!("not written: the values of node(s) {differ:?} differ from node 0's (checksum {sum:016x})"))
+        }
+        (true, Some(e)) => Err(format!("not written: {e}")),
+        (true, None) => merge_replicas(all).map_err(|e| format!("not written: {e}")),
+    };
+    let outcome = merged.map_err(err).and_then(|replicas| {
+        let mut literals = shared;
+        literals.extend(replicas);
+        write_atomically(path, &serialize(path, step, &literals)?)
+    });
     let note = match &outcome {
         Ok(()) => "ok".to_string(),
+        Err(FrontendError::Checkpoint { reason, .. }) if reason.starts_with("not written") => reason.clone(),
         Err(e) => format!("node 0 could not write it: {e}"),
     };
     session.put(&written, note.as_bytes())?;
@@ -437,7 +578,8 @@ pub(crate) fn restore_loaded(path: &Path, loaded: Loaded, targets: &[(String, Te
         let value = if others.is_empty() {
             Tensor::from_literal(lit)
         } else {
-            let replicas = crate::replicas::num_replicas()?;
+            // Saved by global replica index: this process takes its own.
+            let replicas = crate::replicas::global_replicas()?;
             if others.len() + 1 != replicas {
                 return Err(FrontendError::Checkpoint {
                     path: path.to_path_buf(),
@@ -451,7 +593,13 @@ pub(crate) fn restore_loaded(path: &Path, loaded: Loaded, targets: &[(String, Te
             for o in others {
                 all.push(fit(o)?);
             }
-            crate::replicas::from_literal_shards(all)?
+            let mut mine: Vec<Literal> =
+                crate::replicas::local_replica_indices()?.into_iter().map(|g| all[g].clone()).collect();
+            if mine.len() == 1 {
+                Tensor::from_literal(mine.remove(0))
+            } else {
+                crate::replicas::from_literal_shards(mine)?
+            }
         };
         plan.push((t, value));
     }
@@ -459,4 +607,131 @@ pub(crate) fn restore_loaded(path: &Path, loaded: Loaded, targets: &[(String, Te
         t.assign(&value)?;
     }
     Ok(loaded.step)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_compiler::ir::TensorType;
+    use kiln_runtime::distributed::{Identity, RunScope, Session, StoreServer, Timeouts};
+
+    /// A generator state `u64[2]` (key, counter) as a literal.
+    fn state(key: u64, counter: u64) -> Literal {
+        let bytes = [key.to_le_bytes(), counter.to_le_bytes()].concat();
+        Literal::from_bytes(TensorType::new(DType::U64, [2usize]), bytes).unwrap()
+    }
+
+    fn rng(values: &[(usize, u64)]) -> Vec<ReplicaValues> {
+        vec![ReplicaValues {
+            name: "rng.state".into(),
+            values: values.iter().map(|&(g, k)| (g, state(k, 7))).collect(),
+        }]
+    }
+
+    fn names(literals: &[(String, Literal)]) -> Vec<&str> {
+        literals.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    /// A node's values travel through the store and come back as they were;
+    /// bytes cut short, a wrong name or bytes left over are errors naming
+    /// what was wrong, never a panic.
+    #[test]
+    fn replica_values_survive_the_store_and_bad_bytes_are_named() {
+        let mine = rng(&[(2, 0x9e37), (3, 0x3c6e)]);
+        let bytes = encode_replicas(&mine);
+        assert_eq!(decode_replicas(&bytes, &rng(&[(0, 1), (1, 2)])).unwrap(), mine);
+        for cut in 0..bytes.len() {
+            assert!(decode_replicas(&bytes[..cut], &mine).is_err(), "{cut} bytes decoded");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(decode_replicas(&longer, &mine).unwrap_err().contains("1 bytes more"));
+        let other = vec![ReplicaValues { name: "model.rng.state".into(), values: mine[0].values.clone() }];
+        assert!(decode_replicas(&bytes, &other).unwrap_err().contains("\"rng.state\" where this node has"));
+    }
+
+    /// Two nodes of two replicas each: the file holds global replica 0's
+    /// state under the name and replicas 1-3's as `@replica<g>`, as one
+    /// process with four replicas writes it; states alike on every replica
+    /// are one tensor; a missing or repeated replica is refused.
+    #[test]
+    fn replicas_merge_by_global_index() {
+        let mut all = rng(&[(2, 30), (3, 40)]);
+        all.extend(rng(&[(0, 10), (1, 20)]));
+        let merged = merge_replicas(all).unwrap();
+        assert_eq!(names(&merged), ["rng.state", "rng.state@replica1", "rng.state@replica2", "rng.state@replica3"]);
+        for (g, (_, l)) in merged.iter().enumerate() {
+            assert_eq!(l, &state(10 * (g as u64 + 1), 7));
+        }
+        let mut alike = rng(&[(0, 5)]);
+        alike.extend(rng(&[(1, 5)]));
+        assert_eq!(names(&merge_replicas(alike).unwrap()), ["rng.state"]);
+        let mut gap = rng(&[(0, 1)]);
+        gap.extend(rng(&[(2, 2)]));
+        assert!(merge_replicas(gap).unwrap_err().contains("not 0..2"));
+        let mut twice = rng(&[(0, 1), (1, 2)]);
+        twice.extend(rng(&[(1, 3)]));
+        assert!(merge_replicas(twice).unwrap_err().contains("replica 1 was sent twice"));
+    }
+
+    fn identity(node: u32, coordinator: &str, run: &str) -> Identity {
+        Identity {
+            node_id: node,
+            num_nodes: 2,
+            coordinator: Some(coordinator.to_string()),
+            serves_store: false,
+            scope: RunScope { run_id: run.into(), attempt: 0 },
+            local_devices: None,
+            timeouts: Timeouts { startup_ms: 10_000, peer_ms: 10_000 },
+        }
+    }
+
+    /// Two nodes save through the run's store (two sessions in threads):
+    /// node 0 writes one file with both nodes' generator states by global
+    /// replica, and both return only once it is written. Shared values that
+    /// differ are refused on both nodes, and no file is written.
+    #[test]
+    fn two_nodes_write_one_file_with_every_replicas_generator_state() {
+        let server = StoreServer::bind("127.0.0.1:0").unwrap();
+        let addr = server.local_addr().to_string();
+        let dir = tempfile::tempdir().unwrap();
+        let weight = |v: f32| {
+            let ty = TensorType::new(DType::F32, [2usize]);
+            ("param.w".to_string(), Literal::from_bytes(ty, [v.to_le_bytes(), 2.5f32.to_le_bytes()].concat()).unwrap())
+        };
+        let save_on_both = |run: &str, file: &str, w1: f32| {
+            let path = dir.path().join(file);
+            let nodes: Vec<_> = (0..2u32)
+                .map(|node| {
+                    let (id, path) = (identity(node, &addr, run), path.clone());
+                    let shared = vec![weight(if node == 0 { 1.5 } else { w1 })];
+                    let mine = rng(&[(node as usize, 100 + u64::from(node))]);
+                    std::thread::spawn(move || {
+                        let session = Session::start(id)?;
+                        Ok::<_, FrontendError>(save_once(&session, &path, 9, shared, mine))
+                    })
+                })
+                .collect();
+            let outcomes: Vec<Result<()>> = nodes.into_iter().map(|h| h.join().unwrap().unwrap()).collect();
+            (path, outcomes)
+        };
+
+        let (path, outcomes) = save_on_both("agree", "c.safetensors", 1.5);
+        assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+        let loaded = load(&path).unwrap();
+        assert_eq!(loaded.step, 9);
+        let mut got = loaded.tensors.clone();
+        got.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(names(&got), ["param.w", "rng.state", "rng.state@replica1"]);
+        assert_eq!(got[0].1, weight(1.5).1);
+        assert_eq!(got[1].1, state(100, 7));
+        assert_eq!(got[2].1, state(101, 7));
+
+        let (path, outcomes) = save_on_both("differ", "d.safetensors", -1.0);
+        for o in outcomes {
+            let e = o.unwrap_err().to_string();
+            assert!(e.contains("not written") && e.contains("node(s) [1] differ"), "{e}");
+        }
+        assert!(!path.exists());
+    }
 }
