@@ -449,11 +449,15 @@ fn train_gpt(path: &std::path::Path, cfg: &gpt::GptConfig, json: bool) -> anyhow
 }
 
 /// The train step's remat plan for `--json` (`null` without a memory
-/// limit): the budget, whether it was met, what was recomputed and the
-/// peaks by kiln's model.
+/// limit): see [`remat_record_json`].
 fn remat_json() -> serde_json::Value {
-    let m = kiln::metrics::snapshot();
-    let Some(record) = m.step_remat_plan() else { return serde_json::Value::Null };
+    remat_record_json(kiln::metrics::snapshot().step_remat_plan())
+}
+
+/// A remat plan for `--json` (`null` without one): the budget, whether it was
+/// met, what was recomputed and the peaks by kiln's model.
+fn remat_record_json(record: Option<&kiln::metrics::RematRecord>) -> serde_json::Value {
+    let Some(record) = record else { return serde_json::Value::Null };
     let r = &record.plan;
     json!({
         "budget_bytes": r.budget_bytes,

@@ -376,3 +376,60 @@ fn memory_flags_are_checked_before_the_graph_is_read() {
         assert!(err.contains(says) && !err.contains("not-a-graph.kiln"), "{args:?}: {err}");
     }
 }
+
+/// `kiln profile --memory-limit` profiles the planned step: a built-in loop
+/// (its `--json` carries the plan, `null` without a limit) and a saved graph
+/// (the ladder: its report has the `remat:` line, and the plan recomputes
+/// where the unplanned one does not). A budget that is not one is named before
+/// any work, and `--max-batch` sizes its own budget.
+#[test]
+fn profile_takes_a_memory_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let text_path = dir.path().join("text.txt");
+    std::fs::write(&text_path, "the quick brown fox jumps over the lazy dog. ".repeat(40)).unwrap();
+    let profile = |args: &[&str]| {
+        let out = Command::cargo_bin("kiln")
+            .unwrap()
+            .env("KILN_CACHE", "off")
+            .arg("profile")
+            .args(args)
+            .args(["--steps", "3", "--eager-steps", "0"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), stderr)
+    };
+    let json = |stdout: &str| -> Value { serde_json::from_str(stdout.lines().last().unwrap()).unwrap() };
+    let text_arg = text_path.to_str().unwrap();
+
+    let (ok, out, err) = profile(&["gpt", "--text", text_arg, "--memory-limit", "50%", "--json"]);
+    assert!(ok, "{err}");
+    let r = &json(&out)["remat"];
+    assert_eq!(r["activation_fraction"], 0.5, "{r}");
+    assert_eq!(r["met"], true, "{r}");
+    assert!(r["values_recomputed"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["predicted_peak_bytes_after"].as_u64() < r["predicted_peak_bytes_before"].as_u64(), "{r}");
+    let (ok, out, err) = profile(&["gpt", "--text", text_arg, "--json"]);
+    assert!(ok, "{err}");
+    assert!(json(&out)["remat"].is_null(), "{out}");
+
+    let ladder_path = dir.path().join("ladder.kiln");
+    std::fs::write(&ladder_path, text::print(&ladder())).unwrap();
+    let ladder_arg = ladder_path.to_str().unwrap();
+    let (ok, out, err) = profile(&[ladder_arg, "--memory-limit", "40%"]);
+    assert!(ok, "{err}");
+    let line = out.lines().find(|l| l.starts_with("remat: ")).unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains("40% of the activation memory") && line.contains("recomputed ("), "{line}");
+    let (ok, out, err) = profile(&[ladder_arg, "--memory-limit", "40%", "--json"]);
+    assert!(ok, "{err}");
+    assert!(json(&out)["remat"]["values_recomputed"].as_u64().unwrap() > 0, "{out}");
+    let (ok, out, err) = profile(&[ladder_arg]);
+    assert!(ok, "{err}");
+    assert!(!out.contains("remat: "), "{out}");
+
+    let (ok, out, err) = profile(&["gpt", "--text", text_arg, "--memory-limit", "150%"]);
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(err.contains("--memory-limit 150%") && !err.contains("panicked"), "{err}");
+    let (ok, _, err) = profile(&["gpt", "--max-batch", "--device-memory", "1GiB", "--memory-limit", "50%"]);
+    assert!(!ok && err.contains("--memory-limit") && err.contains("--max-batch"), "{err}");
+}

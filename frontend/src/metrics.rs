@@ -99,6 +99,51 @@ pub struct RematRecord {
     pub mesh: Option<String>,
 }
 
+impl RematRecord {
+    /// One line on the plan: whether it met its budget, what it recomputed
+    /// and the peaks by kiln's model (the training loops' `remat:` line).
+    pub fn line(&self) -> String {
+        let record = self;
+        let r = &record.plan;
+        let flops = r.extra_flops() as f64;
+        let share = record
+            .activation_fraction
+            .map(|f| format!(" (arguments and outputs, and {:.0}% of the activation memory)", f * 100.0))
+            .unwrap_or_default();
+        let recomputed = match r.values_recomputed() {
+            0 => "nothing recomputed".to_string(),
+            n => format!("{n} value(s) recomputed ({flops:.2e} extra FLOPs)"),
+        };
+        // Live temporaries are what a percentage is of; XLA places some in
+        // the outputs' allocations (on the CPU plugin most of a small step's),
+        // so what it allocates for them is given too.
+        format!(
+            "peak budget {}{share} {}: {recomputed}{}, predicted peak {} -> {}, live temporaries {} -> {} \
+             (as XLA allocates them, {} -> {}){}",
+            bytes(r.budget_bytes),
+            if r.met {
+                "met".to_string()
+            } else {
+                format!(
+                    "not met (the lowest peak found, {} over it)",
+                    bytes(r.after.peak_bytes.saturating_sub(r.budget_bytes))
+                )
+            },
+            if r.offloaded.is_empty() { String::new() } else { format!(", {} kept in host memory", r.offloaded.len()) },
+            bytes(r.before.peak_bytes),
+            bytes(r.after.peak_bytes),
+            bytes(r.before.temp_peak_bytes),
+            bytes(r.after.temp_peak_bytes),
+            bytes(r.before.allocated_temp_bytes),
+            bytes(r.after.allocated_temp_bytes),
+            match &record.mesh {
+                Some(mesh) => format!("; the whole step's figures, before XLA partitions it over {mesh}"),
+                None => String::new(),
+            },
+        )
+    }
+}
+
 /// One span of the per-step timeline.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Event {
@@ -250,47 +295,9 @@ impl Metrics {
         self.remat_plans.iter().max_by_key(|r| r.plan.before.peak_bytes)
     }
 
-    /// One line on [`Metrics::step_remat_plan`]: whether it met its budget,
-    /// what it recomputed and the peaks by kiln's model.
+    /// [`RematRecord::line`] of [`Metrics::step_remat_plan`].
     pub fn step_remat_line(&self) -> Option<String> {
-        let record = self.step_remat_plan()?;
-        let r = &record.plan;
-        let flops = r.extra_flops() as f64;
-        let share = record
-            .activation_fraction
-            .map(|f| format!(" (arguments and outputs, and {:.0}% of the activation memory)", f * 100.0))
-            .unwrap_or_default();
-        let recomputed = match r.values_recomputed() {
-            0 => "nothing recomputed".to_string(),
-            n => format!("{n} value(s) recomputed ({flops:.2e} extra FLOPs)"),
-        };
-        // Live temporaries are what a percentage is of; XLA places some in
-        // the outputs' allocations (on the CPU plugin most of a small step's),
-        // so what it allocates for them is given too.
-        Some(format!(
-            "peak budget {}{share} {}: {recomputed}{}, predicted peak {} -> {}, live temporaries {} -> {} \
-             (as XLA allocates them, {} -> {}){}",
-            bytes(r.budget_bytes),
-            if r.met {
-                "met".to_string()
-            } else {
-                format!(
-                    "not met (the lowest peak found, {} over it)",
-                    bytes(r.after.peak_bytes.saturating_sub(r.budget_bytes))
-                )
-            },
-            if r.offloaded.is_empty() { String::new() } else { format!(", {} kept in host memory", r.offloaded.len()) },
-            bytes(r.before.peak_bytes),
-            bytes(r.after.peak_bytes),
-            bytes(r.before.temp_peak_bytes),
-            bytes(r.after.temp_peak_bytes),
-            bytes(r.before.allocated_temp_bytes),
-            bytes(r.after.allocated_temp_bytes),
-            match &record.mesh {
-                Some(mesh) => format!("; the whole step's figures, before XLA partitions it over {mesh}"),
-                None => String::new(),
-            },
-        ))
+        self.step_remat_plan().map(RematRecord::line)
     }
 
     /// Mean time of one execution: the execute call plus the time blocked on

@@ -23,6 +23,7 @@ use kiln::runtime::{Client, ClientOptions, CompileOptions, ExecArg};
 use serde_json::json;
 
 use super::{AmpDtype, GptSize};
+use kiln::compiler::memory::RematBudget;
 
 #[derive(Args)]
 pub struct ProfileArgs {
@@ -73,6 +74,12 @@ pub struct ProfileArgs {
     /// Nothing runs, so there is no timeline to write (`--trace`).
     #[arg(long, conflicts_with = "trace")]
     max_batch: bool,
+    /// Rematerialize so each step's predicted peak fits SIZE (`2GiB`, bytes), or
+    /// `N%`: keep the arguments, outputs and N% of the step's activation
+    /// memory, as `kiln train --memory-limit` does; the report adds the plan's
+    /// `remat:` line and the step's time shows what the recomputation costs.
+    #[arg(long, value_name = "SIZE", conflicts_with = "max_batch")]
+    memory_limit: Option<String>,
     /// Device memory for --max-batch (`60GiB`; default: what the plugin's
     /// allocator may take of the first device, on a GPU its memory fraction,
     /// 75% unless KILN_GPU_MEMORY_FRACTION says).
@@ -99,8 +106,9 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         kiln::atomic_write::checked_target(path).with_context(|| format!("--trace {}", path.display()))?;
     }
     let model = matches!(args.target.as_str(), "mlp" | "gpt");
-    let Profiled { events, eager, platform, device_kind, graph_flops, transfers } =
-        if model { profile_model(&args)? } else { profile_graph(&args, Path::new(&args.target))? };
+    let budget = args.memory_limit.as_deref().map(super::memory::parse_budget).transpose()?;
+    let Profiled { events, eager, platform, device_kind, graph_flops, transfers, remat } =
+        if model { profile_model(&args)? } else { profile_graph(&args, Path::new(&args.target), budget)? };
     // Compiles, loads and executions as the timeline saw them (a graph file
     // runs outside the frontend, whose counters then stay empty).
     let count = |name: &str| events.iter().filter(|e| e.name == name).count() as u64;
@@ -164,6 +172,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
                 "step_ms_median": step_ms,
                 "mfu": mfu,
                 "mfu_peak": target.as_ref().map(|t| t.name),
+                "remat": crate::remat_record_json(remat.as_ref()),
             })
         );
     } else {
@@ -199,8 +208,12 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
             );
         }
         if model {
+            // The metrics' report has the plan's `remat` row.
             println!("{m}");
         } else {
+            if let Some(r) = &remat {
+                println!("remat: {}", r.line());
+            }
             println!(
                 "host->device {to_device} bytes (the inputs, once), device->host {to_host} bytes (the last outputs)"
             );
@@ -240,6 +253,8 @@ struct Profiled {
     /// graph file's inputs and last outputs); the models' come from the
     /// frontend's counters.
     transfers: Option<(u64, u64)>,
+    /// The step's remat plan under `--memory-limit`.
+    remat: Option<kiln::metrics::RematRecord>,
 }
 
 fn device_kind(client: &Client) -> String {
@@ -300,6 +315,8 @@ fn profile_model(args: &ProfileArgs) -> anyhow::Result<Profiled> {
     } else {
         None
     };
+    // The budget plans the compiled steps (the eager backend plans nothing).
+    crate::set_memory_limit(args.memory_limit.as_deref())?;
     let bar = progress(args, args.steps);
     bar.set_message("compiled steps");
     metrics::reset();
@@ -318,11 +335,12 @@ fn profile_model(args: &ProfileArgs) -> anyhow::Result<Profiled> {
         device_kind: device_kind(&client),
         graph_flops: None,
         transfers: None,
+        remat: metrics::snapshot().step_remat_plan().cloned(),
     })
 }
 
 /// Compiles the graph in `path` and runs it `steps` times on random inputs.
-fn profile_graph(args: &ProfileArgs, path: &Path) -> anyhow::Result<Profiled> {
+fn profile_graph(args: &ProfileArgs, path: &Path, budget: Option<RematBudget>) -> anyhow::Result<Profiled> {
     let source = super::read_graph_text(path)
         .with_context(|| format!("reading step graph {} (expected mlp, gpt or a graph file)", path.display()))?;
     let graph = text::parse(&source).with_context(|| format!("parsing {}", path.display()))?;
@@ -336,9 +354,22 @@ fn profile_graph(args: &ProfileArgs, path: &Path) -> anyhow::Result<Profiled> {
     // For the client's platform, as a step is: the CUDA fusion model, cuDNN
     // attention and the loop kernels on a GPU.
     let target = LowerTarget::from_platform(client.platform_name());
-    let popts =
-        pipeline::PipelineOptions { prune_params: false, ..pipeline::PipelineOptions::default() }.with_target(target);
-    let optimized = pipeline::run(&graph, &popts, &mut |_, _| {})?.graph;
+    let (bytes, fraction) = match budget {
+        Some(RematBudget::Bytes(b)) => (Some(b), None),
+        Some(RematBudget::FractionOfActivations(f)) => (None, Some(f)),
+        None => (None, None),
+    };
+    let popts = pipeline::PipelineOptions { prune_params: false, ..pipeline::PipelineOptions::default() }
+        .with_target(target)
+        .with_memory_limit(bytes)
+        .with_activation_budget(fraction);
+    let out = pipeline::run(&graph, &popts, &mut |_, _| {})?;
+    let remat = out.stats.passes.iter().find_map(|p| p.remat.clone()).map(|plan| kiln::metrics::RematRecord {
+        plan,
+        activation_fraction: fraction,
+        mesh: None,
+    });
+    let optimized = out.graph;
     let lowering = LowerOptions { target, loop_kernels: kiln::loop_kernels()?, ..LowerOptions::default() };
     let t = Instant::now();
     let exe = client.compile(&lower(&optimized, &lowering)?, &CompileOptions::default())?;
@@ -383,6 +414,7 @@ fn profile_graph(args: &ProfileArgs, path: &Path) -> anyhow::Result<Profiled> {
         device_kind: device_kind(&client),
         graph_flops: Some(cost::graph_flops(&optimized)),
         transfers: Some((uploaded, downloaded)),
+        remat,
     })
 }
 
