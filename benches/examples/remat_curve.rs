@@ -259,4 +259,91 @@ fn print_peak(g: &kiln::compiler::ir::Graph) {
         let ty = g.ty(b.value);
         println!("  {:>11} B {:?} {ty} kernels {}..={}: {}", b.bytes, b.kind, b.def, b.last_use, op(b.value.node));
     }
+    link_estimate(g, &l, pos, &held);
+}
+
+/// What copies of kiln's own (overlapping the kernels, costing none) could
+/// take off this peak: of the temporaries held there that no kernel reads
+/// during it (read before it and again after it), those a host link of
+/// `HOST_LINK_BYTES_PER_SECOND` each way, one copy at a time, can carry out
+/// between their write and the peak kernel's start, and back between the peak
+/// kernel's end and their first later read. Times are the CUDA kernel model's.
+/// An upper bound for offload on this plan: it moves no other peak.
+fn link_estimate(
+    g: &kiln::compiler::ir::Graph,
+    l: &kiln::compiler::memory::Liveness,
+    pos: usize,
+    held: &[&kiln::compiler::memory::Buffer],
+) {
+    use kiln::compiler::memory::HOST_LINK_BYTES_PER_SECOND;
+    let target = kiln::compiler::memory::RematOptions::for_target(
+        kiln::compiler::memory::RematBudget::Bytes(0),
+        kiln::compiler::LowerTarget::Cuda,
+    )
+    .target;
+    let times = kiln::compiler::memory::kernel_times(g, l, &target);
+    // start[i]: when kernel i starts; its end is start[i + 1].
+    let mut start = vec![0.0; times.len() + 1];
+    for (i, t) in times.iter().enumerate() {
+        start[i + 1] = start[i] + t;
+    }
+    // Each candidate: (bytes, write end, first read after the peak).
+    let mut saved = Vec::new();
+    for b in held {
+        let reads: Vec<usize> = g.users(b.value.node).iter().filter_map(|&u| l.exec_pos[u.index()]).collect();
+        let (early, late): (Vec<usize>, Vec<usize>) = reads.iter().partition(|&&r| r < pos);
+        if reads.contains(&pos) || late.is_empty() || b.def >= pos {
+            continue;
+        }
+        let last_early = early.iter().max().copied().unwrap_or(b.def);
+        saved.push((b.bytes, start[b.def + 1], late.iter().min().copied().unwrap_or(pos), last_early));
+    }
+    let secs = |bytes: u64| bytes as f64 / HOST_LINK_BYTES_PER_SECOND;
+    // Out: in write order, each after the last, all ending by the peak.
+    saved.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let mut link = 0.0f64;
+    let mut out = Vec::new();
+    for &(bytes, written, first_late, last_early) in &saved {
+        let end = link.max(written) + secs(bytes);
+        if end <= start[pos] {
+            link = end;
+            out.push((bytes, first_late, last_early, end));
+        }
+    }
+    // Back: latest reader first, each ending by its reader and before the
+    // next copy back starts, all starting after the peak kernel ends.
+    out.sort_by_key(|&(_, first_late, _, _)| std::cmp::Reverse(first_late));
+    let mut free_from = f64::INFINITY;
+    let (mut moved, mut n) = (0u64, 0usize);
+    // The temp curve with each moved buffer gone from the first kernel after
+    // its copy out (and its early reads) to the last before its copy back.
+    let mut temp = l.temp_curve();
+    for &(bytes, first_late, last_early, out_end) in &out {
+        let begin = free_from.min(start[first_late]) - secs(bytes);
+        if begin >= start[pos + 1] {
+            free_from = begin;
+            moved += bytes;
+            n += 1;
+            for (i, t) in temp.iter_mut().enumerate() {
+                if i > last_early && start[i] >= out_end && start[i + 1] <= begin {
+                    *t -= bytes;
+                }
+            }
+        }
+    }
+    let (at, top) = temp.iter().enumerate().max_by_key(|&(_, &t)| t).map(|(i, &t)| (i, t)).unwrap_or((0, 0));
+    let all: u64 = saved.iter().map(|s| s.0).sum();
+    println!(
+        "  LINK {} of {} temporaries held across the peak ({} B) fit a {:.0} GB/s link each way: {} B, \
+         {:.3} ms of kernels before the peak; without them the temp curve's highest point is {} B at kernel {} of {}",
+        n,
+        saved.len(),
+        all,
+        HOST_LINK_BYTES_PER_SECOND / 1e9,
+        moved,
+        start[pos] * 1e3,
+        top,
+        at,
+        temp.len()
+    );
 }

@@ -72,7 +72,7 @@ pub fn kernel_seconds(g: &Graph, l: &Liveness, target: &Target) -> f64 {
 /// Seconds of the kernels at each position of `l`'s order (zero where no
 /// kernel runs): when each kernel starts and ends, for scheduling copies
 /// beside them.
-pub(crate) fn kernel_times(g: &Graph, l: &Liveness, target: &Target) -> Vec<f64> {
+pub fn kernel_times(g: &Graph, l: &Liveness, target: &Target) -> Vec<f64> {
     let mut walk = Walk::new(g.len());
     let mut at = vec![0.0; l.order.len()];
     for (id, node) in g.nodes() {

@@ -39,9 +39,9 @@ mod twins;
 
 pub use exact::Exact;
 pub use gpu::XlaGpuFusion;
-pub use kernel_time::{kernel_seconds, MIN_KERNEL_SECONDS};
+pub use kernel_time::{kernel_seconds, kernel_times, MIN_KERNEL_SECONDS};
 pub use liveness::{liveness, Allocation, Buffer, BufferKind, Liveness};
-pub use offload::HostOffload;
+pub use offload::{HostOffload, HOST_LINK_BYTES_PER_SECOND};
 pub use peak::{peak_memory, PeakMemory};
 pub use remat::{
     activation_budget_bytes, keeps_values_for_later, rematerialize, Greedy, LeafGuards, Off, RecomputeCost,
