@@ -268,7 +268,9 @@ fn print_peak(g: &kiln::compiler::ir::Graph) {
 /// `HOST_LINK_BYTES_PER_SECOND` each way, one copy at a time, can carry out
 /// between their write and the peak kernel's start, and back between the peak
 /// kernel's end and their first later read. Times are the CUDA kernel model's.
-/// An upper bound for offload on this plan: it moves no other peak.
+/// Prints the bytes moved and the temp curve's highest point without them,
+/// wherever it now is: an upper bound for offload beside this plan (copies
+/// cost nothing here, and only buffers held at this peak move).
 fn link_estimate(
     g: &kiln::compiler::ir::Graph,
     l: &kiln::compiler::memory::Liveness,
@@ -287,7 +289,8 @@ fn link_estimate(
     for (i, t) in times.iter().enumerate() {
         start[i + 1] = start[i] + t;
     }
-    // Each candidate: (bytes, write end, first read after the peak).
+    // Each candidate: (bytes, write end, first read after the peak, last
+    // read before it).
     let mut saved = Vec::new();
     for b in held {
         let reads: Vec<usize> = g.users(b.value.node).iter().filter_map(|&u| l.exec_pos[u.index()]).collect();
