@@ -6,7 +6,6 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln::compiler::memory::RematBudget;
 use kiln::data::{FashionMnist, FASHION_MNIST_DIR};
 use kiln::models::gpt;
 use kiln::models::mlp::{self, MlpConfig};
@@ -356,11 +355,7 @@ fn progress(json: bool) -> ProgressBar {
 
 /// `--memory-limit` for the training loops, read as `kiln compile` reads it.
 fn set_memory_limit(limit: Option<&str>) -> anyhow::Result<()> {
-    let (bytes, fraction) = match limit.map(cmd::memory::parse_budget).transpose()? {
-        Some(RematBudget::Bytes(b)) => (Some(b), None),
-        Some(RematBudget::FractionOfActivations(f)) => (None, Some(f)),
-        None => (None, None),
-    };
+    let (bytes, fraction) = cmd::memory::budget_settings(limit.map(cmd::memory::parse_budget).transpose()?);
     kiln::set_memory_limit(bytes);
     kiln::set_activation_budget(fraction)?;
     Ok(())

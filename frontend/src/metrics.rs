@@ -103,10 +103,9 @@ impl RematRecord {
     /// One line on the plan: whether it met its budget, what it recomputed
     /// and the peaks by kiln's model (the training loops' `remat:` line).
     pub fn line(&self) -> String {
-        let record = self;
-        let r = &record.plan;
+        let r = &self.plan;
         let flops = r.extra_flops() as f64;
-        let share = record
+        let share = self
             .activation_fraction
             .map(|f| format!(" (arguments and outputs, and {:.0}% of the activation memory)", f * 100.0))
             .unwrap_or_default();
@@ -136,7 +135,7 @@ impl RematRecord {
             bytes(r.after.temp_peak_bytes),
             bytes(r.before.allocated_temp_bytes),
             bytes(r.after.allocated_temp_bytes),
-            match &record.mesh {
+            match &self.mesh {
                 Some(mesh) => format!("; the whole step's figures, before XLA partitions it over {mesh}"),
                 None => String::new(),
             },

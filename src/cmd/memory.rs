@@ -59,6 +59,16 @@ pub fn parse_bytes(flag: &str, s: &str) -> anyhow::Result<u64> {
         .with_context(|| format!("{flag} {s}: not a size: {}", kiln::runtime::env::SIZE_SPELLINGS))
 }
 
+/// A budget as the pipeline's two settings: (a byte limit, a share of the
+/// activation memory), at most one of them set.
+pub fn budget_settings(budget: Option<RematBudget>) -> (Option<u64>, Option<f64>) {
+    match budget {
+        Some(RematBudget::Bytes(b)) => (Some(b), None),
+        Some(RematBudget::FractionOfActivations(f)) => (None, Some(f)),
+        None => (None, None),
+    }
+}
+
 /// `--memory-limit` as a budget, for `kiln compile` and the training loops
 /// alike: `N%` keeps N% of the step's activation memory, anything else is a
 /// size.

@@ -15,6 +15,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::compiler::cost::{self, Target};
 use kiln::compiler::ir::{DType, TensorType};
+use kiln::compiler::memory::RematBudget;
 use kiln::compiler::{lower, pipeline, text, LowerOptions, LowerTarget};
 use kiln::data::{FashionMnist, FASHION_MNIST_DIR};
 use kiln::metrics::{self, Event, Payback};
@@ -23,7 +24,6 @@ use kiln::runtime::{Client, ClientOptions, CompileOptions, ExecArg};
 use serde_json::json;
 
 use super::{AmpDtype, GptSize};
-use kiln::compiler::memory::RematBudget;
 
 #[derive(Args)]
 pub struct ProfileArgs {
@@ -354,11 +354,7 @@ fn profile_graph(args: &ProfileArgs, path: &Path, budget: Option<RematBudget>) -
     // For the client's platform, as a step is: the CUDA fusion model, cuDNN
     // attention and the loop kernels on a GPU.
     let target = LowerTarget::from_platform(client.platform_name());
-    let (bytes, fraction) = match budget {
-        Some(RematBudget::Bytes(b)) => (Some(b), None),
-        Some(RematBudget::FractionOfActivations(f)) => (None, Some(f)),
-        None => (None, None),
-    };
+    let (bytes, fraction) = super::memory::budget_settings(budget);
     let popts = pipeline::PipelineOptions { prune_params: false, ..pipeline::PipelineOptions::default() }
         .with_target(target)
         .with_memory_limit(bytes)
