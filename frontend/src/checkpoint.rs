@@ -432,14 +432,18 @@ fn save_once(
         (true, Some(e)) => Err(format!("not written: {e}")),
         (true, None) => merge_replicas(all).map_err(|e| format!("not written: {e}")),
     };
-    let outcome = merged.map_err(err).and_then(|replicas| {
-        let mut literals = shared;
-        literals.extend(replicas);
-        write_atomically(path, &serialize(path, step, &literals)?)
-    });
+    let replicas = match merged {
+        Ok(replicas) => replicas,
+        Err(reason) => {
+            session.put(&written, reason.as_bytes())?;
+            return Err(err(reason));
+        }
+    };
+    let mut literals = shared;
+    literals.extend(replicas);
+    let outcome = serialize(path, step, &literals).and_then(|bytes| write_atomically(path, &bytes));
     let note = match &outcome {
         Ok(()) => "ok".to_string(),
-        Err(FrontendError::Checkpoint { reason, .. }) if reason.starts_with("not written") => reason.clone(),
         Err(e) => format!("node 0 could not write it: {e}"),
     };
     session.put(&written, note.as_bytes())?;
@@ -593,13 +597,8 @@ pub(crate) fn restore_loaded(path: &Path, loaded: Loaded, targets: &[(String, Te
             for o in others {
                 all.push(fit(o)?);
             }
-            let mut mine: Vec<Literal> =
-                crate::replicas::local_replica_indices()?.into_iter().map(|g| all[g].clone()).collect();
-            if mine.len() == 1 {
-                Tensor::from_literal(mine.remove(0))
-            } else {
-                crate::replicas::from_literal_shards(mine)?
-            }
+            let mine = crate::replicas::local_replica_indices()?.into_iter().map(|g| all[g].clone()).collect();
+            crate::replicas::from_literal_shards(mine)?
         };
         plan.push((t, value));
     }
