@@ -162,6 +162,12 @@ impl Client {
         if num_nodes > 1 && platform_name == "cpu" {
             return Err(RuntimeError::PlatformNotDistributed { platform: platform_name, num_nodes });
         }
+        // kiln's host copies (custom calls the compiler emits for values it
+        // sends to host memory): a plugin that cannot take them still runs
+        // every program without them.
+        if let Err(reason) = crate::pjrt::host_copy::register(api, &platform_name) {
+            tracing::debug!(platform = %platform_name, %reason, "host-copy handlers not registered");
+        }
         let devices = raw
             .addressable_devices()?
             .into_iter()

@@ -13,6 +13,7 @@ pub(crate) mod cuda;
 pub mod ffi;
 pub(crate) mod handles;
 pub(crate) mod host;
+pub mod host_copy;
 pub mod kv;
 
 pub(crate) use api::Api;
