@@ -267,7 +267,13 @@ unsafe fn slot_attr(attrs: &Attrs) -> Result<i64, Failure> {
 
 // ---- The CPU plugin: copies at once, the token carries the copy's id. ----
 
-static HOST_COPIES: Mutex<(u64, Vec<(u64, Vec<u8>)>)> = Mutex::new((0, Vec::new()));
+/// The CPU plugin's host copies: the last id given, and each copy by id.
+struct HostCopies {
+    last: u64,
+    held: Vec<(u64, Vec<u8>)>,
+}
+
+static HOST_COPIES: Mutex<HostCopies> = Mutex::new(HostCopies { last: 0, held: Vec::new() });
 
 /// # Safety
 /// `f` is XLA's live call frame at the execute stage.
@@ -282,9 +288,9 @@ unsafe fn run_host(f: &CallFrame, step: Step, slot: i64) -> Outcome {
                 let (v, n) = entry(&f.args, 0, "operand")?;
                 let (t, tn) = entry(&f.rets, 0, "result")?;
                 token_size(tn)?;
-                copies.0 += 1;
-                let id = copies.0;
-                copies.1.push((id, std::slice::from_raw_parts(v as *const u8, n).to_vec()));
+                copies.last += 1;
+                let id = copies.last;
+                copies.held.push((id, std::slice::from_raw_parts(v as *const u8, n).to_vec()));
                 *(t as *mut u64) = id;
             }
             Step::OutDone => {
@@ -299,10 +305,10 @@ unsafe fn run_host(f: &CallFrame, step: Step, slot: i64) -> Outcome {
                 let (b, n) = entry(&f.rets, 0, "result")?;
                 token_size(tn)?;
                 let id = *(t as *const u64);
-                let k = copies.1.iter().position(|(i, _)| *i == id).ok_or_else(|| {
+                let k = copies.held.iter().position(|(i, _)| *i == id).ok_or_else(|| {
                     bad(format!("slot {slot}: no host copy {id} (copied back twice, or never copied out)"))
                 })?;
-                let (_, data) = copies.1.swap_remove(k);
+                let (_, data) = copies.held.swap_remove(k);
                 if data.len() != n {
                     return Err(bad(format!("slot {slot}: {} bytes copied out, {n} asked back", data.len())));
                 }
@@ -465,16 +471,15 @@ unsafe fn step_cuda(
         match step {
             Step::Out => {
                 let (v, n) = entry(&f.args, 0, "operand")?;
-                if !lanes.slots.contains_key(&slot) {
-                    let s = Slot {
+                if let std::collections::hash_map::Entry::Vacant(e) = lanes.slots.entry(slot) {
+                    e.insert(Slot {
                         host: std::ptr::null_mut(),
                         capacity: 0,
                         bytes: 0,
                         ready: new_event()?,
                         copied_out: new_event()?,
                         copied_in: new_event()?,
-                    };
-                    lanes.slots.insert(slot, s);
+                    });
                 }
                 let s = &mut *known(&mut lanes.slots)?;
                 if s.capacity < n {
