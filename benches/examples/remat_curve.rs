@@ -36,6 +36,10 @@
 //! `REMAT_OFFLOAD=1`: the remat pass offloads saved activations to pinned
 //! host memory before it recomputes (`kiln::set_host_offload`, CUDA only).
 //!
+//! `REMAT_HOST_COPIES=1`: the remat pass moves what its plan holds across the
+//! peak to pinned host memory over kiln's own copies
+//! (`kiln::set_host_copies`, `memory::HostCopies`).
+//!
 //! Prints one line `RESULT {json}`: XLA's compiled memory stats of the step
 //! program, the remat plan (the model's bytes before/after, each recomputed
 //! value), the step's FLOPs and the step time.
@@ -67,6 +71,7 @@ fn main() -> Res<()> {
     let (iters, reps) = budget_run::iters_reps(&args)?;
     let platform = budget_run::client_under(fraction)?;
     kiln::set_host_offload(offload_from_env());
+    kiln::set_host_copies(host_copies_from_env());
 
     let mut ps = ParamStore::new(0);
     let model = Gpt::new(&mut ps, &cfg)?;
@@ -133,6 +138,11 @@ fn offload_from_env() -> bool {
     std::env::var("REMAT_OFFLOAD").is_ok_and(|v| v == "1")
 }
 
+/// Whether `REMAT_HOST_COPIES` asks for kiln's host copies.
+fn host_copies_from_env() -> bool {
+    std::env::var("REMAT_HOST_COPIES").is_ok_and(|v| v == "1")
+}
+
 /// The remat pass's plan in `pipeline`, as JSON (`null`: no remat pass).
 fn plan_json(pipeline: &kiln::compiler::pipeline::PipelineStats) -> Value {
     let remat = pipeline.passes.iter().find(|p| p.name == "remat").and_then(|p| p.remat.clone());
@@ -192,6 +202,7 @@ fn plan_only(cfg: &GptConfig, pcts: &[String]) -> Res<()> {
         let opts = PipelineOptions::default()
             .with_activation_budget(Some(pct / 100.0))
             .with_host_offload(offload_from_env())
+            .with_host_copies(host_copies_from_env())
             .with_target(kiln::compiler::LowerTarget::Cuda);
         let out = run(&graph, &opts, &mut |_, _| {})?;
         let plan = plan_json(&out.stats);

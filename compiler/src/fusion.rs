@@ -61,6 +61,7 @@ pub fn kind(op: &Op) -> FusionKind {
         | Op::RngBitGenerator { .. }
         | Op::OptimizationBarrier { .. }
         | Op::Place { .. }
+        | Op::HostCopy { .. }
         | Op::Whole { .. }
         | Op::AllReduce { .. }
         // Composites: a fused library call or their own expansion.

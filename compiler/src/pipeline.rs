@@ -149,6 +149,10 @@ pub struct PassOptions {
     /// The remat pass offloads saved activations to pinned host memory
     /// before it recomputes ([`crate::memory::HostOffload`]; CUDA only).
     pub host_offload: bool,
+    /// The remat pass moves what its recomputation plan still holds across
+    /// the peak to pinned host memory over copies of kiln's own
+    /// ([`crate::memory::HostCopies`]); before `host_offload`.
+    pub host_copies: bool,
     /// Parameters that XLA's SPMD partitioner will gather where they are
     /// computed with (FSDP's weights): the remat pass reads them and what is
     /// computed from them alone where they are
@@ -225,6 +229,7 @@ impl Default for PipelineOptions {
                 activation_fraction: None,
                 target: crate::LowerTarget::Cpu,
                 host_offload: false,
+                host_copies: false,
                 gathered_params: Vec::new(),
             },
         }
@@ -269,6 +274,13 @@ impl PipelineOptions {
     /// ([`PassOptions::host_offload`]).
     pub fn with_host_offload(mut self, on: bool) -> PipelineOptions {
         self.pass_options.host_offload = on;
+        self
+    }
+
+    /// Whether the remat pass moves values to the host over kiln's own copies
+    /// ([`PassOptions::host_copies`]).
+    pub fn with_host_copies(mut self, on: bool) -> PipelineOptions {
+        self.pass_options.host_copies = on;
         self
     }
 
@@ -419,7 +431,13 @@ fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, Com
         ..crate::memory::RematOptions::for_target(budget, o.target)
     };
     let offload = crate::memory::HostOffload { target: o.target };
-    let strategy: &dyn crate::memory::RematStrategy = if o.host_offload { &offload } else { &crate::memory::Greedy };
+    let strategy: &dyn crate::memory::RematStrategy = if o.host_copies {
+        &crate::memory::HostCopies
+    } else if o.host_offload {
+        &offload
+    } else {
+        &crate::memory::Greedy
+    };
     let plan = crate::memory::rematerialize(g, strategy, &ro)?;
     s.changed = plan.choices.len();
     s.extra_flops = plan.extra_flops;

@@ -13,6 +13,7 @@ thread_local! {
     static LIMIT: Cell<Option<u64>> = const { Cell::new(None) };
     static ACTIVATION: Cell<Option<f64>> = const { Cell::new(None) };
     static HOST_OFFLOAD: Cell<bool> = const { Cell::new(false) };
+    static HOST_COPIES: Cell<bool> = const { Cell::new(false) };
     static LOOP_KERNELS: Cell<Option<bool>> = const { Cell::new(None) };
     static PARAM_INIT: Cell<bool> = const { Cell::new(false) };
 }
@@ -109,6 +110,18 @@ pub fn set_host_offload(on: bool) {
 /// Whether host offload is on for this thread's steps.
 pub fn host_offload() -> bool {
     HOST_OFFLOAD.with(Cell::get)
+}
+
+/// Whether the remat pass moves what its plan still holds across the step's
+/// peak to pinned host memory over kiln's own copies, beside recomputation
+/// ([`kiln_compiler::memory::HostCopies`]; both plugins run the copies).
+pub fn set_host_copies(on: bool) {
+    set(&HOST_COPIES, on);
+}
+
+/// Whether kiln's host copies are on for this thread's steps.
+pub fn host_copies() -> bool {
+    HOST_COPIES.with(Cell::get)
 }
 
 /// Whether this thread's steps run a column sum and the elementwise work

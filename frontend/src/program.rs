@@ -161,7 +161,8 @@ fn pipeline_options() -> Result<pipeline::PipelineOptions> {
     Ok(opts
         .with_memory_limit(crate::memory_limit())
         .with_activation_budget(crate::activation_budget())
-        .with_host_offload(crate::host_offload()))
+        .with_host_offload(crate::host_offload())
+        .with_host_copies(crate::host_copies()))
 }
 
 /// The program of `graph` (a closed raw trace fed by `bindings`, `assigned`

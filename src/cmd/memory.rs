@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use kiln::compiler::ir::Graph;
 use kiln::compiler::memory::{
-    fusion_for, liveness, rematerialize, sequence_for, Exact, Greedy, HostOffload, Materialization, Off, PeakMemory,
+    fusion_for, liveness, rematerialize, sequence_for, Exact, Greedy, HostCopies, HostOffload, Materialization, Off, PeakMemory,
     RematBudget, RematOptions, RematPlan, RematStrategy,
 };
 use kiln::compiler::{lower, LowerOptions};
@@ -49,6 +49,10 @@ pub enum Strategy {
     /// then greedy recomputation for the rest (CUDA plugin only: on the CPU
     /// plugin a typed error naming its refusal).
     HostOffload,
+    /// Greedy recomputation, and what its plan still holds across the peak
+    /// moved to pinned host memory over kiln's own copies while the kernels
+    /// run (both plugins).
+    HostCopy,
 }
 
 /// A byte size given to `flag`, in [`kiln::runtime::env::parse_size`]'s
@@ -151,6 +155,7 @@ pub fn plan_and_compile(
         Strategy::Greedy => &Greedy,
         Strategy::Exact => &Exact,
         Strategy::HostOffload => &offload,
+        Strategy::HostCopy => &HostCopies,
     };
     // As the pipeline does under a budget: the backward held to the
     // program's order where the target reorders it, then the strategy.

@@ -23,7 +23,7 @@ mod lm_head;
 mod ops;
 mod rng;
 
-use crate::ir::{Graph, Literal, NodeId, Op, ValueId};
+use crate::ir::{Graph, HostCopyStep, Literal, NodeId, Op, ValueId};
 use crate::CompileError;
 
 pub(crate) fn err(op: &'static str, reason: impl Into<String>) -> CompileError {
@@ -76,6 +76,8 @@ pub fn interpret_replicated(g: &Graph, inputs: &[Vec<Literal>]) -> Result<Vec<Ve
     let replicas = inputs.len();
     // values[replica][node] = outputs of that node.
     let mut values: Vec<Vec<Vec<Literal>>> = vec![vec![Vec::new(); n]; replicas];
+    // Values on their trip to the host (`host_copy`), by replica and slot.
+    let mut host: Vec<std::collections::HashMap<u32, Literal>> = vec![Default::default(); replicas];
     for (id, node) in g.nodes() {
         if !needed[id.index()] {
             continue;
@@ -92,6 +94,13 @@ pub fn interpret_replicated(g: &Graph, inputs: &[Vec<Literal>]) -> Result<Vec<Ve
             let get = |x: ValueId| -> &Literal { &v[x.node.index()][x.output as usize] };
             let outs = match &node.op {
                 Op::Parameter { index, .. } => vec![inputs[r][*index as usize].clone()],
+                Op::HostCopy { inputs, step: HostCopyStep::Out, slot, .. } => {
+                    host[r].insert(*slot, get(inputs[0]).clone());
+                    ops::eval(&node.op, &node.outputs, &get)?
+                }
+                Op::HostCopy { step: HostCopyStep::In, slot, .. } => vec![host[r]
+                    .remove(slot)
+                    .ok_or_else(|| err("host_copy", format!("slot {slot} is copied back but was never copied out")))?],
                 op => ops::eval(op, &node.outputs, &get)?,
             };
             v[id.index()] = outs;

@@ -1,7 +1,7 @@
 //! Per-op evaluation for the reference interpreter.
 
 use crate::ir::{
-    decode, BinaryOp, CompareDir, DType, DotDims, Literal, Op, ReduceOp, Shape, TensorType, UnaryOp, ValueId,
+    decode, BinaryOp, CompareDir, DType, DotDims, HostCopyStep, Literal, Op, ReduceOp, Shape, TensorType, UnaryOp, ValueId,
 };
 use crate::CompileError;
 
@@ -229,6 +229,16 @@ pub(crate) fn eval<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'
         Op::RngBitGenerator { algorithm, state, ty } => super::rng::rng_bit_generator(*algorithm, get(*state), ty),
         Op::OptimizationBarrier { inputs } => Ok(inputs.iter().map(|&v| get(v).clone()).collect()),
         Op::Place { input, .. } | Op::Whole { input } => one(get(*input).clone()),
+        // A trip to the host as one op sees it: tokens out, the value through.
+        // A copy back needs the value its copy out kept: `interpret` holds it.
+        Op::HostCopy { inputs, step, slot, .. } => match step {
+            HostCopyStep::Out | HostCopyStep::OutDone => one(Literal::scalar(DType::U64, 0.0)),
+            HostCopyStep::InDone => one(get(inputs[0]).clone()),
+            HostCopyStep::In => Err(err(
+                "host_copy",
+                format!("slot {slot}: a copy back is evaluated with its copy out, by `interpret`"),
+            )),
+        },
         Op::Attention { q, k, v, attrs } => super::attention::forward(get(*q), get(*k), get(*v), *attrs, outs),
         Op::AttentionGrad { q, k, v, out, stats, dout, attrs } => {
             super::attention::backward(get(*q), get(*k), get(*v), get(*out), get(*stats), get(*dout), *attrs, outs)

@@ -4,7 +4,7 @@
 //! so a program that gets into a `Graph` lowers to a module XLA accepts; the
 //! errors name the op and the operand types.
 
-use super::{DType, Graph, Op, Outputs, RngAlgorithm, Shape, TensorType, UnaryOp, ValueId};
+use super::{DType, Graph, HostCopyStep, Op, Outputs, RngAlgorithm, Shape, TensorType, UnaryOp, ValueId};
 use crate::CompileError;
 
 type Result<T> = std::result::Result<T, CompileError>;
@@ -390,6 +390,31 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
         }
         Op::OptimizationBarrier { inputs } => Ok(inputs.iter().map(|&v| ty(v)).collect()),
         Op::Place { input, .. } | Op::Whole { input } => one(ty(*input)),
+        Op::HostCopy { inputs, step, ty: moved, .. } => {
+            // Operands: the value (out, out_done, in_done) or a token (in),
+            // then the token (out_done), then ties of any type.
+            let token = TensorType::new(DType::U64, Vec::<usize>::new());
+            let expect = |i: usize, want: &TensorType, what: &str| -> Result<()> {
+                match inputs.get(i) {
+                    Some(&v) if ty(v) == *want => Ok(()),
+                    _ => Err(invalid(
+                        name,
+                        format!("{}: operand {i} ({what}) must be {want}", step.name()),
+                        operands.to_vec(),
+                    )),
+                }
+            };
+            match step {
+                HostCopyStep::Out => expect(0, moved, "the value")?,
+                HostCopyStep::OutDone => {
+                    expect(0, moved, "the value")?;
+                    expect(1, &token, "the copy's token")?
+                }
+                HostCopyStep::In => expect(0, &token, "the copy's token")?,
+                HostCopyStep::InDone => expect(0, moved, "the value")?,
+            }
+            one(if step.makes_token() { token } else { moved.clone() })
+        }
         Op::AllReduce { input, .. } => {
             let t = ty(*input);
             if t.dtype == DType::Pred {

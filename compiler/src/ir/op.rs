@@ -323,6 +323,53 @@ impl RngAlgorithm {
     }
 }
 
+/// One step of a value's trip to pinned host memory and back over copies of
+/// kiln's own ([`Op::HostCopy`]), in trip order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum HostCopyStep {
+    /// `(value, ties...) -> token`: start copying the value out.
+    Out,
+    /// `(value, token, ties...) -> token`: the copy out has ended; the value's
+    /// device buffer may be reused after this.
+    OutDone,
+    /// `(token, ties...) -> value`: start copying the value back into a new
+    /// device buffer.
+    In,
+    /// `(value, ties...) -> value` (the same buffer): the copy back has ended.
+    InDone,
+}
+
+impl HostCopyStep {
+    /// Every step, in trip order.
+    pub const ALL: [HostCopyStep; 4] = [HostCopyStep::Out, HostCopyStep::OutDone, HostCopyStep::In, HostCopyStep::InDone];
+
+    /// Name in kiln's text form.
+    pub fn name(self) -> &'static str {
+        match self {
+            HostCopyStep::Out => "out",
+            HostCopyStep::OutDone => "out_done",
+            HostCopyStep::In => "in",
+            HostCopyStep::InDone => "in_done",
+        }
+    }
+
+    /// The custom-call target the step lowers to (the runtime registers a
+    /// handler under each name, `kiln_runtime::pjrt::host_copy::TARGETS`).
+    pub fn target(self) -> &'static str {
+        match self {
+            HostCopyStep::Out => "kiln_host_copy_out",
+            HostCopyStep::OutDone => "kiln_host_copy_out_done",
+            HostCopyStep::In => "kiln_host_copy_in",
+            HostCopyStep::InDone => "kiln_host_copy_in_done",
+        }
+    }
+
+    /// Whether the step's result is a token (`ui64[]`) rather than the value.
+    pub fn makes_token(self) -> bool {
+        matches!(self, HostCopyStep::Out | HostCopyStep::OutDone)
+    }
+}
+
 /// Where a value's buffer lives ([`Op::Place`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MemorySpace {
@@ -517,6 +564,20 @@ pub enum Op {
         input: ValueId,
         to: MemorySpace,
     },
+    /// One step of a value's trip to pinned host memory and back over copies
+    /// of kiln's own (`memory::HostCopies`): the copies run on streams of the
+    /// runtime's beside the kernels, ordered by events, and the program's
+    /// order (held by the `ties`, operands the step waits for, and by
+    /// barriers the planner adds) says when each starts and ends. `slot`
+    /// names the value's host buffer; `ty` is the value's type. On values the
+    /// trip is the identity: the interpreter keeps the value by slot from
+    /// `Out` to `In`. Made only after autodiff, by the remat pass.
+    HostCopy {
+        inputs: Vec<ValueId>,
+        step: HostCopyStep,
+        slot: u32,
+        ty: TensorType,
+    },
     /// The input, whole on every device of a partitioned program: the
     /// identity on every value. Lowered to a replicated sharding constraint
     /// in a partitioned module (so XLA's SPMD partitioner gathers the value
@@ -648,6 +709,7 @@ impl Op {
             Op::RngBitGenerator { .. } => "rng_bit_generator",
             Op::OptimizationBarrier { .. } => "optimization_barrier",
             Op::Place { .. } => "place",
+            Op::HostCopy { .. } => "host_copy",
             Op::Whole { .. } => "whole",
             Op::AllReduce { .. } => "all_reduce",
             Op::Attention { .. } => "attention",
@@ -686,7 +748,9 @@ impl Op {
             Op::DynamicUpdateSlice { input, update, starts } => {
                 [*input, *update].into_iter().chain(starts.iter().copied()).collect()
             }
-            Op::Concatenate { inputs, .. } | Op::OptimizationBarrier { inputs } => inputs.iter().copied().collect(),
+            Op::Concatenate { inputs, .. } | Op::OptimizationBarrier { inputs } | Op::HostCopy { inputs, .. } => {
+                inputs.iter().copied().collect()
+            }
             Op::Pad { input, value, .. } => smallvec![*input, *value],
             Op::Gather { operand, indices, .. } => smallvec![*operand, *indices],
             Op::ScatterAdd { operand, indices, updates, .. } => smallvec![*operand, *indices, *updates],
@@ -738,7 +802,7 @@ impl Op {
                 *update = f(*update);
                 starts.iter_mut().for_each(|s| *s = f(*s));
             }
-            Op::Concatenate { inputs, .. } | Op::OptimizationBarrier { inputs } => {
+            Op::Concatenate { inputs, .. } | Op::OptimizationBarrier { inputs } | Op::HostCopy { inputs, .. } => {
                 inputs.iter_mut().for_each(|s| *s = f(*s));
             }
             Op::Pad { input, value, .. } => {

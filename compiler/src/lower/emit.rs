@@ -550,6 +550,28 @@ impl Emitter<'_> {
                 }
                 super::LowerTarget::Cpu => self.names[id.index()] = vec![self.name(*input)],
             },
+            // kiln's host copies: typed FFI calls whose handlers the runtime
+            // registers on both plugins. Side effects keep XLA from merging or
+            // dropping them; the copy back's end hands on its operand's buffer.
+            Op::HostCopy { inputs, step, slot, .. } => {
+                let xs: Vec<String> = inputs.iter().map(|&v| self.name(v)).collect();
+                let ts: Vec<TensorType> = inputs.iter().map(|&v| self.ty(v).clone()).collect();
+                let alias = if *step == crate::ir::HostCopyStep::InDone {
+                    ", output_operand_aliases = [#stablehlo.output_operand_alias<output_tuple_indices = [], \
+                     operand_index = 0, operand_tuple_indices = []>]"
+                } else {
+                    ""
+                };
+                let def = self.define(id, node);
+                self.line(format!(
+                    "{def} = stablehlo.custom_call @{}({}) {{api_version = 4 : i32, backend_config = {{slot = {slot} : i64}}, \
+                     has_side_effect = true{alias}}} : ({}) -> {}",
+                    step.target(),
+                    xs.join(", "),
+                    join(ts),
+                    res()
+                ));
+            }
             // A replicated sharding constraint, the form of JAX's
             // `with_sharding_constraint`; in a module without shardings there
             // is nothing to constrain.

@@ -226,6 +226,7 @@ fn absorbs(user: &Op, producer: &Op) -> bool {
         | Op::RngBitGenerator { .. }
         | Op::OptimizationBarrier { .. }
         | Op::Place { .. }
+        | Op::HostCopy { .. }
         | Op::AllReduce { .. }
         | Op::Attention { .. }
         | Op::AttentionGrad { .. } => false,

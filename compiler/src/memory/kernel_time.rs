@@ -95,6 +95,7 @@ fn runs(op: &Op) -> bool {
             | Op::Whole { .. }
             | Op::OptimizationBarrier { .. }
             | Op::Place { .. }
+            | Op::HostCopy { .. }
     )
 }
 

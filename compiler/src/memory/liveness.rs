@@ -18,7 +18,7 @@
 
 use smallvec::{smallvec, SmallVec};
 
-use crate::ir::{Graph, MemorySpace, NodeId, Op, ValueId};
+use crate::ir::{Graph, HostCopyStep, MemorySpace, NodeId, Op, ValueId};
 
 use super::Materialization;
 
@@ -239,7 +239,10 @@ pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
         let node = g.node(id);
         materialized[i] = forced[i]
             || is_output[i]
-            || matches!(node.op, Op::Parameter { .. } | Op::OptimizationBarrier { .. } | Op::Place { .. })
+            || matches!(
+                node.op,
+                Op::Parameter { .. } | Op::OptimizationBarrier { .. } | Op::Place { .. } | Op::HostCopy { .. }
+            )
             || node.outputs.len() > 1
             || planned[i];
         if materialized[i] && matches!(node.op, Op::Reshape { .. } | Op::Whole { .. } | Op::OptimizationBarrier { .. })
@@ -283,6 +286,10 @@ pub fn liveness(g: &Graph, fusion: &dyn Materialization) -> Liveness {
                 for (k, v) in inputs.iter().enumerate() {
                     buffer_of[i][k] = buffer_of[v.node.index()][v.output as usize];
                 }
+            }
+            // The copy back's end hands on the buffer the copy was written to.
+            Op::HostCopy { inputs, step: HostCopyStep::InDone, .. } => {
+                buffer_of[i][0] = buffer_of[inputs[0].node.index()][inputs[0].output as usize]
             }
             op => {
                 let kind = match op {
@@ -416,6 +423,7 @@ fn writes_in_place(op: &Op) -> bool {
         | Op::RngBitGenerator { .. }
         | Op::OptimizationBarrier { .. }
         | Op::Place { .. }
+        | Op::HostCopy { .. }
         | Op::AllReduce { .. }
         | Op::Attention { .. }
         | Op::AttentionGrad { .. }

@@ -27,6 +27,7 @@
 mod blocks;
 mod exact;
 mod gpu;
+mod host_copies;
 mod kernel_time;
 mod liveness;
 mod offload;
@@ -39,6 +40,7 @@ mod twins;
 
 pub use exact::Exact;
 pub use gpu::XlaGpuFusion;
+pub use host_copies::{copies, HostCopies};
 pub use kernel_time::{kernel_seconds, kernel_times, MIN_KERNEL_SECONDS};
 pub use liveness::{liveness, Allocation, Buffer, BufferKind, Liveness};
 pub use offload::{HostOffload, HOST_LINK_BYTES_PER_SECOND};
@@ -160,6 +162,7 @@ pub(crate) fn loop_fusible(op: &Op) -> bool {
         | Op::RngBitGenerator { .. }
         | Op::OptimizationBarrier { .. }
         | Op::Place { .. }
+        | Op::HostCopy { .. }
         | Op::AllReduce { .. }
         | Op::Attention { .. }
         | Op::AttentionGrad { .. }

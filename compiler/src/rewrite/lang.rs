@@ -113,6 +113,7 @@ pub fn needs_token(op: &Op) -> bool {
         | Op::RngBitGenerator { .. }
         | Op::OptimizationBarrier { .. }
         | Op::Place { .. }
+        | Op::HostCopy { .. }
         | Op::Whole { .. }
         | Op::AllReduce { .. } => true,
         Op::Constant { .. }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use half::{bf16, f16};
 
 use crate::ir::{
-    Alias, AttentionAttrs, BinaryOp, CompareDir, DType, DotDims, Graph, Literal, MemorySpace, NodeId, Op, ReduceOp,
+    Alias, AttentionAttrs, BinaryOp, CompareDir, DType, DotDims, Graph, HostCopyStep, Literal, MemorySpace, NodeId, Op, ReduceOp,
     RngAlgorithm, Shape, TensorType, UnaryOp, ValueId,
 };
 use crate::CompileError;
@@ -264,6 +264,19 @@ impl Parser {
                 let to = c.keyword(&[MemorySpace::Device, MemorySpace::PinnedHost], |m| m.name(), "memory space")?;
                 let input = self.value(c)?;
                 Op::Place { input, to }
+            }
+            "host_copy" => {
+                let step = c.keyword(&HostCopyStep::ALL, |s| s.name(), "host copy step")?;
+                let inputs = self.values(c)?;
+                let slot = c.comma_attr("slot", Cursor::usize)?;
+                let slot = u32::try_from(slot).map_err(|_| c.err(format!("slot {slot} is too large")))?;
+                let ts = c.types(count)?;
+                let ty = match (step, inputs.first()) {
+                    (HostCopyStep::In, _) => one(c, &ts)?.clone(),
+                    (_, Some(&v)) => self.g.ty(v).clone(),
+                    (_, None) => return Err(c.err(format!("`host_copy {}` needs the value it moves", step.name()))),
+                };
+                return Ok((Op::HostCopy { inputs, step, slot, ty }, ts));
             }
             "whole" => Op::Whole { input: self.value(c)? },
             "all_reduce" => {

@@ -37,6 +37,7 @@ pub(crate) fn differentiable(op: &Op, pos: usize) -> bool {
         | Op::LmHeadCrossEntropyGrad { .. }
         | Op::LmHeadCrossEntropyFused { .. }
         | Op::Place { .. }
+        | Op::HostCopy { .. }
         | Op::Whole { .. } => false,
         Op::Unary { .. }
         | Op::Binary { .. }
@@ -360,6 +361,7 @@ pub(crate) fn backward(
         | Op::LmHeadCrossEntropyGrad { .. }
         | Op::LmHeadCrossEntropyFused { .. }
         | Op::Place { .. }
+        | Op::HostCopy { .. }
         | Op::Whole { .. } => {}
     }
     Ok(out)

@@ -150,6 +150,7 @@ fn engine(op: &Op, outs: &[TensorType], graph: &Graph) -> Engine {
         | Op::LmHeadCrossEntropyGrad { .. }
         | Op::LmHeadCrossEntropyFused { .. }
         | Op::Place { .. }
+        | Op::HostCopy { .. }
         | Op::Whole { .. } => false,
     };
     if ok {
@@ -330,6 +331,7 @@ fn eval_candle<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'a Ct
         | Op::LmHeadCrossEntropyGrad { .. }
         | Op::LmHeadCrossEntropyFused { .. }
         | Op::Place { .. }
+        | Op::HostCopy { .. }
         | Op::Whole { .. } => unreachable!("run by the interpreter"),
     }
 }

@@ -1,0 +1,495 @@
+//! Host copies beside a greedy plan: what a recomputation plan still holds
+//! across its peak goes to pinned host memory over copies of kiln's own
+//! ([`Op::HostCopy`]), while the kernels run, and comes back before its
+//! first later reader.
+//!
+//! Why this and not [`super::HostOffload`]: XLA's host offload turns its
+//! annotations into async copies that XLA's latency-hiding scheduler reorders
+//! the backward around (more memory), or, with that scheduler off, runs
+//! between the kernels (docs/memory.md, "Host offload at the tight budgets").
+//! kiln's copies are custom calls, ordinary instructions to that scheduler,
+//! whose handlers (`kiln_runtime::pjrt::host_copy`) run the copies on copy
+//! streams of the runtime's, so the program keeps this module's order and
+//! the copies still overlap the kernels.
+//!
+//! The plan ([`HostCopies`]):
+//! - Greedy recomputation plans the step at budgets looser than the asked
+//!   one by up to what the host link can carry before the unplanned peak, in
+//!   [`RUNGS`] steps; beside each plan, [`copies`] moves what the link
+//!   carries; the plan that meets the budget with the least added kernel time
+//!   by the model wins (copies are no kernels in the model), else the lowest
+//!   peak. Greedy at the asked budget, without copies, is one of the plans.
+//! - [`copies`], on a plan whose peak kernel is at `P`: the candidates are the
+//!   temporaries held across `P` (written before it, read before it and after
+//!   it, not at it), each read only by its own node's users, of at least
+//!   [`MIN_OFFLOAD_BYTES`]. The link is one copy at a time each way at
+//!   [`HOST_LINK_BYTES_PER_SECOND`] over the kernel model's times. Out, in
+//!   write order: a copy starts when its value is written and the link is
+//!   free, and must end before `P` starts. Back, latest first reader first:
+//!   a copy ends when its first later reader starts (or the next copy back
+//!   begins) and must begin after `P` ends.
+//! - The rewrite, for a value `v` moved with slot `s`:
+//!   `t = out(v)` right after `v`'s write, and a barrier `(t', v') = (t, v)`
+//!   whose `v'` every later reader of `v` reads, so the copy starts before
+//!   the next kernel; `t2 = out_done(v', t', z)` after `z`, the value of the
+//!   last kernel before the copy ends, so XLA's stream waits only where the
+//!   copy is modelled done (`v`'s buffer is free from there); `b = in(t2, a)`
+//!   after `a`, the value of the last kernel before the copy back begins,
+//!   with a barrier `(b', a') = (b, a)` whose `a'` every later reader of `a`
+//!   reads, so the copy back starts there; `d = in_done(b', w)` after `w`,
+//!   the value of the kernel before the first later reader, which reads `d`.
+//!   Readers of `v` fused into a later kernel but placed earlier in the graph
+//!   move after `d`.
+//!
+//! Invariants: the rewrite computes the same values (every step is the
+//! identity on the value, and barriers are identities); parameters, outputs
+//! and aliases keep their indices; moves that do not lower the modelled peak
+//! are dropped. On the CPU target the copies run too (the CPU plugin's
+//! handlers copy at once), which is how CI checks the lowering and values.
+
+use std::collections::HashMap;
+
+use crate::ir::{Graph, HostCopyStep, NodeId, Op, ValueId};
+use crate::CompileError;
+
+use super::kernel_time::kernel_times;
+use super::liveness::{liveness, users_of, BufferKind, Liveness};
+use super::offload::{HOST_LINK_BYTES_PER_SECOND, MIN_OFFLOAD_BYTES};
+use super::peak::peak_of;
+use super::remat::{budget_bytes, finish, Greedy, RematBudget, RematChoice, RematOptions, RematPlan, RematStrategy};
+
+/// Greedy plans tried beside copies: budgets from the asked one up to the
+/// link's capacity before the unplanned peak above it, in this many equal
+/// steps (plus the asked one).
+pub const RUNGS: u64 = 6;
+
+/// Greedy recomputation with kiln's host copies beside it (see the module
+/// docs).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HostCopies;
+
+impl RematStrategy for HostCopies {
+    fn name(&self) -> &'static str {
+        "host-copy"
+    }
+
+    fn plan(&self, g: &Graph, opts: &RematOptions) -> Result<RematPlan, CompileError> {
+        let base = liveness(g, opts.fusion);
+        let before = peak_of(&base);
+        let budget = budget_bytes(opts.budget, &before);
+        let link = link_capacity(g, &base, opts);
+        let mut best: Option<(RematPlan, bool)> = None;
+        for k in 0..=RUNGS {
+            let loose = budget.saturating_add(link * k / RUNGS);
+            let greedy = Greedy.plan(g, &opts.with_budget(RematBudget::Bytes(loose)))?;
+            let (graph, moved) = copies(&greedy.graph, opts)?;
+            let mut plan = finish(self.name(), g, graph, greedy.choices, before.clone(), opts);
+            plan.budget_bytes = budget;
+            plan.met = plan.after.peak_bytes <= budget;
+            plan.offloaded = moved;
+            let better = match &best {
+                None => true,
+                Some((b, _)) if plan.met != b.met => plan.met,
+                Some((b, _)) if plan.met => plan.extra_seconds < b.extra_seconds,
+                Some((b, _)) => plan.after.peak_bytes < b.after.peak_bytes,
+            };
+            tracing::debug!(
+                rung = k,
+                greedy_budget = loose,
+                peak = plan.after.peak_bytes,
+                moved = plan.offloaded.len(),
+                extra_seconds = plan.extra_seconds,
+                "host-copy rung"
+            );
+            if std::env::var("KILN_DEBUG_HOST_COPIES").is_ok() {
+                eprintln!("rung {k} loose {loose} greedy peak {} copies peak {} moved {} extra {:.3} ms", greedy.after.peak_bytes, plan.after.peak_bytes, plan.offloaded.len(), plan.extra_seconds * 1e3);
+            }
+            if better {
+                let met = plan.met;
+                best = Some((plan, met));
+            }
+        }
+        Ok(best.map(|(p, _)| p).expect("at least one rung"))
+    }
+}
+
+/// Bytes the host link carries while the step's kernels before its peak run.
+fn link_capacity(g: &Graph, l: &Liveness, opts: &RematOptions) -> u64 {
+    let at = peak_of(l).peak_position;
+    let before: f64 = kernel_times(g, l, &opts.target).iter().take(at).sum();
+    (before * HOST_LINK_BYTES_PER_SECOND) as u64
+}
+
+/// One value's trip, in positions of the plan it was chosen on.
+#[derive(Clone, Debug)]
+struct Trip {
+    value: ValueId,
+    bytes: u64,
+    /// Direct users that read it after the peak (they read the copy back).
+    late_users: Vec<NodeId>,
+    /// The node after which the copy out is known done (`z`).
+    out_done_after: NodeId,
+    /// The node after which the copy back starts (`a`).
+    in_after: NodeId,
+    /// The node after which the copy back is waited for (`w`).
+    in_done_after: NodeId,
+}
+
+/// `g` with what the host link carries around its peak moved to the host
+/// and back, and the moves; `g` unchanged when nothing lowers its peak.
+pub fn copies(g: &Graph, opts: &RematOptions) -> Result<(Graph, Vec<RematChoice>), CompileError> {
+    let l = liveness(g, opts.fusion);
+    let peak = peak_of(&l);
+    let trips = plan_trips(g, &l, opts, peak.peak_position);
+    if std::env::var("KILN_DEBUG_HOST_COPIES").is_ok() {
+        eprintln!("  trips {} bytes {}", trips.len(), trips.iter().map(|t| t.bytes).sum::<u64>());
+    }
+    if trips.is_empty() {
+        return Ok((g.clone(), Vec::new()));
+    }
+    let out = rewrite(g, &trips)?;
+    let after = peak_of(&liveness(&out, opts.fusion));
+    if std::env::var("KILN_DEBUG_HOST_COPIES").is_ok() {
+        eprintln!("  peak {} at {} -> {} at {}", peak.peak_bytes, peak.peak_position, after.peak_bytes, after.peak_position);
+    }
+    if after.peak_bytes >= peak.peak_bytes {
+        return Ok((g.clone(), Vec::new()));
+    }
+    let moved = trips
+        .iter()
+        .map(|t| RematChoice {
+            value: t.value,
+            also: Vec::new(),
+            op: g.node(t.value.node).op.name(),
+            bytes: t.bytes,
+            recomputed_nodes: 0,
+            flops: 0,
+        })
+        .collect();
+    Ok((out, moved))
+}
+
+/// A candidate before the link is priced.
+struct Held {
+    value: ValueId,
+    bytes: u64,
+    def: usize,
+    last_early: usize,
+    first_late: usize,
+    late_users: Vec<NodeId>,
+}
+
+/// The trips the link carries around the kernel at `at`.
+fn plan_trips(g: &Graph, l: &Liveness, opts: &RematOptions, at: usize) -> Vec<Trip> {
+    let times = kernel_times(g, l, &opts.target);
+    let mut start = vec![0.0f64; times.len() + 1];
+    for (i, t) in times.iter().enumerate() {
+        start[i + 1] = start[i] + t;
+    }
+    let users = users_of(g);
+    let pos = l.positions();
+    let outputs = g.outputs();
+    let mut held = Vec::new();
+    for b in &l.buffers {
+        if b.kind != BufferKind::Temp || b.def >= at || b.last_use <= at || b.bytes < MIN_OFFLOAD_BYTES {
+            continue;
+        }
+        if outputs.contains(&b.value) {
+            continue;
+        }
+        if let Some(h) = held_value(g, l, &users, &pos, b.value, b.def, b.last_use, at) {
+            held.push(h);
+        } else if std::env::var("KILN_DEBUG_HOST_COPIES").is_ok() {
+            let us: Vec<String> = users[b.value.node.index()].iter().map(|&u| format!("{}@{:?}{}", g.node(u).op.name(), l.exec_pos[u.index()], if l.materialized[u.index()] {"m"} else {""})).collect();
+            eprintln!("    reject {} {} B def {} last {} users {:?}", g.node(b.value.node).op.name(), b.bytes, b.def, b.last_use, us);
+        }
+    }
+    let secs = |bytes: u64| bytes as f64 / HOST_LINK_BYTES_PER_SECOND;
+    // Out: in write order, each after the last, all ending before the peak.
+    held.sort_by_key(|h| (h.def, h.value));
+    let mut link = 0.0f64;
+    let mut out: Vec<(Held, f64)> = Vec::new();
+    for h in held {
+        let end = link.max(start[h.def + 1]) + secs(h.bytes);
+        if end <= start[at] {
+            link = end;
+            out.push((h, end));
+        }
+    }
+    // Back: latest first reader first, each ending by its reader and before
+    // the next copy back begins, all beginning after the peak kernel ends.
+    out.sort_by_key(|(h, _)| std::cmp::Reverse((h.first_late, h.value)));
+    let mut free_from = f64::INFINITY;
+    let mut trips = Vec::new();
+    for (h, out_end) in out {
+        let begin = free_from.min(start[h.first_late]) - secs(h.bytes);
+        if begin < start[at + 1] {
+            continue;
+        }
+        // The kernels the steps wait for: the last one ending by the copy's
+        // end (not before the value's last early reader), the last one ending
+        // by the copy back's begin (after the peak), and the one before the
+        // first later reader.
+        let z = (h.last_early..at).rev().find(|&p| start[p + 1] <= out_end).unwrap_or(h.last_early);
+        let a = (at..h.first_late).rev().find(|&p| start[p + 1] <= begin).unwrap_or(at);
+        let w = h.first_late - 1;
+        let (Some(z), Some(a), Some(w)) = (kernel_at(g, l, z, h.def), kernel_at(g, l, a, at), kernel_at(g, l, w, at))
+        else {
+            continue;
+        };
+        free_from = begin;
+        trips.push(Trip {
+            value: h.value,
+            bytes: h.bytes,
+            late_users: h.late_users,
+            out_done_after: z,
+            in_after: a,
+            in_done_after: w,
+        });
+    }
+    trips.sort_by_key(|t| t.value);
+    trips
+}
+
+/// `v` as a candidate, if every read of its buffer is a direct user's, none
+/// runs at the peak `at`, some run before it and some after, and every
+/// reader fused into a later kernel feeds later kernels only.
+#[allow(clippy::too_many_arguments)]
+fn held_value(
+    g: &Graph,
+    l: &Liveness,
+    users: &[Vec<NodeId>],
+    pos: &[Option<usize>],
+    v: ValueId,
+    def: usize,
+    last_use: usize,
+    at: usize,
+) -> Option<Held> {
+    if l.buffer_of[v.node.index()].get(v.output as usize).copied().flatten().is_none() {
+        return None;
+    }
+    let (mut last_early, mut first_late, mut latest) = (def, usize::MAX, def);
+    let mut late_users = Vec::new();
+    for &u in &users[v.node.index()] {
+        if !g.node(u).op.inputs().contains(&v) {
+            continue;
+        }
+        // A reader that hands the buffer on (a barrier, a view) reads it
+        // where its own readers do.
+        let (first, run) = read_span(g, l, users, u, v)?;
+        latest = latest.max(run);
+        if run < at {
+            last_early = last_early.max(run);
+        } else if first > at {
+            if !l.materialized[u.index()] && !feeds_only_after(g, l, users, pos, u, at) {
+                return None;
+            }
+            first_late = first_late.min(first);
+            late_users.push(u);
+        } else {
+            // Read at the peak, or before and after it through a barrier.
+            return None;
+        }
+    }
+    if late_users.is_empty() || latest != last_use || first_late <= at + 1 {
+        return None;
+    }
+    let bytes = g.ty(v).size_in_bytes() as u64;
+    Some(Held { value: v, bytes, def, last_early, first_late, late_users })
+}
+
+/// The first and last positions at which node `u` reads `v`'s buffer: its
+/// own, and through a barrier or a view it hands the buffer on to, its
+/// readers' (`None`: a reader that never runs).
+fn read_span(g: &Graph, l: &Liveness, users: &[Vec<NodeId>], u: NodeId, v: ValueId) -> Option<(usize, usize)> {
+    let own = l.exec_pos[u.index()]?;
+    let mut span = (own, own);
+    if !l.materialized[u.index()] {
+        // Fused into its readers' kernels (one or several): read where the
+        // first of them runs.
+        let mut stack = vec![u];
+        let mut seen = vec![u];
+        while let Some(x) = stack.pop() {
+            for &y in &users[x.index()] {
+                if seen.contains(&y) {
+                    continue;
+                }
+                seen.push(y);
+                match (l.materialized[y.index()], l.exec_pos[y.index()]) {
+                    (true, Some(p)) => span.0 = span.0.min(p),
+                    (false, Some(_)) => stack.push(y),
+                    (_, None) => {}
+                }
+            }
+        }
+        return Some(span);
+    }
+    let handed: Vec<ValueId> = match &g.node(u).op {
+        Op::OptimizationBarrier { inputs } => {
+            (0..inputs.len()).filter(|&k| inputs[k] == v).map(|k| ValueId::new(u, k as u32)).collect()
+        }
+        Op::Reshape { .. } | Op::Whole { .. } => vec![ValueId::new(u, 0)],
+        Op::Place { .. } | Op::HostCopy { .. } => return None,
+        _ => Vec::new(),
+    };
+    for out in handed {
+        for &y in &users[u.index()] {
+            if g.node(y).op.inputs().contains(&out) {
+                let (a, b) = read_span(g, l, users, y, out)?;
+                span = (span.0.min(a), span.1.max(b));
+            }
+        }
+    }
+    Some(span)
+}
+
+/// Whether every kernel the fused node `u` ends up in runs after `at`.
+fn feeds_only_after(
+    g: &Graph,
+    l: &Liveness,
+    users: &[Vec<NodeId>],
+    pos: &[Option<usize>],
+    u: NodeId,
+    at: usize,
+) -> bool {
+    let mut stack = vec![u];
+    let mut seen = vec![u];
+    while let Some(x) = stack.pop() {
+        if pos[x.index()].is_none() {
+            continue;
+        }
+        if l.materialized[x.index()] {
+            if l.exec_pos[x.index()].is_none_or(|p| p <= at) {
+                return false;
+            }
+            continue;
+        }
+        for &y in &users[x.index()] {
+            if !seen.contains(&y) {
+                seen.push(y);
+                stack.push(y);
+            }
+        }
+        let _ = g;
+    }
+    true
+}
+
+/// The node of the last kernel at or before position `p` and after
+/// position `floor` (a materialized node that runs: not a parameter or a
+/// constant), if any.
+fn kernel_at(g: &Graph, l: &Liveness, p: usize, floor: usize) -> Option<NodeId> {
+    (floor..=p.min(l.order.len().saturating_sub(1))).rev().map(|q| l.order[q]).find(|&id| {
+        l.materialized[id.index()]
+            && l.exec_pos[id.index()].is_some()
+            && !matches!(g.node(id).op, Op::Parameter { .. } | Op::Constant { .. })
+    })
+}
+
+/// `g` with each trip's steps (see the module docs).
+fn rewrite(g: &Graph, trips: &[Trip]) -> Result<Graph, CompileError> {
+    let mut out = Graph::new();
+    let mut map: Vec<Option<NodeId>> = vec![None; g.len()];
+    // Later readers of a value read its pass-through (old value -> new value).
+    let mut passed: HashMap<ValueId, ValueId> = HashMap::new();
+    // Per trip: its token after `out` (through the barrier), after `out_done`,
+    // the copy back through its barrier, and the value after `in_done`.
+    let mut token: Vec<Option<ValueId>> = vec![None; trips.len()];
+    let mut done: Vec<Option<ValueId>> = vec![None; trips.len()];
+    let mut back: Vec<Option<ValueId>> = vec![None; trips.len()];
+    let mut arrived: Vec<Option<ValueId>> = vec![None; trips.len()];
+    let late_of: HashMap<(NodeId, ValueId), usize> = trips
+        .iter()
+        .enumerate()
+        .flat_map(|(k, t)| t.late_users.iter().map(move |&u| ((u, t.value), k)))
+        .collect();
+    let mut pending: Vec<NodeId> = Vec::new();
+    let remap = |map: &[Option<NodeId>], passed: &HashMap<ValueId, ValueId>, v: ValueId| -> Option<ValueId> {
+        passed.get(&v).copied().or_else(|| map[v.node.index()].map(|n| ValueId::new(n, v.output)))
+    };
+    let fail = |reason: String| CompileError::Remat { strategy: "host-copy", reason };
+    // Whether node `id` can be added now: every operand is, and every moved
+    // value it reads late has arrived.
+    let ready = |id: NodeId, map: &[Option<NodeId>], arrived: &[Option<ValueId>]| {
+        g.node(id).op.inputs().iter().all(|&v| match late_of.get(&(id, v)) {
+            Some(&k) => arrived[k].is_some(),
+            None => map[v.node.index()].is_some(),
+        })
+    };
+    let mut queue: Vec<NodeId> = g.nodes().map(|(id, _)| id).collect();
+    queue.reverse();
+    while let Some(id) = queue.pop() {
+        if !ready(id, &map, &arrived) {
+            pending.push(id);
+            continue;
+        }
+        let mut op = g.node(id).op.clone();
+        let mut missing = false;
+        op.map_inputs(|v| match late_of.get(&(id, v)) {
+            Some(&k) => arrived[k].unwrap_or(v),
+            None => remap(&map, &passed, v).unwrap_or_else(|| {
+                missing = true;
+                v
+            }),
+        });
+        if missing {
+            return Err(fail(format!("{id:?} reads a value not yet written")));
+        }
+        map[id.index()] = Some(out.add(op)?);
+        let here = |n: NodeId| ValueId::new(n, 0);
+        for (k, t) in trips.iter().enumerate() {
+            let slot = k as u32;
+            let ty = g.ty(t.value).clone();
+            if t.value.node == id {
+                let v = remap(&map, &passed, t.value).ok_or_else(|| fail("a moved value vanished".into()))?;
+                let o = out.value(Op::HostCopy { inputs: vec![v], step: HostCopyStep::Out, slot, ty: ty.clone() })?;
+                let tied = out.add(Op::OptimizationBarrier { inputs: vec![o, v] })?;
+                token[k] = Some(ValueId::new(tied, 0));
+                passed.insert(t.value, ValueId::new(tied, 1));
+            }
+            if t.out_done_after == id {
+                let (Some(tok), Some(v), Some(z)) =
+                    (token[k], remap(&map, &passed, t.value), remap(&map, &passed, here(id)))
+                else {
+                    return Err(fail(format!("slot {slot}: the copy out would end before it starts")));
+                };
+                done[k] =
+                    Some(out.value(Op::HostCopy { inputs: vec![v, tok, z], step: HostCopyStep::OutDone, slot, ty: ty.clone() })?);
+            }
+            if t.in_after == id {
+                let (Some(d), Some(a)) = (done[k], remap(&map, &passed, here(id))) else {
+                    return Err(fail(format!("slot {slot}: the copy back would start before the copy out ends")));
+                };
+                let b = out.value(Op::HostCopy { inputs: vec![d, a], step: HostCopyStep::In, slot, ty: ty.clone() })?;
+                let tied = out.add(Op::OptimizationBarrier { inputs: vec![b, a] })?;
+                back[k] = Some(ValueId::new(tied, 0));
+                passed.insert(here(id), ValueId::new(tied, 1));
+            }
+            if t.in_done_after == id {
+                let (Some(b), Some(w)) = (back[k], remap(&map, &passed, here(id))) else {
+                    return Err(fail(format!("slot {slot}: the copy back would end before it starts")));
+                };
+                arrived[k] = Some(out.value(Op::HostCopy { inputs: vec![b, w], step: HostCopyStep::InDone, slot, ty })?);
+            }
+        }
+        // Readers held back for a copy back may be added now.
+        if !pending.is_empty() {
+            let mut again = std::mem::take(&mut pending);
+            again.reverse();
+            queue.extend(again);
+        }
+    }
+    if let Some(id) = pending.first() {
+        return Err(fail(format!("{id:?} reads a moved value that never comes back")));
+    }
+    let outputs = g
+        .outputs()
+        .iter()
+        .map(|&v| remap(&map, &passed, v).ok_or_else(|| fail("an output was never written".into())))
+        .collect::<Result<Vec<_>, _>>()?;
+    out.set_outputs(outputs)?;
+    for &a in g.aliases() {
+        out.add_alias(a)?;
+    }
+    Ok(out)
+}
