@@ -151,8 +151,9 @@ pub struct PassOptions {
     pub host_offload: bool,
     /// The remat pass moves what its recomputation plan still holds across
     /// the peak to pinned host memory over copies of kiln's own
-    /// ([`crate::memory::HostCopies`]); before `host_offload`.
-    pub host_copies: bool,
+    /// ([`crate::memory::HostCopies`]), over a link of this many bytes per
+    /// second each way; before `host_offload`.
+    pub host_copies: Option<f64>,
     /// Parameters that XLA's SPMD partitioner will gather where they are
     /// computed with (FSDP's weights): the remat pass reads them and what is
     /// computed from them alone where they are
@@ -229,7 +230,7 @@ impl Default for PipelineOptions {
                 activation_fraction: None,
                 target: crate::LowerTarget::Cpu,
                 host_offload: false,
-                host_copies: false,
+                host_copies: None,
                 gathered_params: Vec::new(),
             },
         }
@@ -280,7 +281,15 @@ impl PipelineOptions {
     /// Whether the remat pass moves values to the host over kiln's own copies
     /// ([`PassOptions::host_copies`]).
     pub fn with_host_copies(mut self, on: bool) -> PipelineOptions {
-        self.pass_options.host_copies = on;
+        self.pass_options.host_copies = on.then_some(crate::memory::HOST_LINK_BYTES_PER_SECOND);
+        self
+    }
+
+    /// The link rate kiln's host copies are planned for, when they are on.
+    pub fn with_host_link_rate(mut self, bytes_per_second: f64) -> PipelineOptions {
+        if let Some(rate) = self.pass_options.host_copies.as_mut() {
+            *rate = bytes_per_second;
+        }
         self
     }
 
@@ -431,8 +440,9 @@ fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, Com
         ..crate::memory::RematOptions::for_target(budget, o.target)
     };
     let offload = crate::memory::HostOffload { target: o.target };
-    let strategy: &dyn crate::memory::RematStrategy = if o.host_copies {
-        &crate::memory::HostCopies
+    let copies = o.host_copies.map(|link_bytes_per_second| crate::memory::HostCopies { link_bytes_per_second });
+    let strategy: &dyn crate::memory::RematStrategy = if let Some(c) = &copies {
+        c
     } else if o.host_offload {
         &offload
     } else {

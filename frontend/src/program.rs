@@ -162,7 +162,22 @@ fn pipeline_options() -> Result<pipeline::PipelineOptions> {
         .with_memory_limit(crate::memory_limit())
         .with_activation_budget(crate::activation_budget())
         .with_host_offload(crate::host_offload())
-        .with_host_copies(crate::host_copies()))
+        .with_host_copies(crate::host_copies())
+        .with_host_link_rate(host_link_rate()?))
+}
+
+/// The host link's rate kiln's host copies are planned for, in bytes per
+/// second each way: `KILN_HOST_LINK_GBPS` (decimal GB/s, above 0) where it
+/// is set, else the compiler's measured default (45 GB/s).
+fn host_link_rate() -> Result<f64> {
+    const VAR: &str = "KILN_HOST_LINK_GBPS";
+    match std::env::var(VAR) {
+        Err(_) => Ok(kiln_compiler::memory::HOST_LINK_BYTES_PER_SECOND),
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(gbps) if gbps.is_finite() && gbps > 0.0 => Ok(gbps * 1e9),
+            _ => Err(crate::error::FrontendError::BadEnv { var: VAR, value: v, expected: "a rate in GB/s above 0, e.g. 30" }),
+        },
+    }
 }
 
 /// The program of `graph` (a closed raw trace fed by `bindings`, `assigned`

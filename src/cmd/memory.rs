@@ -150,12 +150,13 @@ pub fn plan_and_compile(
     let opts = RematOptions::for_target(budget, target);
     let fusion = opts.fusion;
     let offload = HostOffload { target };
+    let copies = HostCopies::default();
     let strategy: &dyn RematStrategy = match args.remat_strategy {
         Strategy::Off => &Off,
         Strategy::Greedy => &Greedy,
         Strategy::Exact => &Exact,
         Strategy::HostOffload => &offload,
-        Strategy::HostCopy => &HostCopies,
+        Strategy::HostCopy => &copies,
     };
     // As the pipeline does under a budget: the backward held to the
     // program's order where the target reorders it, then the strategy.
