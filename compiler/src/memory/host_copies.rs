@@ -170,76 +170,52 @@ fn copies_of_at_least(
     min_bytes: u64,
     rate: f64,
 ) -> Result<(Graph, Vec<RematChoice>), CompileError> {
-    let mut cur = g.clone();
-    let mut moved = Vec::new();
-    let mut link = Link::default();
-    for _ in 0..ROUNDS {
-        let (next, trips, peak_before, peak_after) = round(&cur, opts, min_bytes, rate, &link, moved.len() as u32)?;
-        if std::env::var("KILN_DEBUG_HOST_COPIES").is_ok() {
-            eprintln!("  round: trips {} peak {peak_before} -> {peak_after}", trips.len());
-        }
-        if trips.is_empty() || peak_after >= peak_before {
-            break;
-        }
-        for t in &trips {
-            link.out_free = link.out_free.max(t.out_start + t.bytes as f64 / rate);
-            link.back_busy.push((t.in_end - t.bytes as f64 / rate, t.in_end));
-            moved.push(RematChoice {
-                value: t.value,
-                also: Vec::new(),
-                op: cur.node(t.value.node).op.name(),
-                bytes: t.bytes,
-                recomputed_nodes: 0,
-                flops: 0,
-            });
-        }
-        cur = next;
-    }
-    Ok((cur, moved))
-}
-
-/// Rounds of [`copies`]: after one round the peak may move (into the
-/// backward), where values the first round could not take are held.
-const ROUNDS: usize = 3;
-
-/// What earlier rounds' copies hold of the host link, in the kernel model's
-/// seconds (the copies' own nodes take none, so times carry over rounds).
-#[derive(Clone, Debug, Default)]
-struct Link {
-    /// When the last copy out ends.
-    out_free: f64,
-    /// When each copy back runs.
-    back_busy: Vec<(f64, f64)>,
-}
-
-/// One round: `g` with the trips around its peak (slots from `slot_base`),
-/// the trips, and the peak before and after.
-fn round(
-    g: &Graph,
-    opts: &RematOptions,
-    min_bytes: u64,
-    rate: f64,
-    link: &Link,
-    slot_base: u32,
-) -> Result<(Graph, Vec<Trip>, u64, u64), CompileError> {
     let l = liveness(g, opts.fusion);
     let peak = peak_of(&l);
-    let (trips, read_soon, end) = plan_trips(g, &l, opts, peak.peak_position, min_bytes, rate, link);
+    let (trips, read_soon, end) = plan_trips(g, &l, opts, peak.peak_position, min_bytes, rate);
     if trips.is_empty() {
-        return Ok((g.clone(), trips, peak.peak_bytes, peak.peak_bytes));
+        return Ok((g.clone(), Vec::new()));
     }
     // The trips with shared stops where that holds the same peak, else as
     // planned.
-    let mut out = rewrite(g, &trips, slot_base)?;
+    let mut out = rewrite(g, &trips)?;
     let mut after = peak_of(&liveness(&out, opts.fusion));
     let shared = share_stops(g, &l, &trips, peak.peak_position, &read_soon, &end);
-    if let Ok(o) = rewrite(g, &shared, slot_base) {
+    if let Ok(o) = rewrite(g, &shared) {
         let a = peak_of(&liveness(&o, opts.fusion));
+        if std::env::var("KILN_DEBUG_HOST_COPIES").is_ok() {
+            let stops = |ts: &[Trip]| {
+                let mut n: Vec<NodeId> =
+                    ts.iter().flat_map(|t| [t.out_after, t.out_done_after, t.in_after, t.in_done_after]).collect();
+                n.sort();
+                n.dedup();
+                n.len()
+            };
+            eprintln!("  shared stops {} -> {}: peak {} -> {}", stops(&trips), stops(&shared), after.peak_bytes, a.peak_bytes);
+        }
         if a.peak_bytes <= after.peak_bytes {
             (out, after) = (o, a);
         }
     }
-    Ok((out, trips, peak.peak_bytes, after.peak_bytes))
+    if std::env::var("KILN_DEBUG_HOST_COPIES").is_ok() {
+        eprintln!("  trips {} bytes {}", trips.len(), trips.iter().map(|t| t.bytes).sum::<u64>());
+        eprintln!("  peak {} at {} -> {} at {}", peak.peak_bytes, peak.peak_position, after.peak_bytes, after.peak_position);
+    }
+    if after.peak_bytes >= peak.peak_bytes {
+        return Ok((g.clone(), Vec::new()));
+    }
+    let moved = trips
+        .iter()
+        .map(|t| RematChoice {
+            value: t.value,
+            also: Vec::new(),
+            op: g.node(t.value.node).op.name(),
+            bytes: t.bytes,
+            recomputed_nodes: 0,
+            flops: 0,
+        })
+        .collect();
+    Ok((out, moved))
 }
 
 /// A candidate before the link is priced.
@@ -260,7 +236,6 @@ fn plan_trips(
     at: usize,
     min_bytes: u64,
     rate: f64,
-    link: &Link,
 ) -> (Vec<Trip>, Vec<bool>, Vec<f64>) {
     let times = kernel_times(g, l, &opts.target);
     let mut start = vec![0.0f64; times.len() + 1];
@@ -275,8 +250,7 @@ fn plan_trips(
         if b.kind != BufferKind::Temp || b.def >= at || b.last_use <= at || b.bytes < min_bytes {
             continue;
         }
-        // Outputs stay; so do values already on a trip (a copy back's).
-        if outputs.contains(&b.value) || matches!(g.node(b.value.node).op, Op::HostCopy { .. }) {
+        if outputs.contains(&b.value) {
             continue;
         }
         if let Some(h) = held_value(g, l, &users, &pos, b.value, b.def, b.last_use, at) {
@@ -289,12 +263,12 @@ fn plan_trips(
     let secs = |bytes: u64| bytes as f64 / rate;
     // Out: in write order, each after the last, all ending before the peak.
     held.sort_by_key(|h| (h.def, h.value));
-    let mut out_free = link.out_free;
+    let mut link = 0.0f64;
     let mut out: Vec<(Held, f64)> = Vec::new();
     for h in held {
-        let end = out_free.max(start[h.def + 1]) + secs(h.bytes);
+        let end = link.max(start[h.def + 1]) + secs(h.bytes);
         if end <= start[at] {
-            out_free = end;
+            link = end;
             out.push((h, end));
         }
     }
@@ -315,14 +289,7 @@ fn plan_trips(
         })
         .collect();
     for (h, out_end) in out {
-        // As late as the later copies back and earlier rounds' allow.
-        let mut done = free_from.min(start[h.first_late]);
-        while let Some(&(b0, _)) =
-            link.back_busy.iter().find(|&&(b0, b1)| b0 < done && done - secs(h.bytes) < b1)
-        {
-            done = b0;
-        }
-        let begin = done - secs(h.bytes);
+        let begin = free_from.min(start[h.first_late]) - secs(h.bytes);
         if begin < start[at + 1] {
             continue;
         }
@@ -586,7 +553,7 @@ fn descendants(users: &[Vec<NodeId>], from: NodeId) -> Vec<bool> {
 }
 
 /// `g` with each trip's steps (see the module docs).
-fn rewrite(g: &Graph, trips: &[Trip], slot_base: u32) -> Result<Graph, CompileError> {
+fn rewrite(g: &Graph, trips: &[Trip]) -> Result<Graph, CompileError> {
     let mut out = Graph::new();
     let mut map: Vec<Option<NodeId>> = vec![None; g.len()];
     // Later readers of a value read its pass-through (old value -> new value).
@@ -637,7 +604,7 @@ fn rewrite(g: &Graph, trips: &[Trip], slot_base: u32) -> Result<Graph, CompileEr
         map[id.index()] = Some(out.add(op)?);
         let here = |n: NodeId| ValueId::new(n, 0);
         for (k, t) in trips.iter().enumerate() {
-            let slot = slot_base + k as u32;
+            let slot = k as u32;
             let ty = g.ty(t.value).clone();
             if t.out_after == id {
                 let v = remap(&map, &passed, t.value).ok_or_else(|| fail("a moved value vanished".into()))?;
