@@ -180,9 +180,11 @@ pub fn op_cost(op: &Op, operands: &[TensorType], outputs: &[TensorType]) -> Node
         // arithmetic and no device kernel.
         // A sharding constraint: no kernel of its own (the gather it asks for
         // in a partitioned program is communication, not priced here).
-        Op::Reshape { .. } | Op::OptimizationBarrier { .. } | Op::Place { .. } | Op::HostCopy { .. } | Op::Whole { .. } => {
-            NodeCost::free()
-        }
+        Op::Reshape { .. }
+        | Op::OptimizationBarrier { .. }
+        | Op::Place { .. }
+        | Op::HostCopy { .. }
+        | Op::Whole { .. } => NodeCost::free(),
         // Reads the selected elements only: as many as it writes.
         Op::Slice { .. } => NodeCost::moves(out_bytes, written),
         Op::DynamicSlice { input: _, starts, sizes: _ } => {

@@ -319,9 +319,10 @@ fn variant(op: &Op) -> usize {
         Op::LmHeadCrossEntropyFused { .. } => 30,
         Op::Place { .. } => 31,
         Op::Whole { .. } => 32,
+        Op::HostCopy { .. } => 33,
     }
 }
-const VARIANTS: usize = 33;
+const VARIANTS: usize = 34;
 
 type Build = Box<dyn Fn(&mut Graph) -> Result<Vec<ValueId>>>;
 
@@ -576,6 +577,7 @@ fn op_cases() -> Vec<(String, usize, Build)> {
         }),
     );
     add("place".into(), 1, Box::new(place_case));
+    add("host_copy".into(), 1, Box::new(host_copy_case));
     add(
         "whole".into(),
         1,
@@ -723,6 +725,34 @@ fn place_case(g: &mut Graph) -> Result<Vec<ValueId>> {
     let held = g.add(Op::OptimizationBarrier { inputs: vec![host, later] })?;
     let back = g.value(Op::Place { input: ValueId::new(held, 0), to: MemorySpace::Device })?;
     Ok(vec![g.value(Op::Binary { op: BinaryOp::Mul, lhs: back, rhs: later })?])
+}
+
+/// A value's trip to the host and back over kiln's copies, as the remat
+/// pass's host copies emit it: each step waits for a later value, and the
+/// barriers hold the starts before the next readers.
+fn host_copy_case(g: &mut Graph) -> Result<Vec<ValueId>> {
+    use kiln_compiler::ir::HostCopyStep;
+    let x = g.parameter(t(DType::BF16, &[4, 8]));
+    let a = g.value(Op::Unary { op: UnaryOp::Tanh, input: x })?;
+    let ty = t(DType::BF16, &[4, 8]);
+    let out = g.value(Op::HostCopy { inputs: vec![a], step: HostCopyStep::Out, slot: 0, ty: ty.clone() })?;
+    let tied = g.add(Op::OptimizationBarrier { inputs: vec![out, a] })?;
+    let later = g.value(Op::Unary { op: UnaryOp::Exp, input: ValueId::new(tied, 1) })?;
+    let done = g.value(Op::HostCopy {
+        inputs: vec![ValueId::new(tied, 1), ValueId::new(tied, 0), later],
+        step: HostCopyStep::OutDone,
+        slot: 0,
+        ty: ty.clone(),
+    })?;
+    let back = g.value(Op::HostCopy { inputs: vec![done, later], step: HostCopyStep::In, slot: 0, ty: ty.clone() })?;
+    let held = g.add(Op::OptimizationBarrier { inputs: vec![back, later] })?;
+    let arrived = g.value(Op::HostCopy {
+        inputs: vec![ValueId::new(held, 0), ValueId::new(held, 1)],
+        step: HostCopyStep::InDone,
+        slot: 0,
+        ty,
+    })?;
+    Ok(vec![g.value(Op::Binary { op: BinaryOp::Mul, lhs: arrived, rhs: ValueId::new(held, 1) })?])
 }
 
 #[test]

@@ -3,8 +3,8 @@
 
 use half::{bf16, f16};
 use kiln_compiler::ir::{
-    Alias, AttentionAttrs, BinaryOp, CompareDir, DType, DotDims, Graph, Literal, MemorySpace, Op, ReduceOp,
-    RngAlgorithm, Shape, TensorType, UnaryOp, ValueId,
+    Alias, AttentionAttrs, BinaryOp, CompareDir, DType, DotDims, Graph, HostCopyStep, Literal, MemorySpace, Op,
+    ReduceOp, RngAlgorithm, Shape, TensorType, UnaryOp, ValueId,
 };
 use kiln_compiler::text::{parse, print};
 use kiln_compiler::{verify, CompileError};
@@ -131,9 +131,10 @@ fn variant(op: &Op) -> usize {
         Op::LmHeadCrossEntropyFused { .. } => 30,
         Op::Place { .. } => 31,
         Op::Whole { .. } => 32,
+        Op::HostCopy { .. } => 33,
     }
 }
-const VARIANTS: usize = 33;
+const VARIANTS: usize = 34;
 
 /// A graph with every `Op` variant and every unary, binary, compare and reduce op.
 fn every_op() -> Graph {
@@ -232,6 +233,24 @@ fn composites() -> Graph {
     let scale = g.parameter(t(DType::F32, &[]));
     let cf = g.add(Op::LmHeadCrossEntropyFused { h, w, labels, scale, chunk: 1, shards: 3 }).unwrap();
     outs.extend((0..4).map(|k| ValueId::new(cf, k)));
+    // A trip to the host and back (kiln's host copies).
+    let ty = t(DType::F32, &[4, 6]);
+    let token = g.add(Op::HostCopy { inputs: vec![x], step: HostCopyStep::Out, slot: 7, ty: ty.clone() }).unwrap();
+    let done = g
+        .add(Op::HostCopy {
+            inputs: vec![x, ValueId::new(token, 0), gb],
+            step: HostCopyStep::OutDone,
+            slot: 7,
+            ty: ty.clone(),
+        })
+        .unwrap();
+    let back = g
+        .add(Op::HostCopy { inputs: vec![ValueId::new(done, 0)], step: HostCopyStep::In, slot: 7, ty: ty.clone() })
+        .unwrap();
+    let arrived = g
+        .add(Op::HostCopy { inputs: vec![ValueId::new(back, 0), gb], step: HostCopyStep::InDone, slot: 7, ty })
+        .unwrap();
+    outs.push(ValueId::new(arrived, 0));
     g.set_outputs(outs).unwrap();
     g
 }

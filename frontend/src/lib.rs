@@ -49,8 +49,8 @@ pub use executor::Backend;
 pub use executor::{set_max_steps_in_flight, steps_in_flight, sync};
 pub use grad::grad;
 pub use memory_limit::{
-    activation_budget, capture_graph, check_memory_limit_for_mesh, host_copies, host_offload, loop_kernels, memory_limit,
-    set_activation_budget, set_host_copies, set_host_offload, set_loop_kernels, set_memory_limit,
+    activation_budget, capture_graph, check_memory_limit_for_mesh, host_copies, host_offload, loop_kernels,
+    memory_limit, set_activation_budget, set_host_copies, set_host_offload, set_loop_kernels, set_memory_limit,
 };
 pub use random::manual_seed;
 pub use step::{element_type, lower, lower_with, mark_step, step, LowerOpts, StepReport};

@@ -175,7 +175,11 @@ fn host_link_rate() -> Result<f64> {
         Err(_) => Ok(kiln_compiler::memory::HOST_LINK_BYTES_PER_SECOND),
         Ok(v) => match v.trim().parse::<f64>() {
             Ok(gbps) if gbps.is_finite() && gbps > 0.0 => Ok(gbps * 1e9),
-            _ => Err(crate::error::FrontendError::BadEnv { var: VAR, value: v, expected: "a rate in GB/s above 0, e.g. 30" }),
+            _ => Err(crate::error::FrontendError::BadEnv {
+                var: VAR,
+                value: v,
+                expected: "a rate in GB/s above 0, e.g. 30",
+            }),
         },
     }
 }

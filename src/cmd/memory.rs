@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use kiln::compiler::ir::Graph;
 use kiln::compiler::memory::{
-    fusion_for, liveness, rematerialize, sequence_for, Exact, Greedy, HostCopies, HostOffload, Materialization, Off, PeakMemory,
-    RematBudget, RematOptions, RematPlan, RematStrategy,
+    fusion_for, liveness, rematerialize, sequence_for, Exact, Greedy, HostCopies, HostOffload, Materialization, Off,
+    PeakMemory, RematBudget, RematOptions, RematPlan, RematStrategy,
 };
 use kiln::compiler::{lower, LowerOptions};
 use kiln::runtime::{Client, CompileOptions, CompiledMemoryStats};

@@ -544,10 +544,8 @@ fn a_program_with_host_copies_computes_the_same_values_on_the_cpu_plugin() -> an
         mem_bytes_per_s: 3e9,
         interconnect_bytes_per_s: 4e8,
     };
-    let opts = RematOptions {
-        target: slow,
-        ..RematOptions::for_target(RematBudget::Bytes(44_000_000), LowerTarget::Cuda)
-    };
+    let opts =
+        RematOptions { target: slow, ..RematOptions::for_target(RematBudget::Bytes(44_000_000), LowerTarget::Cuda) };
     let plan = rematerialize(&g, &HostCopies::default(), &opts)?;
     eprintln!(
         "{} moved ({} B), {} recomputed; peak {} -> {} B",
@@ -576,13 +574,24 @@ fn a_program_with_host_copies_computes_the_same_values_on_the_cpu_plugin() -> an
     let (m0, m1) = (xla_stats(&client, &g)?, xla_stats(&client, &plan.graph)?);
     eprintln!("XLA temp {} -> {} B", m0.temp_size_in_bytes, m1.temp_size_in_bytes);
     // Five of the six layers go (the last is read at the backward's first
-    // kernel): XLA CPU's temp fell 6,291,456 -> 2,097,352 B (2026-11-29).
-    // The bar: at least 3 of the 5 MiB moved leave XLA's temp.
+    // kernel). XLA CPU's temp fell 6,291,456 -> 2,097,352 B with each copy's
+    // end waited for where it was modelled, and to 3,145,928 B since the
+    // waits share the next copy's stop (`share_stops`: a value is freed a
+    // little later, for fewer custom calls). The bar: half of the 5 MiB moved
+    // leaves XLA's temp.
     assert!(
-        m1.temp_size_in_bytes + (3 << 20) <= m0.temp_size_in_bytes,
+        m1.temp_size_in_bytes + (5 << 19) <= m0.temp_size_in_bytes,
         "XLA temp {} -> {}",
         m0.temp_size_in_bytes,
         m1.temp_size_in_bytes
     );
     Ok(())
+}
+
+/// The compiler names the custom calls the runtime registers handlers for.
+#[test]
+fn the_compilers_host_copy_targets_are_the_runtimes() {
+    use kiln::compiler::ir::HostCopyStep;
+    let named: Vec<&str> = HostCopyStep::ALL.iter().map(|s| s.target()).collect();
+    assert_eq!(named, kiln::runtime::pjrt::host_copy::TARGETS);
 }

@@ -1,7 +1,8 @@
 //! Per-op evaluation for the reference interpreter.
 
 use crate::ir::{
-    decode, BinaryOp, CompareDir, DType, DotDims, HostCopyStep, Literal, Op, ReduceOp, Shape, TensorType, UnaryOp, ValueId,
+    decode, BinaryOp, CompareDir, DType, DotDims, HostCopyStep, Literal, Op, ReduceOp, Shape, TensorType, UnaryOp,
+    ValueId,
 };
 use crate::CompileError;
 

@@ -341,7 +341,8 @@ pub enum HostCopyStep {
 
 impl HostCopyStep {
     /// Every step, in trip order.
-    pub const ALL: [HostCopyStep; 4] = [HostCopyStep::Out, HostCopyStep::OutDone, HostCopyStep::In, HostCopyStep::InDone];
+    pub const ALL: [HostCopyStep; 4] =
+        [HostCopyStep::Out, HostCopyStep::OutDone, HostCopyStep::In, HostCopyStep::InDone];
 
     /// Name in kiln's text form.
     pub fn name(self) -> &'static str {

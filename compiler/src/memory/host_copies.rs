@@ -96,8 +96,9 @@ impl RematStrategy for HostCopies {
         for k in 0..=RUNGS {
             let loose = budget.saturating_add(link * k / RUNGS);
             let greedy = Greedy.plan(g, &opts.with_budget(RematBudget::Bytes(loose)))?;
-            let (graph, moved) = copies_of_at_least(&greedy.graph, opts, MIN_OFFLOAD_BYTES, self.link_bytes_per_second)?;
-            let mut plan = finish(self.name(), g, graph, greedy.choices, before.clone(), opts);
+            let (graph, moved) =
+                copies_of_at_least(&greedy.graph, opts, MIN_OFFLOAD_BYTES, self.link_bytes_per_second)?;
+            let mut plan = finish(self.name(), g, graph, greedy.choices, before, opts);
             plan.budget_bytes = budget;
             plan.met = plan.after.peak_bytes <= budget;
             plan.offloaded = moved;
@@ -115,9 +116,6 @@ impl RematStrategy for HostCopies {
                 extra_seconds = plan.extra_seconds,
                 "host-copy rung"
             );
-            if std::env::var("KILN_DEBUG_HOST_COPIES").is_ok() {
-                eprintln!("rung {k} loose {loose} greedy peak {} copies peak {} moved {} extra {:.3} ms", greedy.after.peak_bytes, plan.after.peak_bytes, plan.offloaded.len(), plan.extra_seconds * 1e3);
-            }
             if better {
                 let met = plan.met;
                 best = Some((plan, met));
@@ -183,24 +181,17 @@ fn copies_of_at_least(
     let shared = share_stops(g, &l, &trips, peak.peak_position, &read_soon, &end);
     if let Ok(o) = rewrite(g, &shared) {
         let a = peak_of(&liveness(&o, opts.fusion));
-        if std::env::var("KILN_DEBUG_HOST_COPIES").is_ok() {
-            let stops = |ts: &[Trip]| {
-                let mut n: Vec<NodeId> =
-                    ts.iter().flat_map(|t| [t.out_after, t.out_done_after, t.in_after, t.in_done_after]).collect();
-                n.sort();
-                n.dedup();
-                n.len()
-            };
-            eprintln!("  shared stops {} -> {}: peak {} -> {}", stops(&trips), stops(&shared), after.peak_bytes, a.peak_bytes);
-        }
         if a.peak_bytes <= after.peak_bytes {
             (out, after) = (o, a);
         }
     }
-    if std::env::var("KILN_DEBUG_HOST_COPIES").is_ok() {
-        eprintln!("  trips {} bytes {}", trips.len(), trips.iter().map(|t| t.bytes).sum::<u64>());
-        eprintln!("  peak {} at {} -> {} at {}", peak.peak_bytes, peak.peak_position, after.peak_bytes, after.peak_position);
-    }
+    tracing::debug!(
+        trips = trips.len(),
+        bytes = trips.iter().map(|t| t.bytes).sum::<u64>(),
+        before = peak.peak_bytes,
+        after = after.peak_bytes,
+        "host copies around the peak"
+    );
     if after.peak_bytes >= peak.peak_bytes {
         return Ok((g.clone(), Vec::new()));
     }
@@ -255,9 +246,6 @@ fn plan_trips(
         }
         if let Some(h) = held_value(g, l, &users, &pos, b.value, b.def, b.last_use, at) {
             held.push(h);
-        } else if std::env::var("KILN_DEBUG_HOST_COPIES").is_ok() {
-            let us: Vec<String> = users[b.value.node.index()].iter().map(|&u| format!("{}@{:?}{}", g.node(u).op.name(), l.exec_pos[u.index()], if l.materialized[u.index()] {"m"} else {""})).collect();
-            eprintln!("    reject {} {} B def {} last {} users {:?}", g.node(b.value.node).op.name(), b.bytes, b.def, b.last_use, us);
         }
     }
     let secs = |bytes: u64| bytes as f64 / rate;
@@ -386,7 +374,9 @@ fn share_stops(g: &Graph, l: &Liveness, trips: &[Trip], at: usize, read_soon: &[
     back.dedup();
     for t in &mut out {
         let (a, w) = (at_pos(t.in_after), at_pos(t.in_done_after));
-        if let Some(&(_, n)) = back.iter().find(|&&(p, n)| p >= a && p < w && end[p] >= t.in_end && from_peak[n.index()]) {
+        if let Some(&(_, n)) =
+            back.iter().find(|&&(p, n)| p >= a && p < w && end[p] >= t.in_end && from_peak[n.index()])
+        {
             t.in_done_after = n;
         }
     }
@@ -407,9 +397,7 @@ fn held_value(
     last_use: usize,
     at: usize,
 ) -> Option<Held> {
-    if l.buffer_of[v.node.index()].get(v.output as usize).copied().flatten().is_none() {
-        return None;
-    }
+    l.buffer_of[v.node.index()].get(v.output as usize).copied().flatten()?;
     let (mut last_early, mut first_late, mut latest) = (def, usize::MAX, def);
     let mut late_users = Vec::new();
     for &u in &users[v.node.index()] {
@@ -423,7 +411,7 @@ fn held_value(
         if run < at {
             last_early = last_early.max(run);
         } else if first > at {
-            if !l.materialized[u.index()] && !feeds_only_after(g, l, users, pos, u, at) {
+            if !l.materialized[u.index()] && !feeds_only_after(l, users, pos, u, at) {
                 return None;
             }
             first_late = first_late.min(first);
@@ -488,14 +476,7 @@ fn read_span(g: &Graph, l: &Liveness, users: &[Vec<NodeId>], u: NodeId, v: Value
 }
 
 /// Whether every kernel the fused node `u` ends up in runs after `at`.
-fn feeds_only_after(
-    g: &Graph,
-    l: &Liveness,
-    users: &[Vec<NodeId>],
-    pos: &[Option<usize>],
-    u: NodeId,
-    at: usize,
-) -> bool {
+fn feeds_only_after(l: &Liveness, users: &[Vec<NodeId>], pos: &[Option<usize>], u: NodeId, at: usize) -> bool {
     let mut stack = vec![u];
     let mut seen = vec![u];
     while let Some(x) = stack.pop() {
@@ -514,7 +495,6 @@ fn feeds_only_after(
                 stack.push(y);
             }
         }
-        let _ = g;
     }
     true
 }
@@ -564,11 +544,8 @@ fn rewrite(g: &Graph, trips: &[Trip]) -> Result<Graph, CompileError> {
     let mut done: Vec<Option<ValueId>> = vec![None; trips.len()];
     let mut back: Vec<Option<ValueId>> = vec![None; trips.len()];
     let mut arrived: Vec<Option<ValueId>> = vec![None; trips.len()];
-    let late_of: HashMap<(NodeId, ValueId), usize> = trips
-        .iter()
-        .enumerate()
-        .flat_map(|(k, t)| t.late_users.iter().map(move |&u| ((u, t.value), k)))
-        .collect();
+    let late_of: HashMap<(NodeId, ValueId), usize> =
+        trips.iter().enumerate().flat_map(|(k, t)| t.late_users.iter().map(move |&u| ((u, t.value), k))).collect();
     let mut pending: Vec<NodeId> = Vec::new();
     let remap = |map: &[Option<NodeId>], passed: &HashMap<ValueId, ValueId>, v: ValueId| -> Option<ValueId> {
         passed.get(&v).copied().or_else(|| map[v.node.index()].map(|n| ValueId::new(n, v.output)))
@@ -619,8 +596,12 @@ fn rewrite(g: &Graph, trips: &[Trip]) -> Result<Graph, CompileError> {
                 else {
                     return Err(fail(format!("slot {slot}: the copy out would end before it starts")));
                 };
-                done[k] =
-                    Some(out.value(Op::HostCopy { inputs: vec![v, tok, z], step: HostCopyStep::OutDone, slot, ty: ty.clone() })?);
+                done[k] = Some(out.value(Op::HostCopy {
+                    inputs: vec![v, tok, z],
+                    step: HostCopyStep::OutDone,
+                    slot,
+                    ty: ty.clone(),
+                })?);
             }
             if t.in_after == id {
                 let (Some(d), Some(a)) = (done[k], remap(&map, &passed, here(id))) else {
@@ -635,7 +616,8 @@ fn rewrite(g: &Graph, trips: &[Trip]) -> Result<Graph, CompileError> {
                 let (Some(b), Some(w)) = (back[k], remap(&map, &passed, here(id))) else {
                     return Err(fail(format!("slot {slot}: the copy back would end before it starts")));
                 };
-                arrived[k] = Some(out.value(Op::HostCopy { inputs: vec![b, w], step: HostCopyStep::InDone, slot, ty })?);
+                arrived[k] =
+                    Some(out.value(Op::HostCopy { inputs: vec![b, w], step: HostCopyStep::InDone, slot, ty })?);
             }
         }
         // Readers held back for a copy back may be added now.
@@ -724,7 +706,8 @@ mod tests {
         }
         let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
         let fresh = |salt: f64| {
-            let vals: Vec<f64> = (0..256).map(|i| ((i as f64 + salt) * (1.0 + f64::from(seed % 997))).sin() * 0.4).collect();
+            let vals: Vec<f64> =
+                (0..256).map(|i| ((i as f64 + salt) * (1.0 + f64::from(seed % 997))).sin() * 0.4).collect();
             Literal::from_f64s(DType::F32, [16, 16], &vals).unwrap()
         };
         let inputs = [fresh(0.5), fresh(7.25)];

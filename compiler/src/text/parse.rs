@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use half::{bf16, f16};
 
 use crate::ir::{
-    Alias, AttentionAttrs, BinaryOp, CompareDir, DType, DotDims, Graph, HostCopyStep, Literal, MemorySpace, NodeId, Op, ReduceOp,
-    RngAlgorithm, Shape, TensorType, UnaryOp, ValueId,
+    Alias, AttentionAttrs, BinaryOp, CompareDir, DType, DotDims, Graph, HostCopyStep, Literal, MemorySpace, NodeId, Op,
+    ReduceOp, RngAlgorithm, Shape, TensorType, UnaryOp, ValueId,
 };
 use crate::CompileError;
 

@@ -116,7 +116,9 @@ fn write_node(out: &mut impl Write, id: NodeId, node: &Node) -> fmt::Result {
         Op::Place { input, to } => write!(out, " {} {input}", to.name())?,
         // The moved value's type is the first operand's (or, copying back,
         // the result's).
-        Op::HostCopy { inputs, step, slot, ty: _ } => write!(out, " {} {}, slot = {slot}", step.name(), values(inputs))?,
+        Op::HostCopy { inputs, step, slot, ty: _ } => {
+            write!(out, " {} {}, slot = {slot}", step.name(), values(inputs))?
+        }
         Op::Whole { input } => write!(out, " {input}")?,
         Op::Attention { q, k, v, attrs } => {
             write!(out, " {q}, {k}, {v}, scale = {}, causal = {}", attrs.scale(), attrs.causal)?
