@@ -158,12 +158,13 @@ fn pipeline_options() -> Result<pipeline::PipelineOptions> {
         }
     }
     crate::check_memory_limit_for_mesh()?;
-    Ok(opts
+    let opts = opts
         .with_memory_limit(crate::memory_limit())
         .with_activation_budget(crate::activation_budget())
         .with_host_offload(crate::host_offload())
-        .with_host_copies(crate::host_copies())
-        .with_host_link_rate(host_link_rate()?))
+        .with_host_copies(crate::host_copies());
+    // The link's rate matters (and a bad one is refused) only with host copies on.
+    Ok(if crate::host_copies() { opts.with_host_link_rate(host_link_rate()?) } else { opts })
 }
 
 /// The host link's rate kiln's host copies are planned for, in bytes per
