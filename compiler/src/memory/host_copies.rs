@@ -187,7 +187,16 @@ fn copies_of_at_least(
     }
     // The trips with shared stops where that holds the same peak, else as
     // planned (also where the shared stops cannot be written in order).
-    let mut out = rewrite(g, &trips)?;
+    // A plan the rewrite cannot write in order (a stop before its step's
+    // inputs) moves nothing: the copies are an optimization, never a reason
+    // for the step not to compile.
+    let mut out = match rewrite(g, &trips) {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::debug!(error = %e, "host copies not written");
+            return Ok((g.clone(), Vec::new()));
+        }
+    };
     let mut after = peak_of(&liveness(&out, opts.fusion));
     let shared = share_stops(g, &l, &trips, peak.peak_position, &read_soon, &end);
     if let Ok(o) = rewrite(g, &shared) {
@@ -723,6 +732,33 @@ mod tests {
         };
         let inputs = [fresh(0.5), fresh(7.25)];
         assert_eq!(crate::interpret(&g, &inputs).unwrap(), crate::interpret(&out, &inputs).unwrap(), "seed {seed}");
+    }
+
+    #[test]
+    fn a_trip_out_of_order_is_refused_by_the_rewrite() {
+        let g = chain(16, 16, 3);
+        // The first layer's output, copied back after the second layer's
+        // GEMM but waited for as done only after the third's: out of order.
+        let tanh: Vec<NodeId> =
+            g.nodes().filter(|(_, n)| matches!(n.op, Op::Unary { op: UnaryOp::Tanh, .. })).map(|(id, _)| id).collect();
+        let late = g.users(tanh[0]).into_iter().filter(|u| matches!(g.node(*u).op, Op::Binary { .. })).collect();
+        let trip = Trip {
+            value: ValueId::new(tanh[0], 0),
+            bytes: 1024,
+            late_users: late,
+            out_after: tanh[0],
+            out_start: 0.0,
+            in_end: 0.0,
+            out_done_after: tanh[2],
+            in_after: tanh[1],
+            in_done_after: tanh[2],
+        };
+        match rewrite(&g, &[trip]) {
+            Err(CompileError::Remat { strategy: "host-copy", reason }) => {
+                assert!(reason.contains("before the copy out ends"), "{reason}")
+            }
+            other => panic!("{:?}", other.map(|g| g.len())),
+        }
     }
 
     #[test]
