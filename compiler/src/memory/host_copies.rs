@@ -181,7 +181,7 @@ fn copies_of_at_least(
 ) -> Result<(Graph, Vec<RematChoice>), CompileError> {
     let l = liveness(g, opts.fusion);
     let peak = peak_of(&l);
-    let (trips, read_soon, end) = plan_trips(g, &l, opts, peak.peak_position, min_bytes, rate);
+    let (trips, found) = plan_trips(g, &l, opts, peak.peak_position, min_bytes, rate);
     if trips.is_empty() {
         return Ok((g.clone(), Vec::new()));
     }
@@ -198,7 +198,7 @@ fn copies_of_at_least(
         }
     };
     let mut after = peak_of(&liveness(&out, opts.fusion));
-    let shared = share_stops(g, &l, &trips, peak.peak_position, &read_soon, &end);
+    let shared = share_stops(&trips, peak.peak_position, &found);
     if let Ok(o) = rewrite(g, &shared) {
         let a = peak_of(&liveness(&o, opts.fusion));
         if a.peak_bytes <= after.peak_bytes {
@@ -215,17 +215,7 @@ fn copies_of_at_least(
     if after.peak_bytes >= peak.peak_bytes {
         return Ok((g.clone(), Vec::new()));
     }
-    let moved = trips
-        .iter()
-        .map(|t| RematChoice {
-            value: t.value,
-            also: Vec::new(),
-            op: g.node(t.value.node).op.name(),
-            bytes: t.bytes,
-            recomputed_nodes: 0,
-            flops: 0,
-        })
-        .collect();
+    let moved = trips.iter().map(|t| RematChoice::moved(g, t.value, t.bytes)).collect();
     Ok((out, moved))
 }
 
@@ -239,6 +229,20 @@ struct Held {
     late_users: Vec<NodeId>,
 }
 
+/// What [`plan_trips`] worked out about the plan, which [`share_stops`]
+/// reads again.
+struct Found {
+    users: Vec<Vec<NodeId>>,
+    /// Each node's position.
+    pos: Vec<Option<usize>>,
+    /// Which nodes depend on the peak kernel.
+    from_peak: Vec<bool>,
+    /// Which of those the next [`READ_SOON`] kernels read.
+    read_soon: Vec<bool>,
+    /// When each position's kernel ends.
+    end: Vec<f64>,
+}
+
 /// The trips the link carries around the kernel at `at`.
 fn plan_trips(
     g: &Graph,
@@ -247,7 +251,7 @@ fn plan_trips(
     at: usize,
     min_bytes: u64,
     rate: f64,
-) -> (Vec<Trip>, Vec<bool>, Vec<f64>) {
+) -> (Vec<Trip>, Found) {
     let times = kernel_times(g, l, &opts.target);
     let mut start = vec![0.0f64; times.len() + 1];
     for (i, t) in times.iter().enumerate() {
@@ -330,9 +334,8 @@ fn plan_trips(
         });
     }
     trips.sort_by_key(|t| t.value);
-    // When each position's kernel ends.
     let end = start[1..].to_vec();
-    (trips, read_soon, end)
+    (trips, Found { users, pos, from_peak, read_soon, end })
 }
 
 /// `trips` with their waits moved onto other trips' stops where that costs
@@ -344,11 +347,10 @@ fn plan_trips(
 /// the value (a little more memory held, no less overlap); a copy back's
 /// start moves to the latest earlier copy back's end after the peak whose
 /// kernel's value is read soon (an earlier start, the buffer a little sooner).
-fn share_stops(g: &Graph, l: &Liveness, trips: &[Trip], at: usize, read_soon: &[bool], end: &[f64]) -> Vec<Trip> {
-    let from_peak = descendants(&users_of(g), l.order[at]);
-    let users = users_of(g);
-    let pos = l.positions();
+fn share_stops(trips: &[Trip], at: usize, found: &Found) -> Vec<Trip> {
+    let Found { users, pos, from_peak, read_soon, end } = found;
     let at_pos = |n: NodeId| pos[n.index()].unwrap_or(0);
+    let from_value: Vec<Vec<bool>> = trips.iter().map(|t| descendants(users, t.value.node)).collect();
     let mut starts: Vec<(usize, NodeId)> = trips.iter().map(|t| (at_pos(t.value.node), t.value.node)).collect();
     starts.sort();
     let mut ends: Vec<(usize, NodeId)> = trips.iter().map(|t| (at_pos(t.in_done_after), t.in_done_after)).collect();
@@ -357,9 +359,9 @@ fn share_stops(g: &Graph, l: &Liveness, trips: &[Trip], at: usize, read_soon: &[
     // the copies back's starts onto their ends.
     let mut out: Vec<Trip> = trips
         .iter()
-        .map(|t| {
+        .zip(&from_value)
+        .map(|(t, from_value)| {
             let mut t = t.clone();
-            let from_value = descendants(&users, t.value.node);
             // The latest later write that ends before the link is free for
             // this copy: starting there loses no time on the link.
             if let Some(&(_, n)) = starts
@@ -375,8 +377,7 @@ fn share_stops(g: &Graph, l: &Liveness, trips: &[Trip], at: usize, read_soon: &[
     let mut issued: Vec<(usize, NodeId)> = out.iter().map(|t| (at_pos(t.out_after), t.out_after)).collect();
     issued.sort();
     issued.dedup();
-    for t in &mut out {
-        let from_value = descendants(&users, t.value.node);
+    for (t, from_value) in out.iter_mut().zip(&from_value) {
         let z = at_pos(t.out_done_after);
         if let Some(&(_, n)) = issued.iter().find(|&&(p, n)| p >= z && p < at && from_value[n.index()]) {
             t.out_done_after = n;
@@ -665,31 +666,14 @@ fn rewrite(g: &Graph, trips: &[Trip]) -> Result<Graph, CompileError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{BinaryOp, DType, DotDims, Literal, TensorType, UnaryOp};
+    use crate::ir::{DType, Literal, UnaryOp};
     use crate::lower::LowerTarget;
     use crate::memory::{peak_memory, rematerialize, RematBudget, XlaGpuFusion};
 
     /// `layers` layers `a = tanh(h · w)` whose outputs a backward reads in
     /// reverse, `g = (g · w) · a`: a train step's saved activations.
     fn chain(rows: usize, d: usize, layers: usize) -> Graph {
-        let mut g = Graph::new();
-        let x = g.parameter(TensorType::new(DType::F32, [rows, d]));
-        let w = g.parameter(TensorType::new(DType::F32, [d, d]));
-        let dims = DotDims { lhs_contract: vec![1], rhs_contract: vec![0], ..DotDims::default() };
-        let mut saved = Vec::new();
-        let mut h = x;
-        for _ in 0..layers {
-            let m = g.value(Op::DotGeneral { lhs: h, rhs: w, dims: dims.clone() }).unwrap();
-            h = g.value(Op::Unary { op: UnaryOp::Tanh, input: m }).unwrap();
-            saved.push(h);
-        }
-        let mut grad = h;
-        for &a in saved.iter().rev() {
-            let n = g.value(Op::DotGeneral { lhs: grad, rhs: w, dims: dims.clone() }).unwrap();
-            grad = g.value(Op::Binary { op: BinaryOp::Mul, lhs: n, rhs: a }).unwrap();
-        }
-        g.set_outputs(vec![grad]).unwrap();
-        g
+        crate::memory::offload::tests::chain(rows, d, layers, true)
     }
 
     fn steps(g: &Graph) -> Vec<(usize, HostCopyStep, u32)> {

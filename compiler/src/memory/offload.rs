@@ -192,17 +192,7 @@ fn offload(
     if live_peak(&liveness(&out, opts.fusion)).1 >= peak.peak_bytes {
         return Ok((g.clone(), Vec::new()));
     }
-    let choices = chosen
-        .iter()
-        .map(|m| RematChoice {
-            value: m.value,
-            also: Vec::new(),
-            op: g.node(m.value.node).op.name(),
-            bytes: m.bytes,
-            recomputed_nodes: 0,
-            flops: 0,
-        })
-        .collect();
+    let choices = chosen.iter().map(|m| RematChoice::moved(g, m.value, m.bytes)).collect();
     Ok((out, choices))
 }
 
@@ -354,7 +344,7 @@ fn rewrite(g: &Graph, moves: &[Move], anchors: &[ValueId]) -> Result<Graph, Comp
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::ir::{BinaryOp, DType, DotDims, Literal, TensorType, UnaryOp};
     use crate::memory::{peak_memory, rematerialize, RematBudget, XlaGpuFusion};
@@ -362,7 +352,7 @@ mod tests {
     /// A forward of `layers` layers `a = tanh(h · w)` (or `tanh(h)` without
     /// `dot`) whose outputs a backward reads in reverse, `g = (g · w) · a`:
     /// the shape of a train step's saved activations.
-    fn chain(rows: usize, d: usize, layers: usize, dot: bool) -> Graph {
+    pub(in crate::memory) fn chain(rows: usize, d: usize, layers: usize, dot: bool) -> Graph {
         let mut g = Graph::new();
         let x = g.parameter(TensorType::new(DType::F32, [rows, d]));
         let w = g.parameter(TensorType::new(DType::F32, [d, d]));

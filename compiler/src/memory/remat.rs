@@ -245,6 +245,14 @@ pub struct RematChoice {
     pub flops: u64,
 }
 
+impl RematChoice {
+    /// A value kept in host memory instead of recomputed (host offload, host
+    /// copies): no clones, no FLOPs.
+    pub(super) fn moved(g: &Graph, value: ValueId, bytes: u64) -> RematChoice {
+        RematChoice { value, also: Vec::new(), op: g.node(value.node).op.name(), bytes, recomputed_nodes: 0, flops: 0 }
+    }
+}
+
 /// What a strategy chose and the graph it rewrote.
 #[derive(Clone, Debug)]
 pub struct RematPlan {
