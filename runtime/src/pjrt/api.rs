@@ -187,17 +187,38 @@ impl Api {
     /// in chain order (at most [`MAX_EXTENSIONS`]: a chain longer than that
     /// is cut there rather than followed into a cycle).
     pub(crate) fn extensions(&self) -> Vec<PluginExtension> {
-        let mut out = Vec::new();
-        let mut node = self.table().extension_start as *const ffi::PJRT_Extension_Base;
-        while !node.is_null() && out.len() < MAX_EXTENSIONS {
+        self.extension_chain()
+            .map(|node| {
+                // SAFETY: `extension_chain` yields live nodes of the chain.
+                let base = unsafe { &*node };
+                PluginExtension { kind: base.kind, struct_size: base.struct_size }
+            })
+            .collect()
+    }
+
+    /// The first extension of type `kind` in the chain, if the plugin offers
+    /// one: a pointer to its `PJRT_Extension_Base`, which the plugin keeps
+    /// alive as long as its table; the caller reads the rest of its struct by
+    /// `struct_size`.
+    pub(crate) fn extension(&self, kind: u32) -> Option<*const ffi::PJRT_Extension_Base> {
+        self.extension_chain().find(|&node| {
+            // SAFETY: `extension_chain` yields live nodes of the chain.
+            unsafe { (*node).kind == kind }
+        })
+    }
+
+    /// The chain's nodes, at most [`MAX_EXTENSIONS`] (a longer chain is cut
+    /// there rather than followed into a cycle).
+    fn extension_chain(&self) -> impl Iterator<Item = *const ffi::PJRT_Extension_Base> + '_ {
+        let first = self.table().extension_start as *const ffi::PJRT_Extension_Base;
+        std::iter::successors((!first.is_null()).then_some(first), |&node| {
             // SAFETY: every node of the chain starts with `PJRT_Extension_Base`
             // (`struct_size`, a C enum, `next`), which the plugin keeps alive
             // as long as its table; only that prefix is read.
-            let base = unsafe { &*node };
-            out.push(PluginExtension { kind: base.kind, struct_size: base.struct_size });
-            node = base.next;
-        }
-        out
+            let next = unsafe { (*node).next };
+            (!next.is_null()).then_some(next)
+        })
+        .take(MAX_EXTENSIONS)
     }
 
     /// Whether each event-related slot of the table is set.

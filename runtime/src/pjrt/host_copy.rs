@@ -673,19 +673,7 @@ fn register_once(api: &'static Api, platform: &str) -> Result<(), String> {
         }
         other => return Err(format!("kiln's host copies have no handlers for platform `{other}`")),
     };
-    let mut node = api.table().extension_start as *const ExtBase;
-    let mut ext = None;
-    while !node.is_null() {
-        // SAFETY: every node of the plugin's extension chain starts with
-        // `PJRT_Extension_Base` and lives as long as the plugin.
-        let base = unsafe { &*node };
-        if base.kind as u32 == PJRT_EXTENSION_FFI {
-            ext = Some(node as *const FfiExtension);
-            break;
-        }
-        node = base.next;
-    }
-    let ext = ext.ok_or("the plugin has no FFI extension")?;
+    let ext = api.extension(PJRT_EXTENSION_FFI).ok_or("the plugin has no FFI extension")? as *const FfiExtension;
     // SAFETY: the FFI extension's struct starts with the base read above.
     let size = unsafe { (*ext).base.struct_size };
     if size < std::mem::size_of::<FfiExtension>() {
