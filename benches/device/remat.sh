@@ -12,7 +12,8 @@
 #
 # REMAT_BIN: the remat_curve binary (default: beside this script, else
 # target/release/examples/remat_curve); REMAT_BUDGETS: the budgets
-# (default "none 50 33 25"); REMAT_JAX=0 skips JAX; REMAT_JAX_IMPL: its attention
+# (default "none 50 33 25"; `hcP` is P% with kiln's host copies beside greedy,
+# `--remat-strategy host-copy`: the issue's 4.6x point is `hc22`); REMAT_JAX=0 skips JAX; REMAT_JAX_IMPL: its attention
 # (cudnn, or xla where there is no cuDNN); REMAT_JAX_ARGS: more jax_gpt.py flags.
 # On a GPU the first budget's process writes XLA's autotuning results to
 # $OUT/autotune.textproto and the later ones load them, so every budget runs a
@@ -41,7 +42,9 @@ for b in ${REMAT_BUDGETS:-none 50 33 25}; do
     if [ -s "$AT" ]; then flags="$flags --xla_gpu_load_autotune_results_from=$AT"
     else flags="$flags --xla_gpu_dump_autotune_results_to=$AT"; fi
   fi
-  XLA_FLAGS="$flags" timeout ${REMAT_TIMEOUT:-150} "$BIN" "$CONFIG" "$b" 2>&1 | grep -v "^I1\|^W1\|ptxas\|^E0000\|^WARNING: All log" >> "$OUT/kiln.log"
+  copies=0; pct=$b
+  case "$b" in hc*) copies=1; pct=${b#hc} ;; esac
+  REMAT_HOST_COPIES=$copies XLA_FLAGS="$flags" timeout ${REMAT_TIMEOUT:-150} "$BIN" "$CONFIG" "$pct" 2>&1 | grep -v "^I1\|^W1\|ptxas\|^E0000\|^WARNING: All log" >> "$OUT/kiln.log"
   echo "kiln budget $b: rc ${PIPESTATUS[0]}, $(( $(date +%s) - t0 )) s"
 done
 if [ "${REMAT_JAX:-1}" != 0 ]; then

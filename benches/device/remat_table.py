@@ -43,14 +43,17 @@ for r in rows:
     model = (f"{mib(plan['model_before']['temp_bytes'])} -> {mib(plan['model_after']['temp_bytes'])}"
              + ("" if plan["met"] else " (budget not met)")) if plan else "—"
     budget = "none" if r["budget_pct"] is None else f"{r['budget_pct']:.0f}%"
+    if r.get("host_copies"):
+        moved = f"{plan['offloaded']} values, {mib(plan['offloaded_bytes'])} MiB" if plan else "none"
+        budget += f" + host copies ({moved} moved)"
     # Without a `none` row (REMAT_BUDGETS without it) there is nothing to cut from.
     k = lambda v, fmt: "—" if v is None else fmt.format(v)
     print(f"| kiln | {budget} | {rec} | {flp if plan else '—'} | {model} "
           f"| {gib(x['argument_bytes'])} / {gib(x['output_bytes'])} / {gib(x['alias_bytes'])} | {gib(x['temp_bytes'])} "
           f"| {k(cut, '{:.2f}×')} | {gib(x['peak_bytes'])} | {k(pcut, '{:.2f}×')} | {r['ms']:.2f} "
           f"| {k(over if over is None else 100 * over, '{:+.1f}%')} |")
-    summary.append({"system": "kiln", "budget_pct": r["budget_pct"], "temp_cut": cut, "peak_cut": pcut,
-                    "overhead": over})
+    summary.append({"system": "kiln", "budget_pct": r["budget_pct"], "budget": budget, "temp_cut": cut,
+                    "peak_cut": pcut, "overhead": over})
 jbase = next((j for j in jax if not j["system"].endswith("checkpoint")), None)
 for j in jax:
     x = j["xla"]
@@ -70,7 +73,7 @@ for need_cut, max_over in ((2.0, 0.05), (4.6, 0.15)):
     hits = [s for s in summary if s["system"] == "kiln" and s["temp_cut"] and s["temp_cut"] >= need_cut
             and s["overhead"] is not None and s["overhead"] <= max_over]
     best = max((s for s in summary if s["system"] == "kiln" and s["temp_cut"]), key=lambda s: s["temp_cut"], default=None)
-    verdict = ("met at " + ", ".join("%.0f%%" % h["budget_pct"] for h in hits) if hits else
+    verdict = ("met at " + ", ".join(h["budget"] for h in hits) if hits else
                f"not met (largest kiln temp cut {best['temp_cut']:.2f}× at {best['overhead'] * 100:+.1f}%)" if best else "no data")
     print(f"- target ≥ {need_cut}× XLA temp cut at ≤ {max_over * 100:.0f}% step time: {verdict}")
 if base and jbase:

@@ -118,6 +118,7 @@ fn main() -> Res<()> {
         "config": config,
         "platform": platform,
         "budget_pct": fraction.map(|f| f * 100.0),
+        "host_copies": host_copies_from_env(),
         "ms": ms,
         "runs_ms": runs,
         "first_step_ms": first_step_ms,
