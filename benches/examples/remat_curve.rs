@@ -302,12 +302,8 @@ fn link_estimate(
         kiln::compiler::LowerTarget::Cuda,
     )
     .target;
-    let times = kiln::compiler::memory::kernel_times(g, l, &target);
     // start[i]: when kernel i starts; its end is start[i + 1].
-    let mut start = vec![0.0; times.len() + 1];
-    for (i, t) in times.iter().enumerate() {
-        start[i + 1] = start[i] + t;
-    }
+    let start = kiln::compiler::memory::kernel_starts(g, l, &target);
     // Each candidate: (bytes, write end, first read after the peak, last
     // read before it).
     let mut saved = Vec::new();

@@ -68,7 +68,7 @@ use std::collections::HashMap;
 use crate::ir::{Graph, HostCopyStep, NodeId, Op, ValueId};
 use crate::CompileError;
 
-use super::kernel_time::kernel_times;
+use super::kernel_time::kernel_starts;
 use super::liveness::{liveness, users_of, BufferKind, Liveness};
 use super::offload::MIN_OFFLOAD_BYTES;
 use super::peak::peak_of;
@@ -125,9 +125,8 @@ impl RematStrategy for HostCopies {
             let greedy = Greedy.plan(g, &opts.with_budget(RematBudget::Bytes(loose)))?;
             let (graph, moved) =
                 copies_of_at_least(&greedy.graph, opts, MIN_OFFLOAD_BYTES, self.link_bytes_per_second)?;
+            // Judged against the asked budget (`opts`'), not the rung's.
             let mut plan = finish(self.name(), g, graph, greedy.choices, before, opts);
-            plan.budget_bytes = budget;
-            plan.met = plan.after.peak_bytes <= budget;
             plan.offloaded = moved;
             let better = match &best {
                 None => true,
@@ -153,9 +152,7 @@ impl RematStrategy for HostCopies {
 
 /// Bytes the host link carries while the step's kernels before its peak run.
 fn link_capacity(g: &Graph, l: &Liveness, opts: &RematOptions, rate: f64) -> u64 {
-    let at = peak_of(l).peak_position;
-    let before: f64 = kernel_times(g, l, &opts.target).iter().take(at).sum();
-    (before * rate) as u64
+    (kernel_starts(g, l, &opts.target)[peak_of(l).peak_position] * rate) as u64
 }
 
 /// One value's trip, in positions of the plan it was chosen on.
@@ -267,11 +264,7 @@ fn plan_trips(
     min_bytes: u64,
     rate: f64,
 ) -> (Vec<Trip>, Found) {
-    let times = kernel_times(g, l, &opts.target);
-    let mut start = vec![0.0f64; times.len() + 1];
-    for (i, t) in times.iter().enumerate() {
-        start[i + 1] = start[i] + t;
-    }
+    let start = kernel_starts(g, l, &opts.target);
     let users = users_of(g);
     let pos = l.positions();
     let outputs = g.outputs();
@@ -821,11 +814,7 @@ mod tests {
         let (out, moved) = copies(&g, &opts).unwrap();
         assert!(!moved.is_empty());
         let l = liveness(&out, opts.fusion);
-        let times = kernel_times(&out, &l, &opts.target);
-        let mut start = vec![0.0f64; times.len() + 1];
-        for (i, t) in times.iter().enumerate() {
-            start[i + 1] = start[i] + t;
-        }
+        let start = kernel_starts(&out, &l, &opts.target);
         // Where each step runs: its position in the program's order.
         let at = |id: NodeId| l.exec_pos[id.index()].expect("a host copy step runs");
         let mut outs: Vec<(usize, u32, u64)> = Vec::new();

@@ -83,6 +83,16 @@ pub fn kernel_times(g: &Graph, l: &Liveness, target: &Target) -> Vec<f64> {
     at
 }
 
+/// When each position's kernel starts, by [`kernel_times`], and after the
+/// last the step's end: position `p`'s kernel runs from `[p]` to `[p + 1]`.
+pub fn kernel_starts(g: &Graph, l: &Liveness, target: &Target) -> Vec<f64> {
+    let mut start = vec![0.0];
+    for t in kernel_times(g, l, target) {
+        start.push(start[start.len() - 1] + t);
+    }
+    start
+}
+
 /// Whether a materialized node is work of its own (not a view, an input, a
 /// pass-through, or a copy to or from the host, which runs on the copy
 /// engines beside the kernels).
