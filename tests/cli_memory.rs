@@ -191,6 +191,38 @@ fn host_offload_on_the_cpu_plugin_is_a_typed_error_and_writes_nothing() {
     assert!(!plot.exists(), "no plot for a plan that was refused");
 }
 
+/// `kiln compile --remat-strategy host-copy` plans for the link
+/// `KILN_HOST_LINK_GBPS` names, as the training loops do: a rate that is not
+/// one is refused by name, and nothing is drawn.
+#[test]
+fn host_copy_reads_the_link_rate_and_refuses_a_bad_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ladder.kiln");
+    std::fs::write(&path, text::print(&ladder())).unwrap();
+    let plot = dir.path().join("live.svg");
+    let run = |gbps: &str| {
+        Command::cargo_bin("kiln")
+            .unwrap()
+            .env("KILN_HOST_LINK_GBPS", gbps)
+            .arg("compile")
+            .arg(&path)
+            .args(["--memory-limit", "50%", "--remat-strategy", "host-copy", "--memory-plot"])
+            .arg(&plot)
+            .output()
+            .unwrap()
+    };
+    for bad in ["abc", "0", "-3"] {
+        let out = run(bad);
+        assert!(!out.status.success(), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("KILN_HOST_LINK_GBPS") && err.contains(bad), "{bad}: {err}");
+        assert!(!plot.exists(), "no plot for a plan that was refused ({bad})");
+    }
+    let out = run("30");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(plot.exists());
+}
+
 /// `kiln profile --max-batch`: each answer fits the device by the model and
 /// in XLA's compiled program, lies on the grid of eighths of a power of two,
 /// and is the model's largest there unless XLA refused that one; every batch

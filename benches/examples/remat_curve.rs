@@ -206,12 +206,7 @@ fn plan_only(cfg: &GptConfig, pcts: &[String]) -> Res<()> {
             .with_host_copies(host_copies_from_env())
             .with_target(kiln::compiler::LowerTarget::Cuda);
         // The link's rate as the timed step reads it (`KILN_HOST_LINK_GBPS`).
-        let opts = match std::env::var("KILN_HOST_LINK_GBPS") {
-            Ok(v) => opts.with_host_link_rate(
-                v.trim().parse::<f64>().map_err(|e| format!("KILN_HOST_LINK_GBPS={v}: {e}"))? * 1e9,
-            ),
-            Err(_) => opts,
-        };
+        let opts = if host_copies_from_env() { opts.with_host_link_rate(kiln::host_link_rate()?) } else { opts };
         let out = run(&graph, &opts, &mut |_, _| {})?;
         let plan = plan_json(&out.stats);
         if let Ok(dir) = std::env::var("REMAT_PLAN_DUMP") {

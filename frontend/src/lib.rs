@@ -52,6 +52,7 @@ pub use memory_limit::{
     activation_budget, capture_graph, check_memory_limit_for_mesh, host_copies, host_offload, loop_kernels,
     memory_limit, set_activation_budget, set_host_copies, set_host_offload, set_loop_kernels, set_memory_limit,
 };
+pub use program::host_link_rate;
 pub use random::manual_seed;
 pub use step::{element_type, lower, lower_with, mark_step, step, LowerOpts, StepReport};
 pub use tensor::Tensor;

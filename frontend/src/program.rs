@@ -170,7 +170,9 @@ fn pipeline_options() -> Result<pipeline::PipelineOptions> {
 /// The host link's rate kiln's host copies are planned for, in bytes per
 /// second each way: `KILN_HOST_LINK_GBPS` (decimal GB/s, above 0) where it
 /// is set, else the compiler's default (`HOST_COPY_LINK_BYTES_PER_SECOND`, 40 GB/s).
-fn host_link_rate() -> Result<f64> {
+/// Read by the training loops' pipeline, `kiln compile` and the benchmarks
+/// alike.
+pub fn host_link_rate() -> Result<f64> {
     const VAR: &str = "KILN_HOST_LINK_GBPS";
     match std::env::var(VAR) {
         Err(_) => Ok(kiln_compiler::memory::HOST_COPY_LINK_BYTES_PER_SECOND),

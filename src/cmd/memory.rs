@@ -150,13 +150,16 @@ pub fn plan_and_compile(
     let opts = RematOptions::for_target(budget, target);
     let fusion = opts.fusion;
     let offload = HostOffload { target };
-    let copies = HostCopies::default();
+    let copies;
     let strategy: &dyn RematStrategy = match args.remat_strategy {
         Strategy::Off => &Off,
         Strategy::Greedy => &Greedy,
         Strategy::Exact => &Exact,
         Strategy::HostOffload => &offload,
-        Strategy::HostCopy => &copies,
+        Strategy::HostCopy => {
+            copies = HostCopies { link_bytes_per_second: kiln::host_link_rate()? };
+            &copies
+        }
     };
     // As the pipeline does under a budget: the backward held to the
     // program's order where the target reorders it, then the strategy.
