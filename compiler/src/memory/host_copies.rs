@@ -273,7 +273,7 @@ fn plan_trips(
         if b.kind != BufferKind::Temp || b.def >= at || b.last_use <= at || b.bytes < min_bytes {
             continue;
         }
-        if outputs.contains(&b.value) {
+        if outputs.contains(&b.value) || one_kernel_over_inputs(g, b.value) {
             continue;
         }
         if let Some(h) = held_value(g, l, &users, &pos, b.value, b.def, b.last_use, at) {
@@ -414,6 +414,30 @@ fn share_stops(trips: &[Trip], at: usize, found: &Found) -> Vec<Trip> {
         }
     }
     out
+}
+
+/// Whether `v` is one kernel's work over the step's inputs: a node whose
+/// operands are parameters, constants or iotas, directly or through views
+/// (a bf16 copy of a weight, an embedding lookup). Such a value is no
+/// candidate for the link: recomputing it reads buffers that live the whole
+/// step and takes microseconds, where its trips out and back take the link's
+/// time from the activations. On the H200 the 50% gpt2-small plan sent ten
+/// weight copies and both embedding lookups first, and XLA's stream waited
+/// 0.18 ms a step in the third block for a copy behind them (docs/memory.md,
+/// "Host copies at a loose budget").
+fn one_kernel_over_inputs(g: &Graph, v: ValueId) -> bool {
+    fn input_or_view(g: &Graph, v: ValueId) -> bool {
+        match &g.node(v.node).op {
+            Op::Parameter { .. } | Op::Constant { .. } | Op::Iota { .. } => true,
+            Op::Reshape { input, .. } | Op::Transpose { input, .. } | Op::BroadcastInDim { input, .. } => {
+                input_or_view(g, *input)
+            }
+            _ => false,
+        }
+    }
+    let op = &g.node(v.node).op;
+    let ins = op.inputs();
+    !ins.is_empty() && ins.iter().all(|&i| input_or_view(g, i))
 }
 
 /// `v` as a candidate, if every read of its buffer is a direct user's, none
@@ -738,6 +762,52 @@ mod tests {
             Literal::from_f64s(DType::F32, [16, 16], &vals).unwrap()
         };
         let inputs = [fresh(0.5), fresh(7.25)];
+        assert_eq!(crate::interpret(&g, &inputs).unwrap(), crate::interpret(&out, &inputs).unwrap(), "seed {seed}");
+    }
+
+    #[test]
+    fn a_kernel_over_the_inputs_stays_for_the_activations() {
+        // `chain`'s layers, the first with the weight `c = exp(p)` of a
+        // parameter `p` (as a bf16 copy of a weight), which the backward's
+        // last GEMM reads again: `c` is written first and held across the
+        // peak, so in write order the link would carry it first. It is one
+        // kernel over a buffer the step keeps anyway, so it is no candidate;
+        // the activations are.
+        let (rows, d) = (16, 16);
+        let mut g = Graph::new();
+        let ty = crate::ir::TensorType::new(DType::F32, [rows, d]);
+        let x = g.parameter(ty.clone());
+        let w = g.parameter(ty.clone());
+        let p = g.parameter(ty);
+        let c = g.value(Op::Unary { op: UnaryOp::Exp, input: p }).unwrap();
+        let dims = crate::ir::DotDims { lhs_contract: vec![1], rhs_contract: vec![0], ..Default::default() };
+        let mut saved = Vec::new();
+        let mut h = x;
+        for layer in 0..4 {
+            let rhs = if layer == 0 { c } else { w };
+            let m = g.value(Op::DotGeneral { lhs: h, rhs, dims: dims.clone() }).unwrap();
+            h = g.value(Op::Unary { op: UnaryOp::Tanh, input: m }).unwrap();
+            saved.push(h);
+        }
+        let mut grad = h;
+        for (k, &a) in saved.iter().enumerate().rev() {
+            let rhs = if k == 0 { c } else { w };
+            let n = g.value(Op::DotGeneral { lhs: grad, rhs, dims: dims.clone() }).unwrap();
+            grad = g.value(Op::Binary { op: crate::ir::BinaryOp::Mul, lhs: n, rhs: a }).unwrap();
+        }
+        g.set_outputs(vec![grad]).unwrap();
+        assert!(one_kernel_over_inputs(&g, c) && !one_kernel_over_inputs(&g, saved[1]));
+        let (out, moved) =
+            copies_of_at_least(&g, &cuda(RematBudget::Bytes(0)), 0, HOST_COPY_LINK_BYTES_PER_SECOND).unwrap();
+        crate::verify(&out).unwrap();
+        assert!(!moved.is_empty() && moved.iter().all(|m| m.value != c && saved.contains(&m.value)), "{moved:?}");
+        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+        let fresh = |salt: f64| {
+            let vals: Vec<f64> =
+                (0..rows * d).map(|i| ((i as f64 + salt) * (1.0 + f64::from(seed % 991))).sin() * 0.4).collect();
+            Literal::from_f64s(DType::F32, [rows, d], &vals).unwrap()
+        };
+        let inputs = [fresh(0.5), fresh(7.25), fresh(3.125)];
         assert_eq!(crate::interpret(&g, &inputs).unwrap(), crate::interpret(&out, &inputs).unwrap(), "seed {seed}");
     }
 
