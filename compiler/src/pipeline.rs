@@ -440,7 +440,9 @@ fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, Com
         ..crate::memory::RematOptions::for_target(budget, o.target)
     };
     let offload = crate::memory::HostOffload { target: o.target };
-    let copies = o.host_copies.map(|link_bytes_per_second| crate::memory::HostCopies { link_bytes_per_second });
+    let copies = o
+        .host_copies
+        .map(|link_bytes_per_second| crate::memory::HostCopies { link_bytes_per_second, ..Default::default() });
     let strategy: &dyn crate::memory::RematStrategy = if let Some(c) = &copies {
         c
     } else if o.host_offload {

@@ -157,7 +157,7 @@ pub fn plan_and_compile(
         Strategy::Exact => &Exact,
         Strategy::HostOffload => &offload,
         Strategy::HostCopy => {
-            copies = HostCopies { link_bytes_per_second: kiln::host_link_rate()? };
+            copies = HostCopies { link_bytes_per_second: kiln::host_link_rate()?, ..HostCopies::default() };
             &copies
         }
     };

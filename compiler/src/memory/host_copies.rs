@@ -16,9 +16,12 @@
 //! - Greedy recomputation plans the step at budgets looser than the asked
 //!   one by up to what the host link can carry before the unplanned peak, in
 //!   [`RUNGS`] steps; beside each plan, [`copies`] moves what the link
-//!   carries; the plan that meets the budget with the least added kernel time
-//!   by the model wins (copies are no kernels in the model), else the lowest
-//!   peak. Greedy at the asked budget, without copies, is one of the plans.
+//!   carries; the plan that meets the budget with the least added time by
+//!   the model wins (the kernels' time, and [`HostCopies::trip_seconds`] a
+//!   copy, [`HOST_COPY_TRIP_SECONDS`] by default), else the lowest peak.
+//!   Greedy at the asked budget, without copies, is one of the plans, and
+//!   wins at loose budgets, where copies save less recomputation than they
+//!   cost.
 //! - [`copies`], on a plan whose peak kernel is at `P`: the candidates are the
 //!   temporaries held across `P` (written before it, read before it and after
 //!   it, not at it), each read only by its own node's users, of at least
@@ -57,8 +60,8 @@
 //! activation memory reads 4.65× less XLA temp at +14.3% to +14.9% of the
 //! unplanned step in three calls and +15.7% in a fourth; in the remat curve
 //! beside JAX, +13.6% to +14.8% in five rows. At 49–50% copies ran slower
-//! than greedy alone ("Host copies at a loose budget"): use them at tight
-//! budgets.
+//! than greedy alone ("Host copies at a loose budget"); priced at
+//! [`HOST_COPY_TRIP_SECONDS`] a trip, the strategy keeps greedy's plan there.
 //!
 //! Invariants: the rewrite computes the same values (every step is the
 //! identity on the value, and barriers are identities); parameters, outputs
@@ -88,6 +91,15 @@ use super::remat::{budget_bytes, finish, Greedy, RematBudget, RematChoice, Remat
 /// "Host copies honest about the link").
 pub const HOST_COPY_LINK_BYTES_PER_SECOND: f64 = 40e9;
 
+/// What one value's trip out and back adds to the step beyond the model's
+/// kernels, in seconds: its four custom calls' launches and waits, and the
+/// fusions XLA splits around them. Measured on the H200 (gpt2-small bf16,
+/// docs/memory.md, "What a copy costs"): with greedy's own ratio of device
+/// to model time at a nearby budget in the same call taken out, the 16
+/// copies of the 22%, 50% and 49% plans ran 22–25, 30 and 41 µs a copy over
+/// their model.
+pub const HOST_COPY_TRIP_SECONDS: f64 = 30e-6;
+
 /// Greedy plans tried beside copies: budgets from the asked one up to the
 /// link's capacity before the unplanned peak above it, in this many equal
 /// steps (plus the asked one).
@@ -104,11 +116,13 @@ pub struct HostCopies {
     /// What one direction of the host link carries while the other carries
     /// as much, in bytes per second.
     pub link_bytes_per_second: f64,
+    /// What a value's trip adds beyond the kernels, in seconds.
+    pub trip_seconds: f64,
 }
 
 impl Default for HostCopies {
     fn default() -> HostCopies {
-        HostCopies { link_bytes_per_second: HOST_COPY_LINK_BYTES_PER_SECOND }
+        HostCopies { link_bytes_per_second: HOST_COPY_LINK_BYTES_PER_SECOND, trip_seconds: HOST_COPY_TRIP_SECONDS }
     }
 }
 
@@ -123,14 +137,7 @@ impl RematStrategy for HostCopies {
         let budget = budget_bytes(opts.budget, &before);
         let link = link_capacity(g, &base, opts, self.link_bytes_per_second);
         let mut best: Option<RematPlan> = None;
-        for k in 0..=RUNGS {
-            let loose = budget.saturating_add(link * k / RUNGS);
-            let greedy = Greedy.plan(g, &opts.with_budget(RematBudget::Bytes(loose)))?;
-            let (graph, moved) =
-                copies_of_at_least(&greedy.graph, opts, MIN_OFFLOAD_BYTES, self.link_bytes_per_second)?;
-            // Judged against the asked budget (`opts`'), not the rung's.
-            let mut plan = finish(self.name(), g, graph, greedy.choices, before, opts);
-            plan.offloaded = moved;
+        let mut consider = |plan: RematPlan, k: u64, loose: u64| {
             let better = match &best {
                 None => true,
                 Some(b) if plan.met != b.met => plan.met,
@@ -148,6 +155,21 @@ impl RematStrategy for HostCopies {
             if better {
                 best = Some(plan);
             }
+        };
+        for k in 0..=RUNGS {
+            let loose = budget.saturating_add(link * k / RUNGS);
+            let greedy = Greedy.plan(g, &opts.with_budget(RematBudget::Bytes(loose)))?;
+            let (graph, moved) =
+                copies_of_at_least(&greedy.graph, opts, MIN_OFFLOAD_BYTES, self.link_bytes_per_second)?;
+            if k == 0 && !moved.is_empty() {
+                // Greedy alone at the asked budget, which copies must beat.
+                consider(finish(self.name(), g, greedy.graph, greedy.choices.clone(), before, opts), k, loose);
+            }
+            // Judged against the asked budget (`opts`'), not the rung's.
+            let mut plan = finish(self.name(), g, graph, greedy.choices, before, opts);
+            plan.extra_seconds += moved.len() as f64 * self.trip_seconds;
+            plan.offloaded = moved;
+            consider(plan, k, loose);
         }
         best.ok_or_else(|| CompileError::Remat { strategy: "host-copy", reason: "no rung was planned".into() })
     }
@@ -910,6 +932,36 @@ mod tests {
             let waited = start[done[&slot]];
             assert!(waited >= link - 1e-12, "slot {slot}: waited at {waited:.6} s, copy ends at {link:.6} s");
         }
+    }
+
+    #[test]
+    fn copies_that_cost_more_than_they_save_leave_greedys_plan() {
+        // Greedy's plan at the asked budget leaves values the link could
+        // carry, but what copies would save in recomputation, at this rung or
+        // a looser one, is less than their trips cost: the strategy keeps
+        // greedy's plan without copies.
+        let g = chain(1024, 4096, 12);
+        let opts = cuda(RematBudget::FractionOfActivations(0.8));
+        let greedy = rematerialize(&g, &Greedy, &opts).unwrap();
+        let (_, would_move) =
+            copies_of_at_least(&greedy.graph, &opts, MIN_OFFLOAD_BYTES, HOST_COPY_LINK_BYTES_PER_SECOND).unwrap();
+        assert!(!would_move.is_empty());
+        let plan = rematerialize(&g, &HostCopies::default(), &opts).unwrap();
+        assert!(plan.met && plan.offloaded.is_empty(), "{} values moved", plan.offloaded.len());
+        assert_eq!(plan.extra_seconds.to_bits(), greedy.extra_seconds.to_bits());
+        assert_eq!(plan.after, greedy.after);
+        assert!(steps(&plan.graph).is_empty());
+        // Where copies win at the default price (0.534 against 0.632 ms by
+        // the model), a dear trip leaves greedy's plan too.
+        let g = chain(512, 8192, 8);
+        let opts = cuda(RematBudget::FractionOfActivations(0.7));
+        let greedy = rematerialize(&g, &Greedy, &opts).unwrap();
+        let cheap = rematerialize(&g, &HostCopies::default(), &opts).unwrap();
+        assert!(!cheap.offloaded.is_empty() && cheap.extra_seconds < greedy.extra_seconds);
+        let dear = HostCopies { trip_seconds: 1.0, ..HostCopies::default() };
+        let plan = rematerialize(&g, &dear, &opts).unwrap();
+        assert!(plan.met && plan.offloaded.is_empty() && steps(&plan.graph).is_empty());
+        assert_eq!(plan.extra_seconds.to_bits(), greedy.extra_seconds.to_bits());
     }
 
     #[test]
