@@ -221,6 +221,12 @@ fn host_copy_reads_the_link_rate_and_refuses_a_bad_one() {
     let out = run("30");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(plot.exists());
+    // The report says what the link carried, or that it carried nothing.
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.contains("offloaded to pinned host memory") || report.contains("no value copied to the host"),
+        "{report}"
+    );
 }
 
 /// `kiln profile --max-batch`: each answer fits the device by the model and

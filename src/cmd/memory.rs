@@ -322,6 +322,14 @@ impl PlanReport {
             let bytes: u64 = p.offloaded.iter().map(|c| c.bytes).sum();
             lines.push(format!("  {} value(s) offloaded to pinned host memory ({})", p.offloaded.len(), mib(bytes)));
         }
+        if p.offloaded.is_empty() && p.strategy == "host-copy" {
+            lines.push(
+                "  no value copied to the host: greedy's plan alone was the strategy's best \
+                 (the least added time by the model, a trip priced at 30 µs, or over the budget \
+                 the lowest peak; docs/memory.md, \"What a copy costs\")"
+                    .into(),
+            );
+        }
         for c in p.offloaded.iter().take(20) {
             lines.push(format!("  offload {} ({}, {})", c.value, c.op, mib(c.bytes)));
         }
