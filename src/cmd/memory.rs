@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use kiln::compiler::ir::Graph;
 use kiln::compiler::memory::{
     fusion_for, liveness, rematerialize, sequence_for, Exact, Greedy, HostCopies, HostOffload, Materialization, Off,
-    PeakMemory, RematBudget, RematOptions, RematPlan, RematStrategy,
+    PeakMemory, RematBudget, RematOptions, RematPlan, RematStrategy, HOST_COPY_TRIP_SECONDS,
 };
 use kiln::compiler::{lower, LowerOptions};
 use kiln::runtime::{Client, CompileOptions, CompiledMemoryStats};
@@ -323,12 +323,12 @@ impl PlanReport {
             lines.push(format!("  {} value(s) offloaded to pinned host memory ({})", p.offloaded.len(), mib(bytes)));
         }
         if p.offloaded.is_empty() && p.strategy == "host-copy" {
-            lines.push(
+            lines.push(format!(
                 "  no value copied to the host: greedy's plan alone was the strategy's best \
-                 (the least added time by the model, a trip priced at 30 µs, or over the budget \
-                 the lowest peak; docs/memory.md, \"What a copy costs\")"
-                    .into(),
-            );
+                 (the least added time by the model, a trip priced at {:.0} µs, or over the budget \
+                 the lowest peak; docs/memory.md, \"What a copy costs\")",
+                HOST_COPY_TRIP_SECONDS * 1e6
+            ));
         }
         for c in p.offloaded.iter().take(20) {
             lines.push(format!("  offload {} ({}, {})", c.value, c.op, mib(c.bytes)));

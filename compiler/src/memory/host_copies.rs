@@ -161,12 +161,14 @@ impl RematStrategy for HostCopies {
             let greedy = Greedy.plan(g, &opts.with_budget(RematBudget::Bytes(loose)))?;
             let (graph, moved) =
                 copies_of_at_least(&greedy.graph, opts, MIN_OFFLOAD_BYTES, self.link_bytes_per_second)?;
+            let choices = greedy.choices.clone();
             if k == 0 && !moved.is_empty() {
-                // Greedy alone at the asked budget, which copies must beat.
-                consider(finish(self.name(), g, greedy.graph, greedy.choices.clone(), before, opts), k, loose);
+                // Greedy alone at the asked budget (the rung's, at `k` 0),
+                // which copies must beat.
+                consider(RematPlan { strategy: self.name(), ..greedy }, k, loose);
             }
             // Judged against the asked budget (`opts`'), not the rung's.
-            let mut plan = finish(self.name(), g, graph, greedy.choices, before, opts);
+            let mut plan = finish(self.name(), g, graph, choices, before, opts);
             plan.extra_seconds += moved.len() as f64 * self.trip_seconds;
             plan.offloaded = moved;
             consider(plan, k, loose);
@@ -756,6 +758,22 @@ mod tests {
             .collect()
     }
 
+    /// `n` fresh `[rows, d]` f32 inputs in (-0.4, 0.4), drawn from the clock,
+    /// and the seed, for the failure message.
+    fn fresh_inputs(n: usize, rows: usize, d: usize) -> (Vec<Literal>, u32) {
+        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+        let salts = [0.5, 7.25, 3.125];
+        let inputs = salts[..n]
+            .iter()
+            .map(|salt| {
+                let vals: Vec<f64> =
+                    (0..rows * d).map(|i| ((i as f64 + salt) * (1.0 + f64::from(seed % 997))).sin() * 0.4).collect();
+                Literal::from_f64s(DType::F32, [rows, d], &vals).unwrap()
+            })
+            .collect();
+        (inputs, seed)
+    }
+
     fn cuda(budget: RematBudget) -> RematOptions<'static> {
         RematOptions::for_target(budget, LowerTarget::Cuda)
     }
@@ -780,13 +798,7 @@ mod tests {
             let mine: Vec<HostCopyStep> = s.iter().filter(|x| x.2 == slot).map(|x| x.1).collect();
             assert_eq!(mine, HostCopyStep::ALL.to_vec(), "slot {slot}");
         }
-        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
-        let fresh = |salt: f64| {
-            let vals: Vec<f64> =
-                (0..256).map(|i| ((i as f64 + salt) * (1.0 + f64::from(seed % 997))).sin() * 0.4).collect();
-            Literal::from_f64s(DType::F32, [16, 16], &vals).unwrap()
-        };
-        let inputs = [fresh(0.5), fresh(7.25)];
+        let (inputs, seed) = fresh_inputs(2, 16, 16);
         assert_eq!(crate::interpret(&g, &inputs).unwrap(), crate::interpret(&out, &inputs).unwrap(), "seed {seed}");
     }
 
@@ -826,13 +838,7 @@ mod tests {
             copies_of_at_least(&g, &cuda(RematBudget::Bytes(0)), 0, HOST_COPY_LINK_BYTES_PER_SECOND).unwrap();
         crate::verify(&out).unwrap();
         assert!(!moved.is_empty() && moved.iter().all(|m| m.value != c && saved.contains(&m.value)), "{moved:?}");
-        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
-        let fresh = |salt: f64| {
-            let vals: Vec<f64> =
-                (0..rows * d).map(|i| ((i as f64 + salt) * (1.0 + f64::from(seed % 991))).sin() * 0.4).collect();
-            Literal::from_f64s(DType::F32, [rows, d], &vals).unwrap()
-        };
-        let inputs = [fresh(0.5), fresh(7.25), fresh(3.125)];
+        let (inputs, seed) = fresh_inputs(3, rows, d);
         assert_eq!(crate::interpret(&g, &inputs).unwrap(), crate::interpret(&out, &inputs).unwrap(), "seed {seed}");
     }
 
