@@ -237,10 +237,10 @@ pub fn op_cost(op: &Op, operands: &[TensorType], outputs: &[TensorType]) -> Node
         // [b, h, t, s] scores stay on chip. The forward runs two matmuls of
         // 2·b·h·t·s·d flops each, the backward five (scores recomputed, dv, dp,
         // dq, dk); a causal mask skips half of them.
-        Op::Attention { q, k, v: _, attrs } | Op::AttentionGrad { q, k, v: _, out: _, stats: _, dout: _, attrs } => {
-            let (qt, kt) = (ty(*q), ty(*k));
-            let (qd, kd) = (qt.shape.dims(), kt.shape.dims());
-            let pairs = (qd[0] * qd[1] * qd[2] * kd[2]) as u64 / if attrs.causal { 2 } else { 1 };
+        Op::Attention { q, v, attrs, .. } | Op::AttentionGrad { q, v, attrs, .. } => {
+            let (qt, vt) = (ty(*q), ty(*v));
+            let (qd, vd) = (qt.shape.dims(), vt.shape.dims());
+            let pairs = (qd[0] * qd[1] * qd[2] * vd[2]) as u64 / if attrs.causal { 2 } else { 1 };
             let matmuls = if matches!(op, Op::Attention { .. }) { 2u64 } else { 5 };
             NodeCost {
                 flops: (matmuls * 2 * qd[3] as u64).saturating_mul(pairs),

@@ -637,9 +637,9 @@ fn attention_case(g: &mut Graph, causal: bool) -> Result<Vec<ValueId>> {
     let ty = t(DType::BF16, &[2, 3, 16, 8]);
     let [q, k, v, dout] = [0; 4].map(|_| g.parameter(ty.clone()));
     let attrs = AttentionAttrs::new(1.0 / 8f64.sqrt(), causal);
-    let a = g.add(Op::Attention { q, k, v, attrs })?;
+    let a = g.add(Op::Attention { q, k, v, bias: vec![], mask: None, attrs })?;
     let (out, stats) = (ValueId::new(a, 0), ValueId::new(a, 1));
-    let gr = g.add(Op::AttentionGrad { q, k, v, out, stats, dout, attrs })?;
+    let gr = g.add(Op::AttentionGrad { q, k, v, bias: vec![], mask: None, out, stats, dout, attrs })?;
     Ok(vec![out, ValueId::new(gr, 0), ValueId::new(gr, 1), ValueId::new(gr, 2)])
 }
 
@@ -659,7 +659,7 @@ fn attention_lowers_per_target() -> Result<()> {
     let mut g = Graph::new();
     let ty = t(DType::F32, &[1, 2, 4, 8]);
     let [q, k, v] = [0; 3].map(|_| g.parameter(ty.clone()));
-    let a = g.add(Op::Attention { q, k, v, attrs: AttentionAttrs::new(0.5, false) })?;
+    let a = g.add(Op::Attention { q, k, v, bias: vec![], mask: None, attrs: AttentionAttrs::new(0.5, false) })?;
     g.set_outputs(vec![ValueId::new(a, 0)])?;
     let text = lower(&g, &LowerOptions { target: LowerTarget::Cuda, ..LowerOptions::default() })?;
     assert!(!text.contains("custom_call"));

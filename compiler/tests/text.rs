@@ -212,9 +212,9 @@ fn composites() -> Graph {
     let [q, k, v, dout] = [0; 4].map(|_| g.parameter(ty.clone()));
     let mut outs = Vec::new();
     for attrs in [AttentionAttrs::new(1.0 / 3f64.sqrt(), true), AttentionAttrs::new(0.125, false)] {
-        let a = g.add(Op::Attention { q, k, v, attrs }).unwrap();
+        let a = g.add(Op::Attention { q, k, v, bias: vec![], mask: None, attrs }).unwrap();
         let (out, stats) = (ValueId::new(a, 0), ValueId::new(a, 1));
-        let gr = g.add(Op::AttentionGrad { q, k, v, out, stats, dout, attrs }).unwrap();
+        let gr = g.add(Op::AttentionGrad { q, k, v, bias: vec![], mask: None, out, stats, dout, attrs }).unwrap();
         outs.extend([out, stats, ValueId::new(gr, 2)]);
     }
     let x = g.parameter(t(DType::F32, &[4, 6]));

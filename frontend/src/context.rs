@@ -30,6 +30,10 @@ pub(crate) struct Context {
     pub trace: Trace,
     pub cache: ProgramCache,
     pub exec: Executor,
+    /// The constants the composite matchers evaluated (masks, scales), kept
+    /// across steps so that `grad`'s search stays O(nodes)
+    /// (`kiln_compiler::composite::consts`).
+    pub consts: kiln_compiler::composite::ConstCache,
 }
 
 thread_local! {
@@ -37,6 +41,7 @@ thread_local! {
         trace: Trace::new(),
         cache: ProgramCache::new(),
         exec: Executor::new(),
+        consts: kiln_compiler::composite::ConstCache::new(),
     });
 }
 

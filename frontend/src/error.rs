@@ -67,6 +67,14 @@ pub enum FrontendError {
     /// nest.
     #[error("{layer}: {source}")]
     InLayer { layer: String, source: Box<FrontendError> },
+    /// An attention mask, bias or key padding mask that does not fit the
+    /// scores `[batch, heads, q_seq, kv_seq]` it applies to.
+    #[error("{op}: {what} {got} {why} (scores {scores})")]
+    AttentionOperand { op: &'static str, what: &'static str, got: Box<TensorType>, scores: Shape, why: String },
+    /// Query heads that the key/value heads do not divide into groups, or
+    /// q, k, v that disagree on batch, length or head size.
+    #[error("{op}: {reason}: q {q}, k {k}, v {v}")]
+    AttentionShapes { op: &'static str, reason: String, q: Box<TensorType>, k: Box<TensorType>, v: Box<TensorType> },
     /// A matrix product whose contracted dimensions differ.
     #[error("{op}: inner dimensions {lhs_inner} and {rhs_inner} differ ({lhs} times {rhs})")]
     InnerDims { op: &'static str, lhs: Shape, rhs: Shape, lhs_inner: usize, rhs_inner: usize },

@@ -16,13 +16,16 @@ pub fn grad(loss: &Tensor, wrt: &[Tensor]) -> Result<Vec<Tensor>> {
     }
     let l = loss.value("grad")?;
     let ws = wrt.iter().map(|t| t.value("grad")).collect::<Result<Vec<_>>>()?;
-    context::with(|c| {
+    let grads = context::with(|c| {
         // The composite rewrite `autodiff::grad` would do, done here so that the
         // trace's running hash hears of it.
-        let found = kiln_compiler::composite::fuse(&mut c.trace.graph)?;
-        c.trace.note_rewrite(&found);
-        let info = crate::autodiff::grad_with_info(&mut c.trace.graph, l, &ws)?;
+        let fused = crate::autodiff::fuse_in(c)?;
+        let info = crate::autodiff::differentiate(&mut c.trace.graph, l, &ws)?;
         c.trace.backward_reads.extend(info.reads);
-        Ok(info.grads.into_iter().map(|v| Tensor::wrap(c.pending(v))).collect())
-    })
+        let grads: Vec<Tensor> = info.grads.into_iter().map(|v| Tensor::wrap(c.pending(v))).collect();
+        Ok::<_, FrontendError>((grads, fused.missed))
+    })?;
+    let (grads, missed) = grads;
+    crate::autodiff::warn_missed(&missed);
+    Ok(grads)
 }

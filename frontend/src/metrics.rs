@@ -56,6 +56,11 @@ pub struct Metrics {
     pub trace_time: Duration,
     pub host_to_device_bytes: u64,
     pub device_to_host_bytes: u64,
+    /// Composites `grad` found in plain ops and rewrote (attention).
+    pub composites_found: u64,
+    /// Candidates `grad` looked at and left plain (each with a reason, in a
+    /// warning and in `kiln compile`).
+    pub composites_missed: u64,
     /// Reads (`to_vec`, `item`) of a value that was still pending, which forced
     /// the step to run early.
     pub forced_syncs: u64,

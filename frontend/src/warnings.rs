@@ -1,6 +1,6 @@
 //! kiln's warnings to the user: a recompile, a forced sync, a run of
 //! recompiles, a captured step that cannot be replayed, donation forced on
-//! with the XLA CPU plugin. They reach the user without any setup.
+//! with the XLA CPU plugin, an attention left plain. They reach the user without any setup.
 //!
 //! Every warning goes to `tracing` (as a `WARN` event, at its call site). When no subscriber
 //! listens for warnings (a library user who installed none), the first
@@ -34,15 +34,20 @@ pub enum Warning {
     /// `KILN_DONATE=1` on the XLA CPU plugin, which has computed wrong values
     /// on donated buffers (`docs/donation.md`).
     DonationOnCpu,
+    /// `grad` found something that looks like a composite (an attention's
+    /// softmax feeding its product) but left it plain, with the reason
+    /// (`docs/composites.md`).
+    CompositeMissed,
 }
 
 impl Warning {
-    const ALL: [Warning; 5] = [
+    const ALL: [Warning; 6] = [
         Warning::Recompile,
         Warning::ForcedSync,
         Warning::RecompileStreak,
         Warning::CaptureUnreplayable,
         Warning::DonationOnCpu,
+        Warning::CompositeMissed,
     ];
 
     fn bit(self) -> u8 {
@@ -52,6 +57,7 @@ impl Warning {
             Warning::RecompileStreak => 4,
             Warning::CaptureUnreplayable => 8,
             Warning::DonationOnCpu => 16,
+            Warning::CompositeMissed => 32,
         }
     }
 
@@ -63,6 +69,7 @@ impl Warning {
             Warning::RecompileStreak => "recompile streak",
             Warning::CaptureUnreplayable => "captured step traced on every call",
             Warning::DonationOnCpu => "donation on the XLA CPU plugin",
+            Warning::CompositeMissed => "composite left plain",
         }
     }
 }

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln::compiler::composite::{self, Decision, Found};
+use kiln::compiler::composite::{self, Decision, Fused};
 use kiln::compiler::cost::{self, GraphCost, Target};
 use kiln::compiler::fusion::FusionPlan;
 use kiln::compiler::pipeline::{self, PipelineOptions, PipelineStats};
@@ -94,8 +94,9 @@ struct Report {
     fusion: FusionPlan,
     /// Op names of each node of the optimized graph (for listing groups).
     op_names: Vec<&'static str>,
-    /// Composites found in the saved graph and the plain nodes each replaced.
-    composites: Vec<Found>,
+    /// Composites found in the saved graph and the plain nodes each replaced,
+    /// and the candidates left plain with the reason.
+    composites: Fused,
     /// Per composite of the optimized graph: fused on the target, or why not.
     decisions: Vec<Decision>,
     cost: GraphCost,
@@ -134,7 +135,8 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     super::check_graph_memory(&graph, path, false)?;
     let mut graph = graph;
     let composites =
-        composite::fuse(&mut graph).with_context(|| format!("finding composites in {}", path.display()))?;
+        composite::fuse(&mut graph, &mut composite::ConstCache::new())
+            .with_context(|| format!("finding composites in {}", path.display()))?;
     // The module is lowered for the plugin it will be compiled by.
     let cuda = match &args.plugin {
         Some(p) => p.to_string_lossy().contains("cuda"),
@@ -356,8 +358,15 @@ impl Report {
         }
         v["composites"] = self
             .composites
+            .found
             .iter()
             .map(|f| json!({"kind": f.kind, "node": f.node.to_string(), "replaced": f.replaced.iter().map(ToString::to_string).collect::<Vec<_>>()}))
+            .collect();
+        v["composites_missed"] = self
+            .composites
+            .missed
+            .iter()
+            .map(|m| json!({"kind": m.kind, "node": m.node.to_string(), "reason": m.reason}))
             .collect();
         v["composite_lowering"] = self
             .decisions
@@ -443,7 +452,10 @@ impl Report {
         if fused > shown {
             lines.push(format!("  ... and {} more fused groups (all in --json)", fused - shown));
         }
-        for f in &self.composites {
+        for m in &self.composites.missed {
+            lines.push(format!("composite {} at {} left plain: {}", m.kind, m.node, m.reason));
+        }
+        for f in &self.composites.found {
             let replaced: Vec<String> = f.replaced.iter().map(ToString::to_string).collect();
             lines.push(format!(
                 "composite {} at {} replaces {} nodes: {}",

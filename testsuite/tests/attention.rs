@@ -27,9 +27,9 @@ fn attention_graph(dtype: DType, dims: [usize; 4], attrs: AttentionAttrs) -> Gra
     let mut g = Graph::new();
     let ty = TensorType::new(dtype, dims.to_vec());
     let [q, k, v, dout] = [0; 4].map(|_| g.parameter(ty.clone()));
-    let a = g.add(Op::Attention { q, k, v, attrs }).unwrap();
+    let a = g.add(Op::Attention { q, k, v, bias: vec![], mask: None, attrs }).unwrap();
     let (out, stats) = (ValueId::new(a, 0), ValueId::new(a, 1));
-    let gr = g.add(Op::AttentionGrad { q, k, v, out, stats, dout, attrs }).unwrap();
+    let gr = g.add(Op::AttentionGrad { q, k, v, bias: vec![], mask: None, out, stats, dout, attrs }).unwrap();
     g.set_outputs(vec![out, stats, ValueId::new(gr, 0), ValueId::new(gr, 1), ValueId::new(gr, 2)]).unwrap();
     g
 }
@@ -156,13 +156,13 @@ fn stack_graph(dims: [usize; 4], layers: usize) -> Graph {
     let mut saved = Vec::new();
     let mut h = x;
     for _ in 0..layers {
-        let a = g.add(Op::Attention { q: h, k: h, v: h, attrs }).unwrap();
+        let a = g.add(Op::Attention { q: h, k: h, v: h, bias: vec![], mask: None, attrs }).unwrap();
         saved.push((h, ValueId::new(a, 0), ValueId::new(a, 1)));
         h = ValueId::new(a, 0);
     }
     let mut d = g.parameter(ty);
     for &(x, out, stats) in saved.iter().rev() {
-        let gr = g.add(Op::AttentionGrad { q: x, k: x, v: x, out, stats, dout: d, attrs }).unwrap();
+        let gr = g.add(Op::AttentionGrad { q: x, k: x, v: x, bias: vec![], mask: None, out, stats, dout: d, attrs }).unwrap();
         let add = kiln::compiler::ir::BinaryOp::Add;
         let s = g.value(Op::Binary { op: add, lhs: ValueId::new(gr, 0), rhs: ValueId::new(gr, 1) }).unwrap();
         d = g.value(Op::Binary { op: add, lhs: s, rhs: ValueId::new(gr, 2) }).unwrap();

@@ -78,7 +78,8 @@ fn unmasked_bf16_dot_general(q: &Tensor, k: &Tensor, v: &Tensor) -> kiln::Result
     s.softmax(-1)?.to_dtype(DType::BF16)?.matmul(&v)?.to_dtype(DType::F32)
 }
 
-/// Near-miss: the mask's comparison flipped (keys after the query are kept).
+/// The mask's comparison flipped (keys after the query are kept): not causal,
+/// but a mask the composite takes as an operand, computing the same.
 fn mask_on_the_wrong_side(q: &Tensor, k: &Tensor, v: &Tensor) -> kiln::Result<Tensor> {
     let keep = Tensor::iota(DType::I32, [T, T], 0)?.le(&Tensor::iota(DType::I32, [T, T], 1)?)?;
     let s = q.matmul(&k.t()?)?.mul_scalar(0.25)?;
@@ -111,7 +112,7 @@ fn run(build: Build, autocast: bool, seed: u64) -> kiln::Result<(Vec<(f64, bool)
     let record = || amp::autocast_if(autocast.then_some(DType::BF16), || build(&q, &k, &v));
     let plain = record()?.to_dtype(DType::F32)?.to_vec::<f32>()?;
     let out = record()?.to_dtype(DType::F32)?;
-    let found = fuse_trace()?;
+    let found = fuse_trace()?.found;
     let fused = out.to_vec::<f32>()?;
     let attrs = found
         .iter()
@@ -124,14 +125,15 @@ fn run(build: Build, autocast: bool, seed: u64) -> kiln::Result<(Vec<(f64, bool)
 }
 
 #[test]
-fn four_spellings_are_found_and_compute_the_same() -> kiln::Result<()> {
+fn six_spellings_are_found_and_compute_the_same() -> kiln::Result<()> {
     let s = seed();
-    let cases: [(&str, Build, bool, f64, bool, f64); 5] = [
+    let cases: [(&str, Build, bool, f64, bool, f64); 6] = [
         ("builtin_as_written f32", builtin_as_written, false, 0.25, true, 1e-5),
         ("builtin_as_written autocast bf16", builtin_as_written, true, 0.25, true, 2e-2),
         ("scale_on_q_additive_mask", scale_on_q_additive_mask, false, 0.25, true, 1e-5),
         ("divided_manual_softmax", divided_manual_softmax, false, 0.25, true, 1e-5),
         ("unmasked_bf16_dot_general", unmasked_bf16_dot_general, false, 0.3, false, 2e-2),
+        ("mask_on_the_wrong_side", mask_on_the_wrong_side, false, 0.25, false, 1e-5),
     ];
     for (name, build, autocast, scale, causal, tol) in cases {
         let (found, err) = run(build, autocast, s)?;
@@ -145,9 +147,7 @@ fn four_spellings_are_found_and_compute_the_same() -> kiln::Result<()> {
 
 #[test]
 fn near_misses_are_not_found() -> kiln::Result<()> {
-    for (name, build) in
-        [("mask_on_the_wrong_side", mask_on_the_wrong_side as Build), ("softmax_over_queries", softmax_over_queries)]
-    {
+    for (name, build) in [("softmax_over_queries", softmax_over_queries as Build)] {
         let (found, err) = run(build, false, seed())?;
         assert!(found.is_empty(), "{name}: wrongly found {found:?}");
         assert_eq!(err, 0.0, "{name}: the trace changed");

@@ -15,8 +15,11 @@
 //! parameters, outputs and aliases.
 
 pub mod attention;
+pub mod consts;
 mod layer_norm;
 mod lm_head;
+
+pub use consts::ConstCache;
 
 use crate::ir::{DType, Graph, NodeId, Op, ValueId};
 use crate::lower::LowerTarget;
@@ -35,16 +38,36 @@ pub struct Found {
     pub replaced: Vec<NodeId>,
 }
 
+/// A candidate [`fuse`] looked at and left plain: the node it would have
+/// replaced, the composite it looked like and why not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Missed {
+    pub kind: &'static str,
+    pub node: NodeId,
+    pub reason: String,
+}
+
+/// What [`fuse`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fused {
+    pub found: Vec<Found>,
+    pub missed: Vec<Missed>,
+}
+
 /// Rewrites every recognised pattern of `g` into its composite, in place.
-pub fn fuse(g: &mut Graph) -> Result<Vec<Found>, CompileError> {
-    let matches = attention::find(g);
-    let mut found = Vec::with_capacity(matches.len());
+/// `cache` remembers the constants the matchers evaluated (keep one per
+/// process: the search then costs O(nodes) per step).
+pub fn fuse(g: &mut Graph, cache: &mut ConstCache) -> Result<Fused, CompileError> {
+    let (matches, missed) = attention::find(g, cache);
+    let mut out = Fused {
+        found: Vec::with_capacity(matches.len()),
+        missed: missed.into_iter().map(|(node, reason)| Missed { kind: "attention", node, reason }).collect(),
+    };
     for m in matches {
-        let op = Op::Attention { q: m.q, k: m.k, v: m.v, attrs: m.attrs };
-        g.replace_op(m.root, op.clone())?;
-        found.push(Found { kind: "attention", node: m.root, op, replaced: m.replaced });
+        g.replace_op(m.root, m.op.clone())?;
+        out.found.push(Found { kind: "attention", node: m.root, op: m.op, replaced: m.replaced });
     }
-    Ok(found)
+    Ok(out)
 }
 
 /// Whether a composite runs fused on the target, and if not, why.
@@ -58,8 +81,9 @@ pub struct Decision {
 
 /// Whether node `id` (a composite) can lower to the target's fused kernel.
 pub fn fusable(g: &Graph, id: NodeId, target: LowerTarget) -> Result<(), String> {
-    let q = match &g.node(id).op {
-        Op::Attention { q, .. } | Op::AttentionGrad { q, .. } => *q,
+    let op = &g.node(id).op;
+    let (q, v, bias, mask) = match op {
+        Op::Attention { q, v, bias, mask, .. } | Op::AttentionGrad { q, v, bias, mask, .. } => (*q, *v, bias, *mask),
         Op::LayerNorm { .. } | Op::LayerNormGrad { .. } => {
             return Err("no fused layer-norm kernel: XLA fuses the expansion".into())
         }
@@ -80,6 +104,22 @@ pub fn fusable(g: &Graph, id: NodeId, target: LowerTarget) -> Result<(), String>
     let d = t.shape.dims()[3];
     if d % 8 != 0 || d > 128 {
         return Err(format!("cuDNN flash attention needs a head size that is a multiple of 8 up to 128, not {d}"));
+    }
+    let (tq, s) = (t.shape.dims()[2], g.ty(v).shape.dims()[2]);
+    let biased = !bias.is_empty() || mask.is_some();
+    if biased && (tq % 2 != 0 || s % 2 != 0) {
+        return Err(format!("cuDNN flash attention with a bias or mask needs even sequence lengths, not {tq} x {s}"));
+    }
+    if let Op::AttentionGrad { .. } = op {
+        let read = |k: usize| g.users(id).iter().any(|&u| g.node(u).op.inputs().contains(&ValueId::new(id, k as u32)));
+        let wants_dbias = (3..3 + bias.len()).any(read) || g.outputs().iter().any(|o| o.node == id && o.output >= 3);
+        let shape = attention::cudnn_bias_shape(g, q, bias, mask);
+        if wants_dbias && shape.as_ref().is_some_and(|s| s[0] != 1 || s[1] != t.shape.dims()[1]) {
+            return Err(format!(
+                "cuDNN returns a bias gradient only for a [1, heads, t, s] bias, not {:?} (bias and mask together)",
+                shape.unwrap_or_default()
+            ));
+        }
     }
     Ok(())
 }
@@ -110,7 +150,9 @@ pub fn is_composite(op: &Op) -> bool {
 /// plain expansion. Returns `g` unchanged (cloned) when there is none.
 pub fn expand(g: &Graph, target: LowerTarget) -> Result<Graph, CompileError> {
     let todo: Vec<bool> = g.nodes().map(|(id, n)| is_composite(&n.op) && fusable(g, id, target).is_err()).collect();
-    if !todo.iter().any(|&t| t) {
+    // Fused attentions are rewritten too, into the cuDNN lowering's form.
+    let fused = g.nodes().any(|(_, n)| matches!(n.op, Op::Attention { .. } | Op::AttentionGrad { .. }));
+    if !todo.iter().any(|&t| t) && !fused {
         return Ok(g.clone());
     }
     let guard = !target.keeps_barriers();
@@ -120,9 +162,22 @@ pub fn expand(g: &Graph, target: LowerTarget) -> Result<Graph, CompileError> {
         let mut o = node.op.clone();
         o.map_inputs(|v| map[v.node.index()][v.output as usize]);
         let values: Vec<ValueId> = match (todo[id.index()], o) {
-            (true, Op::Attention { q, k, v, attrs }) => attention::expand_forward(&mut out, q, k, v, attrs)?.to_vec(),
-            (true, Op::AttentionGrad { q, k, v, out: o, stats, dout, attrs }) => {
-                attention::expand_backward(&mut out, q, k, v, o, stats, dout, attrs, guard)?.to_vec()
+            (true, Op::Attention { q, k, v, bias, mask, attrs }) => {
+                let a = attention::Operands { q, k, v, bias, mask, attrs };
+                attention::expand_forward(&mut out, &a)?.to_vec()
+            }
+            (true, Op::AttentionGrad { q, k, v, bias, mask, out: o, stats, dout, attrs }) => {
+                let a = attention::Operands { q, k, v, bias, mask, attrs };
+                let saved = attention::Saved { out: o, stats, dout };
+                attention::expand_backward(&mut out, &a, saved, guard)?
+            }
+            (false, Op::Attention { q, k, v, bias, mask, attrs }) => {
+                let a = attention::Operands { q, k, v, bias, mask, attrs };
+                attention::prepare_forward(&mut out, &a)?.to_vec()
+            }
+            (false, Op::AttentionGrad { q, k, v, bias, mask, out: o, stats, dout, attrs }) => {
+                let a = attention::Operands { q, k, v, bias, mask, attrs };
+                attention::prepare_backward(&mut out, &a, attention::Saved { out: o, stats, dout })?
             }
             (true, Op::LayerNorm { x, gamma, beta, eps_bits }) => {
                 layer_norm::expand_forward(&mut out, x, gamma, beta, f64::from_bits(eps_bits))?.to_vec()

@@ -240,9 +240,14 @@ pub(crate) fn eval<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'
                 format!("slot {slot}: a copy back is evaluated with its copy out, by `interpret`"),
             )),
         },
-        Op::Attention { q, k, v, attrs } => super::attention::forward(get(*q), get(*k), get(*v), *attrs, outs),
-        Op::AttentionGrad { q, k, v, out, stats, dout, attrs } => {
-            super::attention::backward(get(*q), get(*k), get(*v), get(*out), get(*stats), get(*dout), *attrs, outs)
+        Op::Attention { q, k, v, bias, mask, attrs } => {
+            let bias: Vec<&Literal> = bias.iter().map(|&b| get(b)).collect();
+            super::attention::forward(get(*q), get(*k), get(*v), &bias, mask.map(get), *attrs, outs)
+        }
+        Op::AttentionGrad { q, k, v, bias, mask, out, stats, dout, attrs } => {
+            let bias: Vec<&Literal> = bias.iter().map(|&b| get(b)).collect();
+            let saved = super::attention::Saved { out: get(*out), stats: get(*stats), dout: get(*dout) };
+            super::attention::backward(get(*q), get(*k), get(*v), &bias, mask.map(get), saved, *attrs, outs)
         }
         Op::LayerNorm { x, gamma, beta, eps_bits } => {
             super::layer_norm::forward(get(*x), get(*gamma), get(*beta), f64::from_bits(*eps_bits), outs)

@@ -4,7 +4,7 @@
 //! so a program that gets into a `Graph` lowers to a module XLA accepts; the
 //! errors name the op and the operand types.
 
-use super::{DType, Graph, HostCopyStep, Op, Outputs, RngAlgorithm, Shape, TensorType, UnaryOp, ValueId};
+use super::{AttentionAttrs, DType, Graph, HostCopyStep, Op, Outputs, RngAlgorithm, Shape, TensorType, UnaryOp, ValueId};
 use crate::CompileError;
 
 type Result<T> = std::result::Result<T, CompileError>;
@@ -422,14 +422,16 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
             }
             one(t)
         }
-        Op::Attention { q, k, v, attrs } => {
+        Op::Attention { q, k, v, bias, mask, attrs } => {
             let (q, k, v) = (ty(*q), ty(*k), ty(*v));
-            let stats = check_attention(name, &q, &k, &v, attrs.causal)?;
+            let bias: Vec<TensorType> = bias.iter().map(|&b| ty(b)).collect();
+            let stats = check_attention(name, &q, &k, &v, &bias, mask.map(ty).as_ref(), *attrs)?;
             Ok(smallvec::smallvec![q, stats])
         }
-        Op::AttentionGrad { q, k, v, out, stats, dout, attrs } => {
+        Op::AttentionGrad { q, k, v, bias, mask, out, stats, dout, attrs } => {
             let (q, k, v) = (ty(*q), ty(*k), ty(*v));
-            let want_stats = check_attention(name, &q, &k, &v, attrs.causal)?;
+            let bias: Vec<TensorType> = bias.iter().map(|&b| ty(b)).collect();
+            let want_stats = check_attention(name, &q, &k, &v, &bias, mask.map(ty).as_ref(), *attrs)?;
             for t in [ty(*out), ty(*dout)] {
                 if t != q {
                     return Err(invalid(name, "out and dout must have q's type", vec![q, t]));
@@ -439,7 +441,7 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
             if s != want_stats {
                 return Err(invalid(name, format!("stats must be {want_stats}"), vec![q, s]));
             }
-            Ok(smallvec::smallvec![q, k, v])
+            Ok([q, k, v].into_iter().chain(bias).collect())
         }
         Op::LayerNorm { x, gamma, beta, .. } => {
             let (x, g, b) = (ty(*x), ty(*gamma), ty(*beta));
@@ -530,14 +532,23 @@ fn check_layer_norm(op: &'static str, x: &TensorType, gamma: &TensorType) -> Res
 
 /// Checks attention operands `q: [b, h, t, d]`, `k, v: [b, h, s, d]` of one
 /// float dtype (`t == s` when causal) and returns the statistics' type `[b, h, t]` f32.
+/// The statistics' type of an attention, after checking its operands
+/// (`Op::Attention`'s documentation).
 fn check_attention(
     op: &'static str,
     q: &TensorType,
     k: &TensorType,
     v: &TensorType,
-    causal: bool,
+    bias: &[TensorType],
+    mask: Option<&TensorType>,
+    attrs: AttentionAttrs,
 ) -> Result<TensorType> {
-    let all = || vec![q.clone(), k.clone(), v.clone()];
+    let all = || {
+        let mut all = vec![q.clone(), k.clone(), v.clone()];
+        all.extend(bias.iter().cloned());
+        all.extend(mask.cloned());
+        all
+    };
     if !q.dtype.is_float() {
         return Err(CompileError::UnsupportedDType { op, dtype: q.dtype, expected: "a floating-point type" });
     }
@@ -548,11 +559,32 @@ fn check_attention(
         return Err(invalid(op, "q, k and v must be [batch, heads, seq, head_dim]", all()));
     }
     let (qd, kd, vd) = (q.shape.dims(), k.shape.dims(), v.shape.dims());
-    if kd != vd || qd[0] != kd[0] || qd[1] != kd[1] || qd[3] != kd[3] {
-        return Err(invalid(op, "k and v must be [batch, heads, kv_seq, head_dim] matching q", all()));
+    let (k_seq, k_dim) = if attrs.k_transposed { (kd[3], kd[2]) } else { (kd[2], kd[3]) };
+    if kd[0] != vd[0] || kd[1] != vd[1] || k_seq != vd[2] || k_dim != vd[3] {
+        let layout = if attrs.k_transposed { "[batch, kv_heads, head_dim, kv_seq]" } else { "v's shape" };
+        return Err(invalid(op, format!("k must be {layout} with v [batch, kv_heads, kv_seq, head_dim]"), all()));
     }
-    if causal && qd[2] != kd[2] {
+    if qd[0] != vd[0] || qd[3] != vd[3] {
+        return Err(invalid(op, "q, k and v must share the batch and the head size", all()));
+    }
+    if vd[1] == 0 || qd[1] % vd[1] != 0 {
+        return Err(invalid(op, format!("{} kv heads do not divide {} query heads", vd[1], qd[1]), all()));
+    }
+    if attrs.causal && qd[2] != k_seq {
         return Err(invalid(op, "a causal mask needs as many queries as keys", all()));
+    }
+    let scores = [qd[0], qd[1], qd[2], k_seq];
+    let fits = |t: &TensorType| t.shape.rank() == 4 && t.shape.dims().iter().zip(scores).all(|(&d, s)| d == s || d == 1);
+    for b in bias {
+        if !b.dtype.is_float() || !fits(b) {
+            let want = format!("a bias must be a float [b|1, h|1, t|1, s|1] for scores {scores:?}");
+            return Err(invalid(op, want, all()));
+        }
+    }
+    if let Some(m) = mask {
+        if m.dtype != DType::Pred || !fits(m) {
+            return Err(invalid(op, format!("a mask must be i1 [b|1, h|1, t|1, s|1] for scores {scores:?}"), all()));
+        }
     }
     Ok(TensorType::new(DType::F32, vec![qd[0], qd[1], qd[2]]))
 }

@@ -408,23 +408,83 @@ impl DotDims {
     }
 }
 
-/// Attributes of the attention composite: `softmax(mask(scale · q kᵀ)) v`.
-/// The scale is kept as its f64 bits so the attributes stay hashable and
-/// ordered (two composites with the same scale merge under CSE).
+/// How the query heads of an attention share fewer key/value heads: with
+/// `hq` query and `hkv` key/value heads (`g = hq / hkv`), query head `i` reads
+/// key/value head `i / g` (`Grouped`: grouped-query attention as Llama's
+/// `repeat_kv` and cuDNN spell it, copies made by broadcast + reshape) or
+/// `i % hkv` (`Tiled`: copies made by concatenating the whole set `g` times).
+/// With as many key/value heads as query heads both read head `i`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KvHeads {
+    Grouped,
+    Tiled,
+}
+
+impl KvHeads {
+    /// The key/value head query head `i` reads, of `hkv` among `hq`.
+    pub fn source(self, i: usize, hq: usize, hkv: usize) -> usize {
+        match self {
+            KvHeads::Grouped => i / (hq / hkv),
+            KvHeads::Tiled => i % hkv,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvHeads::Grouped => "grouped",
+            KvHeads::Tiled => "tiled",
+        }
+    }
+}
+
+/// Attributes of the attention composite:
+/// `softmax(mask(scale · q kᵀ + Σ bias)) v` (`docs/composites.md`). Floats are
+/// kept as their f64 bits so the attributes stay hashable and ordered (two
+/// composites with the same attributes merge under CSE).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AttentionAttrs {
     pub scale_bits: u64,
     /// Query `i` sees keys `0..=i` only.
     pub causal: bool,
+    /// The value a score takes where the `mask` operand does not keep it
+    /// (f64 bits; the spelling's own value, `-inf` or a large negative).
+    pub fill_bits: u64,
+    /// The `mask` value that keeps a score (`where(m, s, fill)` keeps where
+    /// `m` is true, `where(m, fill, s)` where it is false).
+    pub keep: bool,
+    /// How query heads read fewer key/value heads.
+    pub kv_heads: KvHeads,
+    /// `k` is given transposed, `[b, hkv, d, s]` (a spelling whose `kᵀ` was
+    /// converted after the transpose: the composite reads it as it is).
+    pub k_transposed: bool,
 }
 
 impl AttentionAttrs {
+    /// Scale and causality; no mask fill (`-inf`), grouped heads, `k` as
+    /// `[b, hkv, s, d]`.
     pub fn new(scale: f64, causal: bool) -> AttentionAttrs {
-        AttentionAttrs { scale_bits: scale.to_bits(), causal }
+        AttentionAttrs {
+            scale_bits: scale.to_bits(),
+            causal,
+            fill_bits: f64::NEG_INFINITY.to_bits(),
+            keep: true,
+            kv_heads: KvHeads::Grouped,
+            k_transposed: false,
+        }
     }
 
     pub fn scale(self) -> f64 {
         f64::from_bits(self.scale_bits)
+    }
+
+    pub fn fill(self) -> f64 {
+        f64::from_bits(self.fill_bits)
+    }
+
+    /// The same attributes with masked scores taking `fill`, kept where the
+    /// mask is `keep`.
+    pub fn with_mask(self, fill: f64, keep: bool) -> AttentionAttrs {
+        AttentionAttrs { fill_bits: fill.to_bits(), keep, ..self }
     }
 }
 
@@ -593,24 +653,36 @@ pub enum Op {
         op: ReduceOp,
         input: ValueId,
     },
-    /// Composite scaled-dot-product attention (`docs/composites.md`). `q: [b, h, t, d]`,
-    /// `k, v: [b, h, s, d]`, one float dtype. Scores and softmax are computed in f32.
-    /// Outputs: `#0` the attention `[b, h, t, d]` in the operands' dtype, `#1` the
-    /// softmax statistics: the log-sum-exp of each row of masked scores, `[b, h, t]` f32.
+    /// Composite scaled-dot-product attention (`docs/composites.md`):
+    /// `q: [b, hq, t, d]`, `k, v: [b, hkv, s, d]` (`k` as `[b, hkv, d, s]`
+    /// when `attrs.k_transposed`), one float dtype, `hkv` dividing `hq`
+    /// (`attrs.kv_heads` says which key/value head each query head reads).
+    /// Scores `scale · q kᵀ` in f32 (f64 for f64 operands) plus every `bias`
+    /// term (a float `[b|1, hq|1, t|1, s|1]`, converted to the scores' type),
+    /// then `attrs.fill` where the pred `mask` (`[b|1, hq|1, t|1, s|1]`) is not
+    /// `attrs.keep`, then `-inf` above the diagonal when causal; softmax over
+    /// the keys. Outputs: `#0` the attention `[b, hq, t, d]` in the operands'
+    /// dtype, `#1` the softmax statistics: the log-sum-exp of each row of
+    /// masked scores, `[b, hq, t]` f32.
     Attention {
         q: ValueId,
         k: ValueId,
         v: ValueId,
+        bias: Vec<ValueId>,
+        mask: Option<ValueId>,
         attrs: AttentionAttrs,
     },
     /// The backward of [`Op::Attention`]: from the forward's operands, its output
     /// `out`, its statistics `stats` and the output's cotangent `dout` (all as the
-    /// forward had them), outputs `#0` dq, `#1` dk, `#2` dv. Reuses `stats` instead
-    /// of the `[b, h, t, s]` probabilities, which never exist whole on a fused target.
+    /// forward had them), outputs `#0` dq, `#1` dk, `#2` dv, then one gradient
+    /// per `bias` term (each of its term's type). Reuses `stats` instead of the
+    /// `[b, h, t, s]` probabilities, which never exist whole on a fused target.
     AttentionGrad {
         q: ValueId,
         k: ValueId,
         v: ValueId,
+        bias: Vec<ValueId>,
+        mask: Option<ValueId>,
         out: ValueId,
         stats: ValueId,
         dout: ValueId,
@@ -756,8 +828,15 @@ impl Op {
             Op::Gather { operand, indices, .. } => smallvec![*operand, *indices],
             Op::ScatterAdd { operand, indices, updates, .. } => smallvec![*operand, *indices, *updates],
             Op::RngBitGenerator { state, .. } => smallvec![*state],
-            Op::Attention { q, k, v, .. } => smallvec![*q, *k, *v],
-            Op::AttentionGrad { q, k, v, out, stats, dout, .. } => smallvec![*q, *k, *v, *out, *stats, *dout],
+            Op::Attention { q, k, v, bias, mask, .. } => {
+                [*q, *k, *v].into_iter().chain(bias.iter().copied()).chain(*mask).collect()
+            }
+            Op::AttentionGrad { q, k, v, bias, mask, out, stats, dout, .. } => [*q, *k, *v]
+                .into_iter()
+                .chain(bias.iter().copied())
+                .chain(*mask)
+                .chain([*out, *stats, *dout])
+                .collect(),
             Op::LayerNorm { x, gamma, beta, .. } => smallvec![*x, *gamma, *beta],
             Op::LayerNormGrad { x, gamma, mean, rstd, dy } => smallvec![*x, *gamma, *mean, *rstd, *dy],
             Op::LmHeadCrossEntropy { h, w, labels, .. } => smallvec![*h, *w, *labels],
@@ -820,13 +899,13 @@ impl Op {
                 *updates = f(*updates);
             }
             Op::RngBitGenerator { state, .. } => *state = f(*state),
-            Op::Attention { q, k, v, .. } => {
-                *q = f(*q);
-                *k = f(*k);
-                *v = f(*v);
+            Op::Attention { q, k, v, bias, mask, .. } => {
+                for x in [q, k, v].into_iter().chain(bias.iter_mut()).chain(mask.as_mut()) {
+                    *x = f(*x);
+                }
             }
-            Op::AttentionGrad { q, k, v, out, stats, dout, .. } => {
-                for x in [q, k, v, out, stats, dout] {
+            Op::AttentionGrad { q, k, v, bias, mask, out, stats, dout, .. } => {
+                for x in [q, k, v].into_iter().chain(bias.iter_mut()).chain(mask.as_mut()).chain([out, stats, dout]) {
                     *x = f(*x);
                 }
             }

@@ -10,10 +10,54 @@
 //! they are. The backward takes q, k, v, the statistics, dout, out (in that
 //! order). Each call also returns a zero-sized u8 workspace, unused.
 
-use crate::ir::{AttentionAttrs, DType, TensorType};
+use crate::ir::{AttentionAttrs, DType, KvHeads, NodeId, TensorType, ValueId};
+use crate::CompileError;
 
-pub(super) const FORWARD: &str = "__cudnn$fmhaSoftmax";
-pub(super) const BACKWARD: &str = "__cudnn$fmhaSoftmaxBackward";
+/// The forward call, with or without a bias operand.
+pub(super) fn forward_target(bias: bool) -> &'static str {
+    if bias {
+        "__cudnn$fmhaScaleBiasSoftmax"
+    } else {
+        "__cudnn$fmhaSoftmax"
+    }
+}
+
+/// The backward call, with or without a bias operand.
+pub(super) fn backward_target(bias: bool) -> &'static str {
+    if bias {
+        "__cudnn$fmhaScaleBiasSoftmaxBackward"
+    } else {
+        "__cudnn$fmhaSoftmaxBackward"
+    }
+}
+
+/// Whether the backward returns the bias's gradient: only for a bias of one
+/// batch entry and every query head (`[1, hq, t, s]`), as JAX asks it.
+pub(super) fn exports_dbias(bias: &TensorType, q_bnth: &TensorType) -> bool {
+    let (b, q) = (bias.shape.dims(), q_bnth.shape.dims());
+    b[0] == 1 && b[1] == q[1]
+}
+
+/// Refuses an attention that `composite::expand` did not put in the form
+/// these calls take: `k` as `[b, hkv, s, d]`, grouped heads, at most one bias
+/// `[b|1, h|1, t, s]` of q's dtype, no mask.
+pub(super) fn check_prepared(
+    id: NodeId,
+    q: &TensorType,
+    v: &TensorType,
+    bias: &[ValueId],
+    mask: Option<ValueId>,
+    attrs: AttentionAttrs,
+) -> Result<(), CompileError> {
+    let tiled = attrs.kv_heads == KvHeads::Tiled && q.shape.dims()[1] != v.shape.dims()[1];
+    if bias.len() > 1 || mask.is_some() || attrs.k_transposed || tiled {
+        return Err(CompileError::Verify {
+            node: id.to_string(),
+            reason: "an attention reached the cuDNN lowering unprepared (composite::expand prepares it)".into(),
+        });
+    }
+    Ok(())
+}
 
 /// `minor_to_major` of a BNTH result stored as BTNH.
 pub(super) const BNTH_AS_BTNH: &str = "dense<[3, 1, 2, 0]> : tensor<4xindex>";

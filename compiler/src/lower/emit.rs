@@ -601,12 +601,14 @@ impl Emitter<'_> {
             }
             // Only composites the target runs fused reach here
             // (`composite::expand` replaced the others by plain ops).
-            Op::Attention { q, k, v, attrs } => {
+            Op::Attention { q, k, v, bias, mask, attrs } => {
+                cudnn::check_prepared(id, self.ty(*q), self.ty(*v), bias, *mask, *attrs)?;
                 let (tq, s) = (self.ty(*q).clone(), self.ty(*k).shape.dims()[2]);
                 let xs = self.transpose_to_btnh(id, &[("q", *q), ("k", *k), ("v", *v)]);
                 let ins: Vec<TensorType> = [*q, *k, *v].iter().map(|&x| cudnn::btnh(self.ty(x))).collect();
-                let split = self.attention_split(&tq);
-                let (xs, ins, tq, outs) = match &split {
+                let bias = bias.first().copied();
+                let split = if bias.is_some() { None } else { self.attention_split(&tq) };
+                let (mut xs, mut ins, tq, outs) = match &split {
                     None => (xs, ins, tq, node.outputs.to_vec()),
                     Some(sp) => (
                         self.enter_region(id, &["q", "k", "v"], &xs, &ins, sp),
@@ -615,11 +617,16 @@ impl Emitter<'_> {
                         vec![sp.bn_shard(&node.outputs[0]), sp.bn_shard(&node.outputs[1])],
                     ),
                 };
+                if let Some(b) = bias {
+                    xs.push(self.name(b));
+                    ins.push(self.ty(b).clone());
+                }
+                let layouts = vec![row_major(4); ins.len()].join(", ");
                 let call = Self::helper(id, "fmha");
                 self.line(format!(
                     "{call}:3 = stablehlo.custom_call @{}({}) {{api_version = 2 : i32, backend_config = \"{}\", {}\
-                     operand_layouts = [{r4}, {r4}, {r4}], result_layouts = [{}, {}, {}]}} : ({}) -> ({}, {}, {})",
-                    cudnn::FORWARD,
+                     operand_layouts = [{layouts}], result_layouts = [{}, {}, {}]}} : ({}) -> ({}, {}, {})",
+                    cudnn::forward_target(bias.is_some()),
                     xs.join(", "),
                     cudnn::backend_config(&tq, s, *attrs, false),
                     manual_results(split.is_some(), 3),
@@ -630,7 +637,6 @@ impl Emitter<'_> {
                     outs[0],
                     outs[1],
                     cudnn::WORKSPACE,
-                    r4 = row_major(4),
                 ));
                 let results: Vec<String> = (0..2).map(|i| format!("{call}#{i}")).collect();
                 self.names[id.index()] = match &split {
@@ -641,8 +647,10 @@ impl Emitter<'_> {
                     }
                 };
             }
-            Op::AttentionGrad { q, k, v, out, stats, dout, attrs } => {
+            Op::AttentionGrad { q, k, v, bias, mask, out, stats, dout, attrs } => {
+                cudnn::check_prepared(id, self.ty(*q), self.ty(*v), bias, *mask, *attrs)?;
                 let (tq, s) = (self.ty(*q).clone(), self.ty(*k).shape.dims()[2]);
+                let bias = bias.first().copied();
                 let mut xs = self.transpose_to_btnh(id, &[("q", *q), ("k", *k), ("v", *v)]);
                 let go = self.transpose_to_btnh(id, &[("dout", *dout), ("out", *out)]);
                 xs.push(self.name(*stats));
@@ -656,9 +664,9 @@ impl Emitter<'_> {
                     bt(self, *dout),
                     bt(self, *out),
                 ];
-                let split = self.attention_split(&tq);
-                let (xs, ins, tq, outs) = match &split {
-                    None => (xs, ins, tq, node.outputs.to_vec()),
+                let split = if bias.is_some() { None } else { self.attention_split(&tq) };
+                let (mut xs, mut ins, tq, mut outs) = match &split {
+                    None => (xs, ins, tq, node.outputs[..3].to_vec()),
                     Some(sp) => {
                         let mut local = self.enter_region(id, &["q", "k", "v"], &xs[..3], &ins[..3], sp);
                         local.push(self.enter_region_as(id, "stats", &xs[3], &ins[3], &sp.bnt, sp.bn_shard(&ins[3])));
@@ -668,32 +676,56 @@ impl Emitter<'_> {
                         (local, lins, sp.bn_shard(&tq), node.outputs.iter().map(|t| sp.bn_shard(t)).collect())
                     }
                 };
+                // cuDNN's operand order: q, k, v, stats, dout, bias, out.
+                let dbias = bias.filter(|&b| cudnn::exports_dbias(self.ty(b), &tq));
+                if let Some(b) = bias {
+                    xs.insert(5, self.name(b));
+                    ins.insert(5, self.ty(b).clone());
+                }
+                let mut result_layouts = vec![cudnn::BNTH_AS_BTNH.to_string(); 3];
+                if let Some(b) = dbias {
+                    outs.push(self.ty(b).clone());
+                    result_layouts.push(row_major(4));
+                }
+                result_layouts.push(row_major(1));
+                let operand_layouts: Vec<String> =
+                    ins.iter().map(|t| if t.shape.rank() == 3 { row_major(3) } else { row_major(4) }).collect();
                 let call = Self::helper(id, "fmha");
+                let n_results = outs.len() + 1;
                 self.line(format!(
-                    "{call}:4 = stablehlo.custom_call @{}({}) {{api_version = 2 : i32, backend_config = \"{}\", {}\
-                     operand_layouts = [{r4}, {r4}, {r4}, {}, {r4}, {r4}], result_layouts = [{b}, {b}, {b}, {}]}} : ({}) -> ({}, {}, {}, {})",
-                    cudnn::BACKWARD,
+                    "{call}:{n_results} = stablehlo.custom_call @{}({}) {{api_version = 2 : i32, backend_config = \"{}\", {}\
+                     operand_layouts = [{}], result_layouts = [{}]}} : ({}) -> ({}, {})",
+                    cudnn::backward_target(bias.is_some()),
                     xs.join(", "),
                     cudnn::backend_config(&tq, s, *attrs, true),
-                    manual_results(split.is_some(), 4),
-                    row_major(3),
-                    row_major(1),
+                    manual_results(split.is_some(), n_results),
+                    operand_layouts.join(", "),
+                    result_layouts.join(", "),
                     join(ins),
-                    outs[0],
-                    outs[1],
-                    outs[2],
+                    join(outs.clone()),
                     cudnn::WORKSPACE,
-                    r4 = row_major(4),
-                    b = cudnn::BNTH_AS_BTNH,
                 ));
-                let results: Vec<String> = (0..3).map(|i| format!("{call}#{i}")).collect();
-                self.names[id.index()] = match &split {
+                let mut results: Vec<String> = (0..3).map(|i| format!("{call}#{i}")).collect();
+                results = match &split {
                     None => results,
                     Some(sp) => {
                         let specs = [sp.bnth.as_str(); 3];
                         self.leave_region(id, &["dq", "dk", "dv"], &results, &outs, &node.outputs, &specs)
                     }
                 };
+                if let Some(b) = bias {
+                    // The bias gradient, or zeros where cuDNN exports none
+                    // (`composite::fusable` makes sure nothing reads them).
+                    let bty = self.ty(b).clone();
+                    if dbias.is_some() {
+                        results.push(format!("{call}#3"));
+                    } else {
+                        let z = Self::helper(id, "no_dbias");
+                        self.line(format!("{z} = stablehlo.constant dense<0.0> : {bty}"));
+                        results.push(z);
+                    }
+                }
+                self.names[id.index()] = results;
             }
             Op::LayerNorm { .. }
             | Op::LayerNormGrad { .. }

@@ -13,7 +13,8 @@ use std::collections::HashMap;
 use half::{bf16, f16};
 
 use crate::ir::{
-    Alias, AttentionAttrs, BinaryOp, CompareDir, DType, DotDims, Graph, HostCopyStep, Literal, MemorySpace, NodeId, Op,
+    Alias, AttentionAttrs, BinaryOp, CompareDir, DType, DotDims, Graph, HostCopyStep, KvHeads, Literal, MemorySpace, NodeId,
+    Op,
     ReduceOp, RngAlgorithm, Shape, TensorType, UnaryOp, ValueId,
 };
 use crate::CompileError;
@@ -286,16 +287,16 @@ impl Parser {
             }
             "attention" => {
                 let [q, k, v] = self.three(c)?;
-                let attrs = attention_attrs(c)?;
-                Op::Attention { q, k, v, attrs }
+                let (bias, mask, attrs) = self.attention_attrs(c)?;
+                Op::Attention { q, k, v, bias, mask, attrs }
             }
             "attention_grad" => {
                 let vs = self.values(c)?;
                 let [q, k, v, out, stats, dout] = vs.as_slice() else {
                     return Err(c.err("`attention_grad` takes q, k, v, out, stats, dout"));
                 };
-                let attrs = attention_attrs(c)?;
-                Op::AttentionGrad { q: *q, k: *k, v: *v, out: *out, stats: *stats, dout: *dout, attrs }
+                let (bias, mask, attrs) = self.attention_attrs(c)?;
+                Op::AttentionGrad { q: *q, k: *k, v: *v, bias, mask, out: *out, stats: *stats, dout: *dout, attrs }
             }
             "layer_norm" => {
                 let [x, gamma, beta] = self.three(c)?;
@@ -394,6 +395,38 @@ impl Parser {
         c.expect(",")?;
         Ok([a, b, self.value(c)?])
     }
+
+    /// `, scale = <f64>, causal = <bool>` of the attention composites, then
+    /// the optional `bias = [..]`, `mask = %m`, `fill = <f64>`, `keep =
+    /// <bool>`, `kv_heads = grouped|tiled`, `k_transposed = <bool>` in that
+    /// order.
+    fn attention_attrs(&self, c: &mut Cursor) -> Result<(Vec<ValueId>, Option<ValueId>, AttentionAttrs)> {
+        let scale = c.comma_attr("scale", float)?;
+        let causal = c.comma_attr("causal", boolean)?;
+        let mut attrs = AttentionAttrs::new(scale, causal);
+        let (mut bias, mut mask) = (Vec::new(), None);
+        let order = ["bias", "mask", "fill", "keep", "kv_heads", "k_transposed"];
+        let mut next = 0;
+        while c.eat(",") {
+            let save = c.pos;
+            let name = c.ident()?;
+            let Some(at) = order.iter().skip(next).position(|&n| n == name).map(|p| p + next) else {
+                c.pos = save;
+                return Err(c.err(format!("unexpected attention attribute `{name}` (in order: {})", order.join(", "))));
+            };
+            next = at + 1;
+            c.expect("=")?;
+            match name {
+                "bias" => bias = c.list(|c| self.value(c))?,
+                "mask" => mask = Some(self.value(c)?),
+                "fill" => attrs.fill_bits = float(c)?.to_bits(),
+                "keep" => attrs.keep = boolean(c)?,
+                "kv_heads" => attrs.kv_heads = c.keyword(&[KvHeads::Grouped, KvHeads::Tiled], KvHeads::name, "kv heads")?,
+                _ => attrs.k_transposed = boolean(c)?,
+            }
+        }
+        Ok((bias, mask, attrs))
+    }
 }
 
 /// The single written type of a one-result op.
@@ -407,12 +440,8 @@ fn float(c: &mut Cursor) -> Result<f64> {
     Ok(value)
 }
 
-/// `, scale = <f64>, causal = <bool>` of the attention composites.
-fn attention_attrs(c: &mut Cursor) -> Result<AttentionAttrs> {
-    let scale = c.comma_attr("scale", float)?;
-    let causal =
-        c.comma_attr("causal", |c| c.keyword(&[true, false], |b| if b { "true" } else { "false" }, "true or false"))?;
-    Ok(AttentionAttrs::new(scale, causal))
+fn boolean(c: &mut Cursor) -> Result<bool> {
+    c.keyword(&[true, false], |b| if b { "true" } else { "false" }, "true or false")
 }
 
 /// `, chunk = C` and an optional `, shards = S` (1 when absent) of the LM-head

@@ -120,11 +120,13 @@ fn write_node(out: &mut impl Write, id: NodeId, node: &Node) -> fmt::Result {
             write!(out, " {} {}, slot = {slot}", step.name(), values(inputs))?
         }
         Op::Whole { input } => write!(out, " {input}")?,
-        Op::Attention { q, k, v, attrs } => {
-            write!(out, " {q}, {k}, {v}, scale = {}, causal = {}", attrs.scale(), attrs.causal)?
+        Op::Attention { q, k, v, bias, mask, attrs } => {
+            write!(out, " {q}, {k}, {v}")?;
+            attention_attrs(out, bias, *mask, *attrs)?
         }
-        Op::AttentionGrad { q, k, v, out: o, stats, dout, attrs } => {
-            write!(out, " {q}, {k}, {v}, {o}, {stats}, {dout}, scale = {}, causal = {}", attrs.scale(), attrs.causal)?
+        Op::AttentionGrad { q, k, v, bias, mask, out: o, stats, dout, attrs } => {
+            write!(out, " {q}, {k}, {v}, {o}, {stats}, {dout}")?;
+            attention_attrs(out, bias, *mask, *attrs)?
         }
         Op::LayerNorm { x, gamma, beta, eps_bits } => {
             write!(out, " {x}, {gamma}, {beta}, eps = {}", f64::from_bits(*eps_bits))?
@@ -255,4 +257,36 @@ fn write_nan(out: &mut impl Write, canonical: bool, bits: u64, hex_digits: usize
     } else {
         write!(out, "0x{bits:0hex_digits$x}")
     }
+}
+
+/// `, scale = S, causal = C`, then what differs from the defaults of
+/// [`AttentionAttrs::new`]: `bias = [..]`, `mask = %m`, `fill`, `keep`,
+/// `kv_heads`, `k_transposed`.
+fn attention_attrs(
+    out: &mut impl Write,
+    bias: &[ValueId],
+    mask: Option<ValueId>,
+    attrs: crate::ir::AttentionAttrs,
+) -> fmt::Result {
+    write!(out, ", scale = {}, causal = {}", attrs.scale(), attrs.causal)?;
+    if !bias.is_empty() {
+        write!(out, ", bias = [{}]", values(bias))?;
+    }
+    if let Some(m) = mask {
+        write!(out, ", mask = {m}")?;
+    }
+    let plain = crate::ir::AttentionAttrs::new(attrs.scale(), attrs.causal);
+    if attrs.fill_bits != plain.fill_bits {
+        write!(out, ", fill = {}", attrs.fill())?;
+    }
+    if attrs.keep != plain.keep {
+        write!(out, ", keep = {}", attrs.keep)?;
+    }
+    if attrs.kv_heads != plain.kv_heads {
+        write!(out, ", kv_heads = {}", attrs.kv_heads.name())?;
+    }
+    if attrs.k_transposed != plain.k_transposed {
+        write!(out, ", k_transposed = {}", attrs.k_transposed)?;
+    }
+    Ok(())
 }

@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use kiln_compiler::ir::{Graph, Literal, Op, ValueId};
 
 use crate::error::{FrontendError, Result};
+use crate::metrics;
 use builder::Builder;
 
 /// Gradients and what the backward pass reads from the forward.
@@ -43,7 +44,17 @@ pub fn grad(g: &mut Graph, loss: ValueId, wrt: &[ValueId]) -> Result<Vec<ValueId
 }
 
 /// Like [`grad`], also reporting the forward values the backward reads.
+/// Attention written with plain ops becomes the composite before the walk,
+/// so its backward is the composite's (`docs/composites.md`).
 pub fn grad_with_info(g: &mut Graph, loss: ValueId, wrt: &[ValueId]) -> Result<GradInfo> {
+    g.check_value("grad", loss)?;
+    kiln_compiler::composite::fuse(g, &mut kiln_compiler::composite::ConstCache::new())?;
+    differentiate(g, loss, wrt)
+}
+
+/// The backward walk of [`grad_with_info`], on a graph whose composites were
+/// already fused.
+pub(crate) fn differentiate(g: &mut Graph, loss: ValueId, wrt: &[ValueId]) -> Result<GradInfo> {
     g.check_value("grad", loss)?;
     for &w in wrt {
         g.check_value("grad", w)?;
@@ -52,9 +63,6 @@ pub fn grad_with_info(g: &mut Graph, loss: ValueId, wrt: &[ValueId]) -> Result<G
     if lt.shape.rank() != 0 || !lt.dtype.is_float() {
         return Err(FrontendError::LossNotScalar { ty: lt });
     }
-    // Attention written with plain ops becomes the composite before the walk,
-    // so its backward is the composite's (`docs/composites.md`).
-    kiln_compiler::composite::fuse(g)?;
     let n = loss.node.index() + 1;
     // Nodes that depend on some wrt value (forward sweep) ...
     let mut depends = vec![false; n];
@@ -126,12 +134,29 @@ pub fn grad_with_info(g: &mut Graph, loss: ValueId, wrt: &[ValueId]) -> Result<G
 /// Applies the composite rewrite `grad` applies ([`kiln_compiler::composite::fuse`])
 /// to the current trace now and returns what it found; for tests and tools that
 /// want to see which attentions were recognised without differentiating.
-pub fn fuse_trace() -> Result<Vec<kiln_compiler::composite::Found>> {
-    crate::context::with(|c| {
-        let found = kiln_compiler::composite::fuse(&mut c.trace.graph)?;
-        c.trace.note_rewrite(&found);
-        Ok(found)
-    })
+pub fn fuse_trace() -> Result<kiln_compiler::composite::Fused> {
+    crate::context::with(fuse_in)
+}
+
+/// The composite rewrite on `c`'s trace, folded into its running hash.
+pub(crate) fn fuse_in(c: &mut crate::context::Context) -> Result<kiln_compiler::composite::Fused> {
+    let fused = kiln_compiler::composite::fuse(&mut c.trace.graph, &mut c.consts)?;
+    c.trace.note_rewrite(&fused.found);
+    metrics::update(|m| {
+        m.composites_found += fused.found.len() as u64;
+        m.composites_missed += fused.missed.len() as u64;
+    });
+    Ok(fused)
+}
+
+/// Tells the user, once per process, of a composite left plain.
+pub(crate) fn warn_missed(missed: &[kiln_compiler::composite::Missed]) {
+    if let Some(m) = missed.first() {
+        let message =
+            || format!("{} at {} left plain: {} ({} such this step)", m.kind, m.node, m.reason, missed.len());
+        tracing::warn!(kind = m.kind, node = %m.node, reason = %m.reason, "composite left plain");
+        crate::warnings::show_once(crate::warnings::Warning::CompositeMissed, message);
+    }
 }
 
 /// The composite ops in the current trace, in node order.

@@ -25,7 +25,8 @@ pub(crate) fn differentiable(op: &Op, pos: usize) -> bool {
         Op::Gather { .. } => pos == 0,
         Op::ScatterAdd { .. } => pos != 1,
         Op::AllReduce { op, .. } => *op == ReduceOp::Sum,
-        Op::Attention { .. } => true,
+        // q, k, v and the bias terms; the mask (a pred, last) has none.
+        Op::Attention { bias, mask, .. } => mask.is_none() || pos < 3 + bias.len(),
         Op::LayerNorm { .. } => true,
         Op::LmHeadCrossEntropy { .. } => pos < 2,
         // Second derivatives of composites are not built.
@@ -315,15 +316,19 @@ pub(crate) fn backward(
             let Some(ct) = ct else { return Ok(out) };
             out.push((0, b.op(Op::AllReduce { op: *r, input: ct })?));
         }
-        Op::Attention { q, k, v, attrs } => {
+        Op::Attention { q, k, v, bias, mask, attrs } => {
             // The backward composite reads the forward's operands, output and
             // softmax statistics (#1), never the probabilities. A cotangent only
             // for the statistics (nothing in kiln reads them) contributes none.
+            // Its outputs are dq, dk, dv and one gradient per bias term, in
+            // the order of the forward's operands.
             let Some(dout) = ct else { return Ok(out) };
             let (q, k, v) = (b.fwd(*q), b.fwd(*k), b.fwd(*v));
+            let bias: Vec<ValueId> = bias.iter().map(|&x| b.fwd(x)).collect();
+            let mask = mask.map(|m| b.fwd(m));
             let o = b.fwd(y);
             let stats = b.fwd(ValueId::new(id, 1));
-            let grad = b.g.add(Op::AttentionGrad { q, k, v, out: o, stats, dout, attrs: *attrs })?;
+            let grad = b.g.add(Op::AttentionGrad { q, k, v, bias, mask, out: o, stats, dout, attrs: *attrs })?;
             for (pos, &w) in wants.iter().enumerate() {
                 if w {
                     out.push((pos, ValueId::new(grad, pos as u32)));

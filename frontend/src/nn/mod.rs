@@ -10,12 +10,14 @@
 //! order; [`ParamSpec::first_draw`] says where each parameter's draws start,
 //! whichever placement made it.
 
+mod attention;
 mod device_init;
 mod init;
 mod module;
 
 use kiln_compiler::ir::{CompareDir, DType, Shape, ValueId};
 
+pub use attention::{attention, scaled_dot_product_attention, AttentionOptions, CausalSelfAttention};
 pub(crate) use device_init::own_full;
 pub use device_init::{init_value, Init, InitForm, InitPlacement, ParamSpec, ENV_INIT_FORM};
 pub use init::HostRng;
@@ -666,107 +668,6 @@ pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> 
     let iota = Tensor::iota(labels.dtype(), [n, classes], 1)?;
     let l = labels.reshape([n, 1])?;
     iota.compare(CompareDir::Eq, &l)?.to_dtype(dtype)
-}
-
-/// Multi-head causal self-attention with a fused qkv projection.
-///
-/// The projection's output features have their own shape, `[3, heads,
-/// head_dim]` (weight `[dim, 3, heads, head_dim]`, bias `[3, heads,
-/// head_dim]`): the row-major values of the flat `[dim, 3·dim]` projection,
-/// so the init draws and the arithmetic are those of the flat one, but the
-/// head axis is a dimension a sharding can name. Tensor parallelism splits
-/// it (`shard::ShardPolicy::TensorParallel`): each device then holds q, k
-/// and v of the same contiguous group of heads, and the attention runs on
-/// its heads with no communication (`docs/sharding.md`).
-#[derive(Clone, Debug)]
-pub struct CausalSelfAttention {
-    pub qkv: Linear,
-    pub proj: Linear,
-    pub heads: usize,
-}
-
-impl CausalSelfAttention {
-    pub fn new(ps: &mut ParamStore, name: &str, dim: usize, heads: usize, std: f64, proj_std: f64) -> Result<Self> {
-        if dim % heads != 0 {
-            return Err(FrontendError::HyperParameter {
-                op: "attention",
-                name: "heads",
-                value: heads as f64,
-                expected: "a divisor of the model width",
-            });
-        }
-        Ok(CausalSelfAttention {
-            qkv: Linear::new_normal_shaped(ps, &format!("{name}.qkv"), dim, &[3, heads, dim / heads], std)?,
-            proj: Linear::new_normal(ps, &format!("{name}.proj"), dim, dim, proj_std)?,
-            heads,
-        })
-    }
-
-    /// `x: [batch, seq, dim]`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let _layer = scope::enter_owner_of(&self.qkv.weight, 2);
-        scoped(|| Module::describe(self), || self.forward_unscoped(x))
-    }
-
-    fn forward_unscoped(&self, x: &Tensor) -> Result<Tensor> {
-        if x.rank() != 3 {
-            return Err(FrontendError::Rank { op: "attention", expected: 3, got: x.ty().clone() });
-        }
-        let (b, t, d) = (x.dims()[0], x.dims()[1], x.dims()[2]);
-        let (h, hd) = (self.heads, d / self.heads);
-        // q, k, v are sliced out of `[b, t, 3, h, hd]` on the `3` axis and only
-        // then permuted to `[b, h, t, hd]`: the backward then pads dq, dk, dv
-        // into the projection's gradient in its own `[b, t, 3, h, hd]` order
-        // (one elementwise pass, which XLA fuses with the qkv bias reduction),
-        // and on CUDA the permute cancels against the BTNH layout of the cuDNN
-        // call. Slicing on a leading `3` axis instead cost a transpose of the
-        // whole gradient plus a separate bias reduction per layer
-        // (`docs/composites.md`).
-        // The projection gives `[b, t, 3, h, hd]` itself (a flat `[dim,
-        // 3·dim]` Linear put in the public field by hand is reshaped).
-        let qkv = self.qkv.forward(x)?;
-        let qkv = if qkv.dims() == [b, t, 3, h, hd] { qkv } else { qkv.reshape([b, t, 3, h, hd])? };
-        let pick = |i: usize| qkv.narrow(2, i, 1)?.reshape([b, t, h, hd])?.permute(vec![0, 2, 1, 3]);
-        let (q, k, v) = (pick(0)?, pick(1)?, pick(2)?);
-        let y = scaled_dot_product_attention(&q, &k, &v, true)?.permute(vec![0, 2, 1, 3])?.reshape([b, t, d])?;
-        self.proj.forward(&y)
-    }
-}
-
-impl Module for CausalSelfAttention {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        CausalSelfAttention::forward(self, x)
-    }
-    fn describe(&self) -> String {
-        format!("CausalSelfAttention({}, {} heads)", self.proj.weight.dims()[1], self.heads)
-    }
-    fn children(&self) -> Vec<&dyn Module> {
-        vec![&self.qkv, &self.proj]
-    }
-}
-
-/// `softmax(mask(q kᵀ / sqrt(head_dim))) v` for `q: [batch, heads, seq, head_dim]`
-/// and `k, v: [batch, heads, kv_seq, head_dim]`, recorded as one attention
-/// composite (`docs/composites.md`): scores and softmax in f32, operands and
-/// result in the autocast dtype inside a scope (else q's dtype). With `causal`,
-/// query `i` sees keys `0..=i`. On CUDA with bf16/f16 it runs as cuDNN flash
-/// attention, elsewhere as plain ops; the backward reuses the softmax statistics.
-pub fn scaled_dot_product_attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor> {
-    if q.rank() != 4 {
-        return Err(FrontendError::OperandRank {
-            op: "scaled_dot_product_attention",
-            what: "q",
-            got: q.ty().clone(),
-            expected: 4,
-            layout: "[batch, heads, seq, head_dim]",
-        });
-    }
-    let dtype = amp::compute_dtype(q.dtype());
-    let (q, k, v) = (q.to_dtype(dtype)?, k.to_dtype(dtype)?, v.to_dtype(dtype)?);
-    let scale = 1.0 / (q.dims()[3] as f64).sqrt();
-    let attrs = kiln_compiler::ir::AttentionAttrs::new(scale, causal);
-    let (q, k, v) = (q.value("attention")?, k.value("attention")?, v.value("attention")?);
-    crate::context::with(|c| c.push(kiln_compiler::ir::Op::Attention { q, k, v, attrs })).map(Tensor::wrap)
 }
 
 /// Two-layer perceptron block with GELU: `dim -> hidden -> dim`.
