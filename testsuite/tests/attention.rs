@@ -162,7 +162,9 @@ fn stack_graph(dims: [usize; 4], layers: usize) -> Graph {
     }
     let mut d = g.parameter(ty);
     for &(x, out, stats) in saved.iter().rev() {
-        let gr = g.add(Op::AttentionGrad { q: x, k: x, v: x, bias: vec![], mask: None, out, stats, dout: d, attrs }).unwrap();
+        let gr = g
+            .add(Op::AttentionGrad { q: x, k: x, v: x, bias: vec![], mask: None, out, stats, dout: d, attrs })
+            .unwrap();
         let add = kiln::compiler::ir::BinaryOp::Add;
         let s = g.value(Op::Binary { op: add, lhs: ValueId::new(gr, 0), rhs: ValueId::new(gr, 1) }).unwrap();
         d = g.value(Op::Binary { op: add, lhs: s, rhs: ValueId::new(gr, 2) }).unwrap();

@@ -154,7 +154,13 @@ fn every_variant_matches_its_expansion_on_the_interpreter_and_xla() {
         let input = inputs(&g, keep(&x), &mut rng);
         let plain = composite::expand(&g, LowerTarget::Cpu).unwrap();
         assert!(plain.nodes().all(|(_, n)| !composite::is_composite(&n.op)), "{}: expanded", x.name);
-        close(&format!("{} f64 expansion", x.name), &interpret(&plain, &input).unwrap(), &interpret(&g, &input).unwrap(), 1e-10, s);
+        close(
+            &format!("{} f64 expansion", x.name),
+            &interpret(&plain, &input).unwrap(),
+            &interpret(&g, &input).unwrap(),
+            1e-10,
+            s,
+        );
 
         let g = graph(DType::F32, &x, scale);
         let input = inputs(&g, keep(&x), &mut rng);
@@ -196,7 +202,12 @@ fn reference_gradients_match_finite_differences() {
                 let numeric = (forward_loss(&g, &plus, &w) - forward_loss(&g, &minus, &w)) / (2.0 * h);
                 let got = analytic[2 + i].to_f64s()[at];
                 let err = (got - numeric).abs() / numeric.abs().max(1.0);
-                assert!(err < 1e-6, "{}: d{} [{at}] = {got}, finite difference {numeric} (seed {s})", x.name, ["q", "k", "v", "bias0", "bias1"][i]);
+                assert!(
+                    err < 1e-6,
+                    "{}: d{} [{at}] = {got}, finite difference {numeric} (seed {s})",
+                    x.name,
+                    ["q", "k", "v", "bias0", "bias1"][i]
+                );
             }
         }
     }

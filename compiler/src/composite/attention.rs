@@ -202,7 +202,10 @@ fn leads_to_scores(g: &Graph, x: ValueId, depth: usize) -> bool {
     }
     match op(g, x) {
         Op::DotGeneral { dims, .. } => {
-            dims.lhs_batch == [0, 1] && dims.rhs_batch == [0, 1] && dims.lhs_contract == [3] && g.ty(x).shape.rank() == 4
+            dims.lhs_batch == [0, 1]
+                && dims.rhs_batch == [0, 1]
+                && dims.lhs_contract == [3]
+                && g.ty(x).shape.rank() == 4
         }
         Op::Convert { input, .. } => leads_to_scores(g, *input, depth - 1),
         Op::Binary { op: BinaryOp::Mul | BinaryOp::Div | BinaryOp::Add, lhs, rhs } => {
@@ -275,12 +278,23 @@ fn read_select(
         (Some(c), _) if c <= MASKED => (*on_false, false, c),
         _ => return Err("a select on the scores that does not mask with a large negative constant".into()),
     };
-    // A constant causal table becomes `causal`; `and` splits into its parts.
+    // A constant causal table becomes `causal`; `and` (behind broadcasts over
+    // size-1 dimensions) splits into its parts.
     let mut parts = vec![*pred];
-    if let Op::Binary { op: BinaryOp::And, lhs, rhs } = op(g, *pred) {
+    let mut p = *pred;
+    let mut chain = Vec::new();
+    while let Op::BroadcastInDim { input, dims, .. } = op(g, p) {
+        if dims != &[0, 1, 2, 3] {
+            break;
+        }
+        chain.push(p.node);
+        p = *input;
+    }
+    if let Op::Binary { op: BinaryOp::And, lhs, rhs } = op(g, p) {
         if keep {
             parts = vec![*lhs, *rhs];
-            inner.push(pred.node);
+            chain.push(p.node);
+            inner.extend(chain);
         }
     }
     let mut data = Vec::new();
@@ -540,11 +554,8 @@ impl Expander<'_> {
     /// a transposed k turned back).
     fn keys(&mut self, a: &Operands) -> Result<ValueId, CompileError> {
         let hq = self.g.ty(a.q).shape.dims()[1];
-        let k = if a.attrs.k_transposed {
-            self.add(Op::Transpose { input: a.k, perm: vec![0, 1, 3, 2] })?
-        } else {
-            a.k
-        };
+        let k =
+            if a.attrs.k_transposed { self.add(Op::Transpose { input: a.k, perm: vec![0, 1, 3, 2] })? } else { a.k };
         self.repeat_heads(k, hq, a.attrs.kv_heads)
     }
 
@@ -745,7 +756,9 @@ fn minimal(g: &mut Graph, x: ValueId) -> Result<ValueId, CompileError> {
     if g.ty(x).shape.dims() == m {
         return Ok(x);
     }
-    let Op::BroadcastInDim { input, dims, .. } = op(g, x).clone() else { unreachable!("a smaller shape is a broadcast's") };
+    let Op::BroadcastInDim { input, dims, .. } = op(g, x).clone() else {
+        unreachable!("a smaller shape is a broadcast's")
+    };
     if g.ty(input).shape.dims() == m {
         return Ok(input);
     }

@@ -4,7 +4,9 @@
 //! so a program that gets into a `Graph` lowers to a module XLA accepts; the
 //! errors name the op and the operand types.
 
-use super::{AttentionAttrs, DType, Graph, HostCopyStep, Op, Outputs, RngAlgorithm, Shape, TensorType, UnaryOp, ValueId};
+use super::{
+    AttentionAttrs, DType, Graph, HostCopyStep, Op, Outputs, RngAlgorithm, Shape, TensorType, UnaryOp, ValueId,
+};
 use crate::CompileError;
 
 type Result<T> = std::result::Result<T, CompileError>;
@@ -574,7 +576,8 @@ fn check_attention(
         return Err(invalid(op, "a causal mask needs as many queries as keys", all()));
     }
     let scores = [qd[0], qd[1], qd[2], k_seq];
-    let fits = |t: &TensorType| t.shape.rank() == 4 && t.shape.dims().iter().zip(scores).all(|(&d, s)| d == s || d == 1);
+    let fits =
+        |t: &TensorType| t.shape.rank() == 4 && t.shape.dims().iter().zip(scores).all(|(&d, s)| d == s || d == 1);
     for b in bias {
         if !b.dtype.is_float() || !fits(b) {
             let want = format!("a bias must be a float [b|1, h|1, t|1, s|1] for scores {scores:?}");

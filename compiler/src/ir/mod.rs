@@ -12,6 +12,7 @@ pub use dtype::DType;
 pub use graph::{Alias, Graph, Node, NodeId, Outputs, ValueId};
 pub use literal::{bf16_from_f64, decode, f16_from_f64, Literal};
 pub use op::{
-    AttentionAttrs, BinaryOp, CompareDir, DotDims, HostCopyStep, KvHeads, MemorySpace, Op, ReduceOp, RngAlgorithm, UnaryOp,
+    AttentionAttrs, BinaryOp, CompareDir, DotDims, HostCopyStep, KvHeads, MemorySpace, Op, ReduceOp, RngAlgorithm,
+    UnaryOp,
 };
 pub use shape::{Dims, Shape, TensorType};

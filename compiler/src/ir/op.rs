@@ -831,12 +831,9 @@ impl Op {
             Op::Attention { q, k, v, bias, mask, .. } => {
                 [*q, *k, *v].into_iter().chain(bias.iter().copied()).chain(*mask).collect()
             }
-            Op::AttentionGrad { q, k, v, bias, mask, out, stats, dout, .. } => [*q, *k, *v]
-                .into_iter()
-                .chain(bias.iter().copied())
-                .chain(*mask)
-                .chain([*out, *stats, *dout])
-                .collect(),
+            Op::AttentionGrad { q, k, v, bias, mask, out, stats, dout, .. } => {
+                [*q, *k, *v].into_iter().chain(bias.iter().copied()).chain(*mask).chain([*out, *stats, *dout]).collect()
+            }
             Op::LayerNorm { x, gamma, beta, .. } => smallvec![*x, *gamma, *beta],
             Op::LayerNormGrad { x, gamma, mean, rstd, dy } => smallvec![*x, *gamma, *mean, *rstd, *dy],
             Op::LmHeadCrossEntropy { h, w, labels, .. } => smallvec![*h, *w, *labels],

@@ -252,7 +252,9 @@ mod tests {
         let mut g = Graph::new();
         let t = TensorType::new(DType::BF16, [8, 12, 1024, 64]);
         let (q, k, v) = (g.parameter(t.clone()), g.parameter(t.clone()), g.parameter(t));
-        let a = g.add(Op::Attention { q, k, v, bias: vec![], mask: None, attrs: AttentionAttrs::new(0.125, true) }).unwrap();
+        let a = g
+            .add(Op::Attention { q, k, v, bias: vec![], mask: None, attrs: AttentionAttrs::new(0.125, true) })
+            .unwrap();
         g.set_outputs(vec![crate::ir::ValueId::new(a, 0)]).unwrap();
         let flops = 2.0 * 2.0 * 64.0 * (8.0 * 12.0 * 1024.0 * 1024.0 / 2.0);
         let s = seconds(&g, &EveryNodeAKernel);

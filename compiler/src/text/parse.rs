@@ -13,9 +13,8 @@ use std::collections::HashMap;
 use half::{bf16, f16};
 
 use crate::ir::{
-    Alias, AttentionAttrs, BinaryOp, CompareDir, DType, DotDims, Graph, HostCopyStep, KvHeads, Literal, MemorySpace, NodeId,
-    Op,
-    ReduceOp, RngAlgorithm, Shape, TensorType, UnaryOp, ValueId,
+    Alias, AttentionAttrs, BinaryOp, CompareDir, DType, DotDims, Graph, HostCopyStep, KvHeads, Literal, MemorySpace,
+    NodeId, Op, ReduceOp, RngAlgorithm, Shape, TensorType, UnaryOp, ValueId,
 };
 use crate::CompileError;
 
@@ -421,7 +420,9 @@ impl Parser {
                 "mask" => mask = Some(self.value(c)?),
                 "fill" => attrs.fill_bits = float(c)?.to_bits(),
                 "keep" => attrs.keep = boolean(c)?,
-                "kv_heads" => attrs.kv_heads = c.keyword(&[KvHeads::Grouped, KvHeads::Tiled], KvHeads::name, "kv heads")?,
+                "kv_heads" => {
+                    attrs.kv_heads = c.keyword(&[KvHeads::Grouped, KvHeads::Tiled], KvHeads::name, "kv heads")?
+                }
                 _ => attrs.k_transposed = boolean(c)?,
             }
         }

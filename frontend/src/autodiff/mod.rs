@@ -152,8 +152,7 @@ pub(crate) fn fuse_in(c: &mut crate::context::Context) -> Result<kiln_compiler::
 /// Tells the user, once per process, of a composite left plain.
 pub(crate) fn warn_missed(missed: &[kiln_compiler::composite::Missed]) {
     if let Some(m) = missed.first() {
-        let message =
-            || format!("{} at {} left plain: {} ({} such this step)", m.kind, m.node, m.reason, missed.len());
+        let message = || format!("{} at {} left plain: {} ({} such this step)", m.kind, m.node, m.reason, missed.len());
         tracing::warn!(kind = m.kind, node = %m.node, reason = %m.reason, "composite left plain");
         crate::warnings::show_once(crate::warnings::Warning::CompositeMissed, message);
     }

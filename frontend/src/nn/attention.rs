@@ -79,7 +79,13 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: AttentionOptions<'_>)
             fits_scores(op, "bias", b, &scores)?;
             if !b.dtype().is_float() {
                 let why = "must be floating point".to_string();
-                return Err(FrontendError::AttentionOperand { op, what: "bias", got: Box::new(b.ty().clone()), scores, why });
+                return Err(FrontendError::AttentionOperand {
+                    op,
+                    what: "bias",
+                    got: Box::new(b.ty().clone()),
+                    scores,
+                    why,
+                });
             }
             vec![b.value(op)?]
         }
@@ -138,11 +144,8 @@ fn attention_mask(opts: AttentionOptions<'_>, scores: &Shape) -> Result<Option<T
         let got = Box::new(kpm.ty().clone());
         return Err(FrontendError::AttentionOperand { op, what: "key_padding_mask", got, scores: scores.clone(), why });
     }
-    let keep = if kpm.dtype() == DType::Pred {
-        kpm.clone()
-    } else {
-        kpm.ne(&Tensor::zeros(kpm.dtype(), Shape::scalar())?)?
-    };
+    let keep =
+        if kpm.dtype() == DType::Pred { kpm.clone() } else { kpm.ne(&Tensor::zeros(kpm.dtype(), Shape::scalar())?)? };
     let keep = keep.reshape([b, 1, 1, s])?;
     Ok(Some(match mask {
         None => keep,
