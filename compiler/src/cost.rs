@@ -284,7 +284,7 @@ pub fn op_cost(op: &Op, operands: &[TensorType], outputs: &[TensorType]) -> Node
                 ..NodeCost::free()
             }
         }
-        Op::LayerNorm { x, .. } | Op::LayerNormGrad { x, .. } => {
+        Op::LayerNorm { x, .. } | Op::LayerNormGrad { x, .. } | Op::RmsNorm { x, .. } | Op::RmsNormGrad { x, .. } => {
             let t = ty(*x);
             let rows = t.shape.dims()[..t.shape.rank().saturating_sub(1)].iter().product::<usize>() as u64;
             NodeCost {

@@ -69,6 +69,8 @@ pub fn kind(op: &Op) -> FusionKind {
         | Op::AttentionGrad { .. }
         | Op::LayerNorm { .. }
         | Op::LayerNormGrad { .. }
+        | Op::RmsNorm { .. }
+        | Op::RmsNormGrad { .. }
         | Op::LmHeadCrossEntropy { .. }
         | Op::LmHeadCrossEntropyGrad { .. }
         | Op::LmHeadCrossEntropyFused { .. } => FusionKind::Opaque,

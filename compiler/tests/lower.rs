@@ -320,9 +320,11 @@ fn variant(op: &Op) -> usize {
         Op::Place { .. } => 31,
         Op::Whole { .. } => 32,
         Op::HostCopy { .. } => 33,
+        Op::RmsNorm { .. } => 34,
+        Op::RmsNormGrad { .. } => 35,
     }
 }
-const VARIANTS: usize = 34;
+const VARIANTS: usize = 36;
 
 type Build = Box<dyn Fn(&mut Graph) -> Result<Vec<ValueId>>>;
 
@@ -600,6 +602,18 @@ fn op_cases() -> Vec<(String, usize, Build)> {
             let (mean, rstd) = (ValueId::new(ln, 1), ValueId::new(ln, 2));
             let lg = g.add(Op::LayerNormGrad { x, gamma: gb, mean, rstd, dy: ValueId::new(ln, 0) })?;
             Ok(vec![ValueId::new(ln, 0), ValueId::new(lg, 0), ValueId::new(lg, 1), ValueId::new(lg, 2)])
+        }),
+    );
+    add(
+        "rms_norm".to_string(),
+        1,
+        Box::new(|g| {
+            let x = g.parameter(t(DType::BF16, &[2, 3, 8]));
+            let gamma = g.parameter(t(DType::BF16, &[8]));
+            let n = g.add(Op::RmsNorm { x, gamma, eps_bits: 1e-6f64.to_bits() })?;
+            let rstd = ValueId::new(n, 1);
+            let ng = g.add(Op::RmsNormGrad { x, gamma, rstd, dy: ValueId::new(n, 0) })?;
+            Ok(vec![ValueId::new(n, 0), ValueId::new(ng, 0), ValueId::new(ng, 1)])
         }),
     );
     add(

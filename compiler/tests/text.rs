@@ -132,9 +132,11 @@ fn variant(op: &Op) -> usize {
         Op::Place { .. } => 31,
         Op::Whole { .. } => 32,
         Op::HostCopy { .. } => 33,
+        Op::RmsNorm { .. } => 34,
+        Op::RmsNormGrad { .. } => 35,
     }
 }
-const VARIANTS: usize = 34;
+const VARIANTS: usize = 36;
 
 /// A graph with every `Op` variant and every unary, binary, compare and reduce op.
 fn every_op() -> Graph {
@@ -223,6 +225,9 @@ fn composites() -> Graph {
     let (mean, rstd) = (ValueId::new(ln, 1), ValueId::new(ln, 2));
     let lg = g.add(Op::LayerNormGrad { x, gamma: gb, mean, rstd, dy: ValueId::new(ln, 0) }).unwrap();
     outs.extend([ValueId::new(lg, 0), ValueId::new(lg, 1)]);
+    let rn = g.add(Op::RmsNorm { x, gamma: gb, eps_bits: 1e-6f64.to_bits() }).unwrap();
+    let rg = g.add(Op::RmsNormGrad { x, gamma: gb, rstd: ValueId::new(rn, 1), dy: ValueId::new(rn, 0) }).unwrap();
+    outs.extend([ValueId::new(rn, 0), ValueId::new(rg, 1)]);
     let h = g.parameter(t(DType::BF16, &[6, 4]));
     let w = g.parameter(t(DType::BF16, &[10, 4]));
     let labels = g.parameter(t(DType::I32, &[6]));
@@ -251,6 +256,23 @@ fn composites() -> Graph {
         .add(Op::HostCopy { inputs: vec![ValueId::new(back, 0), gb], step: HostCopyStep::InDone, slot: 7, ty })
         .unwrap();
     outs.push(ValueId::new(arrived, 0));
+    // The general attention: grouped heads read tiled, k transposed, two
+    // bias terms, a mask that drops where true with its own fill.
+    let q = g.parameter(t(DType::F32, &[2, 4, 3, 8]));
+    let kt = g.parameter(t(DType::F32, &[2, 2, 8, 5]));
+    let v = g.parameter(t(DType::F32, &[2, 2, 5, 8]));
+    let rel = g.parameter(t(DType::F32, &[1, 4, 3, 5]));
+    let pad = g.parameter(t(DType::F32, &[2, 1, 1, 5]));
+    let mask = g.parameter(t(DType::Pred, &[2, 1, 3, 5]));
+    let dout = g.parameter(t(DType::F32, &[2, 4, 3, 8]));
+    let mut attrs = AttentionAttrs::new(0.3, false).with_mask(-1e9, false);
+    attrs.kv_heads = kiln_compiler::ir::KvHeads::Tiled;
+    attrs.k_transposed = true;
+    let bias = vec![rel, pad];
+    let a = g.add(Op::Attention { q, k: kt, v, bias: bias.clone(), mask: Some(mask), attrs }).unwrap();
+    let (out, stats) = (ValueId::new(a, 0), ValueId::new(a, 1));
+    let gr = g.add(Op::AttentionGrad { q, k: kt, v, bias, mask: Some(mask), out, stats, dout, attrs }).unwrap();
+    outs.extend([out, ValueId::new(gr, 1), ValueId::new(gr, 3), ValueId::new(gr, 4)]);
     g.set_outputs(outs).unwrap();
     g
 }

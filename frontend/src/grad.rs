@@ -16,10 +16,11 @@ pub fn grad(loss: &Tensor, wrt: &[Tensor]) -> Result<Vec<Tensor>> {
     }
     let l = loss.value("grad")?;
     let ws = wrt.iter().map(|t| t.value("grad")).collect::<Result<Vec<_>>>()?;
+    let opts = crate::autodiff::fuse_options();
     let grads = context::with(|c| {
         // The composite rewrite `autodiff::grad` would do, done here so that the
         // trace's running hash hears of it.
-        let fused = crate::autodiff::fuse_in(c)?;
+        let fused = crate::autodiff::fuse_in(c, opts)?;
         let info = crate::autodiff::differentiate(&mut c.trace.graph, l, &ws)?;
         c.trace.backward_reads.extend(info.reads);
         let grads: Vec<Tensor> = info.grads.into_iter().map(|v| Tensor::wrap(c.pending(v))).collect();

@@ -494,10 +494,16 @@ pub fn shard_batch(t: &Tensor) -> Result<()> {
 /// within each part, so no rows move between devices (`docs/sharding.md`,
 /// "The LM head on each device's rows").
 pub(crate) fn row_shards(n: usize) -> usize {
-    match active_mesh().and_then(|m| m.axis_size(DATA)) {
-        Some(d) if d > 1 && n % d == 0 => d,
+    match data_parts() {
+        d if d > 1 && n % d == 0 => d,
         _ => 1,
     }
+}
+
+/// How many parts the active mesh's `data` axis splits a batch into (1
+/// without one).
+pub(crate) fn data_parts() -> usize {
+    active_mesh().and_then(|m| m.axis_size(DATA)).unwrap_or(1)
 }
 
 /// How the cuDNN attention calls split under `mesh` (the CUDA lowering runs

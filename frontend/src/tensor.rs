@@ -611,11 +611,25 @@ impl Tensor {
         record(Op::Clamp { min, input, max })
     }
 
+    /// The same values in dtype `to`. A transpose recorded in this step is
+    /// converted before it is transposed (`x.t().to_dtype(d)` records
+    /// `transpose(convert(x))`): the same values, and the converted operand
+    /// in its own layout, which the composites read (an LM head's table, an
+    /// attention's keys under autocast: `docs/composites.md`).
     pub fn to_dtype(&self, to: DType) -> Result<Tensor> {
         if to == self.dtype() {
             return Ok(self.clone());
         }
         let input = self.value("convert")?;
+        let transposed = context::with(|c| match &c.trace.graph.node(input.node).op {
+            Op::Transpose { input, perm } if self.is_pending() => Some((*input, perm.clone())),
+            _ => None,
+        });
+        if let Some((source, perm)) = transposed {
+            let converted = context::with(|c| c.push(Op::Convert { input: source, to })).map(Tensor::wrap)?;
+            let input = converted.value("transpose")?;
+            return record(Op::Transpose { input, perm });
+        }
         record(Op::Convert { input, to })
     }
 

@@ -134,7 +134,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     verify(&graph).with_context(|| format!("{}: the graph does not verify", path.display()))?;
     super::check_graph_memory(&graph, path, false)?;
     let mut graph = graph;
-    let composites = composite::fuse(&mut graph, &mut composite::ConstCache::new())
+    let composites = composite::fuse(&mut graph, &mut composite::ConstCache::new(), composite::FuseOptions::default())
         .with_context(|| format!("finding composites in {}", path.display()))?;
     // The module is lowered for the plugin it will be compiled by.
     let cuda = match &args.plugin {

@@ -3,13 +3,16 @@
 //! with the built-in calls. Over 5 AdamW steps on fresh random data the two
 //! spellings' losses agree within 1e-5 of each other and of the reference
 //! interpreter (f64) running the plain spelling; `grad` finds in the plain
-//! spelling every composite the model holds (one attention per attention
-//! layer). Tolerance: absolute, on losses near ln(vocab) ≈ 4.
+//! spelling every composite the model holds (attentions, layer or RMS norms,
+//! the LM head's loss), the same ones the built-in spelling records.
+//! Tolerance: absolute, on losses near ln(vocab) ≈ 4.
 
+use kiln::autodiff::trace_composites;
 use kiln::backend;
+use kiln::compiler::ir::Op;
 use kiln::nn::{Module, ParamStore};
 use kiln::optim::{AdamW, AdamWConfig};
-use kiln::{metrics, Backend, Tensor};
+use kiln::{Backend, Tensor};
 use kiln_models::bert::{Bert, BertBatch, BertConfig};
 use kiln_models::gpt2::{Gpt2, Gpt2Config};
 use kiln_models::llama::{Llama, LlamaConfig};
@@ -38,8 +41,9 @@ fn padding(b: usize, s: usize) -> Vec<i32> {
 /// one step's loss.
 trait Case {
     fn name(&self) -> &'static str;
-    /// Attention layers (composites the plain spelling must give).
-    fn attentions(&self) -> usize;
+    /// The forward composites the model holds: attentions, layer norms, RMS
+    /// norms, LM-head losses.
+    fn composites(&self) -> [usize; 4];
     fn build(&self, ps: &mut ParamStore, s: Spelling) -> kiln::Result<Box<dyn Loss>>;
 }
 
@@ -65,8 +69,9 @@ impl Case for LlamaCase {
     fn name(&self) -> &'static str {
         "llama (grouped-query, rotary, RMSNorm, SwiGLU, tied)"
     }
-    fn attentions(&self) -> usize {
-        LlamaConfig::tiny().layers
+    fn composites(&self) -> [usize; 4] {
+        let l = LlamaConfig::tiny().layers;
+        [l, 0, 2 * l + 1, 1]
     }
     fn build(&self, ps: &mut ParamStore, s: Spelling) -> kiln::Result<Box<dyn Loss>> {
         Ok(Box::new(Llama::new(ps, LlamaConfig::tiny(), s)?))
@@ -86,8 +91,9 @@ impl Case for Gpt2Case {
     fn name(&self) -> &'static str {
         "gpt2 (fused qkv, additive causal table, LayerNorm, tied)"
     }
-    fn attentions(&self) -> usize {
-        Gpt2Config::tiny().layers
+    fn composites(&self) -> [usize; 4] {
+        let l = Gpt2Config::tiny().layers;
+        [l, 2 * l + 1, 0, 1]
     }
     fn build(&self, ps: &mut ParamStore, s: Spelling) -> kiln::Result<Box<dyn Loss>> {
         Ok(Box::new(Gpt2::new(ps, Gpt2Config::tiny(), s)?))
@@ -107,8 +113,10 @@ impl Case for BertCase {
     fn name(&self) -> &'static str {
         "bert (padding mask, post-LN, masked LM)"
     }
-    fn attentions(&self) -> usize {
-        BertConfig::tiny().layers
+    /// The MLM logits have a bias: the loss stays plain in both spellings.
+    fn composites(&self) -> [usize; 4] {
+        let l = BertConfig::tiny().layers;
+        [l, 2 * l + 2, 0, 0]
     }
     fn build(&self, ps: &mut ParamStore, s: Spelling) -> kiln::Result<Box<dyn Loss>> {
         Ok(Box::new(Bert::new(ps, BertConfig::tiny(), s)?))
@@ -130,9 +138,9 @@ impl Case for T5Case {
     fn name(&self) -> &'static str {
         "t5 (relative bias, cross-attention, RMS norm, gated GELU)"
     }
-    fn attentions(&self) -> usize {
+    fn composites(&self) -> [usize; 4] {
         let c = T5Config::tiny();
-        c.layers + 2 * c.decoder_layers
+        [c.layers + 2 * c.decoder_layers, 0, 2 * c.layers + 1 + 3 * c.decoder_layers + 1, 1]
     }
     fn build(&self, ps: &mut ParamStore, s: Spelling) -> kiln::Result<Box<dyn Loss>> {
         Ok(Box::new(T5::new(ps, T5Config::tiny(), s)?))
@@ -186,21 +194,33 @@ fn data(case: &str, rng: &mut Rng) -> Data {
     Data { ints, dims }
 }
 
-/// The losses of `STEPS` AdamW steps, and the composites `grad` found in the
-/// first step.
-fn train(case: &dyn Case, spelling: Spelling, seed: u64, d: &Data) -> kiln::Result<(Vec<f64>, u64)> {
+/// The forward composites of the trace: attentions, layer norms, RMS norms,
+/// LM-head losses.
+fn composites() -> [usize; 4] {
+    let ops = trace_composites();
+    let count = |f: fn(&Op) -> bool| ops.iter().filter(|o| f(o)).count();
+    [
+        count(|o| matches!(o, Op::Attention { .. })),
+        count(|o| matches!(o, Op::LayerNorm { .. })),
+        count(|o| matches!(o, Op::RmsNorm { .. })),
+        count(|o| matches!(o, Op::LmHeadCrossEntropy { .. } | Op::LmHeadCrossEntropyFused { .. })),
+    ]
+}
+
+/// The losses of `STEPS` AdamW steps, and the forward composites of the
+/// first step's trace after `grad`.
+fn train(case: &dyn Case, spelling: Spelling, seed: u64, d: &Data) -> kiln::Result<(Vec<f64>, [usize; 4])> {
     let mut ps = ParamStore::new(seed);
     let model = case.build(&mut ps, spelling)?;
     let params = model.params();
     let mut opt = AdamW::new(&params, AdamWConfig::default())?;
     let mut losses = Vec::new();
-    let mut found = 0;
+    let mut found = [0; 4];
     for step in 0..STEPS {
-        let before = metrics::snapshot().composites_found;
         let loss = model.loss(d)?;
         let grads = kiln::grad(&loss, &params)?;
         if step == 0 {
-            found = metrics::snapshot().composites_found - before;
+            found = composites();
         }
         opt.step(&params, &grads, 3e-3)?;
         kiln::mark_step()?;
@@ -216,14 +236,14 @@ fn both_spellings_train_alike_and_the_plain_one_is_found() -> kiln::Result<()> {
     for case in cases {
         let d = data(case.name(), &mut Rng::new(s ^ 0xda7a));
         let (plain, found) = train(case, Spelling::Plain, s, &d)?;
-        let (builtin, _) = train(case, Spelling::Builtin, s, &d)?;
+        let (builtin, recorded) = train(case, Spelling::Builtin, s, &d)?;
         let previous = backend();
         kiln::set_backend(Backend::Reference);
         let reference = train(case, Spelling::Plain, s, &d);
         kiln::set_backend(previous);
         let (reference, _) = reference?;
         eprintln!(
-            "{}: plain {plain:?}\n  builtin {builtin:?}\n  reference {reference:?}\n  composites found {found}",
+            "{}: plain {plain:?}\n  builtin {builtin:?}\n  reference {reference:?}\n  composites {found:?}",
             case.name()
         );
         assert!(plain.last() < plain.first(), "{}: the loss did not fall: {plain:?}", case.name());
@@ -238,12 +258,8 @@ fn both_spellings_train_alike_and_the_plain_one_is_found() -> kiln::Result<()> {
                 );
             }
         }
-        assert!(
-            found >= case.attentions() as u64,
-            "{}: found {found} composites, the model has {} attentions",
-            case.name(),
-            case.attentions()
-        );
+        assert_eq!(found, case.composites(), "{}: composites found in the plain spelling", case.name());
+        assert_eq!(recorded, found, "{}: the built-in spelling's composites", case.name());
     }
     Ok(())
 }

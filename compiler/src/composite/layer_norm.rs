@@ -132,3 +132,56 @@ pub(crate) fn expand_backward(
     let (dgamma, dbeta) = (r.convert(dgamma, dtype)?, r.convert(dbeta, dtype)?);
     Ok([dx, dgamma, dbeta])
 }
+
+/// `[y, rstd]` of `rms_norm(x, gamma)`, appended to `g`.
+pub(crate) fn expand_rms_forward(g: &mut Graph, x: ValueId, gamma: ValueId, eps: f64) -> Result<[ValueId; 2]> {
+    let dtype = g.ty(x).dtype;
+    let mut r = rows(g, x);
+    let xf = r.convert(x, r.acc)?;
+    let sq = r.bin(BinaryOp::Mul, xf, xf)?;
+    let ms = r.row_mean(sq)?;
+    let ty = r.g.ty(ms).clone();
+    let e = r.add(Op::Constant { literal: Literal::scalar(r.acc, eps) })?;
+    let e = r.add(Op::BroadcastInDim { input: e, shape: ty.shape, dims: vec![] })?;
+    let me = r.bin(BinaryOp::Add, ms, e)?;
+    let rstd = r.add(Op::Unary { op: UnaryOp::Rsqrt, input: me })?;
+    let rb = r.per_row(rstd)?;
+    let n = r.bin(BinaryOp::Mul, xf, rb)?;
+    let gb = r.per_col(gamma)?;
+    let y = r.bin(BinaryOp::Mul, n, gb)?;
+    let y = r.convert(y, dtype)?;
+    let rstd = r.convert(rstd, DType::F32)?;
+    Ok([y, rstd])
+}
+
+/// `[dx, dgamma]` of `rms_norm_grad`, appended to `g`:
+/// `dx = rstd · (dŷ - x̂ · mean(dŷ x̂))` with `x̂ = x · rstd`, `dŷ = dy · gamma`.
+pub(crate) fn expand_rms_backward(
+    g: &mut Graph,
+    x: ValueId,
+    gamma: ValueId,
+    rstd: ValueId,
+    dy: ValueId,
+) -> Result<[ValueId; 2]> {
+    let dtype = g.ty(x).dtype;
+    let mut r = rows(g, x);
+    let xf = r.convert(x, r.acc)?;
+    let rstd = r.convert(rstd, r.acc)?;
+    let rb = r.per_row(rstd)?;
+    let xhat = r.bin(BinaryOp::Mul, xf, rb)?;
+    let dyf = r.convert(dy, r.acc)?;
+    let gb = r.per_col(gamma)?;
+    let dxhat = r.bin(BinaryOp::Mul, dyf, gb)?;
+    let prod = r.bin(BinaryOp::Mul, dxhat, xhat)?;
+    let m = r.row_mean(prod)?;
+    let mb = r.per_row(m)?;
+    let t2 = r.bin(BinaryOp::Mul, xhat, mb)?;
+    let t = r.bin(BinaryOp::Sub, dxhat, t2)?;
+    let dx = r.bin(BinaryOp::Mul, rb, t)?;
+    let dx = r.convert(dx, dtype)?;
+    let lead: Vec<usize> = (0..r.last()).collect();
+    let dyx = r.bin(BinaryOp::Mul, dyf, xhat)?;
+    let dgamma = r.add(Op::Reduce { op: ReduceOp::Sum, input: dyx, axes: lead })?;
+    let dgamma = r.convert(dgamma, dtype)?;
+    Ok([dx, dgamma])
+}

@@ -18,8 +18,11 @@ pub mod attention;
 pub mod consts;
 mod layer_norm;
 mod lm_head;
+pub mod loss;
+pub mod norms;
 
 pub use consts::ConstCache;
+pub use loss::LossOptions;
 
 use crate::ir::{DType, Graph, NodeId, Op, ValueId};
 use crate::lower::LowerTarget;
@@ -54,21 +57,59 @@ pub struct Fused {
     pub missed: Vec<Missed>,
 }
 
-/// Rewrites every recognised pattern of `g` into its composite, in place.
-/// `cache` remembers the constants the matchers evaluated (keep one per
-/// process: the search then costs O(nodes) per step).
-pub fn fuse(g: &mut Graph, cache: &mut ConstCache) -> Result<Fused, CompileError> {
-    let (matches, missed) = attention::find(g, cache);
-    let mut out = Fused {
-        found: Vec::with_capacity(matches.len()),
-        missed: missed.into_iter().map(|(node, reason)| Missed { kind: "attention", node, reason }).collect(),
-    };
-    for m in matches {
+/// What [`fuse`] needs from its caller besides the graph.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FuseOptions {
+    /// How a found LM-head loss sizes its row blocks and shards.
+    pub loss: LossOptions,
+}
+
+/// Rewrites every recognised pattern of `g` into its composite, in place:
+/// attention, layer and RMS norms, the LM head's cross-entropy. `cache`
+/// remembers the constants the matchers evaluated (keep one per process:
+/// the search then costs O(nodes) per step).
+pub fn fuse(g: &mut Graph, cache: &mut ConstCache, opts: FuseOptions) -> Result<Fused, CompileError> {
+    let mut out = Fused::default();
+    let (attentions, missed) = attention::find(g, cache);
+    out.missed.extend(missed.into_iter().map(|(node, reason)| Missed { kind: "attention", node, reason }));
+    for m in attentions {
         g.replace_op(m.root, m.op.clone())?;
         out.found.push(Found { kind: "attention", node: m.root, op: m.op, replaced: m.replaced });
     }
+    for m in norms::find(g, cache) {
+        g.replace_op(m.root, m.op.clone())?;
+        out.found.push(Found { kind: m.op.name(), node: m.root, op: m.op, replaced: m.replaced });
+    }
+    let (losses, missed) = loss::find(g, opts.loss);
+    out.missed.extend(missed.into_iter().map(|(node, reason)| Missed { kind: "lm_head_cross_entropy", node, reason }));
+    for m in losses {
+        g.replace_op(m.root, m.op.clone())?;
+        out.found.push(Found { kind: "lm_head_cross_entropy", node: m.root, op: m.op, replaced: m.replaced });
+    }
     Ok(out)
 }
+
+/// Tokens per block of kiln's `nn::lm_head_cross_entropy_blocks`: as many as fit in
+/// `block_bytes` of f32 logits over `vocab` columns, rounded down to a
+/// multiple of [`LM_HEAD_BLOCK_ALIGN`] when at least that many fit, and at
+/// least one. A block's row count is the M of its logits and dh GEMMs and the
+/// K of its dw GEMM: gpt2-small's 394 MiB blocks held 2053 rows, which cuBLAS
+/// runs only padded or unaligned. On the H100 (`benches/RESULTS.md`, "The LM
+/// head's running dw and block rows") 2048 rows took the fused loss loop alone
+/// from 4.53 to 4.37 ms in JAX, and kiln's step 0.05 ms of cuBLAS time, within
+/// the spread between processes.
+pub fn lm_head_block_rows(block_bytes: u64, vocab: usize) -> usize {
+    let rows = (block_bytes / (4 * vocab.max(1) as u64)).max(1) as usize;
+    if rows >= LM_HEAD_BLOCK_ALIGN {
+        rows - rows % LM_HEAD_BLOCK_ALIGN
+    } else {
+        rows
+    }
+}
+
+/// The multiple [`lm_head_block_rows`] rounds to: whole 64-row GEMM tiles,
+/// and a dw GEMM whose K keeps cuBLAS's 16-byte alignment in bf16.
+pub const LM_HEAD_BLOCK_ALIGN: usize = 64;
 
 /// Whether a composite runs fused on the target, and if not, why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -84,8 +125,8 @@ pub fn fusable(g: &Graph, id: NodeId, target: LowerTarget) -> Result<(), String>
     let op = &g.node(id).op;
     let (q, v, bias, mask) = match op {
         Op::Attention { q, v, bias, mask, .. } | Op::AttentionGrad { q, v, bias, mask, .. } => (*q, *v, bias, *mask),
-        Op::LayerNorm { .. } | Op::LayerNormGrad { .. } => {
-            return Err("no fused layer-norm kernel: XLA fuses the expansion".into())
+        Op::LayerNorm { .. } | Op::LayerNormGrad { .. } | Op::RmsNorm { .. } | Op::RmsNormGrad { .. } => {
+            return Err("no fused norm kernel: XLA fuses the expansion".into())
         }
         Op::LmHeadCrossEntropy { chunk, .. }
         | Op::LmHeadCrossEntropyGrad { chunk, .. }
@@ -140,6 +181,8 @@ pub fn is_composite(op: &Op) -> bool {
             | Op::AttentionGrad { .. }
             | Op::LayerNorm { .. }
             | Op::LayerNormGrad { .. }
+            | Op::RmsNorm { .. }
+            | Op::RmsNormGrad { .. }
             | Op::LmHeadCrossEntropy { .. }
             | Op::LmHeadCrossEntropyGrad { .. }
             | Op::LmHeadCrossEntropyFused { .. }
@@ -184,6 +227,12 @@ pub fn expand(g: &Graph, target: LowerTarget) -> Result<Graph, CompileError> {
             }
             (true, Op::LayerNormGrad { x, gamma, mean, rstd, dy }) => {
                 layer_norm::expand_backward(&mut out, x, gamma, mean, rstd, dy)?.to_vec()
+            }
+            (true, Op::RmsNorm { x, gamma, eps_bits }) => {
+                layer_norm::expand_rms_forward(&mut out, x, gamma, f64::from_bits(eps_bits))?.to_vec()
+            }
+            (true, Op::RmsNormGrad { x, gamma, rstd, dy }) => {
+                layer_norm::expand_rms_backward(&mut out, x, gamma, rstd, dy)?.to_vec()
             }
             (true, Op::LmHeadCrossEntropy { h, w, labels, chunk, shards }) => {
                 lm_head::expand_forward(&mut out, h, w, labels, lm_head::Rows { chunk, shards }, guard)?.to_vec()

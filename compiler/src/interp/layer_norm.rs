@@ -62,3 +62,45 @@ pub(crate) fn backward(
     }
     Ok(vec![lit(&outs[0], &dx)?, lit(&outs[1], &dg)?, lit(&outs[2], &db)?])
 }
+
+/// RMS norm's outputs `[y, rstd]`: per row, `rstd = 1/sqrt(mean(x²) + eps)`,
+/// `y = x · rstd · gamma`.
+pub(crate) fn rms_forward(x: &Literal, gamma: &Literal, eps: f64, outs: &[TensorType]) -> Result<Vec<Literal>> {
+    let (xv, g) = (x.to_f64s(), gamma.to_f64s());
+    let d = g.len();
+    let rows = xv.len().checked_div(d).unwrap_or(0);
+    let (mut y, mut rstd) = (vec![0.0; xv.len()], vec![0.0; rows]);
+    for r in 0..rows {
+        let row = &xv[r * d..(r + 1) * d];
+        let s = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() / d as f64 + eps).sqrt();
+        rstd[r] = s;
+        for c in 0..d {
+            y[r * d + c] = row[c] * s * g[c];
+        }
+    }
+    Ok(vec![lit(&outs[0], &y)?, lit(&outs[1], &rstd)?])
+}
+
+/// RMS norm's backward `[dx, dgamma]` from the saved rstd: with `x̂ = x ·
+/// rstd` and `dx̂ = dy · gamma`, `dx = rstd · (dx̂ - x̂ · mean(dx̂ x̂))`.
+pub(crate) fn rms_backward(
+    x: &Literal,
+    gamma: &Literal,
+    rstd: &Literal,
+    dy: &Literal,
+    outs: &[TensorType],
+) -> Result<Vec<Literal>> {
+    let (xv, g, sv, dyv) = (x.to_f64s(), gamma.to_f64s(), rstd.to_f64s(), dy.to_f64s());
+    let d = g.len();
+    let (mut dx, mut dg) = (vec![0.0; xv.len()], vec![0.0; d]);
+    for r in 0..sv.len() {
+        let xhat: Vec<f64> = (0..d).map(|c| xv[r * d + c] * sv[r]).collect();
+        let dxhat: Vec<f64> = (0..d).map(|c| dyv[r * d + c] * g[c]).collect();
+        let m = dxhat.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / d as f64;
+        for c in 0..d {
+            dx[r * d + c] = sv[r] * (dxhat[c] - xhat[c] * m);
+            dg[c] += dyv[r * d + c] * xhat[c];
+        }
+    }
+    Ok(vec![lit(&outs[0], &dx)?, lit(&outs[1], &dg)?])
+}

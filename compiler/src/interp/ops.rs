@@ -255,6 +255,12 @@ pub(crate) fn eval<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'
         Op::LayerNormGrad { x, gamma, mean, rstd, dy } => {
             super::layer_norm::backward(get(*x), get(*gamma), get(*mean), get(*rstd), get(*dy), outs)
         }
+        Op::RmsNorm { x, gamma, eps_bits } => {
+            super::layer_norm::rms_forward(get(*x), get(*gamma), f64::from_bits(*eps_bits), outs)
+        }
+        Op::RmsNormGrad { x, gamma, rstd, dy } => {
+            super::layer_norm::rms_backward(get(*x), get(*gamma), get(*rstd), get(*dy), outs)
+        }
         Op::LmHeadCrossEntropy { h, w, labels, .. } => super::lm_head::forward(get(*h), get(*w), get(*labels), outs),
         Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, .. } => {
             super::lm_head::backward(get(*h), get(*w), get(*labels), get(*lse), get(*dnll), outs)

@@ -466,6 +466,22 @@ pub fn infer_types(op: &Op, operands: &[TensorType]) -> Result<Outputs> {
             }
             Ok(smallvec::smallvec![x, g.clone(), g])
         }
+        Op::RmsNorm { x, gamma, .. } => {
+            let (x, g) = (ty(*x), ty(*gamma));
+            let stats = check_layer_norm(name, &x, &g)?;
+            Ok(smallvec::smallvec![x, stats])
+        }
+        Op::RmsNormGrad { x, gamma, rstd, dy } => {
+            let (x, g) = (ty(*x), ty(*gamma));
+            let stats = check_layer_norm(name, &x, &g)?;
+            if ty(*rstd) != stats {
+                return Err(invalid(name, format!("rstd must be {stats}"), vec![x, ty(*rstd)]));
+            }
+            if ty(*dy) != x {
+                return Err(invalid(name, "dy must have x's type", vec![x, ty(*dy)]));
+            }
+            Ok(smallvec::smallvec![x, g])
+        }
         Op::LmHeadCrossEntropy { h, w, labels, chunk, shards } => {
             let (h, w) = (ty(*h), ty(*w));
             let rows = check_lm_head(name, &h, &w, &ty(*labels), *chunk, *shards)?;
@@ -532,8 +548,6 @@ fn check_layer_norm(op: &'static str, x: &TensorType, gamma: &TensorType) -> Res
     Ok(TensorType::new(DType::F32, x.shape.dims()[..r - 1].to_vec()))
 }
 
-/// Checks attention operands `q: [b, h, t, d]`, `k, v: [b, h, s, d]` of one
-/// float dtype (`t == s` when causal) and returns the statistics' type `[b, h, t]` f32.
 /// The statistics' type of an attention, after checking its operands
 /// (`Op::Attention`'s documentation).
 fn check_attention(

@@ -708,6 +708,24 @@ pub enum Op {
         rstd: ValueId,
         dy: ValueId,
     },
+    /// Composite root-mean-square normalisation over the last axis
+    /// (`docs/composites.md`): `y = x · rstd · gamma` with `rstd =
+    /// 1/sqrt(mean(x²) + eps)`, computed in f32 (f64 for f64). `x: [..., d]`
+    /// float, `gamma: [d]` of x's dtype. Outputs: `#0` y (x's type), `#1` rstd
+    /// `[...]` f32, what the backward reuses. `eps_bits` is eps's f64 bits.
+    RmsNorm {
+        x: ValueId,
+        gamma: ValueId,
+        eps_bits: u64,
+    },
+    /// The backward of [`Op::RmsNorm`] from its saved rstd: outputs `#0` dx,
+    /// `#1` dgamma.
+    RmsNormGrad {
+        x: ValueId,
+        gamma: ValueId,
+        rstd: ValueId,
+        dy: ValueId,
+    },
     /// Composite LM head + softmax cross-entropy (`docs/composites.md`):
     /// `logits = h wᵀ` for `h: [n, d]`, `w: [vocab, d]` (one float dtype), integer
     /// `labels: [n]`. Outputs `#0` the per-token negative log-likelihood and `#1`
@@ -789,6 +807,8 @@ impl Op {
             Op::AttentionGrad { .. } => "attention_grad",
             Op::LayerNorm { .. } => "layer_norm",
             Op::LayerNormGrad { .. } => "layer_norm_grad",
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::RmsNormGrad { .. } => "rms_norm_grad",
             Op::LmHeadCrossEntropy { .. } => "lm_head_cross_entropy",
             Op::LmHeadCrossEntropyGrad { .. } => "lm_head_cross_entropy_grad",
             Op::LmHeadCrossEntropyFused { .. } => "lm_head_cross_entropy_fused",
@@ -836,6 +856,8 @@ impl Op {
             }
             Op::LayerNorm { x, gamma, beta, .. } => smallvec![*x, *gamma, *beta],
             Op::LayerNormGrad { x, gamma, mean, rstd, dy } => smallvec![*x, *gamma, *mean, *rstd, *dy],
+            Op::RmsNorm { x, gamma, .. } => smallvec![*x, *gamma],
+            Op::RmsNormGrad { x, gamma, rstd, dy } => smallvec![*x, *gamma, *rstd, *dy],
             Op::LmHeadCrossEntropy { h, w, labels, .. } => smallvec![*h, *w, *labels],
             Op::LmHeadCrossEntropyGrad { h, w, labels, lse, dnll, .. } => smallvec![*h, *w, *labels, *lse, *dnll],
             Op::LmHeadCrossEntropyFused { h, w, labels, scale, .. } => smallvec![*h, *w, *labels, *scale],
@@ -913,6 +935,16 @@ impl Op {
             }
             Op::LayerNormGrad { x, gamma, mean, rstd, dy } => {
                 for v in [x, gamma, mean, rstd, dy] {
+                    *v = f(*v);
+                }
+            }
+            Op::RmsNorm { x, gamma, .. } => {
+                for v in [x, gamma] {
+                    *v = f(*v);
+                }
+            }
+            Op::RmsNormGrad { x, gamma, rstd, dy } => {
+                for v in [x, gamma, rstd, dy] {
                     *v = f(*v);
                 }
             }

@@ -729,6 +729,8 @@ impl Emitter<'_> {
             }
             Op::LayerNorm { .. }
             | Op::LayerNormGrad { .. }
+            | Op::RmsNorm { .. }
+            | Op::RmsNormGrad { .. }
             | Op::LmHeadCrossEntropy { .. }
             | Op::LmHeadCrossEntropyGrad { .. }
             | Op::LmHeadCrossEntropyFused { .. } => {

@@ -198,6 +198,8 @@ fn absorbs(user: &Op, producer: &Op) -> bool {
         // (layer norm's backward, the LM head's loss), fuse their producers.
         Op::LayerNorm { .. }
         | Op::LayerNormGrad { .. }
+        | Op::RmsNorm { .. }
+        | Op::RmsNormGrad { .. }
         | Op::LmHeadCrossEntropy { .. }
         | Op::LmHeadCrossEntropyGrad { .. }
         | Op::LmHeadCrossEntropyFused { .. } => true,

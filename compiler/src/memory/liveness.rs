@@ -429,6 +429,8 @@ fn writes_in_place(op: &Op) -> bool {
         | Op::AttentionGrad { .. }
         | Op::LayerNorm { .. }
         | Op::LayerNormGrad { .. }
+        | Op::RmsNorm { .. }
+        | Op::RmsNormGrad { .. }
         | Op::LmHeadCrossEntropy { .. }
         | Op::LmHeadCrossEntropyGrad { .. }
         | Op::LmHeadCrossEntropyFused { .. } => false,

@@ -168,6 +168,8 @@ pub(crate) fn loop_fusible(op: &Op) -> bool {
         | Op::AttentionGrad { .. }
         | Op::LayerNorm { .. }
         | Op::LayerNormGrad { .. }
+        | Op::RmsNorm { .. }
+        | Op::RmsNormGrad { .. }
         | Op::LmHeadCrossEntropy { .. }
         | Op::LmHeadCrossEntropyGrad { .. }
         | Op::LmHeadCrossEntropyFused { .. } => false,

@@ -140,6 +140,8 @@ pub fn needs_token(op: &Op) -> bool {
         | Op::AttentionGrad { .. }
         | Op::LayerNorm { .. }
         | Op::LayerNormGrad { .. }
+        | Op::RmsNorm { .. }
+        | Op::RmsNormGrad { .. }
         | Op::LmHeadCrossEntropy { .. }
         | Op::LmHeadCrossEntropyGrad { .. }
         | Op::LmHeadCrossEntropyFused { .. } => false,

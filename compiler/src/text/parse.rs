@@ -309,6 +309,18 @@ impl Parser {
                 };
                 Op::LayerNormGrad { x: *x, gamma: *gamma, mean: *mean, rstd: *rstd, dy: *dy }
             }
+            "rms_norm" => {
+                let (x, gamma) = self.two(c)?;
+                let eps = c.comma_attr("eps", float)?;
+                Op::RmsNorm { x, gamma, eps_bits: eps.to_bits() }
+            }
+            "rms_norm_grad" => {
+                let vs = self.values(c)?;
+                let [x, gamma, rstd, dy] = vs.as_slice() else {
+                    return Err(c.err("`rms_norm_grad` takes x, gamma, rstd, dy"));
+                };
+                Op::RmsNormGrad { x: *x, gamma: *gamma, rstd: *rstd, dy: *dy }
+            }
             "lm_head_cross_entropy" => {
                 let [h, w, labels] = self.three(c)?;
                 let (chunk, shards) = lm_head_attrs(c)?;

@@ -132,6 +132,8 @@ fn write_node(out: &mut impl Write, id: NodeId, node: &Node) -> fmt::Result {
             write!(out, " {x}, {gamma}, {beta}, eps = {}", f64::from_bits(*eps_bits))?
         }
         Op::LayerNormGrad { x, gamma, mean, rstd, dy } => write!(out, " {x}, {gamma}, {mean}, {rstd}, {dy}")?,
+        Op::RmsNorm { x, gamma, eps_bits } => write!(out, " {x}, {gamma}, eps = {}", f64::from_bits(*eps_bits))?,
+        Op::RmsNormGrad { x, gamma, rstd, dy } => write!(out, " {x}, {gamma}, {rstd}, {dy}")?,
         Op::LmHeadCrossEntropy { h, w, labels, chunk, shards } => {
             write!(out, " {h}, {w}, {labels}, chunk = {chunk}{}", shards_attr(*shards))?
         }

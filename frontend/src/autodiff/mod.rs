@@ -48,7 +48,8 @@ pub fn grad(g: &mut Graph, loss: ValueId, wrt: &[ValueId]) -> Result<Vec<ValueId
 /// so its backward is the composite's (`docs/composites.md`).
 pub fn grad_with_info(g: &mut Graph, loss: ValueId, wrt: &[ValueId]) -> Result<GradInfo> {
     g.check_value("grad", loss)?;
-    kiln_compiler::composite::fuse(g, &mut kiln_compiler::composite::ConstCache::new())?;
+    let cache = &mut kiln_compiler::composite::ConstCache::new();
+    kiln_compiler::composite::fuse(g, cache, kiln_compiler::composite::FuseOptions::default())?;
     differentiate(g, loss, wrt)
 }
 
@@ -135,12 +136,27 @@ pub(crate) fn differentiate(g: &mut Graph, loss: ValueId, wrt: &[ValueId]) -> Re
 /// to the current trace now and returns what it found; for tests and tools that
 /// want to see which attentions were recognised without differentiating.
 pub fn fuse_trace() -> Result<kiln_compiler::composite::Fused> {
-    crate::context::with(fuse_in)
+    let opts = fuse_options();
+    crate::context::with(|c| fuse_in(c, opts))
+}
+
+/// What the matchers are told: an LM-head loss found in plain ops gets the
+/// blocks and shards `nn::lm_head_cross_entropy` would give it. Read outside
+/// the context (the mesh is kept there).
+pub(crate) fn fuse_options() -> kiln_compiler::composite::FuseOptions {
+    let loss = kiln_compiler::composite::LossOptions {
+        block_bytes: crate::nn::LM_HEAD_BLOCK_BYTES,
+        data_shards: crate::shard::data_parts(),
+    };
+    kiln_compiler::composite::FuseOptions { loss }
 }
 
 /// The composite rewrite on `c`'s trace, folded into its running hash.
-pub(crate) fn fuse_in(c: &mut crate::context::Context) -> Result<kiln_compiler::composite::Fused> {
-    let fused = kiln_compiler::composite::fuse(&mut c.trace.graph, &mut c.consts)?;
+pub(crate) fn fuse_in(
+    c: &mut crate::context::Context,
+    opts: kiln_compiler::composite::FuseOptions,
+) -> Result<kiln_compiler::composite::Fused> {
+    let fused = kiln_compiler::composite::fuse(&mut c.trace.graph, &mut c.consts, opts)?;
     c.trace.note_rewrite(&fused.found);
     metrics::update(|m| {
         m.composites_found += fused.found.len() as u64;

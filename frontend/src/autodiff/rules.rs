@@ -27,7 +27,7 @@ pub(crate) fn differentiable(op: &Op, pos: usize) -> bool {
         Op::AllReduce { op, .. } => *op == ReduceOp::Sum,
         // q, k, v and the bias terms; the mask (a pred, last) has none.
         Op::Attention { bias, mask, .. } => mask.is_none() || pos < 3 + bias.len(),
-        Op::LayerNorm { .. } => true,
+        Op::LayerNorm { .. } | Op::RmsNorm { .. } => true,
         Op::LmHeadCrossEntropy { .. } => pos < 2,
         // Second derivatives of composites are not built.
         // The fused LM-head loss already holds its own gradient, placements
@@ -35,6 +35,7 @@ pub(crate) fn differentiable(op: &Op, pos: usize) -> bool {
         // the compiler after autodiff).
         Op::AttentionGrad { .. }
         | Op::LayerNormGrad { .. }
+        | Op::RmsNormGrad { .. }
         | Op::LmHeadCrossEntropyGrad { .. }
         | Op::LmHeadCrossEntropyFused { .. }
         | Op::Place { .. }
@@ -347,6 +348,18 @@ pub(crate) fn backward(
                 }
             }
         }
+        Op::RmsNorm { x, gamma, .. } => {
+            // Reads x, gamma and the saved rstd (#1).
+            let Some(dy) = ct else { return Ok(out) };
+            let (x, gamma) = (b.fwd(*x), b.fwd(*gamma));
+            let rstd = b.fwd(ValueId::new(id, 1));
+            let grad = b.g.add(Op::RmsNormGrad { x, gamma, rstd, dy })?;
+            for (pos, &w) in wants.iter().enumerate() {
+                if w {
+                    out.push((pos, ValueId::new(grad, pos as u32)));
+                }
+            }
+        }
         Op::LmHeadCrossEntropy { h, w, labels, chunk, shards } => {
             // Reads h, w, labels and the saved log-sum-exp (#1); the logits are
             // recomputed block by block in the lowering.
@@ -363,6 +376,7 @@ pub(crate) fn backward(
         }
         Op::AttentionGrad { .. }
         | Op::LayerNormGrad { .. }
+        | Op::RmsNormGrad { .. }
         | Op::LmHeadCrossEntropyGrad { .. }
         | Op::LmHeadCrossEntropyFused { .. }
         | Op::Place { .. }

@@ -146,6 +146,8 @@ fn engine(op: &Op, outs: &[TensorType], graph: &Graph) -> Engine {
         | Op::AttentionGrad { .. }
         | Op::LayerNorm { .. }
         | Op::LayerNormGrad { .. }
+        | Op::RmsNorm { .. }
+        | Op::RmsNormGrad { .. }
         | Op::LmHeadCrossEntropy { .. }
         | Op::LmHeadCrossEntropyGrad { .. }
         | Op::LmHeadCrossEntropyFused { .. }
@@ -327,6 +329,8 @@ fn eval_candle<'a>(op: &Op, outs: &[TensorType], get: &dyn Fn(ValueId) -> &'a Ct
         | Op::AttentionGrad { .. }
         | Op::LayerNorm { .. }
         | Op::LayerNormGrad { .. }
+        | Op::RmsNorm { .. }
+        | Op::RmsNormGrad { .. }
         | Op::LmHeadCrossEntropy { .. }
         | Op::LmHeadCrossEntropyGrad { .. }
         | Op::LmHeadCrossEntropyFused { .. }

@@ -464,15 +464,18 @@ impl RmsNorm {
         Ok(RmsNorm { gamma: ps.constant(&format!("{name}.weight"), [dim], 1.0)?, eps: 1e-6 })
     }
 
-    /// In f32 under autocast.
+    /// In f32 under autocast. Recorded as one RMS-norm composite whose
+    /// backward reuses the saved rstd (`docs/composites.md`).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let _layer = scope::enter_owner_of(&self.gamma, 1);
         scoped(
             || Module::describe(self),
             || {
                 let x = amp::full_precision(x)?;
-                let ms = x.square()?.mean(&[-1], true)?;
-                x.mul(&ms.add_scalar(self.eps)?.rsqrt()?)?.mul(&self.gamma)
+                let gamma = self.gamma.to_dtype(x.dtype())?;
+                let (xv, g) = (x.value("rms_norm")?, gamma.value("rms_norm")?);
+                let op = kiln_compiler::ir::Op::RmsNorm { x: xv, gamma: g, eps_bits: self.eps.to_bits() };
+                crate::context::with(|c| c.push(op)).map(Tensor::wrap)
             },
         )
     }
@@ -640,27 +643,9 @@ pub fn lm_head_cross_entropy_blocks(h: &Tensor, table: &Tensor, labels: &Tensor,
     nll.mean_all()
 }
 
-/// Tokens per block of [`lm_head_cross_entropy_blocks`]: as many as fit in
-/// `block_bytes` of f32 logits over `vocab` columns, rounded down to a
-/// multiple of [`LM_HEAD_BLOCK_ALIGN`] when at least that many fit, and at
-/// least one. A block's row count is the M of its logits and dh GEMMs and the
-/// K of its dw GEMM: gpt2-small's 394 MiB blocks held 2053 rows, which cuBLAS
-/// runs only padded or unaligned. On the H100 (`benches/RESULTS.md`, "The LM
-/// head's running dw and block rows") 2048 rows took the fused loss loop alone
-/// from 4.53 to 4.37 ms in JAX, and kiln's step 0.05 ms of cuBLAS time, within
-/// the spread between processes.
-pub fn lm_head_block_rows(block_bytes: u64, vocab: usize) -> usize {
-    let rows = (block_bytes / (4 * vocab.max(1) as u64)).max(1) as usize;
-    if rows >= LM_HEAD_BLOCK_ALIGN {
-        rows - rows % LM_HEAD_BLOCK_ALIGN
-    } else {
-        rows
-    }
-}
-
-/// The multiple [`lm_head_block_rows`] rounds to: whole 64-row GEMM tiles,
-/// and a dw GEMM whose K keeps cuBLAS's 16-byte alignment in bf16.
-pub const LM_HEAD_BLOCK_ALIGN: usize = 64;
+/// Tokens per block of [`lm_head_cross_entropy_blocks`]
+/// ([`kiln_compiler::composite::lm_head_block_rows`]).
+pub use kiln_compiler::composite::{lm_head_block_rows, LM_HEAD_BLOCK_ALIGN};
 
 /// `[n] -> [n, classes]` one-hot rows of `dtype`.
 pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> {
