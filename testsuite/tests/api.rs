@@ -349,7 +349,7 @@ fn tensors_convert_to_and_from_candle() -> anyhow::Result<()> {
 
 #[test]
 fn warnings_can_be_silenced() {
-    assert_eq!(kiln::warnings::kinds().len(), 5);
+    assert_eq!(kiln::warnings::kinds().len(), 6);
     kiln::warnings::set_enabled(false);
     assert!(!kiln::warnings::enabled());
     kiln::warnings::set_enabled(true);
