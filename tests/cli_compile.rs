@@ -285,6 +285,12 @@ fn dump_dir_gets_the_graph_after_each_pass() {
 
 /// Causal attention written with plain ops: `softmax(select(causal, s · 0.5, -inf)) v`.
 fn plain_attention() -> Graph {
+    attention_with_dropout(false)
+}
+
+/// [`plain_attention`], with dropout on the probabilities when asked: `where(keep,
+/// p · 1.25, 0)` with `keep` a program input.
+fn attention_with_dropout(dropout: bool) -> Graph {
     let f32 = |dims: &[usize]| TensorType::new(DType::F32, dims);
     let mut g = Graph::new();
     let [q, k, v] = [0; 3].map(|_| g.parameter(f32(&[1, 2, 4, 8])));
@@ -313,7 +319,16 @@ fn plain_attention() -> Graph {
     let e = g.value(Op::Unary { op: UnaryOp::Exp, input: d }).unwrap();
     let z = g.value(Op::Reduce { op: ReduceOp::Sum, input: e, axes: vec![3] }).unwrap();
     let z = g.value(Op::BroadcastInDim { input: z, shape: Shape::new(full), dims: vec![0, 1, 2] }).unwrap();
-    let p = g.value(Op::Binary { op: BinaryOp::Div, lhs: e, rhs: z }).unwrap();
+    let mut p = g.value(Op::Binary { op: BinaryOp::Div, lhs: e, rhs: z }).unwrap();
+    if dropout {
+        let keep = g.parameter(TensorType::new(DType::Pred, full));
+        let c = g.value(Op::Constant { literal: Literal::scalar(DType::F32, 1.25) }).unwrap();
+        let c = g.value(Op::BroadcastInDim { input: c, shape: Shape::new(full), dims: vec![] }).unwrap();
+        let zero = g.value(Op::Constant { literal: Literal::scalar(DType::F32, 0.0) }).unwrap();
+        let zero = g.value(Op::BroadcastInDim { input: zero, shape: Shape::new(full), dims: vec![] }).unwrap();
+        let scaled = g.value(Op::Binary { op: BinaryOp::Mul, lhs: p, rhs: c }).unwrap();
+        p = g.value(Op::Select { pred: keep, on_true: scaled, on_false: zero }).unwrap();
+    }
     let out = g.value(Op::DotGeneral { lhs: p, rhs: v, dims: bh(3, 2) }).unwrap();
     g.set_outputs(vec![out]).unwrap();
     g
@@ -336,4 +351,19 @@ fn lists_the_composites_found_and_why_they_are_not_fused() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("composite attention at %") && text.contains("replaces 10 nodes"), "{text}");
     assert!(text.contains("plain expansion (the Cpu target has no fused attention kernel"), "{text}");
+}
+
+#[test]
+fn a_composite_left_plain_is_listed_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = save(dir.path(), "dropout.kiln", &attention_with_dropout(true));
+    let v = json_of(&kiln().arg("compile").arg(&path).arg("--json").output().unwrap());
+    assert_eq!(v["composites"].as_array().unwrap().len(), 0, "{v}");
+    let missed = v["composites_missed"].as_array().unwrap();
+    assert_eq!(missed.len(), 1, "{v}");
+    assert_eq!(missed[0]["kind"], "attention");
+    assert!(missed[0]["reason"].as_str().unwrap().contains("dropout on the probabilities"), "{v}");
+    let out = kiln().arg("compile").arg(&path).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("composite attention at %") && text.contains("left plain: dropout"), "{text}");
 }

@@ -26,6 +26,8 @@ use kiln_models::t5::{T5Batch, T5Config, T5};
 use kiln_models::Spelling;
 use serde_json::json;
 
+// Shared with the remat examples; this one reads a few of its helpers.
+#[allow(dead_code)]
 #[path = "common/budget_run.rs"]
 mod budget_run;
 #[path = "common/timing.rs"]

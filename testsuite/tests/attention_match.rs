@@ -94,6 +94,20 @@ fn softmax_over_queries(q: &Tensor, k: &Tensor, v: &Tensor) -> kiln::Result<Tens
     Tensor::where_cond(&causal_keep(T)?, &s, &neg)?.softmax(-2)?.matmul(v)
 }
 
+/// Near-miss: dropout on the probabilities (cuDNN's dropout cannot draw
+/// kiln's bits).
+fn dropout_on_probabilities(q: &Tensor, k: &Tensor, v: &Tensor) -> kiln::Result<Tensor> {
+    let p = q.matmul(&k.t()?)?.mul_scalar(0.25)?.softmax(-1)?;
+    let keep = Tensor::iota(DType::I32, p.dims().to_vec(), 3)?.ne(&Tensor::full(2.0, DType::I32, [])?)?;
+    Tensor::where_cond(&keep, &p.mul_scalar(1.25)?, &Tensor::zeros(DType::F32, [])?)?.matmul(v)
+}
+
+/// Near-miss: a bias inside the scale, `(q kᵀ + b) · 0.25`.
+fn bias_inside_the_scale(q: &Tensor, k: &Tensor, v: &Tensor) -> kiln::Result<Tensor> {
+    let b = Tensor::iota(DType::F32, [1, H, T, T], 1)?.mul(&k.sum_all()?)?;
+    q.matmul(&k.t()?)?.add(&b)?.mul_scalar(0.25)?.softmax(-1)?.matmul(v)
+}
+
 fn max_rel(a: &[f32], b: &[f32]) -> f64 {
     a.iter()
         .zip(b)
@@ -147,7 +161,11 @@ fn six_spellings_are_found_and_compute_the_same() -> kiln::Result<()> {
 
 #[test]
 fn near_misses_are_not_found() -> kiln::Result<()> {
-    for (name, build) in [("softmax_over_queries", softmax_over_queries as Build)] {
+    for (name, build) in [
+        ("softmax_over_queries", softmax_over_queries as Build),
+        ("dropout_on_probabilities", dropout_on_probabilities),
+        ("bias_inside_the_scale", bias_inside_the_scale),
+    ] {
         let (found, err) = run(build, false, seed())?;
         assert!(found.is_empty(), "{name}: wrongly found {found:?}");
         assert_eq!(err, 0.0, "{name}: the trace changed");

@@ -363,8 +363,11 @@ pub fn match_at(g: &Graph, root: NodeId, cache: &mut ConstCache) -> Result<Atten
     // Probabilities, possibly converted to v's dtype.
     let p = through_converts(g, *pv_l, &mut inner);
     let Some(mut x) = softmax_input(g, p, &mut inner) else {
+        // Dropout on the probabilities: `where(keep, p · 1/(1-rate), 0)`.
         if let Op::Select { on_true, .. } = op(g, p) {
-            if softmax_input(g, through_converts(g, *on_true, &mut Vec::new()), &mut Vec::new()).is_some() {
+            let kept = through_converts(g, *on_true, &mut Vec::new());
+            let kept = peel_scale(g, kept, &mut 1.0, cache).unwrap_or(kept);
+            if softmax_input(g, through_converts(g, kept, &mut Vec::new()), &mut Vec::new()).is_some() {
                 return Err(loud(
                     "dropout on the probabilities: cuDNN's dropout draws its own bits, which kiln's reference \
                      interpreter and the CPU plugin cannot reproduce (kiln's RNG contract)"

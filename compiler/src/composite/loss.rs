@@ -7,6 +7,7 @@
 //!   taken with or without a gradient, or no shift), or
 //! - `logsumexp(z) - Σ z · onehot(labels)`, the log-sum-exp as `log Σ exp(z -
 //!   m) + m` or `log Σ exp(z)`;
+//!
 //! the one-hot as an `iota` compared with the labels, converted. It becomes
 //! the LM-head composite (`lm_head_cross_entropy`), whose blocks never hold
 //! the `[n, vocab]` logits whole. Logits with a bias term, or read anywhere

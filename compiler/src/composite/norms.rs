@@ -6,6 +6,7 @@
 //!   variance as `mean((x - mean)²)` or as `mean(x²) - mean(x)²`, the
 //!   normalisation as `· rsqrt(..)` or `/ sqrt(..)`;
 //! - RMS norm: `x · rsqrt(mean(x²) + eps) · gamma`, likewise;
+//!
 //! a mean as a sum times `1/d` (or divided by `d`), kept or not; `x²` as
 //! `x · x` or `x ^ 2`; gamma and beta broadcast from `[d]`; float converts
 //! between the normalised value and the gain. Constants are read by value
