@@ -16,4 +16,7 @@
 pub use kiln_compiler as compiler;
 pub use kiln_compiler::ir::{DType, Shape, TensorType};
 pub use kiln_frontend::*;
+/// The model zoo (`kiln_models`): the MLP and GPT the CLI trains, and the
+/// transformers written as users write them.
+pub use kiln_models as models;
 pub use kiln_runtime as runtime;

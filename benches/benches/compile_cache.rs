@@ -1,4 +1,4 @@
-//! Compile overhead (BENCHMARKS.md `compile`, on the CPU plugin): a training
+//! Compile overhead (`benches/RESULTS.md`, "kiln's targets", `compile`; on the CPU plugin): a training
 //! step of the Fashion-MNIST MLP compiled cold, loaded warm from the
 //! persistent cache, and served from the in-memory cache. Target: a warm start
 //! from disk ≥ 20× faster than the cold compile.

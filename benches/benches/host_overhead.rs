@@ -1,4 +1,4 @@
-//! Host overhead of kiln's lazy-tensor path (BENCHMARKS.md targets):
+//! Host overhead of kiln's lazy-tensor path (targets: `benches/RESULTS.md`, "kiln's targets"):
 //! - `trace/op`: recording one elementwise op (target ≤ 0.5 µs);
 //! - `dispatch/chain1k`: a cache-hit `mark_step` of a 1000-node step, from the
 //!   call to the plugin's execute, reported without the execute itself

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Issue 14 (multihost) device checks, for nvidia-h200-x2, run from the repo root:
-#   bash .devcarry/multihost/gpu.sh [quick]
+#   bash benches/device/multihost.sh [quick]   (a release kiln and fmnist/ beside it)
 # 1. MLP: 2 processes x 1 GPU vs 1 process x 2 GPUs, same seed and global batch:
 #    every step's loss and the checkpoint (written by node 0 only) compared.
 # 2. Step time, 2 processes vs 1 process x 2 GPUs: mlp-b4096 and gpt2-small bf16.
@@ -50,7 +50,7 @@ PY
 
 B4K="train mlp --data $D/fmnist --hidden 4096,4096 --batch 4096 --max-steps 60 --lr 1e-3 --json"
 GPT="train gpt --text README.md --config gpt2-small --vocab 50304 --amp bf16 --max-grad-norm 1 --steps 8 --json"
-# `gpu.sh quick` skips the timings (section 2).
+# `multihost.sh quick` skips the timings (section 2).
 [ "$1" = quick ] && TIMED="" || TIMED="B4K GPT"
 for w in $TIMED; do
   echo "== $w 1 process x 2 GPUs"

@@ -1,5 +1,5 @@
 #!/bin/bash
-# remat-curve (shared/BENCHMARKS.md) in one command: kiln's gpt2-small bf16
+# remat-curve (benches/RESULTS.md, "kiln's targets") in one command: kiln's gpt2-small bf16
 # train step (device_bench's: B8 T1024, vocab 50304, AdamW) with no remat pass
 # and at 50/33/25% of its activation memory (docs/memory.md defines the
 # budget), one process per budget with the compile cache off, then JAX's same
@@ -19,7 +19,8 @@
 # $OUT/autotune.textproto and the later ones load them, so every budget runs a
 # GEMM shape on the same cuBLAS kernel (apart, each process's autotuner picks
 # its own, and the step time moves by 0.1-0.2 ms between processes:
-# docs/memory.md); REMAT_SHARE_AUTOTUNE=0 lets each process tune for itself.
+# docs/memory-journal.md, "The LM head's running dw and block rows");
+# REMAT_SHARE_AUTOTUNE=0 lets each process tune for itself.
 D=$(cd "$(dirname "$0")" && pwd)
 BIN=${REMAT_BIN:-$D/remat_curve}
 [ -x "$BIN" ] || BIN=$D/../../target/release/examples/remat_curve

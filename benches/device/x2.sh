@@ -1,5 +1,5 @@
 #!/bin/bash
-# On nvidia-h200-x2: issue 14's checks (mh.sh) and issue 15's 1- and 2-GPU
+# On nvidia-h200-x2: issue 14's checks (multihost.sh) and issue 15's 1- and 2-GPU
 # data-parallel figures (gpt2-small bf16 and mlp-b4096, batch per replica fixed).
 D=$(cd "$(dirname "$0")" && pwd); K=$D/kiln
 export PJRT_DEVICE=CUDA KILN_CACHE=off NCCL_NVLS_ENABLE=0 TF_CPP_MIN_LOG_LEVEL=2

@@ -351,7 +351,7 @@ impl Target {
         interconnect_bytes_per_s: 450e9,
     };
 
-    /// The lent H100 as measured (BENCHMARKS.md, 2026-11-22): a bf16 matmul
+    /// The lent H100 as measured (`benches/RESULTS.md`, "kiln's targets", 2026-11-22): a bf16 matmul
     /// reached 798 TFLOP/s and a copy 3.0 TB/s. TF32, f32 and NVLink were not
     /// measured; they keep the datasheet values.
     pub const H100_SXM_MEASURED: Target = Target {

@@ -461,7 +461,7 @@ fn a_convert_moved_through_a_reshape_grows_the_graph_by_at_most_one_node_a_firin
 
 /// Extraction keeps the recorded order: a walk from the outputs would emit
 /// `%3` (the first output's) before `%2`, as it put every weight gradient of
-/// a training step after the whole input-gradient chain (docs/memory.md).
+/// a training step after the whole input-gradient chain (docs/memory-journal.md ("The program's order")).
 #[test]
 fn extraction_keeps_the_recorded_order() {
     let out = golden(

@@ -143,7 +143,7 @@ pub fn training_state(model: &dyn Module, optimizer: &dyn Optimizer) -> Vec<(Str
 }
 
 /// [`training_state`] from named parameters (the built-in loops' `ParamStore`).
-pub(crate) fn state_of(params: Vec<(String, Tensor)>, optimizer: &dyn Optimizer) -> Vec<(String, Tensor)> {
+pub fn state_of(params: Vec<(String, Tensor)>, optimizer: &dyn Optimizer) -> Vec<(String, Tensor)> {
     let mut out: Vec<(String, Tensor)> = params.into_iter().map(|(n, t)| (format!("param.{n}"), t)).collect();
     out.extend(optimizer.state().into_iter().map(|(n, t)| (format!("optim.{n}"), t)));
     out.push(("rng.state".into(), crate::random::state()));
@@ -552,7 +552,7 @@ fn restore_all(path: &Path, targets: &[(String, Tensor)]) -> Result<u64> {
 }
 
 /// [`restore`] of a checkpoint already loaded from `path`.
-pub(crate) fn restore_loaded(path: &Path, loaded: Loaded, targets: &[(String, Tensor)]) -> Result<u64> {
+pub fn restore_loaded(path: &Path, loaded: Loaded, targets: &[(String, Tensor)]) -> Result<u64> {
     let mut plan = Vec::with_capacity(targets.len());
     for (name, t) in targets {
         let lit = loaded.tensors.iter().find(|(n, _)| n == name).map(|(_, l)| l).ok_or_else(|| {

@@ -105,6 +105,12 @@ impl Context {
     }
 }
 
+/// This thread's PJRT client, opened from the environment the first time
+/// (`PJRT_DEVICE`, the replica plan) unless one was set.
+pub fn client() -> Result<Client> {
+    with(|c| c.client())
+}
+
 /// Selects the backend for this thread's later steps.
 pub fn set_backend(backend: Backend) {
     with(|c| c.exec.backend = backend);

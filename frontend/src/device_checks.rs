@@ -163,7 +163,7 @@ fn setting(cell: &'static std::thread::LocalKey<Cell<Option<bool>>>, var: &'stat
 /// naming `op`, the layer recording now, and `what` the values are. Nothing is
 /// recorded when checks are off, for float tensors (they are not indices),
 /// or for empty ones.
-pub(crate) fn check_index_range(op: &'static str, what: &'static str, indices: &Tensor, bound: usize) -> Result<()> {
+pub fn check_index_range(op: &'static str, what: &'static str, indices: &Tensor, bound: usize) -> Result<()> {
     let dtype = indices.dtype();
     if !device_checks()? || !dtype.is_integer() || indices.elem_count() == 0 {
         return Ok(());

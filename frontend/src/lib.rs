@@ -24,7 +24,6 @@ pub mod limits;
 mod lowering;
 mod memory_limit;
 pub mod metrics;
-pub mod models;
 pub mod nn;
 pub mod optim;
 mod program;
@@ -41,8 +40,8 @@ pub mod warnings;
 /// candle-core, for [`Tensor::to_candle`] and [`Tensor::from_candle`].
 pub use candle_core;
 pub use capture::{compile_step, CompiledStep};
-pub use context::{backend, clear_compile_cache, set_backend, set_client, set_disk_cache};
-pub use device_checks::{detect_anomaly, device_checks, set_detect_anomaly, set_device_checks};
+pub use context::{backend, clear_compile_cache, client, set_backend, set_client, set_disk_cache};
+pub use device_checks::{check_index_range, detect_anomaly, device_checks, set_detect_anomaly, set_device_checks};
 pub use element::Element;
 pub use error::{FrontendError, Result};
 pub use executor::Backend;
@@ -54,5 +53,5 @@ pub use memory_limit::{
 };
 pub use program::host_link_rate;
 pub use random::manual_seed;
-pub use step::{element_type, lower, lower_with, mark_step, step, LowerOpts, StepReport};
+pub use step::{donation_enabled, element_type, lower, lower_with, mark_step, step, LowerOpts, StepReport};
 pub use tensor::Tensor;

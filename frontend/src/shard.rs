@@ -889,7 +889,7 @@ pub fn parse_shard_flag(spec: &str, devices: usize) -> Result<Option<(Mesh, Poli
 }
 
 /// Applies the policy set by [`set_policy`] (none: nothing) to `store`.
-pub(crate) fn apply_active(store: &ParamStore) -> Result<()> {
+pub fn apply_active(store: &ParamStore) -> Result<()> {
     let Some(kind) = context::with(|c| c.exec.policy) else { return Ok(()) };
     if mesh()?.is_none() {
         return Ok(());

@@ -162,7 +162,7 @@ fn add_donations(trace: &mut Trace, receivers: &[Vec<Rc<Inner>>]) -> Result<()> 
 /// compiled afresh computed correctly; the CUDA plugin gives bit-identical
 /// training with and without donation (docs/donation.md). Without donation old
 /// buffers are still freed when a step replaces them, so live buffers stay flat.
-pub(crate) fn donation_enabled() -> Result<bool> {
+pub fn donation_enabled() -> Result<bool> {
     let on_cpu = || Ok::<_, FrontendError>(context::with(|c| c.client())?.platform_name() == "cpu");
     match kiln_runtime::env::bool_var("KILN_DONATE")? {
         Some(true) => {

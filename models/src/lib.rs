@@ -14,9 +14,14 @@
 //! the same weights.
 
 pub mod bert;
+pub mod gpt;
 pub mod gpt2;
 pub mod llama;
+pub mod mlp;
 pub mod t5;
+pub mod training;
+
+pub use training::{init_placement, SetupBreakdown, ENV_INIT};
 
 /// How a model spells the parts kiln has built-in calls for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -17,7 +17,7 @@
 //! Prints every program's compiled memory stats (device and host temp
 //! bytes), runs each on the same random inputs and compares the outputs
 //! with the plain program's bit for bit (`HOST_OFFLOAD_PRINT=1` prints the
-//! programs). Any compile or run error is printed whole (docs/memory.md
+//! programs). Any compile or run error is printed whole (docs/memory-journal.md ("Host offload")
 //! records them).
 //!
 //! ```text

@@ -120,7 +120,7 @@ impl Default for CompileOptions {
 /// that reads it. In a step with collectives (SPMD partitions, replicas' gradient
 /// all-reduce) XLA CUDA's latency-hiding scheduler reorders the backward around
 /// them and undoes the plan. gpt2-small on two H200s (2026-11-28,
-/// `docs/memory.md`, "Remat with collectives on GPUs"), XLA's temp a device:
+/// `docs/memory-journal.md`, "Remat with collectives on GPUs"), XLA's temp a device:
 /// under FSDP 4.63 GB unplanned, 3.60 GB at 50% of the activation memory and
 /// 3.75 GB at 25% with the scheduler, 2.76 and 1.76 GB without; data-parallel
 /// replicas 5.06 GB unplanned, 4.85 GB at 25% with it, 1.05 GB without. Step

@@ -326,7 +326,7 @@ impl PlanReport {
             lines.push(format!(
                 "  no value copied to the host: greedy's plan alone was the strategy's best \
                  (the least added time by the model, a trip priced at {:.0} µs, or over the budget \
-                 the lowest peak; docs/memory.md, \"What a copy costs\")",
+                 the lowest peak; docs/memory-journal.md, \"What a copy costs\")",
                 HOST_COPY_TRIP_SECONDS * 1e6
             ));
         }

@@ -281,7 +281,7 @@ fn fused_op_matches_the_pair_it_replaces() {
 /// barrier's copy. XLA CUDA keeps only the operands of a barrier whose
 /// results something reads; with the nll as a bare anchor it dropped it and
 /// ran gpt2-small's eight 1024-row blocks back to back, each in a buffer of
-/// its own (`docs/memory.md`, "The LM head in two passes").
+/// its own (`docs/memory-journal.md`, "The LM head in two passes").
 #[test]
 fn forward_blocks_chain_through_barrier_results_that_are_read() {
     let mut g = Graph::new();

@@ -323,7 +323,7 @@ fn ladder(n: usize) -> anyhow::Result<Graph> {
 /// +107.0e6) and on the MLP with XLA-like fusion at 70% (+139.0e6 against
 /// +274.1e6): greedy's later choices read clones its earlier ones made, which
 /// a program over the unplanned graph's candidates alone cannot choose
-/// (`docs/memory.md`, "The exact strategy's conditional candidates").
+/// (`docs/memory-journal.md`, "The exact strategy's conditional candidates").
 #[test]
 fn the_exact_strategy_is_within_10_percent_of_greedy_on_small_graphs() -> anyhow::Result<()> {
     let every = kiln::compiler::memory::EveryNodeAKernel;
@@ -419,7 +419,7 @@ fn greedy_remat_cuts_xla_temp_bytes_of_gpt2_small() -> anyhow::Result<()> {
     // B; 139 values, +3.39e12 FLOPs), the plan with block segments, whose
     // model peak is the lower. The value-by-value plan alone: 2.54x (124
     // values, +2.33e12 FLOPs); without the sequencing, 2.41x; before the
-    // rewrite kept the program's order, 1.11x (docs/memory.md).
+    // rewrite kept the program's order, 1.11x (docs/memory-journal.md ("The program's order")).
     assert!(m1.held_bytes() * 2 <= m0.held_bytes(), "{m0:?} -> {m1:?}");
     Ok(())
 }

@@ -253,7 +253,7 @@ fn tensor_parallel_step_all_reduces_four_times_per_layer_and_never_reshards_head
     // With the weights read through the remat fence (and through the CPU
     // target's ordering guards), the 25% plan of this step made 33
     // all-gathers more than the unplanned step's 28, and gpt2-small's on two
-    // H200s 90 more than its 9 (`docs/memory.md`, "Remat under FSDP reads the
+    // H200s 90 more than its 9 (`docs/memory-journal.md`, "Remat under FSDP reads the
     // gathered weights"). One gather more is allowed, the embedding's gradient
     // (`[vocab, dim]`): on the CPU target the ordering pass anchors a guard on
     // its scatter, so XLA no longer folds the scatter into the LM head's dw,

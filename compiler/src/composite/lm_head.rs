@@ -371,7 +371,7 @@ pub(crate) fn expand_forward(
         // nll, and that nll is read through it: XLA CUDA drops a barrier's
         // operand whose result nothing reads, and with it the order. With the
         // nll only an anchor, it ran all eight of gpt2-small's 1024-row blocks
-        // of logits back to back, each in its own buffer (`docs/memory.md`,
+        // of logits back to back, each in its own buffer (`docs/memory-journal.md`,
         // "The LM head in two passes").
         let after = nll.last().copied();
         let b = block(g, h, w, labels, (rows, span), after, nll.last_mut(), guard)?;
@@ -512,7 +512,7 @@ fn total_dw(g: &mut Graph, running: ValueId, dtype: DType) -> Result<ValueId> {
 /// last block's dw share is made and added. Unfenced, XLA's CUDA scheduler
 /// put that GEMM at the end of the step, where the tied table's gradient
 /// first reads dw, and kept the last block's dl (196.5 MiB for gpt2-small)
-/// live through the whole backward (`docs/memory.md`, "dl written over the
+/// live through the whole backward (`docs/memory-journal.md`, "dl written over the
 /// logits"). The anchor is the f32 sum, a kernel's output: a fence on its
 /// rounding to w's dtype, which XLA fuses into the later reader, held nothing.
 fn finish(g: &mut Graph, rows: Rows, dh: Vec<ValueId>, running_dw: Option<ValueId>, guard: bool) -> Result<ValueId> {

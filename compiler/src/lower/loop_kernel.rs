@@ -7,7 +7,7 @@
 //! backward, XLA's CUDA backend makes the recomputation, the backward and the
 //! sum one reduction kernel with several outputs, and that kernel runs at
 //! about 2.0 TB/s where a loop kernel reaches 2.8 (gpt2-small on the H100:
-//! 102 µs a layer against 72; `docs/memory.md`, "The bias gradient split off
+//! 102 µs a layer against 72; `docs/memory-journal.md`, "The bias gradient split off
 //! a recomputed GELU"). Two clones of one chain, each behind its own barrier,
 //! also make XLA compute the chain twice. The kernel here tiles the rows and
 //! columns, computes the elementwise body once per element (common

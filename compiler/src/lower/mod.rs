@@ -140,7 +140,7 @@ impl LowerTarget {
     /// `CompileOptions::keep_order`): one with a remat plan (`planned`) and
     /// collectives (partitions or replicas) on CUDA, where XLA's
     /// latency-hiding scheduler reorders the backward around the collectives
-    /// and undoes the plan (`docs/memory.md`, "Remat with collectives on
+    /// and undoes the plan (`docs/memory-journal.md`, "Remat with collectives on
     /// GPUs"). The CPU plugin's programs keep their plans.
     pub fn keeps_plan_order(self, planned: bool, collectives: bool) -> bool {
         planned && collectives && self == LowerTarget::Cuda

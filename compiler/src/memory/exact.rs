@@ -27,7 +27,7 @@
 //! their conditions, and a conditional chain before a chosen candidate it
 //! reads. (Greedy, choosing on the graph its earlier choices rewrote, gets
 //! such plans for free; without them the program could not, and was up to
-//! 2.6× dearer than greedy on the tiny GPT: `docs/memory.md`.)
+//! 2.6× dearer than greedy on the tiny GPT: `docs/memory-journal.md`, "The exact strategy's conditional candidates".)
 //!
 //! The sum is exact when candidates do not interact; they do (two
 //! conditional variables of one condition, a chain through a third

@@ -6,7 +6,7 @@
 //! Why this and not [`super::HostOffload`]: XLA's host offload turns its
 //! annotations into async copies that XLA's latency-hiding scheduler reorders
 //! the backward around (more memory), or, with that scheduler off, runs
-//! between the kernels (docs/memory.md, "Host offload at the tight budgets").
+//! between the kernels (docs/memory-journal.md, "Host offload at the tight budgets").
 //! kiln's copies are custom calls, ordinary instructions to that scheduler,
 //! whose handlers (`kiln_runtime::pjrt::host_copy`) run the copies on copy
 //! streams of the runtime's, so the program keeps this module's order and
@@ -54,7 +54,7 @@
 //!   buffers; on the 21% gpt2-small plan this takes 64 stops to 29 (measured
 //!   0.06 ms a step).
 //!
-//! Measured on the H200 (gpt2-small bf16, docs/memory.md, "Host copies of
+//! Measured on the H200 (gpt2-small bf16, docs/memory-journal.md, "Host copies of
 //! kiln's own" and "Host copies honest about the link"): with the waits
 //! after the kernel a copy ends during and the link at 40 GB/s, 22% of the
 //! activation memory reads 4.65× less XLA temp at +14.3% to +14.9% of the
@@ -87,14 +87,14 @@ use super::remat::{budget_bytes, finish, Greedy, RematBudget, RematChoice, Remat
 /// forward in 5.31 ms where CUPTI measured 4.24 (its backward 1.18× over):
 /// 54.7 GB/s of wall time is 43.7 GB/s of model time in the forward. At
 /// 45 GB/s the link carried more before the LM head than the device can, so
-/// XLA's stream waited for copies; 40 leaves a margin (docs/memory.md,
+/// XLA's stream waited for copies; 40 leaves a margin (docs/memory-journal.md,
 /// "Host copies honest about the link").
 pub const HOST_COPY_LINK_BYTES_PER_SECOND: f64 = 40e9;
 
 /// What one value's trip out and back adds to the step beyond the model's
 /// kernels, in seconds: its four custom calls' launches and waits, and the
 /// fusions XLA splits around them. Measured on the H200 (gpt2-small bf16,
-/// docs/memory.md, "What a copy costs"): with greedy's own ratio of device
+/// docs/memory-journal.md, "What a copy costs"): with greedy's own ratio of device
 /// to model time at a nearby budget in the same call taken out, the 16
 /// copies of the 22%, 50% and 49% plans ran 22–25, 30 and 41 µs a copy over
 /// their model.
@@ -381,7 +381,7 @@ fn plan_trips(
 /// little: each custom call cuts XLA's command buffers (CUDA graphs) there,
 /// and on the H200 the 68 calls of 17 trips cost about 0.6 ms a step that way
 /// (with command buffers off, the same plan ran 0.2 ms faster than greedy's,
-/// where with them on it ran 0.4 ms slower; docs/memory.md). A copy out's end
+/// where with them on it ran 0.4 ms slower; docs/memory-journal.md ("Host copies of kiln's own")). A copy out's end
 /// moves to the first later copy out's start before the peak that depends on
 /// the value (a little more memory held, no less overlap); a copy back's
 /// start moves to the latest earlier copy back's end after the peak whose
@@ -450,7 +450,7 @@ fn share_stops(trips: &[Trip], at: usize, found: &Found) -> Vec<Trip> {
 /// step and takes microseconds, where its trips out and back take the link's
 /// time from the activations. On the H200 the 50% gpt2-small plan sent ten
 /// weight copies and both embedding lookups first, and XLA's stream waited
-/// 0.18 ms a step in the third block for a copy behind them (docs/memory.md,
+/// 0.18 ms a step in the third block for a copy behind them (docs/memory-journal.md,
 /// "Host copies at a loose budget").
 fn one_kernel_over_inputs(g: &Graph, v: ValueId) -> bool {
     fn input_or_view(g: &Graph, v: ValueId) -> bool {

@@ -10,7 +10,7 @@
 //! output, a bf16 weight copy) is written by a kernel of its own that reads
 //! the chain's inputs, while one that feeds an elementwise kernel fuses into
 //! it and costs that kernel its extra inputs' bytes. Measured on the H100
-//! (`docs/memory.md`, "What a plan's step time is made of"): a plan of 2.1%
+//! (`docs/memory-journal.md`, "What a plan's step time is made of"): a plan of 2.1%
 //! extra FLOPs, almost all elementwise, cost 1.05 ms of kernel time, 5.2%.
 //!
 //! The model: each materialized node of a [`Liveness`] is a kernel; its
@@ -42,7 +42,7 @@ pub const MIN_KERNEL_SECONDS: f64 = 1.4e-6;
 /// H100's recomputed GELU outputs (read 48 MiB, write 48 MiB) took 42 µs,
 /// 2.4 TB/s, and its bf16 weight copies 2.6 TB/s, against the 3.0 TB/s of
 /// [`Target::H100_SXM_MEASURED`] (2026-11-23 trace of the 50% plan,
-/// `docs/memory.md`).
+/// `docs/memory-journal.md`, "Achieved rates in the kernel model").
 pub const ACHIEVED_BANDWIDTH: f64 = 0.82;
 
 /// The share of the target's peak a GEMM's arithmetic runs at: the H100's
@@ -55,7 +55,7 @@ pub const ACHIEVED_GEMM: f64 = 0.88;
 /// its two matmuls at: 46.8 µs a call for gpt2-small's causal [8, 12, 1024,
 /// 64] (12.9 GFLOP counting the unmasked half), 275 TFLOP/s against the 798
 /// of [`Target::H100_SXM_MEASURED`] (2026-11-24 trace of the unplanned step,
-/// `docs/memory.md`). Priced as a GEMM, a recomputed attention looked 2.5
+/// `docs/memory-journal.md`, "The attention's rate and a passed anchor"). Priced as a GEMM, a recomputed attention looked 2.5
 /// times cheaper than it ran.
 pub const ACHIEVED_ATTENTION_FORWARD: f64 = 0.345;
 

@@ -47,7 +47,7 @@
 //! 24.28 ms against 0.87 GB and 22.36 ms): XLA's latency-hiding scheduler
 //! reorders the backward to hide the copies (more memory), and without it
 //! the copies do not overlap (22%: 785 MB, the plan, at +11 ms). So it is
-//! opt-in (docs/memory.md, "Host offload" and "Host offload at the tight
+//! opt-in (docs/memory-journal.md, "Host offload" and "Host offload at the tight
 //! budgets").
 //!
 //! The XLA CPU plugin has no host memory space and refuses the annotation

@@ -3,7 +3,7 @@
 //! from the saved queries, keys and statistics) can be run by XLA's scheduler
 //! anywhere after the forward. On gpt2-small's planned step XLA ran three
 //! blocks' `[8, 12, 1024, 1024]` probabilities during the LM head's backward
-//! (1.2 GB live at the peak, docs/memory.md), which the peak model, following
+//! (1.2 GB live at the peak, docs/memory-journal.md ("Why the 2x is not reached on the CPU plugin")), which the peak model, following
 //! insertion order, never sees.
 //!
 //! The rewrite: each such kernel of at least [`PIN_MIN_BYTES_FRACTION`] of
@@ -137,7 +137,7 @@ fn guarded_operands(g: &Graph, id: NodeId, pos: &[Option<usize>], bwd: usize, we
 /// never runs unless a guard stops the rewrite. gpt2-small's tied embedding
 /// is such a case (its input-side gradient is added to the LM head's dw):
 /// pinned, its f32 zeros `[50304, 768]` held the 22% plan 21 MB higher on
-/// the H200 (`docs/memory.md`, "Zeros pinned to the backward").
+/// the H200 (`docs/memory-journal.md`, "Zeros pinned to the backward").
 fn folded_by_xla(g: &Graph, id: NodeId) -> bool {
     let is_output = |n: NodeId| g.outputs().iter().any(|o| o.node == n);
     let users = g.users(id);

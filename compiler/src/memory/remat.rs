@@ -121,7 +121,7 @@ pub struct RematOptions<'a> {
     /// over (FSDP). A value computed from them alone (a weight, its cast, its
     /// transpose) is never recomputed and is read where it is, outside the
     /// barrier: recomputing it, or reading it through the barrier, gathers
-    /// the weight again (`docs/memory.md`, "Remat under FSDP reads the
+    /// the weight again (`docs/memory-journal.md`, "Remat under FSDP reads the
     /// gathered weights").
     pub gathered_params: Vec<u32>,
 }
@@ -192,7 +192,7 @@ impl RematOptions<'static> {
     /// fewer FLOPs, XLA's peak cut 2.01x against 1.95x). On XLA CUDA they pay
     /// at tight budgets only: gpt2-small at 25% of its activation memory
     /// took 24.0 ms a step at 0.98 GiB of temp against 25.9 ms at 0.90 GiB
-    /// value by value (`docs/memory.md`), and at 50% and 40% a plan with
+    /// value by value (`docs/memory-journal.md`, "Block segments on CUDA at tight budgets"), and at 50% and 40% a plan with
     /// segments is the value plan or dearer, hence [`SEGMENTS_FROM`].
     pub fn for_target(budget: RematBudget, target: crate::LowerTarget) -> RematOptions<'static> {
         let drops = !target.keeps_barriers();
@@ -609,7 +609,7 @@ impl Round<'_, '_> {
     /// peak is tried again each round, as the peak moves. On gpt2-small's
     /// train step this gives the plans of measuring every candidate each
     /// round, or plans within 0.3% of their predicted time, in a third of
-    /// the time (`docs/memory.md`).
+    /// the time (`docs/memory-journal.md`, "The remat pass's own time").
     ///
     /// The window's fresh measurements run on rayon's threads; the old
     /// scores that are measured again, one at a time, decide which is next.
@@ -1073,7 +1073,7 @@ pub(super) fn anchor_for(
         // they read is the late region's: GELU's derivative reads the
         // recomputed `tanh` and, through them, the cotangent. Waiting for the
         // cotangent keeps the clones in the kernel XLA fuses the derivative
-        // into (docs/memory.md, "One pass over a recomputed leaf").
+        // into (docs/memory-journal.md, "One pass over a recomputed leaf").
         let view = !l.materialized[i] || matches!(g.node(a.node).op, Op::Reshape { .. } | Op::Whole { .. });
         if view {
             stack.extend(g.node(a.node).op.inputs());

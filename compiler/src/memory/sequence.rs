@@ -57,7 +57,7 @@ pub fn sequence_backward(
 /// [`sequence_backward`] for compiling to `target`: `g` unchanged where the
 /// target keeps barriers (XLA CUDA orders the backward itself; held to the
 /// program's order by barriers, gpt2-small's planned step took 24-27% more
-/// time and 10-12% more temp on the H100, `docs/memory.md`), else with its
+/// time and 10-12% more temp on the H100, `docs/memory-journal.md`, "Sequencing the backward on CUDA: measured, not kept"), else with its
 /// fusion model.
 pub fn sequence_for(
     g: &Graph,

@@ -131,7 +131,7 @@ fn choose(eg: &EGraph) -> HashMap<Id, (u128, TensorLang)> {
 /// `original`) takes the place of its earliest user, just before it. So the
 /// output keeps the program order the frontend recorded (autodiff's: each
 /// layer's weight gradient beside its input gradient), the order the peak
-/// model and the remat pass judge (docs/memory.md, "The program's order"). A walk from the
+/// model and the remat pass judge (docs/memory-journal.md, "The program's order"). A walk from the
 /// outputs would emit, after the whole input-gradient chain, the weight
 /// gradients in the order of the parameters they update, keeping every
 /// layer's activations and cotangents live to the end of the backward.

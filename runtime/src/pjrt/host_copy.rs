@@ -5,7 +5,7 @@
 //! Why not XLA's host offload: XLA turns its placement annotations into
 //! `copy-start`/`copy-done` pairs that its latency-hiding scheduler reorders
 //! the backward around (more memory), and without that scheduler they run
-//! between the kernels (docs/memory.md, "Host offload at the tight
+//! between the kernels (docs/memory-journal.md, "Host offload at the tight
 //! budgets"). A custom call is an ordinary instruction to that scheduler, so
 //! the program keeps the order kiln's planner gave it, and the copies still
 //! overlap the kernels because they run on other streams.

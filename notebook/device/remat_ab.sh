@@ -6,7 +6,7 @@
 # steps), the runs, XLA's temp bytes and the loss before and after the timed
 # steps (about 34 steps on one batch: 8.88-8.95 when the step is right).
 #
-#   OUT=dir benches/device/remat_ab.sh BIN:BUDGET:TRITON:LMHEAD[:dump[:EXTRA]] ...
+#   OUT=dir notebook/device/remat_ab.sh BIN:BUDGET:TRITON:LMHEAD[:dump[:EXTRA]] ...
 #
 # BIN: runs `remat_curve_BIN` beside this script; BUDGET: none or a percentage;
 # TRITON: on, or off for `--xla_gpu_enable_triton_gemm=false`; LMHEAD: default,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # mlp-b4096: kiln's and JAX's optimized HLO (XLA dumps) and per-kernel GPU
 # times (Nsight Compute, one metric) of the same training step, side by side.
-# Usage: investigate.sh BIN_DIR  (BIN_DIR as for run.sh, plus jax_mlp.py)
+# Usage: investigate.sh BIN_DIR  (BIN_DIR as for benches/device/run.sh, plus
+# benches/device/jax_mlp.py and kernels.py)
 set -u
 BIN=$(cd "$1" && pwd)
 export OUT=${OUT:-/tmp/kiln-device}

@@ -9,8 +9,8 @@
 # step time and the step's memory the same without preallocation over a long
 # run (fragmentation)?
 #
-#   bash benches/device/prealloc.sh          (kiln beside this script, else target/release/kiln)
-#   PJRT_DEVICE=cpu PREALLOC_CONFIG=tiny PREALLOC_STEPS=20 bash benches/device/prealloc.sh   (a dry run)
+#   bash notebook/device/prealloc.sh          (kiln beside this script, else target/release/kiln)
+#   PJRT_DEVICE=cpu PREALLOC_CONFIG=tiny PREALLOC_STEPS=20 bash notebook/device/prealloc.sh   (a dry run)
 D=$(cd "$(dirname "$0")" && pwd)
 K=${KILN_BIN:-$D/kiln}
 [ -x "$K" ] || K=$(cd "$D/../.." && pwd)/target/release/kiln

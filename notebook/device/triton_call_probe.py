@@ -5,7 +5,8 @@ backend config: name, ir, grid, num_warps, num_stages), then runs it.
     python3 triton_call_probe.py       # on the device
 
 Result (2026-11-24, jax 0.11.2): the call runs; `ir` is the Triton module as
-MLIR bytecode. docs/memory.md, "kiln's own kernels for the MLP's backward".
+MLIR bytecode. benches/RESULTS.md, "kiln's own kernels for the MLP's backward";
+docs/memory-journal.md, "Kernels of one's own for the 2× point".
 """
 import jax, jax.numpy as jnp, traceback
 from jax.experimental import pallas as pl

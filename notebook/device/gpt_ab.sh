@@ -5,7 +5,7 @@
 # injection), its XLA temporaries, and cuDNN vs plain attention numerics.
 # Usage: gpt_ab.sh, from a folder holding it with device_bench_new,
 # device_bench_old, kiln, attention-test (testsuite's `attention` test
-# binary), jax_gpt.py, ktrace.c and ktrace.py.
+# binary), and benches/device/'s jax_gpt.py, ktrace.c and ktrace.py.
 set -u
 D=$(cd "$(dirname "$0")" && pwd)
 export PJRT_DEVICE=CUDA PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2 KILN_CACHE=off XLA_PYTHON_CLIENT_PREALLOCATE=false

@@ -6,8 +6,8 @@
 # Compute (one metric, clocks left alone) and summed by kind (step_kernels.py).
 # The XLA per-fusion autotune cache is filled by the timed runs so that the
 # profiled runs reuse the same kernel choices instead of re-autotuning under
-# the profiler. Usage: gpt_profile.sh BIN_DIR (device_bench and this folder's
-# scripts); writes $OUT/summary.log, kernels.md, dumps.tgz.
+# the profiler. Usage: gpt_profile.sh BIN_DIR (device_bench; beside this script,
+# benches/device/jax_gpt.py and step_kernels.py); writes $OUT/summary.log, kernels.md, dumps.tgz.
 set -u
 D=$(cd "$(dirname "$0")" && pwd)
 BIN=$(cd "${1:-$D}" && pwd)

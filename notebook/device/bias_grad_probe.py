@@ -12,7 +12,7 @@ calls, two passes.
 
     python3 bias_grad_probe.py         # on the device (H100)
 
-Results: benches/RESULTS.md, "The bias gradient beside a recomputed GELU".
+Results: benches/RESULTS.md, "The bias gradient split off a recomputed GELU".
 """
 import jax, jax.numpy as jnp
 from jax import lax

@@ -5,7 +5,7 @@
 //! run compiles one program. Dropout draws from the in-graph generator, whose
 //! state is part of the checkpointed training state. With `amp` or
 //! `max_grad_norm` set, the update goes through
-//! [`crate::train_step::TrainStep`] (the forward under autocast, the gradients
+//! [`kiln_frontend::train_step::TrainStep`] (the forward under autocast, the gradients
 //! clipped, f16 loss-scaled).
 
 use std::path::Path;
@@ -13,16 +13,16 @@ use std::time::Instant;
 
 use kiln_compiler::ir::DType;
 
-use crate::amp;
-use crate::error::{FrontendError, Result};
-use crate::models::mlp::{StepInfo, TrainReport};
-use crate::nn::{
+use crate::mlp::{StepInfo, TrainReport};
+use kiln_frontend::amp;
+use kiln_frontend::nn::{
     self, CausalSelfAttention, Embedding, HostRng, InitPlacement, LayerNorm, MlpBlock, Module, ParamStore,
 };
-use crate::optim::{AdamW, AdamWConfig, WarmupCosine};
-use crate::tensor::Tensor;
-use crate::train_step::TrainStep;
-use crate::{checkpoint, metrics, random};
+use kiln_frontend::optim::{AdamW, AdamWConfig, WarmupCosine};
+use kiln_frontend::train_step::TrainStep;
+use kiln_frontend::Tensor;
+use kiln_frontend::{checkpoint, metrics, random};
+use kiln_frontend::{FrontendError, Result};
 
 /// Model and training settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -42,7 +42,7 @@ pub struct GptConfig {
     /// Clip the global gradient norm to this. `None`: no clipping.
     pub max_grad_norm: Option<f64>,
     /// Where parameters are initialised; `None`: `KILN_INIT`, else on the
-    /// devices on the PJRT backend (`super::init_placement`).
+    /// devices on the PJRT backend (`crate::training::init_placement`).
     pub init: Option<InitPlacement>,
     /// How the loss meets the tied LM head; `None`: `KILN_LM_HEAD`, else the
     /// backend's default ([`LmHeadLoss::resolve`]).
@@ -88,11 +88,11 @@ impl LmHeadLoss {
     /// blocks cut XLA's temp of the gpt2-small step from 12.30 to 7.81 GB
     /// (`testsuite/tests/memory.rs`). (Before the compiler chained the blocks
     /// by data on the CPU target, XLA CPU ran them side by side and the CPU
-    /// kept the logits: `docs/memory.md`, "Fences the CPU plugin keeps".)
+    /// kept the logits: `docs/memory-journal.md`, "Fences the CPU plugin keeps".)
     pub fn default_for_backend(logits_bytes: u64) -> Result<LmHeadLoss> {
-        Ok(match crate::context::backend() {
-            crate::context::Backend::Pjrt => {
-                if crate::context::with(|c| c.client())?.platform_name() != "cpu" {
+        Ok(match kiln_frontend::backend() {
+            kiln_frontend::Backend::Pjrt => {
+                if kiln_frontend::client()?.platform_name() != "cpu" {
                     LmHeadLoss::DEFAULT_GPU
                 } else if logits_bytes > nn::LM_HEAD_BLOCK_BYTES {
                     LmHeadLoss::DEFAULT
@@ -100,7 +100,7 @@ impl LmHeadLoss {
                     LmHeadLoss::Logits
                 }
             }
-            crate::context::Backend::Reference | crate::context::Backend::Eager => LmHeadLoss::Logits,
+            kiln_frontend::Backend::Reference | kiln_frontend::Backend::Eager => LmHeadLoss::Logits,
         })
     }
 
@@ -226,25 +226,25 @@ impl GptConfig {
             return bad("steps", 0.0, "at least 1");
         }
         // The schedule's rate reaches the step as an f32 scalar.
-        if !(self.lr > 0.0 && crate::optim::f32_rate(self.lr).is_some()) {
+        if !(self.lr > 0.0 && kiln_frontend::optim::f32_rate(self.lr).is_some()) {
             return bad("lr", self.lr, "a finite number above 0 that f32 can hold (1.4e-45 to 3.4e38)");
         }
         if !(0.0..1.0).contains(&self.dropout) {
             return bad("dropout", self.dropout, "in [0, 1)");
         }
-        crate::limits::check_host_bytes(
+        kiln_frontend::limits::check_host_bytes(
             format!(
                 "the GPT's parameters (vocab {}, seq {}, dim {}, {} layers; weights, gradients and AdamW state)",
                 self.vocab, self.seq, self.dim, self.layers
             ),
-            self.parameter_count().and_then(|p| crate::limits::checked_bytes(&[p, 4], 4)),
+            self.parameter_count().and_then(|p| kiln_frontend::limits::checked_bytes(&[p, 4], 4)),
         )?;
-        crate::limits::check_host_bytes(
+        kiln_frontend::limits::check_host_bytes(
             format!(
                 "the batch's tokens and targets (batch {} x seq {} x 2, {replicas} replica(s))",
                 self.batch, self.seq
             ),
-            crate::limits::checked_bytes(&[self.batch, self.seq, 2, replicas.max(1)], 4),
+            kiln_frontend::limits::checked_bytes(&[self.batch, self.seq, 2, replicas.max(1)], 4),
         )
     }
 }
@@ -412,8 +412,8 @@ impl GptTrainer {
 
     /// [`GptTrainer::new`], timing its phases (the counters and `other_ms`
     /// are left to the caller, who knows the whole set-up).
-    fn build(data: Vec<i32>, cfg: &GptConfig) -> Result<(GptTrainer, super::SetupBreakdown)> {
-        let mut times = super::SetupBreakdown::default();
+    fn build(data: Vec<i32>, cfg: &GptConfig) -> Result<(GptTrainer, crate::training::SetupBreakdown)> {
+        let mut times = crate::training::SetupBreakdown::default();
         let mut lap = Instant::now();
         if data.len() <= cfg.seq {
             return Err(FrontendError::InvalidArgument {
@@ -421,24 +421,24 @@ impl GptTrainer {
                 reason: format!("{} characters cannot fill one window of {} + 1", data.len(), cfg.seq),
             });
         }
-        let mut params = ParamStore::with_placement(cfg.seed, super::init_placement(cfg.init)?);
+        let mut params = ParamStore::with_placement(cfg.seed, crate::training::init_placement(cfg.init)?);
         let model = Gpt::new(&mut params, cfg)?;
-        times.model_ms = super::lap(&mut lap);
+        times.model_ms = crate::training::lap(&mut lap);
         // Under a mesh, the policy set for the run (`--shard`) before the
         // optimizer state is made from the parameters.
-        crate::shard::apply_active(&params)?;
-        times.shard_ms = super::lap(&mut lap);
+        kiln_frontend::shard::apply_active(&params)?;
+        times.shard_ms = crate::training::lap(&mut lap);
         // The optimizer state in each parameter's sharding, made where the
         // parameters are: on the device placement its zeros are recorded
         // for the init program (no host buffer, no upload).
         let opt = AdamW::with_state_on(&params.tensors(), optimizer(), params.placement())?;
-        times.optimizer_ms = super::lap(&mut lap);
+        times.optimizer_ms = crate::training::lap(&mut lap);
         // Then the init program runs (on-device init), producing each
         // parameter and state tensor in the sharding just set.
         params.materialize()?;
-        times.init_step_ms = super::lap(&mut lap);
+        times.init_step_ms = crate::training::lap(&mut lap);
         random::manual_seed(cfg.seed);
-        let ordered = super::ordered_step(cfg.amp, cfg.max_grad_norm)?;
+        let ordered = crate::training::ordered_step(cfg.amp, cfg.max_grad_norm)?;
         let trainer = GptTrainer {
             params,
             model,
@@ -463,7 +463,7 @@ impl GptTrainer {
     pub fn train_step(&mut self, lr: f64) -> Result<f64> {
         let (x, y) = self.next_batch()?;
         let loss = amp::autocast_if(self.cfg.amp, || self.model.loss(&x, &y, true))?;
-        let out = super::run_step(self.ordered.as_mut(), &self.params, &mut self.opt, &loss, lr)?;
+        let out = crate::training::run_step(self.ordered.as_mut(), &self.params, &mut self.opt, &loss, lr)?;
         self.step += 1;
         self.skipped += u64::from(out.skipped);
         Ok(out.loss)
@@ -471,7 +471,7 @@ impl GptTrainer {
 
     /// Every tensor of the training state, by name (for checkpoints).
     pub fn state(&self) -> Vec<(String, Tensor)> {
-        let mut state = super::training_state(&self.params, &self.opt);
+        let mut state = crate::training::training_state(&self.params, &self.opt);
         state.extend(self.ordered.iter().flat_map(TrainStep::state));
         state
     }
@@ -494,12 +494,12 @@ pub fn recorded_train_step(cfg: &GptConfig) -> Result<kiln_compiler::ir::Graph> 
     let params = &mut ParamStore::new(cfg.seed);
     let model = Gpt::new(params, cfg)?;
     let mut opt = AdamW::new(&params.tensors(), optimizer())?;
-    let ordered = super::ordered_step(cfg.amp, cfg.max_grad_norm)?;
+    let ordered = crate::training::ordered_step(cfg.amp, cfg.max_grad_norm)?;
     let (b, t) = (cfg.batch, cfg.seq);
     let token = |i: usize| (i * 7919 % cfg.vocab) as i32;
     let x = Tensor::from_vec((0..b * t).map(token).collect::<Vec<_>>(), [b, t])?;
     let y = Tensor::from_vec((1..=b * t).map(token).collect::<Vec<_>>(), [b * t])?;
-    super::recorded_step(|x, y| model.loss(x, y, true), params, &mut opt, ordered, cfg.amp, (&x, &y))
+    crate::training::recorded_step(|x, y| model.loss(x, y, true), params, &mut opt, ordered, cfg.amp, (&x, &y))
 }
 
 /// The GPT's training step captured (`kiln::compile_step`): inputs `[tokens,
@@ -514,8 +514,8 @@ pub fn captured_step<'a>(
     opt: &'a mut AdamW,
     ordered: Option<&'a mut TrainStep>,
     amp: Option<DType>,
-) -> crate::capture::CompiledStep<impl FnMut(&[Tensor]) -> Result<Vec<Tensor>> + 'a> {
-    super::captured_update(move |x, y| model.loss(x, y, true), params, opt, ordered, amp)
+) -> kiln_frontend::CompiledStep<impl FnMut(&[Tensor]) -> Result<Vec<Tensor>> + 'a> {
+    crate::training::captured_update(move |x, y| model.loss(x, y, true), params, opt, ordered, amp)
 }
 
 /// Random windows of `data` (see [`GptTrainer::next_batch`]).
@@ -524,7 +524,7 @@ fn sample_batch(data: &[i32], sampler: &mut HostRng, cfg: &GptConfig) -> Result<
     // `GptConfig::check` bounds `b·t`; a config that skipped it still gets
     // an error, not an overflow.
     let tokens = b.checked_mul(t).ok_or_else(|| {
-        let (limit, limit_source) = crate::limits::host_limit_bytes();
+        let (limit, limit_source) = kiln_frontend::limits::host_limit_bytes();
         FrontendError::TooLarge {
             what: format!("a batch of {b} windows of {t} tokens"),
             bytes: None,
@@ -534,8 +534,8 @@ fn sample_batch(data: &[i32], sampler: &mut HostRng, cfg: &GptConfig) -> Result<
     })?;
     // Every process draws every global replica's windows from the same
     // sampler and keeps its own, so the run sees what one process would.
-    let global = crate::replicas::global_replicas()?;
-    let local = crate::replicas::local_replica_indices()?;
+    let global = kiln_frontend::replicas::global_replicas()?;
+    let local = kiln_frontend::replicas::local_replica_indices()?;
     let (mut xs, mut ys) = (Vec::with_capacity(local.len()), Vec::with_capacity(local.len()));
     for g in 0..global {
         let (mut x, mut y) = (Vec::with_capacity(tokens), Vec::with_capacity(tokens));
@@ -550,12 +550,12 @@ fn sample_batch(data: &[i32], sampler: &mut HostRng, cfg: &GptConfig) -> Result<
         }
     }
     let (x, y) = (
-        crate::replicas::from_shards(xs, [b, t])?.with_name("tokens"),
-        crate::replicas::from_shards(ys, [tokens])?.with_name("targets"),
+        kiln_frontend::replicas::from_shards(xs, [b, t])?.with_name("tokens"),
+        kiln_frontend::replicas::from_shards(ys, [tokens])?.with_name("targets"),
     );
     // Under a mesh the batch splits over its `data` axis.
-    crate::shard::shard_batch(&x)?;
-    crate::shard::shard_batch(&y)?;
+    kiln_frontend::shard::shard_batch(&x)?;
+    kiln_frontend::shard::shard_batch(&y)?;
     Ok((x, y))
 }
 
@@ -606,8 +606,8 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
         });
     }
     let cfg = GptConfig { vocab: vocab.len().max(cfg.vocab), ..cfg.clone() };
-    cfg.check(crate::replicas::global_replicas()?)?;
-    let client = super::open_client()?;
+    cfg.check(kiln_frontend::replicas::global_replicas()?)?;
+    let client = crate::training::open_client()?;
     let client_seconds = client.seconds;
     let setup = Instant::now();
     let counters = metrics::snapshot();
@@ -615,7 +615,7 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
     // The set-up ends when the parameters exist: the init program (device
     // placement) has finished, not only been enqueued.
     let waited = Instant::now();
-    crate::executor::sync()?;
+    kiln_frontend::sync()?;
     breakdown.wait_ms = waited.elapsed().as_secs_f64() * 1e3;
     let setup_seconds = setup.elapsed().as_secs_f64();
     breakdown.finish(&counters, setup_seconds * 1e3);
@@ -638,15 +638,15 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
     // traced once, replayed with each batch and learning rate; the loss of
     // step n is read after step n+1 is enqueued, and steps are timed from one
     // completion (that read) to the next.
-    let mut clock = super::StepClock::default();
+    let mut clock = crate::training::StepClock::default();
     let mut captured = captured_step(&t.model, t.params.tensors(), &mut t.opt, t.ordered.as_mut(), cfg.amp);
     let mut unread: Option<(Vec<Tensor>, u64)> = None;
     let mut read = |unread: &mut Option<(Vec<Tensor>, u64)>,
                     report: &mut TrainReport,
-                    clock: &mut super::StepClock|
+                    clock: &mut crate::training::StepClock|
      -> Result<()> {
         if let Some((outputs, step)) = unread.take() {
-            let (loss, ms) = super::record_outcome(&outputs, report, clock)?;
+            let (loss, ms) = crate::training::record_outcome(&outputs, report, clock)?;
             on_step(&StepInfo { epoch: 0, step, steps_total: cfg.steps, loss, step_ms: ms });
         }
         Ok(())
@@ -666,7 +666,7 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
     report.train_seconds = start.elapsed().as_secs_f64();
     report.steps = t.step;
     report.loss_scale = t.ordered.as_ref().and_then(|o| o.scaler.as_ref()).map(|s| s.scale.item()).transpose()?;
-    crate::executor::sync()?;
+    kiln_frontend::sync()?;
     report.count_since(&before);
     Ok(report)
 }

@@ -3,6 +3,7 @@
 # the optimizer on, its optimized HLO and saved step graph, then its step's
 # kernels under Nsight Compute (JAX under ncu segfaulted in the first call;
 # its HLO from that call is the comparison). Usage: gpt_profile2.sh BIN_DIR
+# (device_bench; beside this script, benches/device/step_kernels.py)
 set -u
 D=$(cd "$(dirname "$0")" && pwd)
 BIN=$(cd "${1:-$D}" && pwd)

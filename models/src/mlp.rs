@@ -6,22 +6,22 @@
 //! run compiles two programs: the train step and the eval step.
 //!
 //! With `amp` set, the forward (and evaluation) runs under autocast and the
-//! update goes through [`crate::train_step::TrainStep`] (loss-scaled for f16).
+//! update goes through [`kiln_frontend::train_step::TrainStep`] (loss-scaled for f16).
 
 use std::time::Instant;
 
 use kiln_compiler::ir::DType;
 
-use crate::amp;
-use crate::context::{self, Backend};
-use crate::data::{self, Batch, FashionMnist, ImageSet, LastBatch, Prefetcher};
-use crate::error::{FrontendError, Result};
-use crate::nn::{cross_entropy, InitPlacement, Linear, Module, ParamStore};
-use crate::optim::{AdamW, AdamWConfig, WarmupCosine};
-use crate::step::mark_step;
-use crate::tensor::Tensor;
-use crate::train_step::TrainStep;
-use crate::{checkpoint, metrics, random};
+use kiln_frontend::amp;
+use kiln_frontend::data::{self, Batch, FashionMnist, ImageSet, LastBatch, Prefetcher};
+use kiln_frontend::mark_step;
+use kiln_frontend::nn::{cross_entropy, InitPlacement, Linear, Module, ParamStore};
+use kiln_frontend::optim::{AdamW, AdamWConfig, WarmupCosine};
+use kiln_frontend::train_step::TrainStep;
+use kiln_frontend::Backend;
+use kiln_frontend::Tensor;
+use kiln_frontend::{checkpoint, metrics, random};
+use kiln_frontend::{FrontendError, Result};
 
 /// A stack of linear layers with ReLU between them.
 #[derive(Clone, Debug)]
@@ -41,7 +41,7 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        crate::nn::scoped(|| Module::describe(self), || self.forward_layers(x))
+        kiln_frontend::nn::scoped(|| Module::describe(self), || self.forward_layers(x))
     }
 
     fn forward_layers(&self, x: &Tensor) -> Result<Tensor> {
@@ -104,7 +104,7 @@ pub struct MlpConfig {
     /// in f32. `None`: everything in f32.
     pub amp: Option<DType>,
     /// Where parameters are initialised; `None`: `KILN_INIT`, else on the
-    /// devices on the PJRT backend (`super::init_placement`).
+    /// devices on the PJRT backend (`crate::training::init_placement`).
     pub init: Option<InitPlacement>,
 }
 
@@ -165,7 +165,7 @@ pub struct TrainReport {
     /// already or the backend is not PJRT).
     pub client_seconds: f64,
     /// Where `setup_seconds` went (the GPT loop fills it).
-    pub setup: Option<super::SetupBreakdown>,
+    pub setup: Option<crate::training::SetupBreakdown>,
     /// Where the parameters were initialised.
     pub init: Option<InitPlacement>,
 }
@@ -221,14 +221,14 @@ pub const EXAMPLES_PER_STEP: &str = "data.examples_per_step";
 
 impl Trainer {
     pub fn new(pixels: usize, classes: usize, cfg: &MlpConfig) -> Result<Trainer> {
-        let mut params = ParamStore::with_placement(cfg.seed, super::init_placement(cfg.init)?);
+        let mut params = ParamStore::with_placement(cfg.seed, crate::training::init_placement(cfg.init)?);
         let model = Mlp::new(&mut params, &cfg.layer_sizes(pixels, classes))?;
         // The optimizer's zeros where the parameters are made (recorded for
         // the init program on the device placement), then the init step.
         let opt = AdamW::with_state_on(&params.tensors(), cfg.optimizer(), params.placement())?;
         params.materialize()?;
         random::manual_seed(cfg.seed);
-        let ordered = super::ordered_step(cfg.amp, None)?;
+        let ordered = crate::training::ordered_step(cfg.amp, None)?;
         Ok(Trainer { params, model, opt, step: 0, ordered, amp: cfg.amp, skipped: 0, examples_per_step: None })
     }
 
@@ -242,7 +242,7 @@ impl Trainer {
     pub fn train_step_on(&mut self, x: &Tensor, y: &Tensor, lr: f64) -> Result<f64> {
         let (x, y) = (x.clone(), y.clone());
         let loss = amp::autocast_if(self.amp, || cross_entropy(&self.model.forward(&x)?, &y, None))?;
-        let out = super::run_step(self.ordered.as_mut(), &self.params, &mut self.opt, &loss, lr)?;
+        let out = crate::training::run_step(self.ordered.as_mut(), &self.params, &mut self.opt, &loss, lr)?;
         self.step += 1;
         self.skipped += u64::from(out.skipped);
         Ok(out.loss)
@@ -255,7 +255,7 @@ impl Trainer {
             let (x, y) = data::image_batch(set, &b)?;
             // A test label no class can match would only lower the accuracy.
             let classes = self.model.layers.last().map_or(0, |l| l.weight.dims()[1]);
-            crate::device_checks::check_index_range("evaluate", "label", &y, classes)?;
+            kiln_frontend::check_index_range("evaluate", "label", &y, classes)?;
             let w = Tensor::from_vec(b.weights.clone(), [b.weights.len()])?;
             let pred = amp::autocast_if(self.amp, || self.model.forward(&x)?.argmax(-1))?;
             let hits = pred.eq(&y)?.to_dtype(DType::F32)?.mul(&w)?.sum_all()?;
@@ -267,7 +267,7 @@ impl Trainer {
 
     /// Every tensor of the training state, by name (for checkpoints).
     pub fn state(&self) -> Vec<(String, Tensor)> {
-        let mut state = super::training_state(&self.params, &self.opt);
+        let mut state = crate::training::training_state(&self.params, &self.opt);
         state.extend(self.ordered.iter().flat_map(TrainStep::state));
         state
     }
@@ -314,12 +314,12 @@ pub fn recorded_train_step(cfg: &MlpConfig) -> Result<kiln_compiler::ir::Graph> 
     let params = &mut ParamStore::new(cfg.seed);
     let model = Mlp::new(params, &cfg.layer_sizes(pixels, classes))?;
     let mut opt = AdamW::new(&params.tensors(), cfg.optimizer())?;
-    let ordered = super::ordered_step(cfg.amp, None)?;
+    let ordered = crate::training::ordered_step(cfg.amp, None)?;
     let b = cfg.batch;
     let x = Tensor::from_vec((0..b * pixels).map(|i| (i % 251) as f32 / 251.0).collect::<Vec<_>>(), [b, pixels])?;
     let y = Tensor::from_vec((0..b).map(|i| (i % classes) as i32).collect::<Vec<_>>(), [b])?;
     let loss = |x: &Tensor, y: &Tensor| cross_entropy(&model.forward(x)?, y, None);
-    super::recorded_step(loss, params, &mut opt, ordered, cfg.amp, (&x, &y))
+    crate::training::recorded_step(loss, params, &mut opt, ordered, cfg.amp, (&x, &y))
 }
 
 /// The MLP's training step captured (`kiln::compile_step`): inputs `[x, y,
@@ -333,8 +333,8 @@ pub fn captured_step<'a>(
     opt: &'a mut AdamW,
     ordered: Option<&'a mut TrainStep>,
     amp: Option<DType>,
-) -> crate::capture::CompiledStep<impl FnMut(&[Tensor]) -> Result<Vec<Tensor>> + 'a> {
-    super::captured_update(move |x, y| cross_entropy(&model.forward(x)?, y, None), params, opt, ordered, amp)
+) -> kiln_frontend::CompiledStep<impl FnMut(&[Tensor]) -> Result<Vec<Tensor>> + 'a> {
+    crate::training::captured_update(move |x, y| cross_entropy(&model.forward(x)?, y, None), params, opt, ordered, amp)
 }
 
 impl MlpConfig {
@@ -384,7 +384,7 @@ impl MlpConfig {
             return bad("max_steps", 0.0, "at least 1");
         }
         // The schedule's rate reaches the step as an f32 scalar.
-        if !(self.lr > 0.0 && crate::optim::f32_rate(self.lr).is_some()) {
+        if !(self.lr > 0.0 && kiln_frontend::optim::f32_rate(self.lr).is_some()) {
             return bad("lr", self.lr, "a finite number above 0 that f32 can hold (1.4e-45 to 3.4e38)");
         }
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
@@ -397,9 +397,9 @@ impl MlpConfig {
         let sizes = self.layer_sizes(pixels, CLASSES);
         let params =
             sizes.windows(2).try_fold(0usize, |acc, w| acc.checked_add(w[0].checked_mul(w[1])?.checked_add(w[1])?));
-        crate::limits::check_host_bytes(
+        kiln_frontend::limits::check_host_bytes(
             format!("the MLP {sizes:?} (weights, gradients and AdamW state)"),
-            params.and_then(|p| crate::limits::checked_bytes(&[p, 4], 4)),
+            params.and_then(|p| kiln_frontend::limits::checked_bytes(&[p, 4], 4)),
         )?;
         if self.checkpoint_every == Some(0) {
             return bad("checkpoint_every", 0.0, "at least 1");
@@ -418,9 +418,9 @@ impl MlpConfig {
 pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&StepInfo)) -> Result<TrainReport> {
     let before = metrics::snapshot();
     // The run's replicas: over several processes each keeps its own shards.
-    let replicas = crate::replicas::global_replicas()?;
+    let replicas = kiln_frontend::replicas::global_replicas()?;
     cfg.check(data, replicas)?;
-    let client = super::open_client()?;
+    let client = crate::training::open_client()?;
     let client_seconds = client.seconds;
     let setup = Instant::now();
     let mut t = Trainer::new(data.train.pixels(), CLASSES, cfg)?;
@@ -440,7 +440,7 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
         WarmupCosine { base_lr: cfg.lr, min_lr: cfg.lr * 0.05, warmup_steps: (total / 20).max(1), total_steps: total };
     let mut report =
         TrainReport { setup_seconds, client_seconds, init: Some(t.params.placement()), ..TrainReport::default() };
-    let mut clock = super::StepClock::default();
+    let mut clock = crate::training::StepClock::default();
     let start = Instant::now();
     // A resumed run starts in the epoch (and at the batch) where the saved
     // step left off; the shuffle of every epoch depends only on the seed.
@@ -451,7 +451,7 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
             break;
         }
         let seed = Some(cfg.seed ^ epoch as u64);
-        let mut steps = crate::replicas::local_shards(data::replica_batches(
+        let mut steps = kiln_frontend::replicas::local_shards(data::replica_batches(
             data.train.len(),
             cfg.batch,
             replicas,
@@ -475,10 +475,10 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
         let mut unread: Option<(Vec<Tensor>, u64)> = None;
         let mut read = |unread: &mut Option<(Vec<Tensor>, u64)>,
                         report: &mut TrainReport,
-                        clock: &mut super::StepClock|
+                        clock: &mut crate::training::StepClock|
          -> Result<()> {
             if let Some((outputs, step)) = unread.take() {
-                let (loss, ms) = super::record_outcome(&outputs, report, clock)?;
+                let (loss, ms) = crate::training::record_outcome(&outputs, report, clock)?;
                 on_step(&StepInfo { epoch, step, steps_total: total, loss, step_ms: ms });
             }
             Ok(())
@@ -525,7 +525,7 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     }
     // Every step has finished and reported (its checks included) before the
     // run is called done.
-    crate::executor::sync()?;
+    kiln_frontend::sync()?;
     report.steps = t.step;
     t.skipped += report.skipped_steps;
     report.loss_scale = t.ordered.as_ref().and_then(|o| o.scaler.as_ref()).map(|s| s.scale.item()).transpose()?;
@@ -534,14 +534,14 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
 }
 
 /// Checks `path` before any training: it must be writable without destroying
-/// anything ([`crate::atomic_write::checked_target`]). With `resume`, the
+/// anything ([`kiln_frontend::atomic_write::checked_target`]). With `resume`, the
 /// checkpoint there is restored into `t`. Without it, an existing file is
 /// replaced only with `overwrite`; anything there is refused otherwise, with
 /// what it is (a checkpoint of this model and its step, another model's, or
 /// not a readable checkpoint), so a rerun never replaces a run's checkpoint
 /// by accident.
 fn prepare_checkpoint(t: &mut Trainer, path: &std::path::Path, cfg: &MlpConfig) -> Result<()> {
-    let target = crate::atomic_write::checked_target(path)?;
+    let target = kiln_frontend::atomic_write::checked_target(path)?;
     let exists = target.exists();
     if cfg.resume {
         if !exists {
@@ -611,14 +611,14 @@ pub fn compare_with(other: Backend, data: &FashionMnist, cfg: &MlpConfig, steps:
         resume: false,
         ..cfg.clone()
     };
-    let previous = context::backend();
+    let previous = kiln_frontend::backend();
     let run = |backend| -> Result<Vec<f64>> {
-        context::set_backend(backend);
+        kiln_frontend::set_backend(backend);
         Ok(train(data, &cfg, |_| {})?.losses)
     };
     let compiled = run(Backend::Pjrt);
     let reference = compiled.as_ref().ok().map(|_| run(other));
-    context::set_backend(previous);
+    kiln_frontend::set_backend(previous);
     Ok((compiled?, reference.expect("ran after a successful compiled run")?))
 }
 

@@ -5,7 +5,7 @@
 # time (median of three runs of ten steps), XLA's temp bytes, the loss before
 # and after the timed steps.
 #
-#   OUT=dir benches/device/remat_flags_ab.sh BIN:BUDGET:FLAGS ...
+#   OUT=dir notebook/device/remat_flags_ab.sh BIN:BUDGET:FLAGS ...
 #
 # BIN: runs `remat_curve_BIN` beside this script; BUDGET: none or a
 # percentage; FLAGS: XLA flags, commas for spaces (empty for none). Used for

@@ -1,21 +1,21 @@
-//! Built-in models and their training loops (used by the CLI, tests and benches).
-
-pub mod mlp;
+//! What the built-in models' training loops share (the CLI's `kiln train`,
+//! tests and benches): the client's start, the set-up's breakdown, one
+//! recorded or captured update, the training state a checkpoint holds.
 
 use std::time::Instant;
 
 use kiln_compiler::ir::DType;
 
-use crate::amp::LossScalerConfig;
-use crate::error::{FrontendError, Result};
-use crate::executor::Backend;
-use crate::grad::grad;
-use crate::nn::{InitPlacement, ParamStore};
-use crate::optim::AdamW;
-use crate::replicas;
-use crate::step::mark_step;
-use crate::tensor::Tensor;
-use crate::train_step::{TrainStep, TrainStepOptions};
+use kiln_frontend::amp::LossScalerConfig;
+use kiln_frontend::grad;
+use kiln_frontend::mark_step;
+use kiln_frontend::nn::{InitPlacement, ParamStore};
+use kiln_frontend::optim::AdamW;
+use kiln_frontend::replicas;
+use kiln_frontend::train_step::{TrainStep, TrainStepOptions};
+use kiln_frontend::Backend;
+use kiln_frontend::Tensor;
+use kiln_frontend::{FrontendError, Result};
 
 /// Env var: where the built-in models initialise their parameters, `host` or
 /// `device` (see [`init_placement`]).
@@ -53,8 +53,8 @@ impl ClientStart {
 /// to that allocation, which meets it again and reports it.
 pub(crate) fn open_client() -> Result<ClientStart> {
     let started = Instant::now();
-    let client = match crate::context::backend() {
-        Backend::Pjrt => Some(crate::context::with(|c| c.client())?),
+    let client = match kiln_frontend::backend() {
+        Backend::Pjrt => Some(kiln_frontend::client()?),
         Backend::Reference | Backend::Eager => None,
     };
     let seconds = started.elapsed().as_secs_f64();
@@ -74,7 +74,7 @@ pub(crate) fn open_client() -> Result<ClientStart> {
 /// `setup_breakdown`), in milliseconds of host wall time. The phases
 /// (`model_ms` … `wait_ms`) add up to the set-up but for `other_ms`; the
 /// counters after them say what the steps inside those phases (the init
-/// program on the device placement) spent, from [`crate::metrics`].
+/// program on the device placement) spent, from [`kiln_frontend::metrics`].
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SetupBreakdown {
     /// Building the model: its parameters' host data (host init) or their
@@ -120,8 +120,8 @@ pub struct SetupBreakdown {
 impl SetupBreakdown {
     /// Fills the counters with what happened since `before`, and `other_ms`
     /// with what `total_ms` leaves after the phases.
-    pub(crate) fn finish(&mut self, before: &crate::metrics::Metrics, total_ms: f64) {
-        let after = crate::metrics::snapshot();
+    pub(crate) fn finish(&mut self, before: &kiln_frontend::metrics::Metrics, total_ms: f64) {
+        let after = kiln_frontend::metrics::snapshot();
         let ms = |a: std::time::Duration, b: std::time::Duration| a.saturating_sub(b).as_secs_f64() * 1e3;
         self.trace_ms = ms(after.trace_time, before.trace_time);
         self.pipeline_ms = ms(after.pipeline_time, before.pipeline_time);
@@ -164,8 +164,8 @@ pub fn init_placement(chosen: Option<InitPlacement>) -> Result<InitPlacement> {
             reason: format!("{ENV_INIT}={v:?} is not a placement; expected host or device"),
         });
     }
-    Ok(match crate::context::backend() {
-        Backend::Pjrt if crate::context::with(|c| c.client())?.platform_name() != "cpu" => InitPlacement::Device,
+    Ok(match kiln_frontend::backend() {
+        Backend::Pjrt if kiln_frontend::client()?.platform_name() != "cpu" => InitPlacement::Device,
         Backend::Pjrt | Backend::Reference | Backend::Eager => InitPlacement::Host,
     })
 }
@@ -255,7 +255,7 @@ pub(crate) fn record_update(
 /// the update [`record_update`] records, with every parameter, moment and
 /// other state it assigns over returned. Each of them donates its
 /// buffer to its new value where the loops' steps donate
-/// ([`crate::step::donation_enabled`]; not on the XLA CPU plugin, whose step
+/// ([`kiln_frontend::donation_enabled`]; not on the XLA CPU plugin, whose step
 /// then holds the old and the new state at once).
 pub(crate) fn recorded_step(
     loss: impl FnOnce(&Tensor, &Tensor) -> Result<Tensor>,
@@ -267,8 +267,8 @@ pub(crate) fn recorded_step(
 ) -> Result<kiln_compiler::ir::Graph> {
     let tensors = params.tensors();
     let lr = Tensor::scalar(1e-3f32);
-    let mut graph = crate::memory_limit::capture_graph(|| {
-        let loss = crate::amp::autocast_if(amp, || loss(x, y))?;
+    let mut graph = kiln_frontend::capture_graph(|| {
+        let loss = kiln_frontend::amp::autocast_if(amp, || loss(x, y))?;
         let mut out = record_update(ordered.as_mut(), &tensors, opt, &loss, &lr)?;
         // The state the step assigned over (the generator's only where the
         // model draws random numbers).
@@ -276,7 +276,7 @@ pub(crate) fn recorded_step(
         out.extend(state.map(|(_, t)| t).filter(Tensor::is_pending));
         Ok(out)
     })?;
-    if !crate::step::donation_enabled()? {
+    if !kiln_frontend::donation_enabled()? {
         graph.clear_aliases();
     }
     Ok(graph)
@@ -292,9 +292,9 @@ pub(crate) fn captured_update<'a>(
     opt: &'a mut AdamW,
     mut ordered: Option<&'a mut TrainStep>,
     amp: Option<DType>,
-) -> crate::capture::CompiledStep<impl FnMut(&[Tensor]) -> Result<Vec<Tensor>> + 'a> {
-    crate::capture::compile_step(move |i: &[Tensor]| {
-        let loss = crate::amp::autocast_if(amp, || loss(&i[0], &i[1]))?;
+) -> kiln_frontend::CompiledStep<impl FnMut(&[Tensor]) -> Result<Vec<Tensor>> + 'a> {
+    kiln_frontend::compile_step(move |i: &[Tensor]| {
+        let loss = kiln_frontend::amp::autocast_if(amp, || loss(&i[0], &i[1]))?;
         record_update(ordered.as_deref_mut(), &params, opt, &loss, &i[2])
     })
 }
@@ -312,7 +312,7 @@ pub(crate) fn read_outcome(outputs: &[Tensor]) -> Result<StepOutcome> {
 /// returns the loss and the step time in ms.
 pub(crate) fn record_outcome(
     outputs: &[Tensor],
-    report: &mut mlp::TrainReport,
+    report: &mut crate::mlp::TrainReport,
     clock: &mut StepClock,
 ) -> Result<(f64, f64)> {
     let out = read_outcome(outputs)?;
@@ -353,8 +353,7 @@ impl StepClock {
 }
 
 /// The whole training state by name: parameters, optimizer state, RNG state
-/// (the names of [`crate::checkpoint::training_state`]).
+/// (the names of [`kiln_frontend::checkpoint::training_state`]).
 pub(crate) fn training_state(params: &ParamStore, opt: &AdamW) -> Vec<(String, Tensor)> {
-    crate::checkpoint::state_of(params.iter().map(|(n, t)| (n.to_string(), t.clone())).collect(), opt)
+    kiln_frontend::checkpoint::state_of(params.iter().map(|(n, t)| (n.to_string(), t.clone())).collect(), opt)
 }
-pub mod gpt;

@@ -1,6 +1,6 @@
 """How much host copies on a side stream slow a gpt2-small training step.
 
-The route "copies of kiln's own" (docs/memory.md, "What copies that cost
+The route "copies of kiln's own" (docs/memory-journal.md, "What copies that cost
 nothing could take off the greedy plans") assumes copies to and from pinned
 host memory that overlap the kernels cost the step nothing. This measures it
 on a PyTorch gpt2-small step (the peers' definition, bf16 autocast, SDPA;
