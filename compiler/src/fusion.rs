@@ -17,64 +17,11 @@
 
 use crate::ir::{Graph, NodeId, Op, TensorType};
 
-/// How a node takes part in fusion.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FusionKind {
-    /// Parameters and constants: already in memory.
-    Input,
-    /// Elementwise arithmetic, comparisons, selects, converts.
-    Elementwise,
-    /// Broadcasts, reshapes, transposes, slices, pads, concatenations, iota.
-    Movement,
-    /// Reductions: fuse their producers, end their group.
-    Reduction,
-    /// Matrix products: fuse elementwise consumers (epilogues).
-    Matmul,
-    /// Runs as its own kernel (gathers, scatters, dynamic slices, RNG,
-    /// barriers, collectives).
-    Opaque,
-}
+pub use crate::ir::FusionKind;
 
-/// The kind of `op`.
+/// The kind of `op` ([`crate::ir::OpProps::fusion`]).
 pub fn kind(op: &Op) -> FusionKind {
-    match op {
-        Op::Parameter { .. } | Op::Constant { .. } => FusionKind::Input,
-        Op::Unary { .. }
-        | Op::Binary { .. }
-        | Op::Compare { .. }
-        | Op::Select { .. }
-        | Op::Clamp { .. }
-        | Op::Convert { .. } => FusionKind::Elementwise,
-        Op::Iota { .. }
-        | Op::BroadcastInDim { .. }
-        | Op::Reshape { .. }
-        | Op::Transpose { .. }
-        | Op::Slice { .. }
-        | Op::Concatenate { .. }
-        | Op::Pad { .. } => FusionKind::Movement,
-        Op::Reduce { .. } => FusionKind::Reduction,
-        Op::DotGeneral { .. } => FusionKind::Matmul,
-        Op::DynamicSlice { .. }
-        | Op::DynamicUpdateSlice { .. }
-        | Op::Gather { .. }
-        | Op::ScatterAdd { .. }
-        | Op::RngBitGenerator { .. }
-        | Op::OptimizationBarrier { .. }
-        | Op::Place { .. }
-        | Op::HostCopy { .. }
-        | Op::Whole { .. }
-        | Op::AllReduce { .. }
-        // Composites: a fused library call or their own expansion.
-        | Op::Attention { .. }
-        | Op::AttentionGrad { .. }
-        | Op::LayerNorm { .. }
-        | Op::LayerNormGrad { .. }
-        | Op::RmsNorm { .. }
-        | Op::RmsNormGrad { .. }
-        | Op::LmHeadCrossEntropy { .. }
-        | Op::LmHeadCrossEntropyGrad { .. }
-        | Op::LmHeadCrossEntropyFused { .. } => FusionKind::Opaque,
-    }
+    op.props().fusion
 }
 
 /// Why a producer does not fuse into its consumer's group.

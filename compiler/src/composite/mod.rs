@@ -173,20 +173,9 @@ pub fn decisions(g: &Graph, target: LowerTarget) -> Vec<Decision> {
         .collect()
 }
 
-/// Whether `op` is a composite.
+/// Whether `op` is a composite ([`crate::ir::OpProps::composite`]).
 pub fn is_composite(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Attention { .. }
-            | Op::AttentionGrad { .. }
-            | Op::LayerNorm { .. }
-            | Op::LayerNormGrad { .. }
-            | Op::RmsNorm { .. }
-            | Op::RmsNormGrad { .. }
-            | Op::LmHeadCrossEntropy { .. }
-            | Op::LmHeadCrossEntropyGrad { .. }
-            | Op::LmHeadCrossEntropyFused { .. }
-    )
+    op.props().composite
 }
 
 /// `g` with every composite that `target` cannot run fused replaced by its

@@ -6,6 +6,7 @@ mod graph;
 pub mod infer;
 mod literal;
 mod op;
+mod props;
 mod shape;
 
 pub use dtype::DType;
@@ -15,4 +16,5 @@ pub use op::{
     AttentionAttrs, BinaryOp, CompareDir, DotDims, HostCopyStep, KvHeads, MemorySpace, Op, ReduceOp, RngAlgorithm,
     UnaryOp,
 };
+pub use props::{FusionKind, OpProps};
 pub use shape::{Dims, Shape, TensorType};

@@ -969,6 +969,6 @@ impl Op {
     /// Ops whose result depends on more than their operands' values (replica
     /// identity): never merged or folded across replicas.
     pub fn is_collective(&self) -> bool {
-        matches!(self, Op::AllReduce { .. })
+        self.props().collective
     }
 }

@@ -397,44 +397,7 @@ fn share_dying_operands(
 
 /// Kernels whose result may take the place of a dying operand.
 fn writes_in_place(op: &Op) -> bool {
-    match op {
-        Op::Unary { .. }
-        | Op::Binary { .. }
-        | Op::Compare { .. }
-        | Op::Select { .. }
-        | Op::Clamp { .. }
-        | Op::Convert { .. }
-        | Op::BroadcastInDim { .. }
-        | Op::Transpose { .. }
-        | Op::Slice { .. }
-        | Op::Concatenate { .. }
-        | Op::Pad { .. }
-        | Op::DynamicUpdateSlice { .. }
-        | Op::ScatterAdd { .. } => true,
-        Op::Parameter { .. }
-        | Op::Constant { .. }
-        | Op::Iota { .. }
-        | Op::Reshape { .. }
-        | Op::Whole { .. }
-        | Op::DynamicSlice { .. }
-        | Op::Reduce { .. }
-        | Op::DotGeneral { .. }
-        | Op::Gather { .. }
-        | Op::RngBitGenerator { .. }
-        | Op::OptimizationBarrier { .. }
-        | Op::Place { .. }
-        | Op::HostCopy { .. }
-        | Op::AllReduce { .. }
-        | Op::Attention { .. }
-        | Op::AttentionGrad { .. }
-        | Op::LayerNorm { .. }
-        | Op::LayerNormGrad { .. }
-        | Op::RmsNorm { .. }
-        | Op::RmsNormGrad { .. }
-        | Op::LmHeadCrossEntropy { .. }
-        | Op::LmHeadCrossEntropyGrad { .. }
-        | Op::LmHeadCrossEntropyFused { .. } => false,
-    }
+    op.props().in_place
 }
 
 #[cfg(test)]

@@ -136,44 +136,7 @@ impl Materialization for XlaCpuFusion {
 
 /// Ops XLA emits as one loop over the output elements.
 pub(crate) fn loop_fusible(op: &Op) -> bool {
-    match op {
-        Op::Unary { .. }
-        | Op::Binary { .. }
-        | Op::Compare { .. }
-        | Op::Select { .. }
-        | Op::Clamp { .. }
-        | Op::Convert { .. }
-        | Op::BroadcastInDim { .. }
-        | Op::Transpose { .. }
-        | Op::Slice { .. }
-        | Op::Concatenate { .. }
-        | Op::Pad { .. }
-        | Op::Iota { .. }
-        | Op::Constant { .. }
-        | Op::Reshape { .. }
-        | Op::Whole { .. } => true,
-        Op::Parameter { .. }
-        | Op::DynamicSlice { .. }
-        | Op::DynamicUpdateSlice { .. }
-        | Op::Reduce { .. }
-        | Op::DotGeneral { .. }
-        | Op::Gather { .. }
-        | Op::ScatterAdd { .. }
-        | Op::RngBitGenerator { .. }
-        | Op::OptimizationBarrier { .. }
-        | Op::Place { .. }
-        | Op::HostCopy { .. }
-        | Op::AllReduce { .. }
-        | Op::Attention { .. }
-        | Op::AttentionGrad { .. }
-        | Op::LayerNorm { .. }
-        | Op::LayerNormGrad { .. }
-        | Op::RmsNorm { .. }
-        | Op::RmsNormGrad { .. }
-        | Op::LmHeadCrossEntropy { .. }
-        | Op::LmHeadCrossEntropyGrad { .. }
-        | Op::LmHeadCrossEntropyFused { .. } => false,
-    }
+    op.props().loop_fusible
 }
 
 /// Ops that can take a loop-fusible producer into their own kernel.

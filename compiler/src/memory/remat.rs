@@ -895,16 +895,7 @@ impl Candidate {
 /// backward counterparts only ever run once, late; random-bit generators
 /// would draw again.
 pub(super) fn clonable(op: &Op) -> bool {
-    // The ops whose value depends on more than their operands, or that exist
-    // to keep values apart, are the ones the e-graph never merges either.
-    !crate::rewrite::needs_token(op)
-        && !matches!(
-            op,
-            Op::AttentionGrad { .. }
-                | Op::LayerNormGrad { .. }
-                | Op::LmHeadCrossEntropyGrad { .. }
-                | Op::LmHeadCrossEntropyFused { .. }
-        )
+    op.props().clonable
 }
 
 /// Where the backward starts in `l`'s order: the first late read of any

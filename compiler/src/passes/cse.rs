@@ -23,7 +23,7 @@ pub fn eliminate_common_subexpressions(g: &Graph) -> Result<(Graph, usize), Comp
     for (_, node) in g.nodes() {
         let mut op = node.op.clone();
         op.map_inputs(|v| ValueId::new(map[v.node.index()], v.output));
-        let mergeable = !matches!(op, Op::Parameter { .. } | Op::RngBitGenerator { .. }) && !op.is_collective();
+        let mergeable = op.props().deterministic;
         if mergeable {
             if let Some(&id) = seen.get(&op) {
                 map.push(id);

@@ -105,45 +105,7 @@ pub fn enode(op: &Op, children: Vec<Id>, token: u32) -> TensorLang {
 }
 
 /// Ops that must never merge with another op of equal operands and
-/// attributes: their value depends on more than those (the caller's inputs,
-/// the replica, a side channel) or they exist to keep values apart.
+/// attributes ([`crate::ir::OpProps::unique`]).
 pub fn needs_token(op: &Op) -> bool {
-    match op {
-        Op::Parameter { .. }
-        | Op::RngBitGenerator { .. }
-        | Op::OptimizationBarrier { .. }
-        | Op::Place { .. }
-        | Op::HostCopy { .. }
-        | Op::Whole { .. }
-        | Op::AllReduce { .. } => true,
-        Op::Constant { .. }
-        | Op::Iota { .. }
-        | Op::Unary { .. }
-        | Op::Binary { .. }
-        | Op::Compare { .. }
-        | Op::Select { .. }
-        | Op::Clamp { .. }
-        | Op::Convert { .. }
-        | Op::BroadcastInDim { .. }
-        | Op::Reshape { .. }
-        | Op::Transpose { .. }
-        | Op::Slice { .. }
-        | Op::DynamicSlice { .. }
-        | Op::DynamicUpdateSlice { .. }
-        | Op::Concatenate { .. }
-        | Op::Pad { .. }
-        | Op::Reduce { .. }
-        | Op::DotGeneral { .. }
-        | Op::Gather { .. }
-        | Op::ScatterAdd { .. }
-        | Op::Attention { .. }
-        | Op::AttentionGrad { .. }
-        | Op::LayerNorm { .. }
-        | Op::LayerNormGrad { .. }
-        | Op::RmsNorm { .. }
-        | Op::RmsNormGrad { .. }
-        | Op::LmHeadCrossEntropy { .. }
-        | Op::LmHeadCrossEntropyGrad { .. }
-        | Op::LmHeadCrossEntropyFused { .. } => false,
-    }
+    op.props().unique
 }
