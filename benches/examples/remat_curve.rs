@@ -291,7 +291,7 @@ fn link_estimate(
     pos: usize,
     held: &[&kiln::compiler::memory::Buffer],
 ) {
-    use kiln::compiler::memory::HOST_LINK_BYTES_PER_SECOND;
+    use kiln::compiler::target::HOST_LINK_BYTES_PER_SECOND;
     let target = kiln::compiler::memory::RematOptions::for_target(
         kiln::compiler::memory::RematBudget::Bytes(0),
         kiln::compiler::LowerTarget::Cuda,

@@ -47,20 +47,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::ir::{BinaryOp, DType, DotDims, Graph, NodeId, Op, TensorType, UnaryOp};
-
-/// Which of a target's peak FLOP/s bounds a node's arithmetic.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum PeakClass {
-    /// `dot_general` in bf16 or f16 (dense tensor cores).
-    Bf16Matmul,
-    /// `dot_general` in f32, run as TF32 on tensor cores (XLA's default on
-    /// NVIDIA GPUs; kiln's benchmarks allow it). A target without TF32 sets
-    /// its TF32 peak to its f32 one.
-    Tf32Matmul,
-    /// Everything else: elementwise, reductions, integer and f64 dots, on the
-    /// vector (non-tensor-core) units.
-    Vector,
-}
+pub use crate::target::PeakClass;
+use crate::target::Target;
 
 /// The cost of one node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -319,70 +307,6 @@ pub fn graph_cost(g: &Graph) -> GraphCost {
 /// FLOPs).
 pub fn graph_flops(g: &Graph) -> f64 {
     graph_cost(g).total.flops as f64
-}
-
-/// Peak rates of one device, the roofline's ceilings. Units are in the names.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Target {
-    /// Short identifier (`h100_sxm`), used as a key in reports.
-    pub name: &'static str,
-    /// Dense bf16/f16 tensor-core FLOP/s.
-    pub peak_bf16_flops_per_s: f64,
-    /// Dense TF32 tensor-core FLOP/s (f32 `dot_general`).
-    pub peak_tf32_flops_per_s: f64,
-    /// f32 FLOP/s without tensor cores (elementwise, reductions, other dots).
-    pub peak_f32_flops_per_s: f64,
-    /// Device memory bandwidth, bytes per second.
-    pub mem_bytes_per_s: f64,
-    /// Bandwidth to the other replicas, bytes per second in one direction.
-    pub interconnect_bytes_per_s: f64,
-}
-
-impl Target {
-    /// NVIDIA H100 SXM5 80GB, datasheet values: dense bf16 989 TFLOP/s, TF32
-    /// 494 TFLOP/s, f32 67 TFLOP/s, HBM3 3.35 TB/s, NVLink 4 at 900 GB/s
-    /// both directions together (450e9 one way).
-    pub const H100_SXM: Target = Target {
-        name: "h100_sxm",
-        peak_bf16_flops_per_s: 989e12,
-        peak_tf32_flops_per_s: 494e12,
-        peak_f32_flops_per_s: 67e12,
-        mem_bytes_per_s: 3.35e12,
-        interconnect_bytes_per_s: 450e9,
-    };
-
-    /// The lent H100 as measured (`benches/RESULTS.md`, "kiln's targets", 2026-11-22): a bf16 matmul
-    /// reached 798 TFLOP/s and a copy 3.0 TB/s. TF32, f32 and NVLink were not
-    /// measured; they keep the datasheet values.
-    pub const H100_SXM_MEASURED: Target = Target {
-        name: "h100_sxm_measured",
-        peak_bf16_flops_per_s: 798e12,
-        mem_bytes_per_s: 3.0e12,
-        ..Target::H100_SXM
-    };
-
-    /// NVIDIA H200 SXM 141GB, datasheet values: the same GH100 compute as the
-    /// H100 SXM (989 / 494 / 67 TFLOP/s), HBM3e at 4.8 TB/s, NVLink 4.
-    pub const H200_SXM: Target = Target {
-        name: "h200_sxm",
-        peak_bf16_flops_per_s: 989e12,
-        peak_tf32_flops_per_s: 494e12,
-        peak_f32_flops_per_s: 67e12,
-        mem_bytes_per_s: 4.8e12,
-        interconnect_bytes_per_s: 450e9,
-    };
-
-    /// Every built-in target, for reports.
-    pub const ALL: [Target; 3] = [Target::H100_SXM, Target::H100_SXM_MEASURED, Target::H200_SXM];
-
-    /// The peak that bounds arithmetic of `class`.
-    pub fn peak_flops_per_s(&self, class: PeakClass) -> f64 {
-        match class {
-            PeakClass::Bf16Matmul => self.peak_bf16_flops_per_s,
-            PeakClass::Tf32Matmul => self.peak_tf32_flops_per_s,
-            PeakClass::Vector => self.peak_f32_flops_per_s,
-        }
-    }
 }
 
 /// A roofline estimate of a graph's run time on one target.

@@ -17,11 +17,13 @@ pub mod memory;
 pub mod passes;
 pub mod pipeline;
 pub mod rewrite;
+pub mod target;
 pub mod text;
 mod verify;
 
 pub use error::CompileError;
 pub use fingerprint::{fingerprint, Fingerprint, BUILD_FINGERPRINT};
 pub use interp::{interpret, interpret_op, interpret_replicated};
-pub use lower::{lower, AttentionSplit, LowerOptions, LowerTarget, ModuleShardings};
+pub use lower::{lower, AttentionSplit, LowerOptions, ModuleShardings};
+pub use target::LowerTarget;
 pub use verify::verify;

@@ -281,7 +281,7 @@ impl PipelineOptions {
     /// Whether the remat pass moves values to the host over kiln's own copies
     /// ([`PassOptions::host_copies`]).
     pub fn with_host_copies(mut self, on: bool) -> PipelineOptions {
-        self.pass_options.host_copies = on.then_some(crate::memory::HOST_COPY_LINK_BYTES_PER_SECOND);
+        self.pass_options.host_copies = on.then_some(crate::target::HOST_COPY_LINK_BYTES_PER_SECOND);
         self
     }
 

@@ -2,8 +2,9 @@
 //! hand for each case (the arithmetic is in the comments), the per-op
 //! breakdown, dead code left out, and the roofline on the built-in targets.
 
-use kiln_compiler::cost::{estimate, estimate_seconds, graph_cost, graph_flops, node_cost, PeakClass, Target, Totals};
+use kiln_compiler::cost::{estimate, estimate_seconds, graph_cost, graph_flops, node_cost, PeakClass, Totals};
 use kiln_compiler::ir::NodeId;
+use kiln_compiler::target::Target;
 use kiln_compiler::text::parse;
 
 /// Parses `src` and checks the whole-graph totals against `expect`.

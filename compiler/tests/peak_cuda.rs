@@ -197,8 +197,8 @@ fn the_donated_update_is_billed_as_xla_cuda_aliases_it() {
 /// 0.22 against 0.63 ms and 1.09 against 1.54 ms: `benches/RESULTS.md`).
 #[test]
 fn kernel_priced_plans_of_gpt2_small_add_less_predicted_time() {
-    use kiln_compiler::cost::Target;
     use kiln_compiler::memory::{kernel_seconds, rematerialize, Greedy, RecomputeCost, RematBudget, RematOptions};
+    use kiln_compiler::target::Target;
     let g = load("gpt2-small-bf16-adamw-step.kiln.gz");
     let before = peak_memory(&g, &XlaGpuFusion);
     let t = |g: &Graph| kernel_seconds(g, &liveness(g, &XlaGpuFusion), &Target::H100_SXM_MEASURED);

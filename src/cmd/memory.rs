@@ -265,7 +265,7 @@ impl PlanReport {
             mib(p.before.peak_bytes.saturating_sub(p.after.peak_bytes)),
             p.extra_flops,
             p.extra_seconds * 1e3,
-            kiln::compiler::cost::Target::H100_SXM_MEASURED.name,
+            kiln::compiler::target::Target::H100_SXM_MEASURED.name,
         )];
         lines.push(format!(
             "  predicted temporaries {} -> {}; as XLA allocates them, temporaries {} -> {}, args + outputs + temps {} -> {}",

@@ -536,7 +536,7 @@ fn a_program_with_host_copies_computes_the_same_values_on_the_cpu_plugin() -> an
     // the link carries layers while this chain's small GEMMs run), lowered
     // and run on the CPU plugin.
     let g = saved_chain(256, 1024, 6)?;
-    let slow = kiln::compiler::cost::Target {
+    let slow = kiln::compiler::target::Target {
         name: "slow",
         peak_bf16_flops_per_s: 1e12,
         peak_tf32_flops_per_s: 5e11,

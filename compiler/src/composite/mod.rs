@@ -25,7 +25,7 @@ pub use consts::ConstCache;
 pub use loss::LossOptions;
 
 use crate::ir::{DType, Graph, NodeId, Op, ValueId};
-use crate::lower::LowerTarget;
+use crate::target::LowerTarget;
 use crate::CompileError;
 
 /// One composite made by [`fuse`].

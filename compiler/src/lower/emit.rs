@@ -29,8 +29,8 @@ pub(super) fn module(g: &Graph, opts: &LowerOptions, live: &[bool]) -> Result<St
         target: opts.target,
         partitioned: opts.shardings.is_some(),
         attention: match opts.target {
-            super::LowerTarget::Cuda => opts.shardings.as_ref().and_then(|s| s.attention.clone()),
-            super::LowerTarget::Cpu => None,
+            crate::target::LowerTarget::Cuda => opts.shardings.as_ref().and_then(|s| s.attention.clone()),
+            crate::target::LowerTarget::Cpu => None,
         },
         names: vec![Vec::new(); g.len()],
         out: String::new(),
@@ -45,11 +45,12 @@ pub(super) fn module(g: &Graph, opts: &LowerOptions, live: &[bool]) -> Result<St
     e.signature(opts.shardings.as_ref());
     // Loop kernels of kiln's own (CUDA, one program per device: XLA's SPMD
     // partitioner cannot split a Triton call).
-    let mut kernels = if opts.target == super::LowerTarget::Cuda && opts.loop_kernels && opts.shardings.is_none() {
-        loop_kernel::find(g, live)
-    } else {
-        Vec::new()
-    };
+    let mut kernels =
+        if opts.target == crate::target::LowerTarget::Cuda && opts.loop_kernels && opts.shardings.is_none() {
+            loop_kernel::find(g, live)
+        } else {
+            Vec::new()
+        };
     // The finder takes no region that makes a cycle by itself, but two
     // kernels, each one item, could wait for each other through nodes
     // outside both; the later kernels give way until the order exists
@@ -170,7 +171,7 @@ fn order(g: &Graph, live: &[bool], kernels: &[Kernel]) -> Option<Vec<Item>> {
 struct Emitter<'g> {
     g: &'g Graph,
     num_replicas: usize,
-    target: super::LowerTarget,
+    target: crate::target::LowerTarget,
     /// Whether the module is partitioned by XLA's SPMD partitioner (it has
     /// shardings): where [`Op::Whole`] is a sharding constraint.
     partitioned: bool,
@@ -537,7 +538,7 @@ impl Emitter<'_> {
             // host memory space and refuses the call; there the value stays
             // where it is.
             Op::Place { input, to } => match self.target {
-                super::LowerTarget::Cuda => {
+                crate::target::LowerTarget::Cuda => {
                     let x = self.name(*input);
                     let t = self.ty(*input).clone();
                     let def = self.define(id, node);
@@ -548,7 +549,7 @@ impl Emitter<'_> {
                         to.name()
                     ));
                 }
-                super::LowerTarget::Cpu => self.names[id.index()] = vec![self.name(*input)],
+                crate::target::LowerTarget::Cpu => self.names[id.index()] = vec![self.name(*input)],
             },
             // kiln's host copies: typed FFI calls whose handlers the runtime
             // registers on both plugins. Side effects keep XLA from merging or

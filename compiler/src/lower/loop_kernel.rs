@@ -979,7 +979,8 @@ mod tests {
 
     #[test]
     fn the_cuda_lowering_calls_the_kernel_and_every_other_target_does_not() -> R<()> {
-        use crate::lower::{lower, LowerOptions, LowerTarget};
+        use crate::lower::{lower, LowerOptions};
+        use crate::target::LowerTarget;
         // A region this small is left to XLA (`MIN_ELEMENTS`).
         let small =
             lower(&planned(&[2, 8, 64])?, &LowerOptions { target: LowerTarget::Cuda, ..LowerOptions::default() })?;
@@ -1005,7 +1006,8 @@ mod tests {
     /// way.
     #[test]
     fn of_two_kernels_that_wait_for_each_other_the_later_one_is_not_called() -> R<()> {
-        use crate::lower::{lower, LowerOptions, LowerTarget};
+        use crate::lower::{lower, LowerOptions};
+        use crate::target::LowerTarget;
         let shape = [8, 512, 1024];
         let mut g = Graph::new();
         let a = g.parameter(TensorType::new(DType::BF16, shape.to_vec()));

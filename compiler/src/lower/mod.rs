@@ -31,6 +31,7 @@ pub(crate) mod loop_kernel;
 mod ttir;
 
 use crate::ir::{Graph, TensorType};
+use crate::target::LowerTarget;
 use crate::CompileError;
 
 /// Options that change the module's text (and therefore the compile key).
@@ -108,45 +109,6 @@ impl AttentionSplit {
     }
 }
 
-/// The XLA backend a module is lowered for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum LowerTarget {
-    #[default]
-    Cpu,
-    Cuda,
-}
-
-impl LowerTarget {
-    /// From a PJRT client's platform name (`cpu`, `cuda`, `gpu`).
-    pub fn from_platform(name: &str) -> LowerTarget {
-        match name.to_ascii_lowercase().as_str() {
-            "cuda" | "gpu" => LowerTarget::Cuda,
-            _ => LowerTarget::Cpu,
-        }
-    }
-
-    /// Whether the backend keeps `optimization_barrier`s through its CSE and
-    /// scheduling. XLA's CPU pipeline removes them before a CSE pass
-    /// (`docs/memory.md`), so ordering there needs a data dependence
-    /// ([`crate::fence`]).
-    pub fn keeps_barriers(self) -> bool {
-        match self {
-            LowerTarget::Cpu => false,
-            LowerTarget::Cuda => true,
-        }
-    }
-
-    /// Whether a program is compiled in its own order (the runtime's
-    /// `CompileOptions::keep_order`): one with a remat plan (`planned`) and
-    /// collectives (partitions or replicas) on CUDA, where XLA's
-    /// latency-hiding scheduler reorders the backward around the collectives
-    /// and undoes the plan (`docs/memory-journal.md`, "Remat with collectives on
-    /// GPUs"). The CPU plugin's programs keep their plans.
-    pub fn keeps_plan_order(self, planned: bool, collectives: bool) -> bool {
-        planned && collectives && self == LowerTarget::Cuda
-    }
-}
-
 impl Default for LowerOptions {
     fn default() -> Self {
         LowerOptions { num_replicas: 1, target: LowerTarget::Cpu, shardings: None, loop_kernels: true }
@@ -188,7 +150,7 @@ pub fn lower(g: &Graph, opts: &LowerOptions) -> Result<String, CompileError> {
 
 #[cfg(test)]
 mod tests {
-    use super::LowerTarget;
+    use crate::target::LowerTarget;
 
     /// Only a planned program with collectives on CUDA is held to its order.
     #[test]

@@ -30,12 +30,9 @@
 //!   kernels is written instead.
 
 use crate::ir::{BinaryOp, DType, Graph, NodeId, Op, UnaryOp};
+use crate::target::CUBLAS_WORKSPACE_BYTES;
 
 use super::{loop_fusible, Materialization};
-
-/// The workspace XLA gives every cuBLAS GEMM on Hopper (`s8[33554432]`, a
-/// second output of each `__cublas$lt$matmul` call).
-pub const CUBLAS_WORKSPACE_BYTES: u64 = 32 << 20;
 
 /// Kernels that may each recompute one fused value before XLA writes it.
 pub const MAX_RECOMPUTING_KERNELS: usize = 3;

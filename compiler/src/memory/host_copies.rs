@@ -69,6 +69,7 @@
 //! are dropped. On the CPU target the copies run too (the CPU plugin's
 //! handlers copy at once), which is how CI checks the lowering and values.
 
+use crate::target::HOST_COPY_LINK_BYTES_PER_SECOND;
 use std::collections::HashMap;
 
 use crate::ir::{Graph, HostCopyStep, NodeId, Op, ValueId};
@@ -79,17 +80,6 @@ use super::liveness::{liveness, users_of, BufferKind, Liveness};
 use super::offload::MIN_OFFLOAD_BYTES;
 use super::peak::peak_of;
 use super::remat::{budget_bytes, finish, Greedy, RematBudget, RematChoice, RematOptions, RematPlan, RematStrategy};
-
-/// The host link's rate [`HostCopies`] plans for by default, each way, in
-/// bytes per second of the kernel model's time. Pinned copies on the H200
-/// measured 54.7 GB/s one way (46.5 each way at once), but the link is
-/// priced against the model's kernel times, and the model runs gpt2-small's
-/// forward in 5.31 ms where CUPTI measured 4.24 (its backward 1.18× over):
-/// 54.7 GB/s of wall time is 43.7 GB/s of model time in the forward. At
-/// 45 GB/s the link carried more before the LM head than the device can, so
-/// XLA's stream waited for copies; 40 leaves a margin (docs/memory-journal.md,
-/// "Host copies honest about the link").
-pub const HOST_COPY_LINK_BYTES_PER_SECOND: f64 = 40e9;
 
 /// What one value's trip out and back adds to the step beyond the model's
 /// kernels, in seconds: its four custom calls' launches and waits, and the
@@ -740,8 +730,8 @@ fn rewrite(g: &Graph, trips: &[Trip]) -> Result<Graph, CompileError> {
 mod tests {
     use super::*;
     use crate::ir::{DType, Literal, UnaryOp};
-    use crate::lower::LowerTarget;
     use crate::memory::{peak_memory, rematerialize, RematBudget, XlaGpuFusion};
+    use crate::target::LowerTarget;
 
     /// `layers` layers `a = tanh(h · w)` whose outputs a backward reads in
     /// reverse, `g = (g · w) · a`: a train step's saved activations.

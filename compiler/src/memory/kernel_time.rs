@@ -28,40 +28,14 @@
 //! for every shape, no overlap); what remat uses is the difference between
 //! two graphs, where the kernels they share cancel.
 
-use crate::cost::{self, Target};
+use crate::cost;
 use crate::ir::{Graph, NodeId, Op};
+use crate::target::Target;
+use crate::target::{
+    ACHIEVED_ATTENTION_BACKWARD, ACHIEVED_ATTENTION_FORWARD, ACHIEVED_BANDWIDTH, ACHIEVED_GEMM, MIN_KERNEL_SECONDS,
+};
 
 use super::liveness::Liveness;
-
-/// The shortest kernel: what a tiny elementwise kernel took on the H100
-/// (2026-11-23 trace of the gpt2-small step: 1.3–1.4 µs for the bf16 copies
-/// of the bias vectors).
-pub const MIN_KERNEL_SECONDS: f64 = 1.4e-6;
-
-/// The share of the target's bandwidth a kernel's traffic moves at: the
-/// H100's recomputed GELU outputs (read 48 MiB, write 48 MiB) took 42 µs,
-/// 2.4 TB/s, and its bf16 weight copies 2.6 TB/s, against the 3.0 TB/s of
-/// [`Target::H100_SXM_MEASURED`] (2026-11-23 trace of the 50% plan,
-/// `docs/memory-journal.md`, "Achieved rates in the kernel model").
-pub const ACHIEVED_BANDWIDTH: f64 = 0.82;
-
-/// The share of the target's peak a GEMM's arithmetic runs at: the H100's
-/// recomputed MLP up-projections (8192×768×3072, bf16) took 55 µs, 703
-/// TFLOP/s against the 798 of [`Target::H100_SXM_MEASURED`] (the same
-/// trace).
-pub const ACHIEVED_GEMM: f64 = 0.88;
-
-/// The share of the target's bf16 peak cuDNN's flash-attention forward runs
-/// its two matmuls at: 46.8 µs a call for gpt2-small's causal [8, 12, 1024,
-/// 64] (12.9 GFLOP counting the unmasked half), 275 TFLOP/s against the 798
-/// of [`Target::H100_SXM_MEASURED`] (2026-11-24 trace of the unplanned step,
-/// `docs/memory-journal.md`, "The attention's rate and a passed anchor"). Priced as a GEMM, a recomputed attention looked 2.5
-/// times cheaper than it ran.
-pub const ACHIEVED_ATTENTION_FORWARD: f64 = 0.345;
-
-/// The same for the flash-attention backward's five matmuls: 154.7 µs a call
-/// with its `dO·O` row sums and its dq conversion (32.2 GFLOP), 208 TFLOP/s.
-pub const ACHIEVED_ATTENTION_BACKWARD: f64 = 0.261;
 
 /// Seconds of `g`'s kernels as `l` (its liveness under a fusion model) makes
 /// them, on `target`.

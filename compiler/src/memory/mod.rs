@@ -40,10 +40,10 @@ mod twins;
 
 pub use exact::Exact;
 pub use gpu::XlaGpuFusion;
-pub use host_copies::{copies, HostCopies, HOST_COPY_LINK_BYTES_PER_SECOND, HOST_COPY_TRIP_SECONDS};
-pub use kernel_time::{kernel_seconds, kernel_starts, kernel_times, MIN_KERNEL_SECONDS};
+pub use host_copies::{copies, HostCopies, HOST_COPY_TRIP_SECONDS};
+pub use kernel_time::{kernel_seconds, kernel_starts, kernel_times};
 pub use liveness::{liveness, Allocation, Buffer, BufferKind, Liveness};
-pub use offload::{HostOffload, HOST_LINK_BYTES_PER_SECOND};
+pub use offload::HostOffload;
 pub use peak::{peak_memory, PeakMemory};
 pub use remat::{
     activation_budget_bytes, keeps_values_for_later, rematerialize, Greedy, LeafGuards, Off, RecomputeCost,

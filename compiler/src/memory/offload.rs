@@ -61,18 +61,14 @@
 //! does not lower it is dropped).
 
 use crate::ir::{Graph, MemorySpace, NodeId, Op, ValueId};
-use crate::lower::LowerTarget;
+use crate::target::LowerTarget;
+use crate::target::HOST_LINK_BYTES_PER_SECOND;
 use crate::CompileError;
 
 use super::kernel_time::kernel_times;
 use super::liveness::{liveness, users_of, BufferKind, Liveness};
 use super::peak::{live_peak, peak_of};
 use super::remat::{budget_bytes, candidates, finish, Greedy, RematChoice, RematOptions, RematPlan, RematStrategy};
-
-/// What one direction of the H100's host link carries while the other
-/// carries as much: 46.5 GB/s measured with pinned buffers (54.7 GB/s one
-/// way alone), less a margin for the copies' setup.
-pub const HOST_LINK_BYTES_PER_SECOND: f64 = 45e9;
 
 /// The smallest value worth a copy each way: a layer norm's row statistics
 /// (32 KiB at gpt2-small) would otherwise fill the queue of copies with

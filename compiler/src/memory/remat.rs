@@ -58,8 +58,9 @@
 
 use rayon::prelude::*;
 
-use crate::cost::{self, Target};
+use crate::cost;
 use crate::ir::{Graph, NodeId, Op, ValueId};
+use crate::target::Target;
 use crate::CompileError;
 
 use super::kernel_time::{self, kernel_seconds};
