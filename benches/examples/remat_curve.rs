@@ -242,7 +242,7 @@ fn plan_only(cfg: &GptConfig, pcts: &[String]) -> Res<()> {
 /// apart, and the 40 largest temporaries live at the peak, each with the op
 /// that writes it. What a budget below the plan would have to cut.
 fn print_peak(g: &kiln::compiler::ir::Graph) {
-    use kiln::compiler::memory::{fusion_for, liveness, BufferKind};
+    use kiln::compiler::analysis::{fusion_for, liveness, BufferKind};
     let l = liveness(g, fusion_for(kiln::compiler::LowerTarget::Cuda));
     let (live, temp) = (l.live_curve(), l.temp_curve());
     let Some((pos, peak)) = budget_run::live_peak(&live) else {
@@ -287,18 +287,18 @@ fn print_peak(g: &kiln::compiler::ir::Graph) {
 /// cost nothing here, and only buffers held at this peak move).
 fn link_estimate(
     g: &kiln::compiler::ir::Graph,
-    l: &kiln::compiler::memory::Liveness,
+    l: &kiln::compiler::analysis::Liveness,
     pos: usize,
-    held: &[&kiln::compiler::memory::Buffer],
+    held: &[&kiln::compiler::analysis::Buffer],
 ) {
     use kiln::compiler::target::HOST_LINK_BYTES_PER_SECOND;
-    let target = kiln::compiler::memory::RematOptions::for_target(
-        kiln::compiler::memory::RematBudget::Bytes(0),
+    let target = kiln::compiler::remat::RematOptions::for_target(
+        kiln::compiler::remat::RematBudget::Bytes(0),
         kiln::compiler::LowerTarget::Cuda,
     )
     .target;
     // start[i]: when kernel i starts; its end is start[i + 1].
-    let start = kiln::compiler::memory::kernel_starts(g, l, &target);
+    let start = kiln::compiler::analysis::kernel_starts(g, l, &target);
     // Each candidate: (bytes, write end, first read after the peak, last
     // read before it).
     let mut saved = Vec::new();

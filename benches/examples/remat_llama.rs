@@ -167,7 +167,7 @@ fn plan_only(cfg: LlamaConfig, pcts: &[String]) -> Res<()> {
 /// more by the CUDA model, then each plan's, by writing op and type, with how many there are and
 /// how many are live where the live bytes peak.
 fn print_buffers(g: &kiln::compiler::ir::Graph) {
-    use kiln::compiler::memory::{fusion_for, liveness, BufferKind};
+    use kiln::compiler::analysis::{fusion_for, liveness, BufferKind};
     let l = liveness(g, fusion_for(kiln::compiler::LowerTarget::Cuda));
     let live = l.live_curve();
     let (peak, _) = budget_run::live_peak(&live).unwrap_or((0, 0));

@@ -4,6 +4,7 @@
 //! The compiler is pure: no I/O, no devices, no globals. A graph goes in, a module
 //! (text) comes out, so everything here is testable on a CPU-only machine.
 
+pub mod analysis;
 pub mod composite;
 pub mod cost;
 mod error;
@@ -13,10 +14,11 @@ pub mod fusion;
 pub mod interp;
 pub mod ir;
 pub mod lower;
-pub mod memory;
 pub mod passes;
 pub mod pipeline;
+pub mod remat;
 pub mod rewrite;
+pub mod schedule;
 pub mod target;
 pub mod text;
 mod verify;

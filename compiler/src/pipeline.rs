@@ -55,18 +55,18 @@ pub struct RematSummary {
     pub budget_bytes: u64,
     pub met: bool,
     /// The model's figures of the graph before and after the plan.
-    pub before: crate::memory::PeakMemory,
-    pub after: crate::memory::PeakMemory,
+    pub before: crate::analysis::PeakMemory,
+    pub after: crate::analysis::PeakMemory,
     /// Each recomputed value: its producer's op, bytes, nodes cloned, FLOPs.
     pub recomputed: Vec<RecomputedValue>,
     /// Step time the plan adds by the strategy's time model
-    /// ([`crate::memory::RematPlan::extra_seconds`]), in nanoseconds.
+    /// ([`crate::remat::RematPlan::extra_seconds`]), in nanoseconds.
     pub extra_ns: u64,
     /// Each value kept in pinned host memory (`cloned_nodes` and `flops`
     /// zero).
     pub offloaded: Vec<RecomputedValue>,
     /// Whether the unplanned program keeps values for later readers that
-    /// remat could recompute ([`crate::memory::keeps_values_for_later`]):
+    /// remat could recompute ([`crate::remat::keeps_values_for_later`]):
     /// false for a program without a backward.
     pub keeps_values: bool,
 }
@@ -85,7 +85,7 @@ impl RematSummary {
 }
 
 /// One recomputation of the remat pass (one value, or several that one chain
-/// of clones frees: [`crate::memory::RematChoice::also`]).
+/// of clones frees: [`crate::remat::RematChoice::also`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecomputedValue {
     pub op: &'static str,
@@ -144,20 +144,20 @@ pub struct PassOptions {
     /// outputs and that fraction of its temporaries (`docs/memory.md`).
     pub activation_fraction: Option<f64>,
     /// The backend the graph is compiled for: the remat pass judges memory
-    /// by its fusion model ([`crate::memory::fusion_for`]).
+    /// by its fusion model ([`crate::analysis::fusion_for`]).
     pub target: crate::LowerTarget,
     /// The remat pass offloads saved activations to pinned host memory
-    /// before it recomputes ([`crate::memory::HostOffload`]; CUDA only).
+    /// before it recomputes ([`crate::remat::HostOffload`]; CUDA only).
     pub host_offload: bool,
     /// The remat pass moves what its recomputation plan still holds across
     /// the peak to pinned host memory over copies of kiln's own
-    /// ([`crate::memory::HostCopies`]), over a link of this many bytes per
+    /// ([`crate::remat::HostCopies`]), over a link of this many bytes per
     /// second each way; before `host_offload`.
     pub host_copies: Option<f64>,
     /// Parameters that XLA's SPMD partitioner will gather where they are
     /// computed with (FSDP's weights): the remat pass reads them and what is
     /// computed from them alone where they are
-    /// ([`crate::memory::RematOptions::gathered_params`]).
+    /// ([`crate::remat::RematOptions::gathered_params`]).
     pub gathered_params: Vec<u32>,
 }
 
@@ -310,7 +310,7 @@ impl PipelineOptions {
     }
 }
 
-pub use crate::memory::activation_budget_bytes;
+pub use crate::remat::activation_budget_bytes;
 
 /// The pipeline's result.
 #[derive(Clone, Debug)]
@@ -429,32 +429,32 @@ fn run_rewrite(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, C
 /// Remat last, on the graph about to be lowered: the target backend's fusion
 /// model decides which values get buffers (`crate::memory`).
 fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, CompileError> {
-    use crate::memory::RematBudget;
+    use crate::remat::RematBudget;
     let budget = match (o.activation_fraction, o.memory_limit_bytes) {
         (Some(f), _) => RematBudget::FractionOfActivations(f),
         (None, Some(limit)) => RematBudget::Bytes(limit),
         (None, None) => return Ok(g.clone()),
     };
-    let ro = crate::memory::RematOptions {
+    let ro = crate::remat::RematOptions {
         gathered_params: o.gathered_params.clone(),
-        ..crate::memory::RematOptions::for_target(budget, o.target)
+        ..crate::remat::RematOptions::for_target(budget, o.target)
     };
-    let offload = crate::memory::HostOffload { target: o.target };
+    let offload = crate::remat::HostOffload { target: o.target };
     let copies = o
         .host_copies
-        .map(|link_bytes_per_second| crate::memory::HostCopies { link_bytes_per_second, ..Default::default() });
-    let strategy: &dyn crate::memory::RematStrategy = if let Some(c) = &copies {
+        .map(|link_bytes_per_second| crate::remat::HostCopies { link_bytes_per_second, ..Default::default() });
+    let strategy: &dyn crate::remat::RematStrategy = if let Some(c) = &copies {
         c
     } else if o.host_offload {
         &offload
     } else {
-        &crate::memory::Greedy
+        &crate::remat::Greedy
     };
-    let plan = crate::memory::rematerialize(g, strategy, &ro)?;
+    let plan = crate::remat::rematerialize(g, strategy, &ro)?;
     s.changed = plan.choices.len();
     s.extra_flops = plan.extra_flops;
     // Offloaded choices carry zero clones and FLOPs, so one mapping serves both.
-    let values = |cs: &[crate::memory::RematChoice]| {
+    let values = |cs: &[crate::remat::RematChoice]| {
         cs.iter()
             .map(|c| RecomputedValue {
                 op: c.op,
@@ -467,7 +467,7 @@ fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, Com
     };
     // A plan that chose something had candidates; only an empty plan asks.
     let keeps_values =
-        !plan.choices.is_empty() || !plan.offloaded.is_empty() || crate::memory::keeps_values_for_later(g, &ro);
+        !plan.choices.is_empty() || !plan.offloaded.is_empty() || crate::remat::keeps_values_for_later(g, &ro);
     s.remat = Some(RematSummary {
         keeps_values,
         budget_bytes: plan.budget_bytes,
@@ -483,12 +483,12 @@ fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, Com
 
 /// On targets that drop barriers (XLA CPU, whose scheduler orders a step
 /// itself), chain the backward's kernels in the program's order with runtime
-/// guards ([`crate::memory::sequence_backward`]), so XLA frees each layer's
+/// guards ([`crate::schedule::sequence_backward`]), so XLA frees each layer's
 /// operands where the program does. It trades step time for memory (tiny
 /// GPT on the CPU plugin: XLA temp -11.4%, step time +4-8%), so it runs
 /// with a memory budget, before `remat`, or when listed.
 fn run_sequence(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, CompileError> {
-    let (out, guarded) = crate::memory::sequence_for(g, o.target, &o.gathered_params)?;
+    let (out, guarded) = crate::schedule::sequence_for(g, o.target, &o.gathered_params)?;
     s.changed = guarded;
     Ok(out)
 }
@@ -571,7 +571,7 @@ mod tests {
 
     #[test]
     fn an_activation_budget_keeps_arguments_outputs_and_that_fraction_of_temporaries() {
-        let before = crate::memory::PeakMemory {
+        let before = crate::analysis::PeakMemory {
             argument_bytes: 400,
             constant_bytes: 0,
             output_bytes: 100,
@@ -586,7 +586,7 @@ mod tests {
         assert_eq!(activation_budget_bytes(&before, 0.5), 950);
         assert_eq!(activation_budget_bytes(&before, 0.25), 700);
         // Under 5% no plan can meet it, but the bytes never wrap.
-        let tiny = crate::memory::PeakMemory { peak_bytes: 10, ..before };
+        let tiny = crate::analysis::PeakMemory { peak_bytes: 10, ..before };
         assert_eq!(activation_budget_bytes(&tiny, 0.0), 0);
     }
 

@@ -5,8 +5,8 @@
 
 use std::io::Read as _;
 
+use kiln_compiler::analysis::{liveness, peak_memory, BufferKind, Materialization, XlaCpuFusion, XlaGpuFusion};
 use kiln_compiler::ir::Graph;
-use kiln_compiler::memory::{liveness, peak_memory, BufferKind, Materialization, XlaCpuFusion, XlaGpuFusion};
 use kiln_compiler::pipeline::{run, PipelineOptions};
 
 fn load(name: &str) -> Graph {
@@ -131,7 +131,7 @@ fn the_cuda_models_peak_holds_what_xla_cudas_peak_holds() {
 /// than no plan, and the budgets met on the H100 (60% and above) are met.
 #[test]
 fn greedy_plans_of_gpt2_small_by_the_cuda_model() {
-    use kiln_compiler::memory::{rematerialize, Greedy, RematBudget, RematOptions};
+    use kiln_compiler::remat::{rematerialize, Greedy, RematBudget, RematOptions};
     let g = load("gpt2-small-bf16-adamw-step.kiln.gz");
     let before = peak_memory(&g, &XlaGpuFusion);
     let flops = kiln_compiler::cost::graph_cost(&g).total.flops as f64;
@@ -197,7 +197,8 @@ fn the_donated_update_is_billed_as_xla_cuda_aliases_it() {
 /// 0.22 against 0.63 ms and 1.09 against 1.54 ms: `benches/RESULTS.md`).
 #[test]
 fn kernel_priced_plans_of_gpt2_small_add_less_predicted_time() {
-    use kiln_compiler::memory::{kernel_seconds, rematerialize, Greedy, RecomputeCost, RematBudget, RematOptions};
+    use kiln_compiler::analysis::kernel_seconds;
+    use kiln_compiler::remat::{rematerialize, Greedy, RecomputeCost, RematBudget, RematOptions};
     use kiln_compiler::target::Target;
     let g = load("gpt2-small-bf16-adamw-step.kiln.gz");
     let before = peak_memory(&g, &XlaGpuFusion);
@@ -236,7 +237,7 @@ fn kernel_priced_plans_of_gpt2_small_add_less_predicted_time() {
 /// `STALE_SLACK`, 2.939 ms).
 #[test]
 fn lazy_kernel_priced_plans_are_the_plans_of_measuring_every_round() {
-    use kiln_compiler::memory::{rematerialize, Greedy, RecomputeCost, RematBudget, RematOptions};
+    use kiln_compiler::remat::{rematerialize, Greedy, RecomputeCost, RematBudget, RematOptions};
     let g = load("gpt2-small-bf16-adamw-step.kiln.gz");
     let before = peak_memory(&g, &XlaGpuFusion);
     for pct in [70.0, 50.0] {
@@ -287,7 +288,7 @@ fn barriers_with_an_unread_anchor(g: &Graph) -> usize {
 /// an entry guard, at 50% of the saved step's activation memory.
 #[test]
 fn every_remat_barrier_on_cuda_keeps_its_anchor() {
-    use kiln_compiler::memory::{rematerialize, Greedy, LeafGuards, RematBudget, RematOptions};
+    use kiln_compiler::remat::{rematerialize, Greedy, LeafGuards, RematBudget, RematOptions};
     use kiln_compiler::LowerTarget;
     let g = load("gpt2-small-bf16-adamw-step.kiln.gz");
     let before = peak_memory(&g, &XlaGpuFusion);

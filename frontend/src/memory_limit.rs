@@ -100,7 +100,7 @@ pub fn check_memory_limit_for_mesh() -> crate::Result<()> {
 }
 
 /// Whether the remat pass may keep saved activations in pinned host memory
-/// under the budget ([`kiln_compiler::memory::HostOffload`]) before it
+/// under the budget ([`kiln_compiler::remat::HostOffload`]) before it
 /// recomputes. CUDA only: on the CPU plugin a step compiled under a budget
 /// with this on fails with the compiler's typed `Remat` error.
 pub fn set_host_offload(on: bool) {
@@ -114,7 +114,7 @@ pub fn host_offload() -> bool {
 
 /// Whether the remat pass moves what its plan still holds across the step's
 /// peak to pinned host memory over kiln's own copies, beside recomputation
-/// ([`kiln_compiler::memory::HostCopies`]; both plugins run the copies).
+/// ([`kiln_compiler::remat::HostCopies`]; both plugins run the copies).
 pub fn set_host_copies(on: bool) {
     set(&HOST_COPIES, on);
 }

@@ -7,11 +7,13 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
+use kiln::compiler::analysis::{fusion_for, liveness, Materialization, PeakMemory};
 use kiln::compiler::ir::Graph;
-use kiln::compiler::memory::{
-    fusion_for, liveness, rematerialize, sequence_for, Exact, Greedy, HostCopies, HostOffload, Materialization, Off,
-    PeakMemory, RematBudget, RematOptions, RematPlan, RematStrategy, HOST_COPY_TRIP_SECONDS,
+use kiln::compiler::remat::{
+    rematerialize, Exact, Greedy, HostCopies, HostOffload, Off, RematBudget, RematOptions, RematPlan, RematStrategy,
+    HOST_COPY_TRIP_SECONDS,
 };
+use kiln::compiler::schedule::sequence_for;
 use kiln::compiler::{lower, LowerOptions};
 use kiln::runtime::{Client, CompileOptions, CompiledMemoryStats};
 use serde_json::{json, Value};
@@ -487,7 +489,7 @@ pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json:
             }
         };
         if !remat {
-            return Ok((kiln::compiler::memory::peak_memory(g, fusion).allocated_bytes, g.clone()));
+            return Ok((kiln::compiler::analysis::peak_memory(g, fusion).allocated_bytes, g.clone()));
         }
         let opts = PipelineOptions { passes: Vec::new(), prune_params: false, ..PipelineOptions::default() }
             .with_target(target)

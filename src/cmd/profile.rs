@@ -15,7 +15,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::compiler::cost;
 use kiln::compiler::ir::{DType, TensorType};
-use kiln::compiler::memory::RematBudget;
+use kiln::compiler::remat::RematBudget;
 use kiln::compiler::target::Target;
 use kiln::compiler::{lower, pipeline, text, LowerOptions, LowerTarget};
 use kiln::data::{FashionMnist, FASHION_MNIST_DIR};

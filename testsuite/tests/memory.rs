@@ -2,11 +2,10 @@
 //! bytes XLA compiles a step to, rematerialization cuts them, and the numbers
 //! the step computes do not change.
 
+use kiln::compiler::analysis::{liveness, peak_memory, XlaCpuFusion};
 use kiln::compiler::ir::{DType, Graph, Literal, Op};
-use kiln::compiler::memory::{
-    liveness, peak_memory, rematerialize, sequence_backward, sequence_for, Exact, Greedy, RematBudget, RematOptions,
-    XlaCpuFusion,
-};
+use kiln::compiler::remat::{rematerialize, Exact, Greedy, RematBudget, RematOptions};
+use kiln::compiler::schedule::{sequence_backward, sequence_for};
 use kiln::compiler::{interpret, lower, pipeline, LowerOptions, LowerTarget};
 use kiln::models::{gpt, mlp};
 use kiln::nn::{cross_entropy, ParamStore};
@@ -94,7 +93,7 @@ fn gpt_adamw_step(cfg: &gpt::GptConfig, adamw: AdamWConfig, lr: f64) -> anyhow::
 
 /// The lowest-peak greedy plan as the pipeline plans under a budget on the
 /// CPU target: the backward held to the program's order, then remat.
-fn tightest_cpu_plan(g: &Graph) -> anyhow::Result<kiln::compiler::memory::RematPlan> {
+fn tightest_cpu_plan(g: &Graph) -> anyhow::Result<kiln::compiler::remat::RematPlan> {
     let (sequenced, _) = sequence_for(g, LowerTarget::Cpu, &[])?;
     Ok(rematerialize(&sequenced, &Greedy, &RematOptions::for_target(RematBudget::Bytes(0), LowerTarget::Cpu))?)
 }
@@ -326,9 +325,9 @@ fn ladder(n: usize) -> anyhow::Result<Graph> {
 /// (`docs/memory-journal.md`, "The exact strategy's conditional candidates").
 #[test]
 fn the_exact_strategy_is_within_10_percent_of_greedy_on_small_graphs() -> anyhow::Result<()> {
-    let every = kiln::compiler::memory::EveryNodeAKernel;
+    let every = kiln::compiler::analysis::EveryNodeAKernel;
     let xla = XlaCpuFusion;
-    type Case<'a> = (&'a str, Graph, &'a dyn kiln::compiler::memory::Materialization);
+    type Case<'a> = (&'a str, Graph, &'a dyn kiln::compiler::analysis::Materialization);
     let graphs: Vec<Case> = vec![
         ("ladder 12", ladder(12)?, &every),
         ("gpt tiny, XLA-like fusion", gpt_tiny_step()?, &xla),
@@ -528,7 +527,7 @@ fn saved_chain(rows: usize, d: usize, layers: usize) -> anyhow::Result<Graph> {
 /// bit, with fresh inputs.
 #[test]
 fn a_program_with_host_copies_computes_the_same_values_on_the_cpu_plugin() -> anyhow::Result<()> {
-    use kiln::compiler::memory::HostCopies;
+    use kiln::compiler::remat::HostCopies;
     use kiln::runtime::ExecArg;
     let client = Client::new(&ClientOptions::default())?;
     // 1 MiB saved per layer, the smallest value worth a copy, planned by the

@@ -3,16 +3,17 @@
 //! reads its smallest operand through the runtime guard of [`crate::fence`]
 //! anchored on that kernel, so a scheduler that orders the step itself (XLA
 //! CPU's depth-first walk from the outputs) runs them in the program's order.
-//! A gathered weight ([`super::remat::gathered_weights`]) is never the operand
+//! A gathered weight ([`crate::remat::chain::gathered_weights`]) is never the operand
 //! guarded: XLA's SPMD partitioner would gather it again.
 
 use crate::fence::{hold, Hold};
 use crate::ir::{Graph, NodeId, Op, ValueId};
 use crate::CompileError;
 
-use super::liveness::liveness;
-use super::remat::{first_backward_read, gathered_weights, RematBudget, RematOptions};
-use super::Materialization;
+use crate::analysis::liveness;
+use crate::analysis::Materialization;
+use crate::remat::chain::{first_backward_read, gathered_weights};
+use crate::remat::plan::{RematBudget, RematOptions};
 
 /// `g` with its backward kernels chained by guards; how many were guarded.
 /// `gathered_params`: as [`RematOptions::gathered_params`].
@@ -67,14 +68,14 @@ pub fn sequence_for(
     if target.keeps_barriers() {
         return Ok((g.clone(), 0));
     }
-    sequence_backward(g, super::fusion_for(target), gathered_params)
+    sequence_backward(g, crate::analysis::fusion_for(target), gathered_params)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analysis::EveryNodeAKernel;
     use crate::ir::{BinaryOp, DType, Literal, TensorType, UnaryOp};
-    use crate::memory::EveryNodeAKernel;
 
     /// Forward a = tanh(p), b = tanh(a); backward d = exp(b) * a (reads a
     /// late: the first backward read), then a "weight gradient" w = d * p

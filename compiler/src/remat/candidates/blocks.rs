@@ -33,15 +33,15 @@
 
 use crate::ir::{Graph, NodeId, Op, ValueId};
 
-use super::liveness::{users_of, BufferKind, Liveness};
-use super::remat::{
+use crate::analysis::{users_of, BufferKind, Liveness};
+use crate::remat::chain::{
     anchor_for, clonable, clone_closure, fixed, gathered_weights, readers, recompute_cost, unfenced, Candidate,
-    RematOptions,
 };
+use crate::remat::plan::RematOptions;
 
 /// A forward buffer is a cut when the other forward buffers waiting at its
 /// position hold at most this fraction of its bytes.
-pub(super) const CUT_SLACK: f64 = 0.25;
+pub(crate) const CUT_SLACK: f64 = 0.25;
 
 /// A segment spans at most this many consecutive cuts (cuts inside it are
 /// recomputed too): small cuts such as a wide hidden layer's output would
@@ -59,7 +59,7 @@ const MAX_SEGMENT_NODES: usize = 4096;
 /// the one value the rest of the forward needs. Nodes that depend on no
 /// parameter (constants, iotas and what is made of them) are cloned freely
 /// and never hold a cut open.
-pub(super) fn cuts(g: &Graph, l: &Liveness, users: &[Vec<NodeId>], pos: &[Option<usize>], bwd: usize) -> Vec<usize> {
+pub(crate) fn cuts(g: &Graph, l: &Liveness, users: &[Vec<NodeId>], pos: &[Option<usize>], bwd: usize) -> Vec<usize> {
     let mut data = vec![false; g.len()];
     for (id, node) in g.nodes() {
         data[id.index()] =
@@ -106,7 +106,7 @@ pub(super) fn cuts(g: &Graph, l: &Liveness, users: &[Vec<NodeId>], pos: &[Option
 /// block after three segments, and greedy stopped at 1.93 GiB at 40% and
 /// below. The CPU target keeps the first rule, which its measured plans were
 /// made with (`RematOptions::for_target`).
-pub(super) fn segment_candidates(
+pub(crate) fn segment_candidates(
     g: &Graph,
     l: &Liveness,
     values: &[Candidate],
@@ -226,8 +226,9 @@ fn segment(
 
 #[cfg(test)]
 mod tests {
+    use crate::analysis::EveryNodeAKernel;
     use crate::ir::{BinaryOp, DType, Literal, TensorType, UnaryOp};
-    use crate::memory::{rematerialize, EveryNodeAKernel, Greedy, RematBudget, RematOptions};
+    use crate::remat::{rematerialize, Greedy, RematBudget, RematOptions};
 
     use super::*;
 
@@ -255,7 +256,7 @@ mod tests {
     #[test]
     fn the_residual_stream_is_where_the_forward_is_cut() {
         let g = residual(4);
-        let l = crate::memory::liveness(&g, &EveryNodeAKernel);
+        let l = crate::analysis::liveness(&g, &EveryNodeAKernel);
         let users = users_of(&g);
         let pos = l.positions();
         // The backward starts with the neg after the last add (position 13).

@@ -59,11 +59,10 @@ use crate::cost;
 use crate::ir::{Graph, NodeId, ValueId};
 use crate::CompileError;
 
-use super::liveness::{liveness, Liveness};
-use super::peak::{live_peak, peak_of};
-use super::remat::{
-    budget_bytes, candidates, finish, rewrite, Candidate, RematChoice, RematOptions, RematPlan, RematStrategy,
-};
+use crate::analysis::{live_peak, peak_of};
+use crate::analysis::{liveness, Liveness};
+use crate::remat::chain::{candidates, rewrite, Candidate};
+use crate::remat::plan::{budget_bytes, finish, RematChoice, RematOptions, RematPlan, RematStrategy};
 
 /// Solutions measured before the strategy returns the best one so far.
 pub const MAX_ROUNDS: usize = 32;

@@ -1,55 +1,12 @@
-//! Memory planning: liveness of a step graph's buffers in an execution order,
-//! a peak-memory model, and the rematerialization pass that trades recomputation
-//! for memory under a budget.
+//! Fusion models: which values reach memory when XLA compiles kiln's
+//! graph. [`Materialization`] is the one question liveness asks;
+//! [`EveryNodeAKernel`] is the upper bound, [`XlaCpuFusion`] and
+//! `XlaGpuFusion` (`xla_gpu.rs`) approximate what XLA's CPU and CUDA
+//! backends fuse, and [`fusion_for`] picks one by the lowering target.
 //!
-//! Where it runs: remat is the last pass of [`crate::pipeline::optimize`] when
-//! `memory_limit_bytes` (or a fraction of the activation memory) is set; liveness
-//! and peak are analyses that the CLI (`kiln compile --memory-limit`,
-//! `kiln profile --max-batch`) and the remat strategies call on any graph.
-//!
-//! Invariants:
-//! - The execution order is the graph's insertion order over the nodes the
-//!   outputs reach (a topological order; dead nodes are never executed).
-//! - Which values get a buffer of their own is decided by one
-//!   [`Materialization`] answer per value. A value that is not materialized
-//!   (fused into its consumers) has no buffer, and the reads it makes happen
-//!   where its consumers execute. [`EveryNodeAKernel`] is the default; the
-//!   optimizer's fusion plan answers the same question once it exists;
-//!   [`XlaCpuFusion`] and [`XlaGpuFusion`] approximate what XLA's CPU and CUDA
-//!   backends' own fusion does to the graph kiln hands them (what the model is
-//!   checked against), and [`fusion_for`] picks one by the lowering target.
-//! - A kernel's workspace (cuBLAS's, cuDNN's) is a `Scratch` buffer live at
-//!   that kernel only; it counts as a temporary and is never a remat candidate.
-//! - `reshape` and `optimization_barrier` never allocate: their results alias
-//!   their operands' buffers (a bitcast, a pass-through).
-//! - Everything here is pure: graph in, numbers or a new graph out.
-
-mod blocks;
-mod exact;
-mod gpu;
-mod host_copies;
-mod kernel_time;
-mod liveness;
-mod offload;
-mod peak;
-mod pin;
-mod remat;
-mod sequence;
-mod siblings;
-mod twins;
-
-pub use exact::Exact;
-pub use gpu::XlaGpuFusion;
-pub use host_copies::{copies, HostCopies, HOST_COPY_TRIP_SECONDS};
-pub use kernel_time::{kernel_seconds, kernel_starts, kernel_times};
-pub use liveness::{liveness, Allocation, Buffer, BufferKind, Liveness};
-pub use offload::HostOffload;
-pub use peak::{peak_memory, PeakMemory};
-pub use remat::{
-    activation_budget_bytes, keeps_values_for_later, rematerialize, Greedy, LeafGuards, Off, RecomputeCost,
-    RematBudget, RematChoice, RematOptions, RematPlan, RematStrategy,
-};
-pub use sequence::{sequence_backward, sequence_for};
+//! Invariants: pure answers; a fused value has no buffer and is read where
+//! its consumers execute; parameters, program outputs and barrier operands
+//! are always materialized, whatever a model answers.
 
 use crate::ir::{BinaryOp, Graph, NodeId, Op};
 
@@ -93,7 +50,7 @@ pub trait Materialization: Sync {
 pub fn fusion_for(target: crate::LowerTarget) -> &'static dyn Materialization {
     match target {
         crate::LowerTarget::Cpu => &XlaCpuFusion,
-        crate::LowerTarget::Cuda => &XlaGpuFusion,
+        crate::LowerTarget::Cuda => &super::XlaGpuFusion,
     }
 }
 
@@ -135,7 +92,7 @@ impl Materialization for XlaCpuFusion {
 }
 
 /// Ops XLA emits as one loop over the output elements.
-pub(crate) fn loop_fusible(op: &Op) -> bool {
+pub fn loop_fusible(op: &Op) -> bool {
     op.props().loop_fusible
 }
 

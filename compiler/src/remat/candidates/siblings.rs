@@ -25,14 +25,15 @@ use std::collections::HashMap;
 
 use crate::ir::{Graph, NodeId, ValueId};
 
-use super::liveness::Liveness;
-use super::loop_fusible;
-use super::remat::{anchor_for, recompute_cost, Candidate, RematOptions};
+use crate::analysis::loop_fusible;
+use crate::analysis::Liveness;
+use crate::remat::chain::{anchor_for, recompute_cost, Candidate};
+use crate::remat::plan::RematOptions;
 
 /// One candidate for each group of `values` whose chains clone a shared
 /// kernel that is not loop-fusible, for the same late kernel. A group whose
 /// union is one member's own chain is left out (that member already is it).
-pub(super) fn sibling_candidates(g: &Graph, l: &Liveness, values: &[Candidate], opts: &RematOptions) -> Vec<Candidate> {
+pub(crate) fn sibling_candidates(g: &Graph, l: &Liveness, values: &[Candidate], opts: &RematOptions) -> Vec<Candidate> {
     let mut parent: Vec<usize> = (0..values.len()).collect();
     fn root(parent: &mut [usize], mut i: usize) -> usize {
         while parent[i] != i {
@@ -117,11 +118,12 @@ fn union(g: &Graph, l: &Liveness, values: &[Candidate], members: &[usize], opts:
 
 #[cfg(test)]
 mod tests {
+    use crate::analysis::{liveness, EveryNodeAKernel};
     use crate::ir::{BinaryOp, DType, DotDims, Literal, Op, TensorType, UnaryOp};
-    use crate::memory::{liveness, rematerialize, EveryNodeAKernel, Greedy, RecomputeCost, RematBudget, RematOptions};
+    use crate::remat::{rematerialize, Greedy, RecomputeCost, RematBudget, RematOptions};
 
-    use super::super::remat::candidates;
     use super::*;
+    use crate::remat::chain::candidates;
 
     /// One projection `h = x · w` sliced into three parts that the forward
     /// adds up, a ladder of `tanh` over the sum, and a backward that reads

@@ -200,7 +200,7 @@ fn is_temp(b: &Buffer) -> bool {
 }
 
 /// Users of every node (each user once), indexed by node.
-pub(crate) fn users_of(g: &Graph) -> Vec<Vec<NodeId>> {
+pub fn users_of(g: &Graph) -> Vec<Vec<NodeId>> {
     let mut users: Vec<Vec<NodeId>> = vec![Vec::new(); g.len()];
     for (id, node) in g.nodes() {
         for v in node.op.inputs() {
@@ -403,8 +403,8 @@ fn writes_in_place(op: &Op) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analysis::{EveryNodeAKernel, XlaCpuFusion};
     use crate::ir::{DType, TensorType, UnaryOp};
-    use crate::memory::{EveryNodeAKernel, XlaCpuFusion};
 
     fn chain() -> Graph {
         // p -> exp -> tanh -> neg (output); each value 4 x f32 = 16 bytes.
@@ -454,7 +454,7 @@ mod tests {
         let allocation = l.allocation();
         assert_eq!(allocation.temp_bytes, 32);
         assert_eq!(allocation.total_bytes, 48 + 20 + 32, "arguments, both outputs from the start, a");
-        let peak = crate::memory::peak::peak_of(&l);
+        let peak = crate::analysis::peak_of(&l);
         assert_eq!(peak.peak_bytes, 48 + 48);
         assert_eq!((peak.allocated_temp_bytes, peak.allocated_bytes), (32, 100));
     }
@@ -504,10 +504,10 @@ mod tests {
         let n = g.value(Op::Binary { op: crate::ir::BinaryOp::Sub, lhs: w, rhs: e }).unwrap();
         let t = g.value(Op::Unary { op: UnaryOp::Tanh, input: e }).unwrap();
         g.set_outputs(vec![n, t]).unwrap();
-        let plain = crate::memory::peak_memory(&g, &EveryNodeAKernel);
+        let plain = crate::analysis::peak_memory(&g, &EveryNodeAKernel);
         g.add_alias(crate::ir::Alias { param: 0, output: 0 }).unwrap();
         let l = liveness(&g, &EveryNodeAKernel);
-        let donated = crate::memory::peak::peak_of(&l);
+        let donated = crate::analysis::peak_of(&l);
         // positions: w 0, exp 1, sub 2, tanh 3. Without the alias w' is a
         // buffer of its own from position 2; with it, only exp and tanh
         // (which takes exp's buffer) add to the argument.

@@ -75,11 +75,12 @@ use std::collections::HashMap;
 use crate::ir::{Graph, HostCopyStep, NodeId, Op, ValueId};
 use crate::CompileError;
 
-use super::kernel_time::kernel_starts;
-use super::liveness::{liveness, users_of, BufferKind, Liveness};
 use super::offload::MIN_OFFLOAD_BYTES;
-use super::peak::peak_of;
-use super::remat::{budget_bytes, finish, Greedy, RematBudget, RematChoice, RematOptions, RematPlan, RematStrategy};
+use crate::analysis::kernel_starts;
+use crate::analysis::peak_of;
+use crate::analysis::{liveness, users_of, BufferKind, Liveness};
+use crate::remat::plan::{budget_bytes, finish, RematBudget, RematChoice, RematOptions, RematPlan, RematStrategy};
+use crate::remat::Greedy;
 
 /// What one value's trip out and back adds to the step beyond the model's
 /// kernels, in seconds: its four custom calls' launches and waits, and the
@@ -729,14 +730,15 @@ fn rewrite(g: &Graph, trips: &[Trip]) -> Result<Graph, CompileError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analysis::{peak_memory, XlaGpuFusion};
     use crate::ir::{DType, Literal, UnaryOp};
-    use crate::memory::{peak_memory, rematerialize, RematBudget, XlaGpuFusion};
+    use crate::remat::{rematerialize, RematBudget};
     use crate::target::LowerTarget;
 
     /// `layers` layers `a = tanh(h · w)` whose outputs a backward reads in
     /// reverse, `g = (g · w) · a`: a train step's saved activations.
     fn chain(rows: usize, d: usize, layers: usize) -> Graph {
-        crate::memory::offload::tests::chain(rows, d, layers, true)
+        super::super::offload::tests::chain(rows, d, layers, true)
     }
 
     fn steps(g: &Graph) -> Vec<(usize, HostCopyStep, u32)> {

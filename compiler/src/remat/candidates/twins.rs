@@ -28,9 +28,9 @@ use crate::ir::{Graph, NodeId, Op, ValueId};
 use crate::passes::{eliminate_common_subexpressions, eliminate_dead_code_keep_params};
 use crate::CompileError;
 
-use super::liveness::liveness;
-use super::peak::peak_of;
-use super::Materialization;
+use crate::analysis::liveness;
+use crate::analysis::peak_of;
+use crate::analysis::Materialization;
 
 /// The later twin of each pair of fenced GEMMs in `g`, with its earlier
 /// twin, in node order.
@@ -90,7 +90,7 @@ fn redirect(g: &Graph, later: NodeId, earlier: NodeId) -> Result<Graph, CompileE
 
 /// `g` with its twin GEMMs merged where the peak allows (see the module
 /// docs), and the number merged. `budget`: the plan's byte budget.
-pub(super) fn merge_twin_gemms(
+pub(crate) fn merge_twin_gemms(
     g: &Graph,
     fusion: &dyn Materialization,
     budget: u64,
@@ -121,8 +121,8 @@ pub(super) fn merge_twin_gemms(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analysis::EveryNodeAKernel;
     use crate::ir::{BinaryOp, DType, DotDims, Literal, TensorType, UnaryOp};
-    use crate::memory::EveryNodeAKernel;
 
     fn count(g: &Graph, f: impl Fn(&Op) -> bool) -> usize {
         eliminate_dead_code_keep_params(g).unwrap().nodes().filter(|(_, n)| f(&n.op)).count()

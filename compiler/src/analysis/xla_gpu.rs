@@ -269,8 +269,8 @@ fn expensive(g: &Graph, n: NodeId) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analysis::{liveness, peak_memory, XlaCpuFusion};
     use crate::ir::{ReduceOp, TensorType, ValueId};
-    use crate::memory::{liveness, peak_memory, XlaCpuFusion};
 
     fn sum_rows(g: &mut Graph, x: ValueId) -> ValueId {
         g.value(Op::Reduce { op: ReduceOp::Sum, input: x, axes: vec![1] }).unwrap()

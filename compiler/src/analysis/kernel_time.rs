@@ -150,7 +150,7 @@ impl Walk {
 /// target achieves for it: fused attention at its measured share of the
 /// peak ([`ACHIEVED_ATTENTION_FORWARD`], [`ACHIEVED_ATTENTION_BACKWARD`]),
 /// other GEMMs at [`ACHIEVED_GEMM`], vector work at the peak.
-pub(super) fn achieved_compute_seconds(op: &Op, c: &cost::NodeCost, target: &Target) -> f64 {
+pub fn achieved_compute_seconds(op: &Op, c: &cost::NodeCost, target: &Target) -> f64 {
     let achieved = match (op, c.peak) {
         (Op::Attention { .. }, _) => ACHIEVED_ATTENTION_FORWARD,
         (Op::AttentionGrad { .. }, _) => ACHIEVED_ATTENTION_BACKWARD,
@@ -161,15 +161,15 @@ pub(super) fn achieved_compute_seconds(op: &Op, c: &cost::NodeCost, target: &Tar
 }
 
 /// Seconds to move `bytes` at [`ACHIEVED_BANDWIDTH`] of the target's.
-pub(super) fn traffic_seconds(bytes: u64, target: &Target) -> f64 {
+pub fn traffic_seconds(bytes: u64, target: &Target) -> f64 {
     bytes as f64 / (target.mem_bytes_per_s * ACHIEVED_BANDWIDTH)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analysis::{liveness, EveryNodeAKernel, Materialization, XlaCpuFusion};
     use crate::ir::{BinaryOp, DType, DotDims, Shape, TensorType, UnaryOp};
-    use crate::memory::{liveness, EveryNodeAKernel, Materialization, XlaCpuFusion};
 
     const T: Target = Target::H100_SXM_MEASURED;
     const MIB4: f64 = (4 << 20) as f64;

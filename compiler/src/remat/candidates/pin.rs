@@ -18,7 +18,7 @@
 //! gradient is scattered into) floats the same way; it reads its constants
 //! through the guard, unless XLA folds it into an add ([`folded_by_xla`]).
 //!
-//! A gathered weight ([`super::remat::gathered_weights`]) is never read
+//! A gathered weight ([`crate::remat::chain::gathered_weights`]) is never read
 //! through a guard: XLA's SPMD partitioner would gather it again. A kernel
 //! with nothing else to guard is left alone.
 //!
@@ -28,18 +28,18 @@
 use crate::ir::{BinaryOp, Graph, NodeId, Op, ValueId};
 use crate::CompileError;
 
-use super::liveness::{liveness, BufferKind};
-use super::Materialization;
+use crate::analysis::Materialization;
+use crate::analysis::{liveness, BufferKind};
 use crate::fence::{hold, Hold};
 
 /// Kernels with outputs smaller than this fraction of the largest buffer are
 /// left alone (guards cost a select each; small kernels do not move peaks).
-pub(super) const PIN_MIN_BYTES_FRACTION: f64 = 0.02;
+pub(crate) const PIN_MIN_BYTES_FRACTION: f64 = 0.02;
 
 /// `g` with its floating backward kernels pinned; `bwd` is the position of
 /// the first backward read, `weights` marks the gathered weights by node.
 /// Returns the graph and how many kernels were pinned.
-pub(super) fn pin_floating(
+pub(crate) fn pin_floating(
     g: &Graph,
     fusion: &dyn Materialization,
     bwd: usize,
@@ -154,8 +154,8 @@ fn folded_by_xla(g: &Graph, id: NodeId) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analysis::EveryNodeAKernel;
     use crate::ir::{BinaryOp, DType, Literal, TensorType, UnaryOp};
-    use crate::memory::EveryNodeAKernel;
 
     #[test]
     fn a_backward_kernel_that_reads_only_forward_values_waits_for_the_backward() {

@@ -65,10 +65,12 @@ use crate::target::LowerTarget;
 use crate::target::HOST_LINK_BYTES_PER_SECOND;
 use crate::CompileError;
 
-use super::kernel_time::kernel_times;
-use super::liveness::{liveness, users_of, BufferKind, Liveness};
-use super::peak::{live_peak, peak_of};
-use super::remat::{budget_bytes, candidates, finish, Greedy, RematChoice, RematOptions, RematPlan, RematStrategy};
+use crate::analysis::kernel_times;
+use crate::analysis::{live_peak, peak_of};
+use crate::analysis::{liveness, users_of, BufferKind, Liveness};
+use crate::remat::chain::candidates;
+use crate::remat::plan::{budget_bytes, finish, RematChoice, RematOptions, RematPlan, RematStrategy};
+use crate::remat::Greedy;
 
 /// The smallest value worth a copy each way: a layer norm's row statistics
 /// (32 KiB at gpt2-small) would otherwise fill the queue of copies with
@@ -340,15 +342,16 @@ fn rewrite(g: &Graph, moves: &[Move], anchors: &[ValueId]) -> Result<Graph, Comp
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::analysis::{peak_memory, XlaGpuFusion};
     use crate::ir::{BinaryOp, DType, DotDims, Literal, TensorType, UnaryOp};
-    use crate::memory::{peak_memory, rematerialize, RematBudget, XlaGpuFusion};
+    use crate::remat::{rematerialize, RematBudget};
 
     /// A forward of `layers` layers `a = tanh(h · w)` (or `tanh(h)` without
     /// `dot`) whose outputs a backward reads in reverse, `g = (g · w) · a`:
     /// the shape of a train step's saved activations.
-    pub(in crate::memory) fn chain(rows: usize, d: usize, layers: usize, dot: bool) -> Graph {
+    pub(in crate::remat) fn chain(rows: usize, d: usize, layers: usize, dot: bool) -> Graph {
         let mut g = Graph::new();
         let x = g.parameter(TensorType::new(DType::F32, [rows, d]));
         let w = g.parameter(TensorType::new(DType::F32, [d, d]));

@@ -51,7 +51,7 @@ pub fn peak_memory(g: &Graph, fusion: &dyn Materialization) -> PeakMemory {
     peak_of(&liveness(g, fusion))
 }
 
-pub(crate) fn peak_of(l: &Liveness) -> PeakMemory {
+pub fn peak_of(l: &Liveness) -> PeakMemory {
     let sum = |kind: BufferKind| l.buffers.iter().filter(|b| b.kind == kind).map(|b| b.bytes).sum::<u64>();
     let (peak_position, peak_bytes) = live_peak(l);
     let allocation = l.allocation();
@@ -70,6 +70,6 @@ pub(crate) fn peak_of(l: &Liveness) -> PeakMemory {
 
 /// `peak_of`'s `(peak_position, peak_bytes)` alone: what a plan's search
 /// measures each candidate by, without the rest of the figures.
-pub(crate) fn live_peak(l: &Liveness) -> (usize, u64) {
+pub fn live_peak(l: &Liveness) -> (usize, u64) {
     l.live_curve().into_iter().enumerate().fold((0, 0), |best, (i, b)| if b > best.1 { (i, b) } else { best })
 }
