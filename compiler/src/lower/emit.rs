@@ -9,7 +9,6 @@
 
 use std::fmt::{Display, Write};
 
-use super::cudnn;
 use super::dense::{dense, identity};
 use super::loop_kernel::{self, Kernel};
 use super::LowerOptions;
@@ -168,22 +167,22 @@ fn order(g: &Graph, live: &[bool], kernels: &[Kernel]) -> Option<Vec<Item>> {
     (out.len() == items.len()).then_some(out)
 }
 
-struct Emitter<'g> {
-    g: &'g Graph,
-    num_replicas: usize,
-    target: crate::target::LowerTarget,
+pub(super) struct Emitter<'g> {
+    pub(super) g: &'g Graph,
+    pub(super) num_replicas: usize,
+    pub(super) target: crate::target::LowerTarget,
     /// Whether the module is partitioned by XLA's SPMD partitioner (it has
     /// shardings): where [`Op::Whole`] is a sharding constraint.
-    partitioned: bool,
+    pub(super) partitioned: bool,
     /// The cuDNN attention calls' split over the devices (CUDA only).
-    attention: Option<super::AttentionSplit>,
+    pub(super) attention: Option<super::AttentionSplit>,
     /// SSA name of each output of each emitted node, indexed by node id.
-    names: Vec<Vec<String>>,
-    out: String,
+    pub(super) names: Vec<Vec<String>>,
+    pub(super) out: String,
 }
 
 impl Emitter<'_> {
-    fn signature(&mut self, shardings: Option<&super::ModuleShardings>) {
+    pub(super) fn signature(&mut self, shardings: Option<&super::ModuleShardings>) {
         let g = self.g;
         let args: Vec<String> = g
             .param_types()
@@ -218,22 +217,22 @@ impl Emitter<'_> {
         let _ = writeln!(self.out, "  func.func public @main({}) -> ({}) {{", args.join(", "), results);
     }
 
-    fn line(&mut self, text: String) {
+    pub(super) fn line(&mut self, text: String) {
         self.out.push_str(BODY);
         self.out.push_str(&text);
         self.out.push('\n');
     }
 
-    fn name(&self, v: ValueId) -> String {
+    pub(super) fn name(&self, v: ValueId) -> String {
         self.names[v.node.index()][v.output as usize].clone()
     }
 
-    fn ty(&self, v: ValueId) -> &TensorType {
+    pub(super) fn ty(&self, v: ValueId) -> &TensorType {
         self.g.ty(v)
     }
 
     /// Names the outputs of `id` and returns the left-hand side that defines them.
-    fn define(&mut self, id: NodeId, node: &Node) -> String {
+    pub(super) fn define(&mut self, id: NodeId, node: &Node) -> String {
         let base = format!("%v{}", id.index());
         let n = node.outputs.len();
         if n == 1 {
@@ -246,17 +245,17 @@ impl Emitter<'_> {
     }
 
     /// A helper value of node `id`: `%v<id>_<role>`.
-    fn helper(id: NodeId, role: &str) -> String {
+    pub(super) fn helper(id: NodeId, role: &str) -> String {
         format!("%v{}_{role}", id.index())
     }
 
     /// `name = stablehlo.constant dense<..> : ty`.
-    fn constant(&mut self, name: &str, lit: &Literal) {
+    pub(super) fn constant(&mut self, name: &str, lit: &Literal) {
         self.line(format!("{name} = stablehlo.constant {} : {}", dense(lit), lit.ty()));
     }
 
     /// A loop kernel: the Triton call, then the sum of its column sums.
-    fn loop_kernel(&mut self, k: &Kernel) {
+    pub(super) fn loop_kernel(&mut self, k: &Kernel) {
         let (reduce, _) = k.sum;
         let call = Self::helper(reduce, "loop");
         let full = self.ty(k.stores[0].1[0]).shape.clone();
@@ -319,7 +318,7 @@ impl Emitter<'_> {
         self.names[reduce.index()] = vec![value];
     }
 
-    fn node(&mut self, id: NodeId, node: &Node) -> Result<(), CompileError> {
+    pub(super) fn node(&mut self, id: NodeId, node: &Node) -> Result<(), CompileError> {
         let out_ty = node.outputs.first().cloned();
         let res = || out_ty.clone().expect("single-result op has a result type");
         match &node.op {
@@ -603,130 +602,10 @@ impl Emitter<'_> {
             // Only composites the target runs fused reach here
             // (`composite::expand` replaced the others by plain ops).
             Op::Attention { q, k, v, bias, mask, attrs } => {
-                cudnn::check_prepared(id, self.ty(*q), self.ty(*v), bias, *mask, *attrs)?;
-                let (tq, s) = (self.ty(*q).clone(), self.ty(*k).shape.dims()[2]);
-                let xs = self.transpose_to_btnh(id, &[("q", *q), ("k", *k), ("v", *v)]);
-                let ins: Vec<TensorType> = [*q, *k, *v].iter().map(|&x| cudnn::btnh(self.ty(x))).collect();
-                let bias = bias.first().copied();
-                let split = if bias.is_some() { None } else { self.attention_split(&tq) };
-                let (mut xs, mut ins, tq, outs) = match &split {
-                    None => (xs, ins, tq, node.outputs.to_vec()),
-                    Some(sp) => (
-                        self.enter_region(id, &["q", "k", "v"], &xs, &ins, sp),
-                        ins.iter().map(|t| sp.btnh_shard(t)).collect(),
-                        sp.bn_shard(&tq),
-                        vec![sp.bn_shard(&node.outputs[0]), sp.bn_shard(&node.outputs[1])],
-                    ),
-                };
-                if let Some(b) = bias {
-                    xs.push(self.name(b));
-                    ins.push(self.ty(b).clone());
-                }
-                let layouts = vec![row_major(4); ins.len()].join(", ");
-                let call = Self::helper(id, "fmha");
-                self.line(format!(
-                    "{call}:3 = stablehlo.custom_call @{}({}) {{api_version = 2 : i32, backend_config = \"{}\", {}\
-                     operand_layouts = [{layouts}], result_layouts = [{}, {}, {}]}} : ({}) -> ({}, {}, {})",
-                    cudnn::forward_target(bias.is_some()),
-                    xs.join(", "),
-                    cudnn::backend_config(&tq, s, *attrs, false),
-                    manual_results(split.is_some(), 3),
-                    cudnn::BNTH_AS_BTNH,
-                    row_major(3),
-                    row_major(1),
-                    join(ins),
-                    outs[0],
-                    outs[1],
-                    cudnn::WORKSPACE,
-                ));
-                let results: Vec<String> = (0..2).map(|i| format!("{call}#{i}")).collect();
-                self.names[id.index()] = match &split {
-                    None => results,
-                    Some(sp) => {
-                        let specs = [sp.bnth.as_str(), sp.bnt.as_str()];
-                        self.leave_region(id, &["out", "stats"], &results, &outs, &node.outputs, &specs)
-                    }
-                };
+                self.attention(id, node, [*q, *k, *v], bias, *mask, *attrs)?
             }
             Op::AttentionGrad { q, k, v, bias, mask, out, stats, dout, attrs } => {
-                cudnn::check_prepared(id, self.ty(*q), self.ty(*v), bias, *mask, *attrs)?;
-                let (tq, s) = (self.ty(*q).clone(), self.ty(*k).shape.dims()[2]);
-                let bias = bias.first().copied();
-                let mut xs = self.transpose_to_btnh(id, &[("q", *q), ("k", *k), ("v", *v)]);
-                let go = self.transpose_to_btnh(id, &[("dout", *dout), ("out", *out)]);
-                xs.push(self.name(*stats));
-                xs.extend(go);
-                let bt = |e: &Self, x: ValueId| cudnn::btnh(e.ty(x));
-                let ins = vec![
-                    bt(self, *q),
-                    bt(self, *k),
-                    bt(self, *v),
-                    self.ty(*stats).clone(),
-                    bt(self, *dout),
-                    bt(self, *out),
-                ];
-                let split = if bias.is_some() { None } else { self.attention_split(&tq) };
-                let (mut xs, mut ins, tq, mut outs) = match &split {
-                    None => (xs, ins, tq, node.outputs[..3].to_vec()),
-                    Some(sp) => {
-                        let mut local = self.enter_region(id, &["q", "k", "v"], &xs[..3], &ins[..3], sp);
-                        local.push(self.enter_region_as(id, "stats", &xs[3], &ins[3], &sp.bnt, sp.bn_shard(&ins[3])));
-                        local.extend(self.enter_region(id, &["dout", "out"], &xs[4..], &ins[4..], sp));
-                        let mut lins: Vec<TensorType> = ins.iter().map(|t| sp.btnh_shard(t)).collect();
-                        lins[3] = sp.bn_shard(&ins[3]);
-                        (local, lins, sp.bn_shard(&tq), node.outputs.iter().map(|t| sp.bn_shard(t)).collect())
-                    }
-                };
-                // cuDNN's operand order: q, k, v, stats, dout, bias, out.
-                let dbias = bias.filter(|&b| cudnn::exports_dbias(self.ty(b), &tq));
-                if let Some(b) = bias {
-                    xs.insert(5, self.name(b));
-                    ins.insert(5, self.ty(b).clone());
-                }
-                let mut result_layouts = vec![cudnn::BNTH_AS_BTNH.to_string(); 3];
-                if let Some(b) = dbias {
-                    outs.push(self.ty(b).clone());
-                    result_layouts.push(row_major(4));
-                }
-                result_layouts.push(row_major(1));
-                let operand_layouts: Vec<String> =
-                    ins.iter().map(|t| if t.shape.rank() == 3 { row_major(3) } else { row_major(4) }).collect();
-                let call = Self::helper(id, "fmha");
-                let n_results = outs.len() + 1;
-                self.line(format!(
-                    "{call}:{n_results} = stablehlo.custom_call @{}({}) {{api_version = 2 : i32, backend_config = \"{}\", {}\
-                     operand_layouts = [{}], result_layouts = [{}]}} : ({}) -> ({}, {})",
-                    cudnn::backward_target(bias.is_some()),
-                    xs.join(", "),
-                    cudnn::backend_config(&tq, s, *attrs, true),
-                    manual_results(split.is_some(), n_results),
-                    operand_layouts.join(", "),
-                    result_layouts.join(", "),
-                    join(ins),
-                    join(outs.clone()),
-                    cudnn::WORKSPACE,
-                ));
-                let mut results: Vec<String> = (0..3).map(|i| format!("{call}#{i}")).collect();
-                results = match &split {
-                    None => results,
-                    Some(sp) => {
-                        let specs = [sp.bnth.as_str(); 3];
-                        self.leave_region(id, &["dq", "dk", "dv"], &results, &outs, &node.outputs, &specs)
-                    }
-                };
-                if let Some(b) = bias {
-                    // The bias gradient, or zeros where cuDNN exports none
-                    // (`composite::fusable` makes sure nothing reads them).
-                    let bty = self.ty(b).clone();
-                    if dbias.is_some() {
-                        results.push(format!("{call}#3"));
-                    } else {
-                        let z = Self::helper(id, "no_dbias");
-                        self.line(format!("{z} = stablehlo.constant dense<0.0> : {bty}"));
-                        results.push(z);
-                    }
-                }
-                self.names[id.index()] = results;
+                self.attention_grad(id, node, [*q, *k, *v], bias, *mask, [*out, *stats, *dout], *attrs)?
             }
             Op::LayerNorm { .. }
             | Op::LayerNormGrad { .. }
@@ -747,103 +626,15 @@ impl Emitter<'_> {
         Ok(())
     }
 
-    /// The split of an attention call on `q` (BNTH), if the module has one
-    /// whose parts divide its batch and heads.
-    fn attention_split(&self, q: &TensorType) -> Option<super::AttentionSplit> {
-        let sp = self.attention.as_ref()?;
-        let d = q.shape.dims();
-        (d[0] % sp.batch == 0 && d[1] % sp.heads == 0).then(|| sp.clone())
-    }
-
-    /// `xs` (BTNH operands of types `ts`) as this device's shards, inside
-    /// the manual region; returns their names.
-    fn enter_region(
-        &mut self,
-        id: NodeId,
-        roles: &[&str],
-        xs: &[String],
-        ts: &[TensorType],
-        sp: &super::AttentionSplit,
-    ) -> Vec<String> {
-        roles
-            .iter()
-            .zip(xs)
-            .zip(ts)
-            .map(|((r, x), t)| self.enter_region_as(id, r, x, t, &sp.btnh, sp.btnh_shard(t)))
-            .collect()
-    }
-
-    /// `x` (global type `t`, sharded as `spec`) as this device's shard of
-    /// type `local`.
-    fn enter_region_as(
-        &mut self,
-        id: NodeId,
-        role: &str,
-        x: &str,
-        t: &TensorType,
-        spec: &str,
-        local: TensorType,
-    ) -> String {
-        let (a, b) = (Self::helper(id, &format!("{role}_sharded")), Self::helper(id, &format!("{role}_shard")));
-        self.line(format!("{a} = stablehlo.custom_call @Sharding({x}) {{mhlo.sharding = \"{spec}\"}} : ({t}) -> {t}"));
-        self.line(format!(
-            "{b} = stablehlo.custom_call @SPMDFullToShardShape({a}) {{mhlo.sharding = \"{{manual}}\"}} : ({t}) -> {local}"
-        ));
-        b
-    }
-
-    /// The call's per-device `results` (types `locals`) as global values of
-    /// types `globals`, sharded as `specs`; returns their names.
-    fn leave_region(
-        &mut self,
-        id: NodeId,
-        roles: &[&str],
-        results: &[String],
-        locals: &[TensorType],
-        globals: &[TensorType],
-        specs: &[&str],
-    ) -> Vec<String> {
-        let mut names = Vec::with_capacity(results.len());
-        for (i, r) in results.iter().enumerate() {
-            let (a, b) =
-                (Self::helper(id, &format!("{}_manual", roles[i])), Self::helper(id, &format!("{}_full", roles[i])));
-            let (l, g) = (&locals[i], &globals[i]);
-            self.line(format!(
-                "{a} = stablehlo.custom_call @Sharding({r}) {{mhlo.sharding = \"{{manual}}\"}} : ({l}) -> {l}"
-            ));
-            self.line(format!(
-                "{b} = stablehlo.custom_call @SPMDShardToFullShape({a}) {{mhlo.sharding = \"{}\"}} : ({l}) -> {g}",
-                specs[i]
-            ));
-            names.push(b);
-        }
-        names
-    }
-
-    /// Transposes BNTH operands to BTNH for the cuDNN calls; returns their names.
-    fn transpose_to_btnh(&mut self, id: NodeId, xs: &[(&str, ValueId)]) -> Vec<String> {
-        xs.iter()
-            .map(|&(role, x)| {
-                let (name, t) = (self.name(x), self.ty(x).clone());
-                let h = Self::helper(id, role);
-                self.line(format!(
-                    "{h} = stablehlo.transpose {name}, dims = [0, 2, 1, 3] : ({t}) -> {}",
-                    cudnn::btnh(&t)
-                ));
-                h
-            })
-            .collect()
-    }
-
     /// `def = mnemonic %a, %b : (ta, tb) -> result`, the functional-type form.
-    fn call(&mut self, mnemonic: &str, id: NodeId, node: &Node, inputs: &[ValueId]) -> String {
+    pub(super) fn call(&mut self, mnemonic: &str, id: NodeId, node: &Node, inputs: &[ValueId]) -> String {
         let xs: Vec<String> = inputs.iter().map(|&v| self.name(v)).collect();
         let ts: Vec<TensorType> = inputs.iter().map(|&v| self.ty(v).clone()).collect();
         let def = self.define(id, node);
         format!("{def} = {mnemonic} {} : ({}) -> {}", xs.join(", "), join(ts), node.outputs[0])
     }
 
-    fn unary(&mut self, id: NodeId, node: &Node, op: UnaryOp, input: ValueId) {
+    pub(super) fn unary(&mut self, id: NodeId, node: &Node, op: UnaryOp, input: ValueId) {
         let x = self.name(input);
         let t = self.ty(input).clone();
         let unsigned = t.dtype.is_integer() && !t.dtype.is_signed_integer();
@@ -891,7 +682,7 @@ impl Emitter<'_> {
     /// Start indices of a dynamic (update) slice. StableHLO wants them all of
     /// one type; kiln allows any integer scalars, so mixed ones are converted
     /// to i64 (`%v<id>_start<k>`).
-    fn start_indices(&mut self, id: NodeId, starts: &[ValueId]) -> (Vec<String>, Vec<TensorType>) {
+    pub(super) fn start_indices(&mut self, id: NodeId, starts: &[ValueId]) -> (Vec<String>, Vec<TensorType>) {
         let tys: Vec<TensorType> = starts.iter().map(|&v| self.ty(v).clone()).collect();
         let uniform = tys.windows(2).all(|w| w[0] == w[1]);
         if uniform {
@@ -914,7 +705,7 @@ impl Emitter<'_> {
 
     /// The scalar region `^bb0(%a, %b): return a <op> b` of scatter and
     /// all_reduce, closed by the caller's `}) : ...` line.
-    fn combiner_region(&mut self, id: NodeId, op: ReduceOp, dtype: DType) {
+    pub(super) fn combiner_region(&mut self, id: NodeId, op: ReduceOp, dtype: DType) {
         let s = TensorType::scalar(dtype);
         let (a, b, r) = (Self::helper(id, "lhs"), Self::helper(id, "rhs"), Self::helper(id, "acc"));
         self.line(format!("^bb0({a}: {s}, {b}: {s}):"));
@@ -973,7 +764,7 @@ fn dot_dims(d: &DotDims) -> String {
 /// `[a, b, c]`.
 /// `minor_to_major` of a row-major array of `rank` dimensions, as a custom
 /// call's layout attribute (the cuDNN calls' and the loop kernels').
-fn row_major(rank: usize) -> String {
+pub(super) fn row_major(rank: usize) -> String {
     let dims: Vec<String> = (0..rank).rev().map(|d| d.to_string()).collect();
     if rank == 1 {
         "dense<0> : tensor<1xindex>".to_string()
@@ -1011,7 +802,7 @@ fn i64_array(xs: &[usize]) -> String {
 }
 
 /// `ta, tb, tc`.
-fn join(types: Vec<TensorType>) -> String {
+pub(super) fn join(types: Vec<TensorType>) -> String {
     types.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
 }
 
@@ -1045,7 +836,7 @@ fn power_of_two_divisor(g: &Graph, v: ValueId) -> Option<u32> {
 
 /// The `mhlo.sharding` attribute (with its trailing `, `) of a cuDNN call of
 /// `n` results inside the manual region; empty outside one.
-fn manual_results(manual: bool, n: usize) -> String {
+pub(super) fn manual_results(manual: bool, n: usize) -> String {
     if manual {
         format!("mhlo.sharding = \"{{{}}}\", ", vec!["{manual}"; n].join(", "))
     } else {

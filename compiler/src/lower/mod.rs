@@ -24,6 +24,7 @@
 mod cudnn;
 mod dense;
 mod emit;
+mod emit_attention;
 mod guard;
 pub use guard::{division_trap, DivisionTrap};
 pub(crate) mod live;
