@@ -8,10 +8,11 @@ use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::client::{Client, Device};
-use crate::element_type::{from_bytes, ElementType, NativeType};
+use crate::element_type::ArgType;
+use crate::element_type::{ElementType, NativeType};
 use crate::error::{Result, RuntimeError};
 use crate::pjrt::handles::{PendingHostCopy, RawBuffer};
-use crate::signature::ArgType;
+use crate::pjrt::host::values_from_bytes as from_bytes;
 
 static LIVE_BUFFERS: AtomicUsize = AtomicUsize::new(0);
 
@@ -44,7 +45,8 @@ impl Buffer {
     /// Wraps a buffer the plugin made (an execution output), reading its
     /// type, dims and device.
     pub(crate) fn from_plugin(client: &Client, raw: RawBuffer) -> Result<Buffer> {
-        let ty = ElementType::from_pjrt(raw.element_type()?)?;
+        let raw_type = raw.element_type()?;
+        let ty = ElementType::from_pjrt(raw_type).ok_or(RuntimeError::UnsupportedElementType { raw: raw_type })?;
         let dims = raw.dims()?.into_iter().map(|d| usize::try_from(d).unwrap_or(0)).collect();
         let device = raw.device()?;
         let device_index = client.inner.device_index(device).ok_or_else(|| RuntimeError::Pjrt {

@@ -15,14 +15,16 @@ use std::sync::Arc;
 use crate::buffer::Buffer;
 use crate::compile_options::CompileOptions;
 use crate::distributed::StoreHandle;
-use crate::element_type::{as_bytes, ElementType, NativeType};
+use crate::element_type::ArgType;
+use crate::element_type::{ElementType, NativeType};
 use crate::error::{Result, RuntimeError};
 use crate::executable::Executable;
 use crate::gpu_memory::MemoryFraction;
 use crate::pjrt::handles::{OptionValue, RawClient, RawDevice};
+use crate::pjrt::host::as_bytes;
 use crate::pjrt::Api;
 use crate::plugin;
-use crate::signature::{ArgType, Signature};
+use crate::signature::Signature;
 
 /// How to create a [`Client`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -395,6 +397,15 @@ impl Eq for Device {}
 impl fmt::Debug for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Device({}, id={}, {})", self.client.platform_name(), self.id(), self.kind())
+    }
+}
+
+impl crate::gpu_memory::GpuMemory {
+    /// Fills the settings `options` leaves unset: from these, and
+    /// `preallocate` from [`crate::gpu_memory::DEFAULT_PREALLOCATE`] when these leave it unset too.
+    pub fn apply(self, options: &mut ClientOptions) {
+        options.memory_fraction = options.memory_fraction.or(self.memory_fraction);
+        options.preallocate = options.preallocate.or(self.preallocate).or(Some(crate::gpu_memory::DEFAULT_PREALLOCATE));
     }
 }
 

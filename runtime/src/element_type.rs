@@ -1,12 +1,11 @@
-//! Element types of device buffers and their host counterparts.
+//! Element types of device buffers and their host counterparts, and the
+//! type of one program argument (an element type and static dimensions).
 //!
 //! Invariants: each `ElementType` maps to exactly one `PJRT_Buffer_Type` and one
 //! MLIR scalar type name; `NativeType::TYPE` has the same size in bytes as the
 //! Rust type, so a `&[T]` can be viewed as the buffer's host bytes.
 
 use std::fmt;
-
-use crate::error::{Result, RuntimeError};
 
 /// Element type of a buffer or tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -91,8 +90,8 @@ impl ElementType {
     }
 
     /// Maps a `PJRT_Buffer_Type` value back; types kiln does not model are errors.
-    pub(crate) fn from_pjrt(raw: i32) -> Result<Self> {
-        Self::ALL.into_iter().find(|t| t.to_pjrt() == raw).ok_or(RuntimeError::UnsupportedElementType { raw })
+    pub(crate) fn from_pjrt(raw: i32) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.to_pjrt() == raw)
     }
 }
 
@@ -131,14 +130,35 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// Views a slice of native values as bytes.
-pub(crate) fn as_bytes<T: NativeType>(data: &[T]) -> &[u8] {
-    let len = std::mem::size_of_val(data);
-    crate::pjrt::host::bytes_of(data, len)
+/// The type of one argument or result: element type and static dimensions.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ArgType {
+    pub ty: ElementType,
+    pub dims: Vec<usize>,
 }
 
-/// Copies host bytes into a vector of native values (`bytes.len()` must be a
-/// multiple of the element size; checked by the caller).
-pub(crate) fn from_bytes<T: NativeType>(bytes: &[u8]) -> Vec<T> {
-    crate::pjrt::host::values_from_bytes(bytes)
+impl ArgType {
+    pub fn new(ty: ElementType, dims: &[usize]) -> Self {
+        ArgType { ty, dims: dims.to_vec() }
+    }
+
+    /// Number of elements (1 for a scalar).
+    pub fn element_count(&self) -> usize {
+        self.dims.iter().product()
+    }
+
+    /// Dense size in host bytes.
+    pub fn size_in_bytes(&self) -> usize {
+        self.element_count() * self.ty.size_in_bytes()
+    }
+}
+
+impl fmt::Display for ArgType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("tensor<")?;
+        for d in &self.dims {
+            write!(f, "{d}x")?;
+        }
+        write!(f, "{}>", self.ty)
+    }
 }

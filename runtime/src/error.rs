@@ -7,9 +7,8 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::element_type::ElementType;
+use crate::element_type::{ArgType, ElementType};
 use crate::gpu::GpuProbe;
-use crate::signature::ArgType;
 
 /// Result alias for the runtime crate.
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;

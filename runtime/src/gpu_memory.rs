@@ -20,7 +20,6 @@
 //! unset). Only CUDA clients get these options: the CPU plugin has no such
 //! allocator.
 
-use crate::client::ClientOptions;
 use crate::env::bool_var;
 use crate::error::{Result, RuntimeError};
 
@@ -91,18 +90,12 @@ impl GpuMemory {
         };
         Ok(GpuMemory { memory_fraction: fraction, preallocate: bool_var(ENV_GPU_PREALLOCATE)? })
     }
-
-    /// Fills the settings `options` leaves unset: from these, and
-    /// `preallocate` from [`DEFAULT_PREALLOCATE`] when these leave it unset too.
-    pub fn apply(self, options: &mut ClientOptions) {
-        options.memory_fraction = options.memory_fraction.or(self.memory_fraction);
-        options.preallocate = options.preallocate.or(self.preallocate).or(Some(DEFAULT_PREALLOCATE));
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client::ClientOptions;
 
     #[test]
     fn fractions_in_the_half_open_unit_interval_parse() {

@@ -9,31 +9,10 @@
 
 use std::fmt;
 
-use crate::element_type::ElementType;
+use crate::element_type::{ArgType, ElementType};
 use crate::error::{Result, RuntimeError};
 
-/// The type of one argument or result: element type and static dimensions.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ArgType {
-    pub ty: ElementType,
-    pub dims: Vec<usize>,
-}
-
 impl ArgType {
-    pub fn new(ty: ElementType, dims: &[usize]) -> Self {
-        ArgType { ty, dims: dims.to_vec() }
-    }
-
-    /// Number of elements (1 for a scalar).
-    pub fn element_count(&self) -> usize {
-        self.dims.iter().product()
-    }
-
-    /// Dense size in host bytes.
-    pub fn size_in_bytes(&self) -> usize {
-        self.element_count() * self.ty.size_in_bytes()
-    }
-
     /// Parses `tensor<4x3xf32>` / `tensor<f32>` (an encoding after `,` is ignored).
     pub fn parse(text: &str) -> Result<Self> {
         let text = text.trim();
@@ -53,16 +32,6 @@ impl ArgType {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(ArgType { ty, dims })
-    }
-}
-
-impl fmt::Display for ArgType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("tensor<")?;
-        for d in &self.dims {
-            write!(f, "{d}x")?;
-        }
-        write!(f, "{}>", self.ty)
     }
 }
 

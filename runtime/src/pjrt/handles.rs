@@ -13,7 +13,7 @@ use std::ptr::{self, NonNull};
 use super::api::{copy_bytes, copy_slice, copy_string, pjrt_call, Api};
 use super::ffi;
 use crate::error::{PjrtErrorCode, Result, RuntimeError};
-use crate::executable::CompiledMemoryStats;
+use crate::memory_stats::CompiledMemoryStats;
 
 fn null_handle(api: &Api, function: &'static str) -> RuntimeError {
     RuntimeError::Pjrt {

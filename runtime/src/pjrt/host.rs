@@ -5,6 +5,11 @@
 
 use crate::element_type::NativeType;
 
+/// Views a slice of native values as bytes.
+pub(crate) fn as_bytes<T: NativeType>(data: &[T]) -> &[u8] {
+    bytes_of(data, std::mem::size_of_val(data))
+}
+
 /// `data` as its `len` (= `size_of_val(data)`) underlying bytes.
 pub(crate) fn bytes_of<T: NativeType>(data: &[T], len: usize) -> &[u8] {
     debug_assert_eq!(len, std::mem::size_of_val(data));
