@@ -3,6 +3,9 @@
 //! losses as the unplanned one and XLA's temp bytes drop; bad percentages are
 //! named.
 
+// Test helpers may unwrap (the workspace denies it in library code).
+#![allow(clippy::unwrap_used)]
+
 use assert_cmd::Command;
 use serde_json::Value;
 

@@ -3,6 +3,9 @@
 //! entries are recompiled, read-only mode, `kiln cache stats|clear`, and
 //! `KILN_SAVE_GRAPHS` feeding `kiln compile` and `kiln profile`.
 
+// Test helpers may unwrap (the workspace denies it in library code).
+#![allow(clippy::unwrap_used)]
+
 use std::path::Path;
 use std::process::Output;
 

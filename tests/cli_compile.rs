@@ -2,6 +2,9 @@
 //! JSON report against the cost model, emitted artifacts, replicas, and errors
 //! that name the file, the line or the argument.
 
+// Test helpers may unwrap (the workspace denies it in library code).
+#![allow(clippy::unwrap_used)]
+
 use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;

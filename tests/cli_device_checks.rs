@@ -2,6 +2,9 @@
 //! device-side checks stop the run with an error naming the op, the label and
 //! the range, and a non-zero exit.
 
+// Test helpers may unwrap (the workspace denies it in library code).
+#![allow(clippy::unwrap_used)]
+
 use std::io::Write;
 use std::path::Path;
 

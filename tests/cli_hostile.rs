@@ -3,6 +3,9 @@
 //! (exit 1, a message naming what was wrong), never a panic (101), a signal,
 //! a hang or a destroyed file.
 
+// Test helpers may unwrap (the workspace denies it in library code).
+#![allow(clippy::unwrap_used)]
+
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Output;

@@ -1,6 +1,9 @@
 //! `KILN_INIT`: the built-in models initialise on the host or through the
 //! init program, with the same weights, so the same losses.
 
+// Test helpers may unwrap (the workspace denies it in library code).
+#![allow(clippy::unwrap_used)]
+
 use assert_cmd::Command;
 
 const TEXT: &str = "/usr/share/common-licenses/Apache-2.0";

@@ -1,6 +1,9 @@
 //! `kiln compile --memory-limit` end to end on the CPU plugin: the plan, XLA's
 //! stats of both programs, the plot, and a bad size named in the error.
 
+// Test helpers may unwrap (the workspace denies it in library code).
+#![allow(clippy::unwrap_used)]
+
 use assert_cmd::Command;
 use kiln::compiler::ir::{BinaryOp, DType, DotDims, Graph, Op, TensorType, UnaryOp};
 use kiln::compiler::text;

@@ -3,6 +3,9 @@
 //! shardings fail with messages naming the mesh, the variable, the tensor,
 //! the dimension and the axis.
 
+// Test helpers may unwrap (the workspace denies it in library code).
+#![allow(clippy::unwrap_used)]
+
 use assert_cmd::Command;
 
 fn kiln(vars: &[(&str, &str)]) -> Command {

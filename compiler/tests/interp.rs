@@ -1,6 +1,9 @@
 //! The reference interpreter on hand-computed cases; its agreement with XLA on
 //! random inputs is tested in `testsuite/tests/parity.rs`.
 
+// Test helpers may unwrap (the workspace denies it in library code).
+#![allow(clippy::unwrap_used)]
+
 use kiln_compiler::interp::{interpret, interpret_replicated};
 use kiln_compiler::ir::{DType, Graph, Literal, Op, ReduceOp, RngAlgorithm, TensorType, UnaryOp, ValueId};
 

@@ -1,6 +1,9 @@
 //! The IR's text form: golden snapshots, exact round trips (every op, every
 //! attribute, awkward constants, random graphs) and parse errors with lines.
 
+// Test helpers may unwrap (the workspace denies it in library code).
+#![allow(clippy::unwrap_used)]
+
 use half::{bf16, f16};
 use kiln_compiler::ir::{
     Alias, AttentionAttrs, BinaryOp, CompareDir, DType, DotDims, Graph, HostCopyStep, Literal, MemorySpace, Op,

@@ -1,6 +1,9 @@
 //! The persistent compile cache against the real CPU plugin: round trips,
 //! corrupt and truncated entries, read-only mode, eviction, concurrent writers.
 
+// Test helpers may unwrap (the workspace denies it in library code).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::time::Duration;

@@ -4,6 +4,9 @@
 //! scope, the start-up barrier naming absent nodes, and the watchdog naming a
 //! node that stopped.
 
+// Test helpers may unwrap (the workspace denies it in library code).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::sync::{Arc, Barrier, Mutex};

@@ -255,9 +255,10 @@ unsafe fn slot_attr(attrs: &Attrs) -> Result<i64, Failure> {
         // SAFETY: a scalar attribute is an `XLA_FFI_Scalar` whose `value`
         // points to one element of `dtype`.
         let s = unsafe { &*(value as *const Scalar) };
-        // SAFETY: as above, by the dtype just checked.
         return match s.dtype {
+            // SAFETY: as above, by the dtype just checked.
             DTYPE_S64 => Ok(unsafe { *(s.value as *const i64) }),
+            // SAFETY: as above, by the dtype just checked.
             DTYPE_S32 => Ok(i64::from(unsafe { *(s.value as *const i32) })),
             t => Err(bad(format!("attribute `slot` has element type {t}, not an integer"))),
         };
@@ -279,9 +280,9 @@ static HOST_COPIES: Mutex<HostCopies> = Mutex::new(HostCopies { last: 0, held: V
 /// `f` is XLA's live call frame at the execute stage.
 unsafe fn run_host(f: &CallFrame, step: Step, slot: i64) -> Outcome {
     let mut copies = HOST_COPIES.lock().unwrap_or_else(|e| e.into_inner());
-    // SAFETY (every block below): the pointers come from XLA's call frame,
-    // valid for the call, with the sizes `entry` computed from their dims;
-    // a token is a 64-bit scalar by the lowering's signature, checked by size.
+    // SAFETY: the pointers come from XLA's call frame, valid for the call,
+    // with the sizes `entry` computed from their dims; a token is a 64-bit
+    // scalar by the lowering's signature, checked by size.
     unsafe {
         match step {
             Step::Out => {
@@ -463,10 +464,10 @@ unsafe fn step_cuda(
             .map(|s| s as *mut Slot)
             .ok_or_else(|| bad(format!("slot {slot} was never copied out on this device")))
     };
-    // SAFETY (every block below): buffer pointers and sizes come from XLA's
-    // call frame; the events, streams and pinned buffers are this module's,
-    // live for the process; the copies are ordered by the events as the
-    // module docs say, so no copy reads a buffer XLA has reused.
+    // SAFETY: buffer pointers and sizes come from XLA's call frame; the
+    // events, streams and pinned buffers are this module's, live for the
+    // process; the copies are ordered by the events as the module docs say,
+    // so no copy reads a buffer XLA has reused.
     unsafe {
         match step {
             Step::Out => {
