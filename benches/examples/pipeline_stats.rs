@@ -56,10 +56,10 @@ fn main() {
                 p.nodes_out,
                 p.time.as_secs_f64() * 1e3,
                 p.changed,
-                p.stop_reason,
-                p.fusion_groups
+                p.stop_reason(),
+                p.fusion_groups()
             );
-            for (r, n) in &p.rules_fired {
+            for (r, n) in &p.rules_fired() {
                 println!("      {r}: {n}");
             }
         }

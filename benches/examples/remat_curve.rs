@@ -146,7 +146,7 @@ fn host_copies_from_env() -> bool {
 
 /// The remat pass's plan in `pipeline`, as JSON (`null`: no remat pass).
 fn plan_json(pipeline: &kiln::compiler::pipeline::PipelineStats) -> Value {
-    let remat = pipeline.passes.iter().find(|p| p.name == "remat").and_then(|p| p.remat.clone());
+    let remat = pipeline.passes.iter().find(|p| p.name == "remat").and_then(|p| p.remat().cloned());
     match &remat {
         None => Value::Null,
         Some(r) => {

@@ -144,7 +144,7 @@ fn plan_only(cfg: LlamaConfig, pcts: &[String]) -> Res<()> {
         if buffers {
             print_buffers(&out.graph);
         }
-        let Some(r) = out.stats.passes.iter().find_map(|p| p.remat.clone()) else { continue };
+        let Some(r) = out.stats.passes.iter().find_map(|p| p.remat().cloned()) else { continue };
         let mut by_op = std::collections::BTreeMap::<&str, (usize, u64, u64)>::new();
         for v in &r.recomputed {
             let e = by_op.entry(v.op).or_default();

@@ -26,25 +26,69 @@ use crate::passes::{
 use crate::rewrite::{self, RewriteOptions};
 use crate::CompileError;
 
-/// What one pass did.
+/// What one pass did: what every pass reports, and its own report.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PassStats {
     pub name: &'static str,
     pub nodes_in: usize,
     pub nodes_out: usize,
     pub time: Duration,
-    /// How many times each rule fired (rewrite passes), by rule name.
-    pub rules_fired: BTreeMap<&'static str, usize>,
-    /// Why an iterative pass stopped (`saturated`, `iteration limit`, ...).
-    pub stop_reason: Option<String>,
-    /// Fusion groups the backend is expected to form (fusion planning).
-    pub fusion_groups: Option<usize>,
     /// Nodes a pass merged or removed (CSE, DCE), values it recomputes (remat).
     pub changed: usize,
     /// FLOPs a pass added (remat's recomputation).
     pub extra_flops: u64,
+    /// What this kind of pass has to say beyond that.
+    pub report: PassReport,
+}
+
+/// A pass's own report: each kind of pass says its own things, so no pass
+/// carries another's fields.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum PassReport {
+    /// Nothing beyond [`PassStats`]' common figures.
+    #[default]
+    None,
+    /// Equality saturation: how many times each rule fired, by name, and
+    /// why the runner stopped (`saturated`, `iteration limit`, ...).
+    Rewrite { rules_fired: BTreeMap<&'static str, usize>, stop_reason: String },
+    /// Fusion planning: the groups the backend is expected to form.
+    Fusion { groups: usize },
     /// The remat pass's plan (what the benches and `kiln compile` report).
-    pub remat: Option<RematSummary>,
+    Remat(Box<RematSummary>),
+}
+
+impl PassStats {
+    /// The rules a rewrite pass fired (empty for other passes).
+    pub fn rules_fired(&self) -> BTreeMap<&'static str, usize> {
+        match &self.report {
+            PassReport::Rewrite { rules_fired, .. } => rules_fired.clone(),
+            _ => BTreeMap::new(),
+        }
+    }
+
+    /// Why a rewrite pass stopped.
+    pub fn stop_reason(&self) -> Option<&str> {
+        match &self.report {
+            PassReport::Rewrite { stop_reason, .. } => Some(stop_reason),
+            _ => None,
+        }
+    }
+
+    /// The fusion groups a fusion-planning pass expects.
+    pub fn fusion_groups(&self) -> Option<usize> {
+        match &self.report {
+            PassReport::Fusion { groups } => Some(*groups),
+            _ => None,
+        }
+    }
+
+    /// The remat pass's plan.
+    pub fn remat(&self) -> Option<&RematSummary> {
+        match &self.report {
+            PassReport::Remat(plan) => Some(plan),
+            _ => None,
+        }
+    }
 }
 
 /// What the remat pass planned, in the peak model's bytes.
@@ -121,7 +165,7 @@ impl PipelineStats {
     pub fn rules_fired(&self) -> BTreeMap<&'static str, usize> {
         let mut all = BTreeMap::new();
         for p in &self.passes {
-            for (&r, &n) in &p.rules_fired {
+            for (r, n) in p.rules_fired() {
                 *all.entry(r).or_insert(0) += n;
             }
         }
@@ -420,8 +464,10 @@ fn run_dce(g: &Graph, _: &PassOptions, s: &mut PassStats) -> Result<Graph, Compi
 
 fn run_rewrite(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, CompileError> {
     let out = rewrite::rewrite(g, &o.rewrite)?;
-    s.rules_fired = out.report.rules_fired.clone();
-    s.stop_reason = Some(out.report.stop_reason.to_string());
+    s.report = PassReport::Rewrite {
+        rules_fired: out.report.rules_fired.clone(),
+        stop_reason: out.report.stop_reason.to_string(),
+    };
     s.changed = g.len().saturating_sub(out.graph.len());
     Ok(out.graph)
 }
@@ -468,7 +514,7 @@ fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, Com
     // A plan that chose something had candidates; only an empty plan asks.
     let keeps_values =
         !plan.choices.is_empty() || !plan.offloaded.is_empty() || crate::remat::keeps_values_for_later(g, &ro);
-    s.remat = Some(RematSummary {
+    s.report = PassReport::Remat(Box::new(RematSummary {
         keeps_values,
         budget_bytes: plan.budget_bytes,
         met: plan.met,
@@ -477,7 +523,7 @@ fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, Com
         recomputed: values(&plan.choices),
         extra_ns: (plan.extra_seconds * 1e9).round() as u64,
         offloaded: values(&plan.offloaded),
-    });
+    }));
     Ok(plan.graph)
 }
 
@@ -495,7 +541,7 @@ fn run_sequence(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, 
 
 fn run_fusion(g: &Graph, _: &PassOptions, s: &mut PassStats) -> Result<Graph, CompileError> {
     let plan = plan_fusion(g);
-    s.fusion_groups = Some(plan.num_groups());
+    s.report = PassReport::Fusion { groups: plan.num_groups() };
     Ok(g.clone())
 }
 
@@ -530,8 +576,8 @@ mod tests {
         assert_eq!(out.stats.changed_by("cse"), 1);
         assert_eq!(out.graph.len(), 3);
         assert_eq!(out.stats.passes.len(), 5);
-        assert!(out.stats.passes.iter().find(|p| p.name == "fusion").unwrap().fusion_groups.is_some());
-        assert!(out.stats.passes.iter().find(|p| p.name == "rewrite").unwrap().stop_reason.is_some());
+        assert!(out.stats.passes.iter().find(|p| p.name == "fusion").unwrap().fusion_groups().is_some());
+        assert!(out.stats.passes.iter().find(|p| p.name == "rewrite").unwrap().stop_reason().is_some());
     }
 
     #[test]
@@ -595,7 +641,7 @@ mod tests {
         let opts = PipelineOptions::default().with_activation_budget(Some(1.0));
         assert_eq!(opts.passes.last().map(String::as_str), Some("remat"));
         let out = run(&sample(), &opts, &mut |_, _| {}).unwrap();
-        let remat = out.stats.passes.iter().find(|p| p.name == "remat").unwrap().remat.clone().unwrap();
+        let remat = out.stats.passes.iter().find(|p| p.name == "remat").unwrap().remat().cloned().unwrap();
         assert!(remat.met);
         assert!(remat.recomputed.is_empty());
         assert_eq!(remat.budget_bytes, remat.before.peak_bytes);

@@ -280,7 +280,7 @@ impl Metrics {
         self.pipeline_runs += 1;
         self.pipeline_time += took;
         self.last_pipeline = Some(stats.clone());
-        if let Some(r) = stats.passes.iter().find_map(|p| p.remat.as_ref()) {
+        if let Some(r) = stats.passes.iter().find_map(|p| p.remat()) {
             if self.remat_plans.len() == KEPT_REMAT_PLANS {
                 self.remat_plans.remove(0);
             }
@@ -358,7 +358,7 @@ impl fmt::Display for Metrics {
         }
         if let Some(p) = &self.last_pipeline {
             let fired: usize = p.rules_fired().values().sum();
-            let groups = p.passes.iter().filter_map(|s| s.fusion_groups).next_back();
+            let groups = p.passes.iter().filter_map(|s| s.fusion_groups()).next_back();
             writeln!(
                 f,
                 "optimizer        {} run(s), {:.1} ms; last: {} -> {} nodes, {} rewrites, {} fusion groups",
@@ -370,7 +370,7 @@ impl fmt::Display for Metrics {
                 groups.map_or("no".to_string(), |g| g.to_string())
             )?;
             for s in &p.passes {
-                let stop = s.stop_reason.as_deref().map(|r| format!(", {r}")).unwrap_or_default();
+                let stop = s.stop_reason().map(|r| format!(", {r}")).unwrap_or_default();
                 writeln!(
                     f,
                     "  {:<14} {:>7} -> {:>7} nodes {:>8.2} ms{stop}",

@@ -207,7 +207,7 @@ pub(crate) fn obtain(
     metrics::update(|m| m.record_pipeline(&out.stats, t.elapsed()));
     dump.finish()?;
     // A remat plan relies on the program's order (`LowerTarget::keeps_plan_order`).
-    let planned = out.stats.passes.iter().any(|p| p.remat.as_ref().is_some_and(|r| !r.recomputed.is_empty()));
+    let planned = out.stats.passes.iter().any(|p| p.remat().is_some_and(|r| !r.recomputed.is_empty()));
     let pipeline::Optimized { graph: optimized, pruned, .. } = out;
     let donated =
         (0..pruned.kept_params.len()).map(|i| pruned.graph.aliases().iter().any(|a| a.param as usize == i)).collect();
@@ -280,7 +280,7 @@ pub(crate) fn obtain(
     // activation memory may not fit), once per program.
     // The program's name in warnings and in KILN_SAVE_GRAPHS's file name.
     let name = format!("step-{}", &fp.to_string()[..16]);
-    let remat = out.stats.passes.iter().find_map(|p| p.remat.as_ref());
+    let remat = out.stats.passes.iter().find_map(|p| p.remat());
     // The parameters' init program is named so: a user who set a limit for
     // training did not write it. A percentage of the activation memory means
     // nothing for a program that keeps no values for a backward (the init, an

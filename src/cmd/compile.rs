@@ -324,9 +324,9 @@ impl Report {
                 "nodes_out": p.nodes_out,
                 "ms": ms(p.time),
                 "changed": p.changed,
-                "rules_fired": p.rules_fired,
-                "stop_reason": p.stop_reason,
-                "fusion_groups": p.fusion_groups,
+                "rules_fired": p.rules_fired(),
+                "stop_reason": p.stop_reason(),
+                "fusion_groups": p.fusion_groups(),
             })).collect::<Vec<_>>(),
             "fusion": {
                 "groups": self.fusion.num_groups(),
@@ -424,14 +424,14 @@ impl Report {
             if p.changed > 0 {
                 line += &format!(", {} changed", p.changed);
             }
-            if let Some(stop) = &p.stop_reason {
+            if let Some(stop) = p.stop_reason() {
                 line += &format!(", stopped: {stop}");
             }
-            if !p.rules_fired.is_empty() {
-                let fired: Vec<String> = p.rules_fired.iter().map(|(r, n)| format!("{r} {n}")).collect();
+            if !p.rules_fired().is_empty() {
+                let fired: Vec<String> = p.rules_fired().iter().map(|(r, n)| format!("{r} {n}")).collect();
                 line += &format!(", rules fired: {}", fired.join(", "));
             }
-            if let Some(g) = p.fusion_groups {
+            if let Some(g) = p.fusion_groups() {
                 line += &format!(", {g} fusion groups");
             }
             lines.push(line);

@@ -495,7 +495,7 @@ pub fn max_batch(model: &AdvisedModel, device_bytes: u64, client: &Client, json:
             .with_target(target)
             .with_memory_limit(Some(device_bytes));
         let out = optimize(g, &opts)?;
-        let plan = out.stats.passes.iter().find_map(|p| p.remat.as_ref()).context("no remat pass ran")?;
+        let plan = out.stats.passes.iter().find_map(|p| p.remat()).context("no remat pass ran")?;
         Ok((plan.after.allocated_bytes, out.graph))
     };
     // XLA's peak of the compiled step; `None` where the plugin gives no stats.

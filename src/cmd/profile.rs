@@ -361,7 +361,7 @@ fn profile_graph(args: &ProfileArgs, path: &Path, budget: Option<RematBudget>) -
         .with_memory_limit(bytes)
         .with_activation_budget(fraction);
     let out = pipeline::run(&graph, &popts, &mut |_, _| {})?;
-    let remat = out.stats.passes.iter().find_map(|p| p.remat.clone()).map(|plan| kiln::metrics::RematRecord {
+    let remat = out.stats.passes.iter().find_map(|p| p.remat().cloned()).map(|plan| kiln::metrics::RematRecord {
         plan,
         activation_fraction: fraction,
         mesh: None,

@@ -469,7 +469,7 @@ fn a_third_and_a_quarter_of_gpt2_smalls_activation_memory_are_met_on_cuda() -> a
             .with_target(LowerTarget::Cuda);
         let out = pipeline::run(&g, &opts, &mut |_, _| {})?;
         let plan =
-            out.stats.passes.iter().find(|p| p.name == "remat").and_then(|p| p.remat.clone()).expect("a remat plan");
+            out.stats.passes.iter().find(|p| p.name == "remat").and_then(|p| p.remat().cloned()).expect("a remat plan");
         // A segment frees several buffers; the step's largest recomputable
         // activation is 48 MiB (an MLP's [8192, 3072] bf16).
         let segments = plan.recomputed.iter().filter(|v| v.bytes > 64 << 20).count();
