@@ -4,54 +4,34 @@
 //! A training loop records ops on [`Tensor`]s until [`mark_step`]; the step is
 //! then compiled (once) and run, and the pending tensors become device data.
 
-pub mod amp;
-pub mod atomic_write;
-pub mod autodiff;
-mod capture;
-pub mod checkpoint;
-pub mod clip;
-mod context;
-pub mod data;
-mod device_checks;
-pub mod dump;
-mod eager;
-mod element;
-mod error;
-mod executor;
-mod explain;
-mod grad;
-pub mod limits;
-mod lowering;
-mod memory_limit;
-pub mod metrics;
-pub mod nn;
-pub mod optim;
-mod program;
-pub mod random;
-pub mod replicas;
-pub mod scope;
-pub mod shard;
-mod step;
-mod tensor;
-mod trace;
-pub mod train_step;
-pub mod warnings;
+mod api;
+mod core;
+mod engine;
 
-/// candle-core, for [`Tensor::to_candle`] and [`Tensor::from_candle`].
-pub use candle_core;
-pub use capture::{compile_step, CompiledStep};
-pub use context::{backend, clear_compile_cache, client, set_backend, set_client, set_disk_cache};
-pub use device_checks::{check_index_range, detect_anomaly, device_checks, set_detect_anomaly, set_device_checks};
-pub use element::Element;
-pub use error::{FrontendError, Result};
-pub use executor::Backend;
-pub use executor::{set_max_steps_in_flight, steps_in_flight, sync};
-pub use grad::grad;
-pub use memory_limit::{
+pub use crate::api::{amp, autodiff, checkpoint, clip, data, nn, optim, random, train_step};
+pub use crate::core::mesh as shard;
+pub use crate::core::{atomic_write, limits, metrics, warnings};
+pub use crate::engine::{dump, replicas, scope};
+
+pub use crate::api::grad::grad;
+pub use crate::api::random::manual_seed;
+pub use crate::api::tensor::Tensor;
+pub use crate::core::element::Element;
+pub use crate::core::error::{FrontendError, Result};
+pub use crate::core::settings::{
     activation_budget, capture_graph, check_memory_limit_for_mesh, host_copies, host_offload, loop_kernels,
     memory_limit, set_activation_budget, set_host_copies, set_host_offload, set_loop_kernels, set_memory_limit,
 };
-pub use program::host_link_rate;
-pub use random::manual_seed;
-pub use step::{donation_enabled, element_type, lower, lower_with, mark_step, step, LowerOpts, StepReport};
-pub use tensor::Tensor;
+pub use crate::engine::capture::{compile_step, CompiledStep};
+pub use crate::engine::context::{backend, clear_compile_cache, client, set_backend, set_client, set_disk_cache};
+pub use crate::engine::device_checks::{
+    check_index_range, detect_anomaly, device_checks, set_detect_anomaly, set_device_checks,
+};
+pub use crate::engine::executor::Backend;
+pub use crate::engine::executor::{set_max_steps_in_flight, steps_in_flight, sync};
+pub use crate::engine::program::host_link_rate;
+pub use crate::engine::step::{
+    donation_enabled, element_type, lower, lower_with, mark_step, step, LowerOpts, StepReport,
+};
+/// candle-core, for [`Tensor::to_candle`] and [`Tensor::from_candle`].
+pub use candle_core;

@@ -1,0 +1,11 @@
+//! The frontend's core layer.
+
+pub mod atomic_write;
+pub(crate) mod element;
+pub(crate) mod error;
+pub mod limits;
+pub mod mesh;
+pub mod metrics;
+pub(crate) mod settings;
+pub(crate) mod trace;
+pub mod warnings;

@@ -1,0 +1,14 @@
+//! The frontend's engine layer.
+
+pub(crate) mod capture;
+pub(crate) mod context;
+pub(crate) mod device_checks;
+pub mod dump;
+pub(crate) mod eager;
+pub(crate) mod executor;
+pub(crate) mod explain;
+pub(crate) mod program;
+pub mod replicas;
+pub mod scope;
+pub(crate) mod step;
+pub(crate) mod undo_assigns;
