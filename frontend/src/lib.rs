@@ -8,8 +8,7 @@ mod api;
 mod core;
 mod engine;
 
-pub use crate::api::{amp, autodiff, checkpoint, clip, data, nn, optim, random, train_step};
-pub use crate::core::mesh as shard;
+pub use crate::api::{amp, autodiff, checkpoint, clip, data, nn, optim, random, shard, train_step};
 pub use crate::core::{atomic_write, limits, metrics, warnings};
 pub use crate::engine::{dump, replicas, scope};
 

@@ -9,5 +9,6 @@ pub(crate) mod grad;
 pub mod nn;
 pub mod optim;
 pub mod random;
+pub mod shard;
 pub(crate) mod tensor;
 pub mod train_step;

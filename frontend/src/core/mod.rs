@@ -4,7 +4,7 @@ pub mod atomic_write;
 pub(crate) mod element;
 pub(crate) mod error;
 pub mod limits;
-pub mod mesh;
+pub(crate) mod mesh;
 pub mod metrics;
 pub(crate) mod settings;
 pub(crate) mod trace;

@@ -86,7 +86,7 @@ pub fn check_memory_limit_for_mesh() -> crate::core::error::Result<()> {
     if let (Some(bytes), None, Some(mesh)) = (
         memory_limit().filter(|&b| b > 0),
         activation_budget(),
-        crate::core::mesh::active_mesh().filter(|m| m.size() > 1),
+        crate::engine::partition::active_mesh().filter(|m| m.size() > 1),
     ) {
         return Err(crate::core::error::FrontendError::InvalidArgument {
             op: "set_memory_limit",

@@ -123,7 +123,7 @@ impl Executor {
     pub fn plan(&mut self) -> Result<&ReplicaPlan> {
         if self.plan.is_none() {
             if let Some(mesh) = crate::core::mesh::Mesh::from_env()? {
-                let plan = crate::core::mesh::plan_for(&mesh, &kiln_runtime::ReplicaEnv::from_env()?)?;
+                let plan = crate::engine::partition::plan_for(&mesh, &kiln_runtime::ReplicaEnv::from_env()?)?;
                 tracing::info!(%mesh, "kiln: device mesh from KILN_MESH");
                 self.plan = Some(plan);
                 self.mesh = Some(mesh);

@@ -7,6 +7,7 @@ pub mod dump;
 pub(crate) mod eager;
 pub(crate) mod executor;
 pub(crate) mod explain;
+pub(crate) mod partition;
 pub(crate) mod program;
 pub mod replicas;
 pub mod scope;

@@ -202,7 +202,7 @@ pub(crate) fn obtain(
     let t = Instant::now();
     let opts = pipeline_options()?
         .with_target(LowerTarget::from_platform(client.platform_name()))
-        .with_gathered_params(crate::core::mesh::gathered_params(bindings, assigned));
+        .with_gathered_params(crate::engine::partition::gathered_params(bindings, assigned));
     let out = pipeline::run(graph, &opts, &mut |p, g| dump.observe(p, g))?;
     metrics::update(|m| m.record_pipeline(&out.stats, t.elapsed()));
     dump.finish()?;
@@ -211,7 +211,7 @@ pub(crate) fn obtain(
     let pipeline::Optimized { graph: optimized, pruned, .. } = out;
     let donated =
         (0..pruned.kept_params.len()).map(|i| pruned.graph.aliases().iter().any(|a| a.param as usize == i)).collect();
-    let partitioned = match (crate::core::mesh::active_mesh(), out_shardings) {
+    let partitioned = match (crate::engine::partition::active_mesh(), out_shardings) {
         (Some(mesh), Some(outs)) => Some(partition(&mesh, &pruned, &optimized, bindings, outs)?),
         _ => None,
     };
@@ -450,7 +450,8 @@ fn partition(
     let mut params = Vec::with_capacity(param_types.len());
     for (ty, &raw) in param_types.iter().zip(&pruned.kept_params) {
         let t = bindings[raw as usize].tensor.upgrade();
-        let s = t.as_ref().map_or_else(|| Sharding::replicated(ty.shape.dims().len()), |t| crate::core::mesh::of(t));
+        let s =
+            t.as_ref().map_or_else(|| Sharding::replicated(ty.shape.dims().len()), |t| crate::engine::partition::of(t));
         let name = t
             .as_ref()
             .and_then(|t| t.name.borrow().as_deref().map(str::to_string))
@@ -478,7 +479,7 @@ fn partition(
         num_partitions: mesh.size(),
         params: params.iter().map(|s| s.hlo(mesh)).collect(),
         outputs: outs.iter().map(|s| s.hlo(mesh)).collect(),
-        attention: crate::core::mesh::attention_split(mesh),
+        attention: crate::engine::partition::attention_split(mesh),
     };
     Ok(Partitioned { module, local, layout: Layout { mesh: mesh.clone(), params } })
 }

@@ -115,8 +115,8 @@ fn close(mut trace: Trace, donate: bool) -> Result<Option<Closed>> {
     if donate {
         add_donations(&mut trace, &receivers)?;
     }
-    let out_shardings = crate::core::mesh::output_shardings(&receivers);
-    let key = trace.raw_key() ^ crate::core::mesh::layout_key(&trace.bindings, out_shardings.as_deref());
+    let out_shardings = crate::engine::partition::output_shardings(&receivers);
+    let key = trace.raw_key() ^ crate::engine::partition::layout_key(&trace.bindings, out_shardings.as_deref());
     Ok(Some(Closed { graph: trace.graph, bindings: trace.bindings, receivers, key, out_shardings }))
 }
 

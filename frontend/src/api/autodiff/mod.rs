@@ -146,7 +146,7 @@ pub fn fuse_trace() -> Result<kiln_compiler::composite::Fused> {
 pub(crate) fn fuse_options() -> kiln_compiler::composite::FuseOptions {
     let loss = kiln_compiler::composite::LossOptions {
         block_bytes: crate::api::nn::LM_HEAD_BLOCK_BYTES,
-        data_shards: crate::core::mesh::data_parts(),
+        data_shards: crate::engine::partition::data_parts(),
     };
     kiln_compiler::composite::FuseOptions { loss }
 }

@@ -633,7 +633,7 @@ pub fn lm_head_cross_entropy_blocks(h: &Tensor, table: &Tensor, labels: &Tensor,
     let dtype = amp::compute_dtype(h.dtype());
     let (h, table) = (h.to_dtype(dtype)?, table.to_dtype(dtype)?);
     let chunk = lm_head_block_rows(block_bytes, table.dims()[0]);
-    let shards = crate::core::mesh::row_shards(h.dims()[0]);
+    let shards = crate::engine::partition::row_shards(h.dims()[0]);
     let (hv, wv, lv) = (
         h.value("lm_head_cross_entropy")?,
         table.value("lm_head_cross_entropy")?,

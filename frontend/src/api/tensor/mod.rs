@@ -8,6 +8,8 @@
 //! one clone is seen by all, which is how parameters and optimizer state are
 //! updated in place (and their old buffers donated).
 
+mod layout;
+
 use std::fmt;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -383,7 +385,7 @@ impl Tensor {
         match storage {
             Storage::Host(lit) => Ok(vec![lit.bytes().to_vec()]),
             Storage::HostShards(shards) => Ok(shards[pick(shards.len())].iter().map(|l| l.bytes().to_vec()).collect()),
-            Storage::Device(value) => match crate::core::mesh::read_device(&self.inner, &value)? {
+            Storage::Device(value) => match crate::engine::partition::read_device(&self.inner, &value)? {
                 // Under a mesh the buffers are one value's shards: one value.
                 Some(bytes) => Ok(vec![bytes]),
                 None => crate::engine::executor::download(&value, pick(value.0.len())),
@@ -411,7 +413,7 @@ impl Tensor {
         };
         // Under a mesh, buffers in another layout come back through the host.
         let new_state = match new_state {
-            State::Ready(s) => State::Ready(crate::core::mesh::relayout(&value.inner, &self.inner, s)?),
+            State::Ready(s) => State::Ready(crate::engine::partition::relayout(&value.inner, &self.inner, s)?),
             pending @ State::Pending { .. } => pending,
         };
         let pending = matches!(new_state, State::Pending { .. });
