@@ -33,16 +33,11 @@
 //! step (scale, backward, all-reduce, unscale, clip, check, update or skip,
 //! rescale) is enforced by [`crate::api::train_step::TrainStep`].
 
-use std::cell::Cell;
-
 use kiln_compiler::ir::{BinaryOp, DType};
 
 use crate::api::tensor::Tensor;
 use crate::core::error::{FrontendError, Result};
-
-thread_local! {
-    static AUTOCAST: Cell<Option<DType>> = const { Cell::new(None) };
-}
+use crate::core::settings;
 
 /// Restores the enclosing scope's dtype when a scope ends, also by unwinding.
 struct ScopeGuard {
@@ -51,7 +46,7 @@ struct ScopeGuard {
 
 impl Drop for ScopeGuard {
     fn drop(&mut self) {
-        AUTOCAST.with(|a| a.set(self.previous));
+        settings::with(|s| s.autocast = self.previous);
     }
 }
 
@@ -61,7 +56,7 @@ pub fn autocast<R>(dtype: DType, f: impl FnOnce() -> Result<R>) -> Result<R> {
     if !matches!(dtype, DType::F16 | DType::BF16) {
         return Err(FrontendError::DType { op: "autocast", expected: "f16 or bf16", got: dtype });
     }
-    let _guard = ScopeGuard { previous: AUTOCAST.with(|a| a.replace(Some(dtype))) };
+    let _guard = ScopeGuard { previous: settings::with(|s| s.autocast.replace(dtype)) };
     f()
 }
 
@@ -75,7 +70,7 @@ pub fn autocast_if<R>(dtype: Option<DType>, f: impl FnOnce() -> Result<R>) -> Re
 
 /// The low-precision dtype of the innermost open autocast scope, if any.
 pub fn autocast_dtype() -> Option<DType> {
-    AUTOCAST.with(Cell::get)
+    settings::autocast_dtype()
 }
 
 fn is_low(d: DType) -> bool {

@@ -287,7 +287,7 @@ impl Metrics {
             self.remat_plans.push(RematRecord {
                 plan: r.clone(),
                 activation_fraction: crate::core::settings::activation_budget(),
-                mesh: crate::engine::partition::active_mesh().filter(|m| m.size() > 1).map(|m| m.to_string()),
+                mesh: crate::core::settings::active_mesh().filter(|m| m.size() > 1).map(|m| m.to_string()),
             });
         }
     }

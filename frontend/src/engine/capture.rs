@@ -32,9 +32,9 @@ use std::time::Instant;
 
 use kiln_compiler::ir::{DType, TensorType};
 
-use crate::api::amp;
 use crate::api::tensor::Tensor;
 use crate::core::error::{FrontendError, Result};
+use crate::core::settings;
 use crate::core::{metrics, trace};
 use crate::engine::context::{self, Backend, Binding, Inner, State, Storage};
 use crate::engine::executor::{self, RunInput};
@@ -219,7 +219,7 @@ where
         Ok(Guard {
             inputs: inputs.iter().map(|t| t.ty().clone()).collect(),
             replicas,
-            autocast: amp::autocast_dtype(),
+            autocast: settings::autocast_dtype(),
             donate: backend == Backend::Pjrt && crate::engine::step::donation_enabled()?,
             backend,
         })

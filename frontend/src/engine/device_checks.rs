@@ -35,17 +35,18 @@
 //! the `device_checks_read` span.
 //!
 //! Settings: `KILN_DEVICE_CHECKS` (on by default; `0`/`off` turns the range
-//! checks off) and [`set_device_checks`]; `KILN_DETECT_ANOMALY` (off by
-//! default) and [`set_detect_anomaly`]. Each thread reads the variables once,
+//! checks off) and [`set_device_checks`](crate::set_device_checks); `KILN_DETECT_ANOMALY` (off by
+//! default) and [`set_detect_anomaly`](crate::set_detect_anomaly). Each thread reads the variables once,
 //! on first use; a call overrides them for the calling thread.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use kiln_compiler::ir::{DType, Op, TensorType, ValueId};
 
 use crate::api::tensor::Tensor;
 use crate::core::error::{FrontendError, Result};
+use crate::core::settings::{detect_anomaly, device_checks};
 use crate::engine::context::{self, State, Storage};
 use crate::engine::scope;
 
@@ -117,45 +118,7 @@ struct Registered {
 }
 
 thread_local! {
-    static CHECKS: Cell<Option<bool>> = const { Cell::new(None) };
-    static ANOMALY: Cell<Option<bool>> = const { Cell::new(None) };
     static REGISTERED: RefCell<Vec<Registered>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Turns this thread's device-side range checks on or off (overrides
-/// `KILN_DEVICE_CHECKS`).
-pub fn set_device_checks(on: bool) {
-    CHECKS.with(|c| c.set(Some(on)));
-}
-
-/// Whether this thread's steps check labels and indices on the device.
-pub fn device_checks() -> Result<bool> {
-    setting(&CHECKS, "KILN_DEVICE_CHECKS", true)
-}
-
-/// Turns this thread's anomaly mode on or off (overrides `KILN_DETECT_ANOMALY`).
-/// In anomaly mode every floating-point value a step computes is checked for
-/// NaN and ±inf, and the first op (in recording order) whose output is not
-/// finite is reported with the layer that recorded it. It is a debugging mode:
-/// each checked value costs a few more ops and the step outputs a count per
-/// value.
-pub fn set_detect_anomaly(on: bool) {
-    ANOMALY.with(|c| c.set(Some(on)));
-}
-
-/// Whether this thread runs in anomaly mode.
-pub fn detect_anomaly() -> Result<bool> {
-    setting(&ANOMALY, "KILN_DETECT_ANOMALY", false)
-}
-
-fn setting(cell: &'static std::thread::LocalKey<Cell<Option<bool>>>, var: &'static str, default: bool) -> Result<bool> {
-    if let Some(v) = cell.with(Cell::get) {
-        return Ok(v);
-    }
-    // The one boolean parser every kiln variable goes through.
-    let v = kiln_runtime::env::bool_var(var)?.unwrap_or(default);
-    cell.with(|c| c.set(Some(v)));
-    Ok(v)
 }
 
 /// Records a check that every value of the integer tensor `indices` lies in

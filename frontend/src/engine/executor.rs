@@ -91,11 +91,6 @@ pub(crate) struct Executor {
     /// How many replicas every step runs on and how the client is made:
     /// from the environment on first use, or set by [`crate::engine::replicas`].
     pub plan: Option<ReplicaPlan>,
-    /// The device mesh steps are partitioned over (`crate::core::mesh`); `None`:
-    /// replicas only.
-    pub mesh: Option<crate::core::mesh::Mesh>,
-    /// The policy built-in models shard their parameters by under a mesh.
-    pub policy: Option<crate::core::mesh::PolicyKind>,
     /// Unfinished steps, oldest first.
     in_flight: VecDeque<Rc<StepRun>>,
     /// `None`: read `KILN_MAX_STEPS_IN_FLIGHT` on first use.
@@ -110,8 +105,6 @@ impl Executor {
             backend: Backend::Pjrt,
             client: None,
             plan: None,
-            mesh: None,
-            policy: None,
             in_flight: VecDeque::new(),
             max_in_flight: None,
             hooks: Vec::new(),
@@ -126,7 +119,7 @@ impl Executor {
                 let plan = crate::engine::partition::plan_for(&mesh, &kiln_runtime::ReplicaEnv::from_env()?)?;
                 tracing::info!(%mesh, "kiln: device mesh from KILN_MESH");
                 self.plan = Some(plan);
-                self.mesh = Some(mesh);
+                crate::core::settings::with(|s| s.mesh = Some(mesh));
                 return Ok(self.plan.as_ref().expect("set above"));
             }
             let plan = kiln_runtime::replicas::replica_plan_from_env()?;

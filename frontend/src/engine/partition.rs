@@ -22,6 +22,7 @@ use kiln_compiler::ir::Literal;
 
 use crate::core::error::{FrontendError, Result};
 use crate::core::mesh::{Mesh, Sharding, DATA, MODEL};
+use crate::core::settings::{self, active_mesh};
 use crate::engine::context::{self, Inner, Storage};
 
 /// Runs this thread's later steps on `mesh`: one replica × `mesh.size()`
@@ -33,7 +34,7 @@ pub fn set_mesh(mesh: Mesh) -> Result<()> {
     let env = kiln_runtime::ReplicaEnv::from_env()?;
     let plan = plan_for(&mesh, &env)?;
     context::set_plan(plan);
-    context::with(|c| c.exec.mesh = Some(mesh));
+    settings::with(|s| s.mesh = Some(mesh));
     Ok(())
 }
 
@@ -78,12 +79,7 @@ pub fn plan_for(mesh: &Mesh, env: &kiln_runtime::ReplicaEnv) -> Result<kiln_runt
 /// `KILN_MESH` on first use, as the replica plan reads its variables.
 pub fn mesh() -> Result<Option<Mesh>> {
     context::with(|c| c.exec.plan().map(|_| ()))?;
-    Ok(context::with(|c| c.exec.mesh.clone()))
-}
-
-/// The active mesh without reading the environment (internal fast path).
-pub(crate) fn active_mesh() -> Option<Mesh> {
-    context::with(|c| c.exec.mesh.clone())
+    Ok(active_mesh())
 }
 
 /// XLA's compiled memory statistics of every program this thread compiled

@@ -211,7 +211,7 @@ pub(crate) fn obtain(
     let pipeline::Optimized { graph: optimized, pruned, .. } = out;
     let donated =
         (0..pruned.kept_params.len()).map(|i| pruned.graph.aliases().iter().any(|a| a.param as usize == i)).collect();
-    let partitioned = match (crate::engine::partition::active_mesh(), out_shardings) {
+    let partitioned = match (crate::core::settings::active_mesh(), out_shardings) {
         (Some(mesh), Some(outs)) => Some(partition(&mesh, &pruned, &optimized, bindings, outs)?),
         _ => None,
     };
@@ -285,7 +285,7 @@ pub(crate) fn obtain(
     // training did not write it. A percentage of the activation memory means
     // nothing for a program that keeps no values for a backward (the init, an
     // evaluation), so that goes unsaid.
-    let init = crate::core::settings::in_param_init();
+    let init = crate::engine::param_init::in_param_init();
     let what = if init { "the parameters' init, " } else { "" };
     let percentage = opts.pass_options.activation_fraction.is_some();
     if let Some(r) = remat.filter(|r| !r.met && (!percentage || r.keeps_values)) {

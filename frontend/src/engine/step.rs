@@ -12,10 +12,8 @@ use std::time::Instant;
 
 use kiln_compiler::ir::{Alias, DType, Graph};
 use kiln_compiler::passes::eliminate_dead_code;
-use kiln_compiler::{lower as lower_graph, pipeline, LowerOptions};
 use kiln_runtime::ElementType;
 
-use crate::api::tensor::Tensor;
 use crate::core::error::{FrontendError, Result};
 use crate::core::metrics;
 use crate::engine::context::{self, Backend, Binding, Inner, State, Storage, Trace};
@@ -342,50 +340,4 @@ pub fn step<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
     let r = f()?;
     mark_step()?;
     Ok(r)
-}
-
-/// Options of [`lower_with`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LowerOpts {
-    /// Run kiln's optimization pipeline before lowering (what `mark_step`
-    /// compiles); `false` lowers the trace as recorded (dead code removed).
-    pub optimize: bool,
-}
-
-/// The StableHLO text that a step returning `f`'s tensors would compile, without
-/// running anything (for snapshot tests). Side-effect free: tensors that `f`
-/// assigns (parameters under an optimizer step, the generator's state) read
-/// as before afterwards. Equivalent to
-/// `lower_with(LowerOpts { optimize: true }, f)`.
-pub fn lower(f: impl FnOnce() -> Result<Vec<Tensor>>) -> Result<String> {
-    lower_with(LowerOpts { optimize: true }, f)
-}
-
-/// Like [`lower`], with options.
-pub fn lower_with(opts: LowerOpts, f: impl FnOnce() -> Result<Vec<Tensor>>) -> Result<String> {
-    let outer = context::with(|c| std::mem::replace(&mut c.trace, Trace::new()));
-    // Restores every tensor `f` assigns when this function returns.
-    let _undo = crate::engine::undo_assigns::UndoAssigns::begin();
-    let result = f();
-    let inner = context::with(|c| std::mem::replace(&mut c.trace, outer));
-    let outputs = result?;
-    let mut graph = inner.graph;
-    let mut values = Vec::with_capacity(outputs.len());
-    for t in &outputs {
-        match &*t.inner.state.borrow() {
-            State::Pending { epoch, value } if *epoch == inner.epoch => values.push(*value),
-            State::Pending { .. } => return Err(FrontendError::StaleTensor { op: "lower" }),
-            State::Ready(_) => {
-                return Err(FrontendError::InvalidArgument {
-                    op: "lower",
-                    reason: "an output is ready data, not a value computed by the lowered function".into(),
-                })
-            }
-        }
-    }
-    graph.set_outputs(values)?;
-    let popts = pipeline::PipelineOptions::default();
-    let popts = if opts.optimize { popts } else { pipeline::PipelineOptions { passes: vec![], ..popts } };
-    let g = pipeline::run(&graph, &popts, &mut |_, _| {})?.graph;
-    Ok(lower_graph(&g, &LowerOptions::default())?)
 }

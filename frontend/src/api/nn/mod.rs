@@ -160,7 +160,7 @@ impl ParamStore {
             return Ok(false);
         }
         self.prepare_init()?;
-        crate::core::settings::as_param_init(crate::engine::step::mark_step)?;
+        crate::engine::param_init::as_param_init(crate::engine::step::mark_step)?;
         Ok(true)
     }
 

@@ -22,7 +22,7 @@ pub use policy::{apply, apply_active, megatron_pairs, set_policy, ShardPolicy};
 
 use crate::api::tensor::Tensor;
 use crate::core::error::Result;
-use crate::engine::partition::active_mesh;
+use crate::core::settings::active_mesh;
 
 /// Splits a batch's first dimension over the mesh's `data` axis; nothing
 /// without a mesh or without that axis.

@@ -17,7 +17,7 @@ use kiln_compiler::ir::TensorType;
 use crate::api::nn::ParamStore;
 use crate::core::error::{FrontendError, Result};
 use crate::core::mesh::{Mesh, PolicyKind, Sharding, DATA, MODEL};
-use crate::engine::context;
+use crate::core::settings;
 use crate::engine::partition::mesh;
 
 /// How a [`ParamStore`]'s parameters (and, through [`Tensor::sharding`] being
@@ -197,7 +197,7 @@ pub fn apply(policy: &ShardPolicy, store: &ParamStore) -> Result<()> {
 /// Sets the policy the built-in models apply to their parameters when they
 /// are created under a mesh (`kiln train gpt --shard`).
 pub fn set_policy(policy: Option<PolicyKind>) {
-    context::with(|c| c.exec.policy = policy);
+    settings::with(|s| s.shard_policy = policy);
 }
 
 impl PolicyKind {
@@ -213,7 +213,7 @@ impl PolicyKind {
 
 /// Applies the policy set by [`set_policy`] (none: nothing) to `store`.
 pub fn apply_active(store: &ParamStore) -> Result<()> {
-    let Some(kind) = context::with(|c| c.exec.policy) else { return Ok(()) };
+    let Some(kind) = settings::with(|s| s.shard_policy) else { return Ok(()) };
     if mesh()?.is_none() {
         return Ok(());
     }
