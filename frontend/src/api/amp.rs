@@ -35,9 +35,9 @@
 
 use kiln_compiler::ir::{BinaryOp, DType};
 
-use crate::api::tensor::Tensor;
 use crate::core::error::{FrontendError, Result};
 use crate::core::settings;
+use crate::core::tensor::Tensor;
 
 /// Restores the enclosing scope's dtype when a scope ends, also by unwinding.
 struct ScopeGuard {

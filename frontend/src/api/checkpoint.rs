@@ -34,10 +34,10 @@ use safetensors::{Dtype, SafeTensors};
 
 use crate::api::nn::Module;
 use crate::api::optim::Optimizer;
-use crate::api::tensor::Tensor;
 use crate::api::train_step::TrainStep;
 use crate::core::atomic_write::write_atomically;
 use crate::core::error::{FrontendError, Result};
+use crate::core::tensor::Tensor;
 use crate::engine::step::mark_step;
 
 /// The format written: its checksum covers the step, and every tensor's

@@ -9,8 +9,8 @@
 
 use kiln_compiler::ir::DType;
 
-use crate::api::tensor::Tensor;
 use crate::core::error::{FrontendError, Result};
+use crate::core::tensor::Tensor;
 
 /// Added to the norm before dividing, so an all-zero gradient divides safely.
 pub const CLIP_EPS: f64 = 1e-6;

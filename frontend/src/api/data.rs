@@ -14,9 +14,10 @@ use std::thread::JoinHandle;
 use flate2::read::GzDecoder;
 
 use crate::api::nn::HostRng;
-use crate::api::tensor::Tensor;
 use crate::core::error::{FrontendError, Result};
-use crate::engine::context::{self, Backend};
+use crate::core::tensor::Tensor;
+use crate::engine::context;
+use crate::engine::executor::Backend;
 
 /// Where Debian's `dataset-fashion-mnist` puts the files.
 pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";

@@ -3,8 +3,8 @@
 //! The backward ops go into the same trace as the forward, so forward, backward
 //! and the optimizer update compile as one program.
 
-use crate::api::tensor::Tensor;
 use crate::core::error::{FrontendError, Result};
+use crate::core::tensor::Tensor;
 use crate::engine::context;
 
 /// `d loss / d wrt[i]` for each `i`; `loss` must be a floating scalar and

@@ -9,8 +9,8 @@
 use kiln_compiler::ir::{DType, Literal, TensorType};
 
 use crate::api::nn::InitPlacement;
-use crate::api::tensor::Tensor;
 use crate::core::error::{FrontendError, Result};
+use crate::core::tensor::Tensor;
 
 /// Zeros like `t`, in `t`'s sharding (optimizer state is split where its
 /// parameter is: FSDP shards the state with the parameters), made where

@@ -9,8 +9,8 @@ use std::cell::RefCell;
 
 use kiln_compiler::ir::{DType, Literal, Shape, TensorType};
 
-use crate::api::tensor::Tensor;
 use crate::core::error::Result;
+use crate::core::tensor::Tensor;
 
 thread_local! {
     static STATE: RefCell<Option<Tensor>> = const { RefCell::new(None) };

@@ -32,9 +32,9 @@ use crate::api::amp::{LossScaler, LossScalerConfig};
 use crate::api::clip::{self, clip_grad_norm, global_norm};
 use crate::api::grad::grad;
 use crate::api::optim::Optimizer;
-use crate::api::tensor::Tensor;
+use crate::api::replicas;
 use crate::core::error::{FrontendError, Result};
-use crate::engine::replicas;
+use crate::core::tensor::Tensor;
 use crate::engine::step::mark_step;
 
 /// Settings of a [`TrainStep`].

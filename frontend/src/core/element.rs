@@ -2,6 +2,7 @@
 
 use half::{bf16, f16};
 use kiln_compiler::ir::DType;
+use kiln_runtime::ElementType;
 
 /// A Rust scalar type with a kiln dtype and a little-endian byte layout.
 pub trait Element: Copy + Send + Sync + 'static {
@@ -46,4 +47,38 @@ pub(crate) fn to_bytes<T: Element>(data: &[T]) -> Vec<u8> {
 
 pub(crate) fn from_bytes<T: Element>(bytes: &[u8]) -> Vec<T> {
     bytes.chunks_exact(std::mem::size_of::<T>()).map(T::read_le).collect()
+}
+
+/// The runtime's element type of a kiln dtype (the two crates do not know
+/// each other).
+pub fn element_type(d: DType) -> ElementType {
+    match d {
+        DType::Pred => ElementType::Pred,
+        DType::I8 => ElementType::S8,
+        DType::I32 => ElementType::S32,
+        DType::I64 => ElementType::S64,
+        DType::U8 => ElementType::U8,
+        DType::U32 => ElementType::U32,
+        DType::U64 => ElementType::U64,
+        DType::F16 => ElementType::F16,
+        DType::BF16 => ElementType::BF16,
+        DType::F32 => ElementType::F32,
+        DType::F64 => ElementType::F64,
+    }
+}
+
+pub(crate) fn dtype_of(e: ElementType) -> DType {
+    match e {
+        ElementType::Pred => DType::Pred,
+        ElementType::S8 => DType::I8,
+        ElementType::S32 => DType::I32,
+        ElementType::S64 => DType::I64,
+        ElementType::U8 => DType::U8,
+        ElementType::U32 => DType::U32,
+        ElementType::U64 => DType::U64,
+        ElementType::F16 => DType::F16,
+        ElementType::BF16 => DType::BF16,
+        ElementType::F32 => DType::F32,
+        ElementType::F64 => DType::F64,
+    }
 }

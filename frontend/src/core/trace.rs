@@ -1,11 +1,13 @@
-//! The trace being recorded: lazy tensors, their states, and the graph of the
-//! step that will compute the pending ones.
+//! The trace being recorded: the graph of the step that will compute the
+//! pending tensors, the ready data it reads (its parameters, [`Binding`]s) and
+//! the tensors it will hand its outputs to.
 //!
 //! Invariants:
 //! - A tensor is either `Ready` (host or device storage) or `Pending` in exactly
-//!   one trace, named by that trace's epoch. Epochs are unique per process, so a
-//!   tensor left pending by a trace that ended without running (a `lower`) is
-//!   recognised as stale, never confused with a value of a later trace.
+//!   one trace, named by that trace's epoch (`core::storage`). Epochs are unique
+//!   per process, so a tensor left pending by a trace that ended without running
+//!   (a `lower`) is recognised as stale, never confused with a value of a later
+//!   trace.
 //! - A ready tensor read by a trace becomes one parameter of it, however often
 //!   it is read (memoised on the tensor by epoch).
 //! - Insertion order everywhere: live tensors and parameters are kept in `Vec`s,
@@ -14,82 +16,27 @@
 //! - Recording never touches a device or the program cache: a trace is plain
 //!   host data until `mark_step` hands it to the executor.
 
-use std::cell::{Cell, RefCell};
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
-use kiln_compiler::ir::{DType, Graph, Literal, Op, Shape, TensorType, ValueId};
+use kiln_compiler::ir::{DType, Graph, Literal, NodeId, Op, Shape, ValueId};
 
 use crate::core::error::{FrontendError, Result};
 use crate::core::metrics;
-pub(crate) use crate::engine::executor::DeviceValue;
+use crate::core::storage::{Inner, State, Storage};
 
 static NEXT_EPOCH: AtomicU64 = AtomicU64::new(1);
-static NEXT_TENSOR: AtomicU64 = AtomicU64::new(1);
 
-/// The id the next tensor will get: tensors with a smaller id existed before.
-pub(crate) fn next_tensor_id() -> u64 {
-    NEXT_TENSOR.load(Ordering::Relaxed)
-}
-
-/// Where a ready tensor's data lives.
-#[derive(Clone)]
-pub(crate) enum Storage {
-    /// One host value, the same on every replica.
-    Host(Arc<Literal>),
-    /// One host value per replica, in replica order (data shards, the
-    /// per-replica generator state).
-    HostShards(Arc<Vec<Literal>>),
-    /// One device buffer per replica, in replica order.
-    Device(Rc<DeviceValue>),
-}
-
-impl Storage {
-    /// Number of replicas the storage holds values for (`None`: the same
-    /// value serves any number).
-    pub fn replicas(&self) -> Option<usize> {
-        match self {
-            Storage::Host(_) => None,
-            Storage::HostShards(s) => Some(s.len()),
-            Storage::Device(d) => Some(d.0.len()),
-        }
-    }
-}
-
-pub(crate) enum State {
-    Ready(Storage),
-    Pending { epoch: u64, value: ValueId },
-}
-
-pub(crate) struct Inner {
-    pub id: u64,
-    pub ty: TensorType,
-    pub state: RefCell<State>,
-    /// `(epoch, parameter value)` when this ready tensor is a parameter of the
-    /// trace with that epoch.
-    pub bound: Cell<Option<(u64, ValueId)>>,
-    /// A name for messages (recompile explanations): parameters get theirs
-    /// from the `ParamStore`, data batches from the loader.
-    pub name: RefCell<Option<Rc<str>>>,
-    /// Its layout over the mesh (`None`: replicated); see `crate::core::mesh`.
-    pub sharding: RefCell<Option<crate::core::mesh::Sharding>>,
-}
-
-impl Inner {
-    pub fn new(ty: TensorType, state: State) -> Rc<Inner> {
-        Rc::new(Inner {
-            id: NEXT_TENSOR.fetch_add(1, Ordering::Relaxed),
-            ty,
-            state: RefCell::new(state),
-            bound: Cell::new(None),
-            name: RefCell::new(None),
-            sharding: RefCell::new(None),
-        })
-    }
+/// One read of a forward value by a backward node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BackwardRead {
+    /// The forward value read.
+    pub forward: ValueId,
+    /// The backward node that reads it.
+    pub user: NodeId,
 }
 
 /// A parameter of the trace and the data it will be fed.
@@ -114,11 +61,11 @@ pub(crate) struct Trace {
     /// Scalar constants broadcast to a shape, by (value bits, dtype, shape):
     /// recorded once per trace however often `x * 2.0` appears. Only looked up.
     pub constants: HashMap<(u64, DType, Shape), ValueId>,
-    /// `live` is compacted (dead handles dropped) when it reaches this length,
-    /// so dead tensors are released while recording, amortised O(1) per op.
     /// Every read of a forward value by a backward node made by `grad` in this
     /// step (autodiff's map, for memory planning).
-    pub backward_reads: Vec<crate::api::autodiff::BackwardRead>,
+    pub backward_reads: Vec<BackwardRead>,
+    /// `live` is compacted (dead handles dropped) when it reaches this length,
+    /// so dead tensors are released while recording, amortised O(1) per op.
     compact_at: usize,
 }
 
@@ -141,13 +88,11 @@ impl Trace {
     pub fn catch_up_hash(&mut self) {
         // Index directly: `nodes().skip(n)` would walk the first n nodes again.
         for i in self.hashed..self.graph.len() {
-            self.graph.node(kiln_compiler::ir::NodeId::from_index(i)).op.hash(&mut self.hasher);
+            self.graph.node(NodeId::from_index(i)).op.hash(&mut self.hasher);
         }
         self.hashed = self.graph.len();
     }
 
-    /// Structural key of the trace as recorded: every node, the outputs and
-    /// the aliases. Two traces with the same key prune and lower to the same
     /// Folds an in-place composite rewrite of already-hashed nodes into the
     /// running hash, so a rewritten trace never shares a key with the plain one.
     pub fn note_rewrite(&mut self, found: &[kiln_compiler::composite::Found]) {
@@ -158,6 +103,8 @@ impl Trace {
         }
     }
 
+    /// Structural key of the trace as recorded: every node, the outputs and
+    /// the aliases. Two traces with the same key prune and lower to the same
     /// program.
     pub fn raw_key(&mut self) -> u64 {
         self.catch_up_hash();

@@ -32,11 +32,14 @@ use std::time::Instant;
 
 use kiln_compiler::ir::{DType, TensorType};
 
-use crate::api::tensor::Tensor;
 use crate::core::error::{FrontendError, Result};
 use crate::core::settings;
-use crate::core::{metrics, trace};
-use crate::engine::context::{self, Backend, Binding, Inner, State, Storage};
+use crate::core::storage::{Inner, State, Storage};
+use crate::core::tensor::Tensor;
+use crate::core::trace::Binding;
+use crate::core::{metrics, storage, trace};
+use crate::engine::context;
+use crate::engine::executor::Backend;
 use crate::engine::executor::{self, RunInput};
 use crate::engine::program::CacheEntry;
 use crate::engine::step::{cut_step, mark_step, CutStep};
@@ -254,7 +257,7 @@ where
     /// Runs the closure as an ordinary step and makes its cut the plan.
     fn trace(&mut self, guard: Guard, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         self.traces += 1;
-        let watermark = trace::next_tensor_id();
+        let watermark = storage::next_tensor_id();
         let epoch = context::with(|c| c.trace.epoch);
         let returned = self.record(inputs)?;
         // A step ran inside the closure (a read, or mark_step): the call was

@@ -21,9 +21,9 @@ use kiln_runtime::replicas::ReplicaPlan;
 use kiln_runtime::{Client, DiskCache, DiskCacheConfig};
 
 use crate::core::error::Result;
-pub(crate) use crate::core::trace::{Binding, Inner, State, Storage, Trace};
-use crate::engine::executor::Executor;
-pub(crate) use crate::engine::executor::{Backend, DeviceValue};
+use crate::core::storage::Inner;
+use crate::core::trace::Trace;
+use crate::engine::executor::{Backend, Executor};
 use crate::engine::program::{DiskSetting, ProgramCache};
 
 pub(crate) struct Context {

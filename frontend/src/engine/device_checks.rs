@@ -44,10 +44,11 @@ use std::rc::Rc;
 
 use kiln_compiler::ir::{DType, Op, TensorType, ValueId};
 
-use crate::api::tensor::Tensor;
 use crate::core::error::{FrontendError, Result};
 use crate::core::settings::{detect_anomaly, device_checks};
-use crate::engine::context::{self, State, Storage};
+use crate::core::storage::{State, Storage};
+use crate::core::tensor::Tensor;
+use crate::engine::context;
 use crate::engine::scope;
 
 /// What to say when an index check fails.

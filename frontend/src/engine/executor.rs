@@ -36,13 +36,14 @@ use std::time::Instant;
 
 use kiln_compiler::ir::{Graph, Literal};
 use kiln_runtime::replicas::ReplicaPlan;
-use kiln_runtime::{Buffer, Client, Completion, ExecArg};
+use kiln_runtime::{Buffer, Client, ExecArg};
 
+use crate::core::element::element_type;
 use crate::core::error::{FrontendError, Result};
 use crate::core::metrics;
-use crate::core::trace::{Binding, State, Storage};
+use crate::core::storage::{DeviceValue, Hook, State, StepRun, Storage};
+use crate::core::trace::Binding;
 use crate::engine::program::CacheEntry;
-use crate::engine::step::element_type;
 
 /// Which machinery runs a finished step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -57,31 +58,6 @@ pub enum Backend {
     /// debugging), and it is the eager baseline compilation is measured
     /// against (`crate::engine::eager`).
     Eager,
-}
-
-/// A value on the devices: one buffer per replica, replica `r`'s on the
-/// device that runs replica `r`, and the step that produced it when that step
-/// ran asynchronously (`None` for uploads).
-pub(crate) struct DeviceValue(pub Vec<Buffer>, pub Option<Rc<StepRun>>);
-
-/// What runs when a step's results are known (see [`on_step_complete`]).
-pub(crate) type Hook = Box<dyn FnOnce() -> Result<()>>;
-
-/// One enqueued step.
-pub(crate) struct StepRun {
-    /// The step's number (`metrics().steps` when it was cut; 1-based).
-    pub step: u64,
-    /// The run's events until its outcome is known.
-    done: RefCell<Option<Completion>>,
-    /// Hooks registered while the step was recorded.
-    hooks: RefCell<Vec<Hook>>,
-}
-
-impl StepRun {
-    /// The error a failure of this step is reported as.
-    pub fn failed(&self, cause: impl std::fmt::Display) -> FrontendError {
-        FrontendError::StepFailed { step: self.step, reason: cause.to_string() }
-    }
 }
 
 /// Where a step runs and what is still running.
@@ -530,7 +506,7 @@ fn reserves_pool_for_limit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::tensor::Tensor;
+    use crate::core::tensor::Tensor;
     use crate::engine::step::mark_step;
 
     #[test]

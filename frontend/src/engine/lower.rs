@@ -16,9 +16,11 @@
 use kiln_compiler::ir::Graph;
 use kiln_compiler::{lower as lower_graph, pipeline, LowerOptions};
 
-use crate::api::tensor::Tensor;
 use crate::core::error::{FrontendError, Result};
-use crate::engine::context::{self, State, Trace};
+use crate::core::storage::State;
+use crate::core::tensor::Tensor;
+use crate::core::trace::Trace;
+use crate::engine::context;
 
 /// Options of [`lower_with`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

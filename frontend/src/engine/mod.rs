@@ -12,7 +12,7 @@ pub(crate) mod lower;
 pub(crate) mod param_init;
 pub(crate) mod partition;
 pub(crate) mod program;
-pub mod replicas;
+pub(crate) mod replicas;
 pub mod scope;
 pub(crate) mod step;
 pub(crate) mod undo_assigns;

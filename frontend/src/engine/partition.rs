@@ -23,7 +23,8 @@ use kiln_compiler::ir::Literal;
 use crate::core::error::{FrontendError, Result};
 use crate::core::mesh::{Mesh, Sharding, DATA, MODEL};
 use crate::core::settings::{self, active_mesh};
-use crate::engine::context::{self, Inner, Storage};
+use crate::core::storage::{Inner, Storage};
+use crate::engine::context;
 
 /// Runs this thread's later steps on `mesh`: one replica × `mesh.size()`
 /// partitions of the selected plugin (`PJRT_DEVICE`). Call it before creating
@@ -196,7 +197,7 @@ pub(crate) fn layout_key(params: &[crate::core::trace::Binding], outputs: Option
 /// Reads a device value laid out over the active mesh: the assembled global
 /// bytes (device 0's copy when replicated). `None` when no mesh is active
 /// (replica layout: the caller reads replica buffers).
-pub(crate) fn read_device(inner: &Inner, value: &crate::engine::context::DeviceValue) -> Result<Option<Vec<u8>>> {
+pub(crate) fn read_device(inner: &Inner, value: &crate::core::storage::DeviceValue) -> Result<Option<Vec<u8>>> {
     let Some(mesh) = active_mesh() else { return Ok(None) };
     if value.0.len() != mesh.size() || value.0.len() == 1 {
         return Ok(None);

@@ -22,7 +22,8 @@ use kiln_runtime::{Client, CompileKey, CompileOptions, DiskCache, DiskCacheConfi
 use crate::core::atomic_write::write_atomically;
 use crate::core::error::Result;
 use crate::core::metrics;
-use crate::engine::context::{self, Binding};
+use crate::core::trace::Binding;
+use crate::engine::context;
 use crate::engine::explain;
 
 /// A compiled program and how a raw trace's parameters feed it.
@@ -469,7 +470,7 @@ fn partition(
         s.check(&format!("output {i} ({ty})"), ty, mesh)?;
     }
     let arg = |ty: &kiln_compiler::ir::TensorType, s: &Sharding| {
-        kiln_runtime::ArgType::new(crate::engine::step::element_type(ty.dtype), &s.local_dims(ty.shape.dims(), mesh))
+        kiln_runtime::ArgType::new(crate::core::element::element_type(ty.dtype), &s.local_dims(ty.shape.dims(), mesh))
     };
     let local = kiln_runtime::Signature {
         inputs: param_types.iter().zip(&params).map(|(t, s)| arg(t, s)).collect(),

@@ -1,5 +1,7 @@
-//! Data-parallel replicas: how many copies of the step run, one per device, and
-//! the collectives that keep them in agreement.
+//! Data-parallel replicas, the plumbing: how many copies of the step run, one
+//! per device, which of them this process runs, and tensors holding one value
+//! per replica. The public `replicas` module (`api::replicas`) re-exports
+//! these beside the collectives and the per-replica reads.
 //!
 //! Every replica runs the same compiled program (one multi-device PJRT
 //! executable with `num_replicas = N`) on its own shard of the data.
@@ -11,19 +13,25 @@
 //! on the CPU plugin — or from [`set_replicas`]. Bad values are errors that
 //! name the variable, its value and the devices found.
 //!
-//! Values per replica: a tensor made by [`Tensor::from_vec`] holds one value
-//! for every replica; [`from_shards`] makes one with a value per replica (data
-//! shards); reading a tensor (`to_vec`, `item`) reads replica 0, and
-//! [`replica_values`] reads every replica.
+//! Invariants:
+//! - A tensor made by `Tensor::from_vec` holds one value for every replica;
+//!   [`from_shards`] makes one with a value per local replica, and refuses
+//!   any other count of shards.
+//! - Replicas are numbered globally across the processes of a run; this
+//!   process's are [`local_replica_indices`], in order, and a step's
+//!   per-replica values are this process's.
+//! - Setting the count replaces the replica plan and drops the client and the
+//!   programs made for the old one.
 
-use kiln_compiler::ir::{Literal, ReduceOp, Shape, TensorType};
+use kiln_compiler::ir::{Literal, Shape, TensorType};
 use kiln_runtime::gpu;
 use kiln_runtime::replicas::ReplicaEnv;
 
-use crate::api::tensor::Tensor;
 use crate::core::element::{self, Element};
 use crate::core::error::{FrontendError, Result};
-use crate::engine::context::{self, Inner, State, Storage};
+use crate::core::storage::{Inner, State, Storage};
+use crate::core::tensor::Tensor;
+use crate::engine::context;
 
 /// Number of replicas the steps of this thread run on in this process (from
 /// the environment on first use; see the module docs): the values a tensor
@@ -87,17 +95,6 @@ pub fn set_replicas(n: usize) -> Result<()> {
     Ok(())
 }
 
-/// The mean of each tensor over all replicas, recorded into the step (an
-/// `all_reduce` sum scaled by `1/n`). With one replica the tensors are returned
-/// as they are: no collective is recorded.
-pub fn all_reduce_mean(tensors: &[Tensor]) -> Result<Vec<Tensor>> {
-    let n = global_replicas()?;
-    if n == 1 {
-        return Ok(tensors.to_vec());
-    }
-    tensors.iter().map(|t| t.all_reduce(ReduceOp::Sum)?.mul_scalar(1.0 / n as f64)).collect()
-}
-
 /// A tensor holding `shards[r]` on replica `r`; each shard has `shape`. There
 /// must be one shard per replica.
 pub fn from_shards<T: Element>(shards: Vec<Vec<T>>, shape: impl Into<Shape>) -> Result<Tensor> {
@@ -154,12 +151,4 @@ pub(crate) fn from_literal_shards(literals: Vec<Literal>) -> Result<Tensor> {
         Storage::HostShards(std::sync::Arc::new(literals))
     };
     Ok(Tensor::wrap(Inner::new(ty, State::Ready(storage))))
-}
-
-/// Every replica's value of `t` (runs the step first if `t` is pending).
-pub fn replica_values<T: Element>(t: &Tensor) -> Result<Vec<Vec<T>>> {
-    if T::DTYPE != t.dtype() {
-        return Err(FrontendError::ReadDType { tensor: t.dtype(), requested: T::DTYPE });
-    }
-    Ok(t.replica_bytes()?.iter().map(|b| element::from_bytes(b)).collect())
 }

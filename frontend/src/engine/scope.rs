@@ -20,7 +20,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use crate::api::tensor::Tensor;
+use crate::core::tensor::Tensor;
 use crate::engine::context;
 
 /// One layer call: nodes `start..end` of the trace with `epoch` were recorded
@@ -150,8 +150,8 @@ mod tests {
 
     fn node(t: &Tensor) -> usize {
         match &*t.inner.state.borrow() {
-            crate::engine::context::State::Pending { value, .. } => value.node.index(),
-            crate::engine::context::State::Ready(_) => panic!("pending in this test"),
+            crate::core::storage::State::Pending { value, .. } => value.node.index(),
+            crate::core::storage::State::Ready(_) => panic!("pending in this test"),
         }
     }
 }

@@ -10,13 +10,15 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kiln_compiler::ir::{Alias, DType, Graph};
+use kiln_compiler::ir::{Alias, Graph};
 use kiln_compiler::passes::eliminate_dead_code;
-use kiln_runtime::ElementType;
 
 use crate::core::error::{FrontendError, Result};
 use crate::core::metrics;
-use crate::engine::context::{self, Backend, Binding, Inner, State, Storage, Trace};
+use crate::core::storage::{Inner, State, Storage};
+use crate::core::trace::{Binding, Trace};
+use crate::engine::context;
+use crate::engine::executor::Backend;
 use crate::engine::executor::{self, select, RunInput};
 use crate::engine::program::{self, CacheEntry};
 
@@ -34,40 +36,6 @@ pub struct StepReport {
     /// Why the step needed a new program, when it resembles an earlier one
     /// (also logged and kept in `metrics::snapshot().recompile_explanations`).
     pub recompile: Option<String>,
-}
-
-/// The runtime's element type of a kiln dtype (the two crates do not know
-/// each other).
-pub fn element_type(d: DType) -> ElementType {
-    match d {
-        DType::Pred => ElementType::Pred,
-        DType::I8 => ElementType::S8,
-        DType::I32 => ElementType::S32,
-        DType::I64 => ElementType::S64,
-        DType::U8 => ElementType::U8,
-        DType::U32 => ElementType::U32,
-        DType::U64 => ElementType::U64,
-        DType::F16 => ElementType::F16,
-        DType::BF16 => ElementType::BF16,
-        DType::F32 => ElementType::F32,
-        DType::F64 => ElementType::F64,
-    }
-}
-
-pub(crate) fn dtype_of(e: ElementType) -> DType {
-    match e {
-        ElementType::Pred => DType::Pred,
-        ElementType::S8 => DType::I8,
-        ElementType::S32 => DType::I32,
-        ElementType::S64 => DType::I64,
-        ElementType::U8 => DType::U8,
-        ElementType::U32 => DType::U32,
-        ElementType::U64 => DType::U64,
-        ElementType::F16 => DType::F16,
-        ElementType::BF16 => DType::BF16,
-        ElementType::F32 => DType::F32,
-        ElementType::F64 => DType::F64,
-    }
 }
 
 /// A finished trace with its outputs chosen (not yet pruned).

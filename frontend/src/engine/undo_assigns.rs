@@ -24,7 +24,7 @@ use std::rc::Rc;
 
 use kiln_compiler::ir::ValueId;
 
-use crate::engine::context::{Inner, State};
+use crate::core::storage::{Inner, State};
 
 struct Saved {
     tensor: Rc<Inner>,
@@ -106,7 +106,7 @@ impl Drop for UndoAssigns {
 #[cfg(test)]
 mod tests {
     use super::UndoAssigns;
-    use crate::api::tensor::Tensor;
+    use crate::core::tensor::Tensor;
 
     fn t(v: f32) -> Tensor {
         Tensor::from_vec(vec![v, v + 1.0], [2]).unwrap()

@@ -6,19 +6,11 @@
 //! [`BackwardRead`], whether or not the rule marked it with [`Builder::fwd`].
 
 use kiln_compiler::ir::{
-    BinaryOp, CompareDir, DType, DotDims, Graph, Literal, NodeId, Op, ReduceOp, Shape, TensorType, UnaryOp, ValueId,
+    BinaryOp, CompareDir, DType, DotDims, Graph, Literal, Op, ReduceOp, Shape, TensorType, UnaryOp, ValueId,
 };
 
 use crate::core::error::Result;
-
-/// One read of a forward value by a backward node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct BackwardRead {
-    /// The forward value read.
-    pub forward: ValueId,
-    /// The backward node that reads it.
-    pub user: NodeId,
-}
+use crate::core::trace::BackwardRead;
 
 pub(crate) struct Builder<'g> {
     pub g: &'g mut Graph,

@@ -17,7 +17,7 @@
 mod builder;
 mod rules;
 
-pub use builder::BackwardRead;
+pub use crate::core::trace::BackwardRead;
 
 use std::collections::HashMap;
 

@@ -12,8 +12,8 @@ use kiln_compiler::ir::{AttentionAttrs, BinaryOp, DType, Op, Shape};
 use super::module::{scoped, Module};
 use super::{Linear, ParamStore};
 use crate::api::amp;
-use crate::api::tensor::Tensor;
 use crate::core::error::{FrontendError, Result};
+use crate::core::tensor::Tensor;
 use crate::engine::scope;
 
 /// What [`attention`] applies to the scores besides the scale.

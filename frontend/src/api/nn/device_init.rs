@@ -39,8 +39,8 @@
 
 use kiln_compiler::ir::{BinaryOp, DType, Literal, Op, Shape, TensorType};
 
-use crate::api::tensor::Tensor;
 use crate::core::error::Result;
+use crate::core::tensor::Tensor;
 use crate::engine::context;
 
 /// SplitMix64's increment (the golden ratio in 64 bits).

@@ -24,8 +24,8 @@ pub use init::HostRng;
 pub use module::{scoped, Dropout, Func, Module, Sequential};
 
 use crate::api::amp;
-use crate::api::tensor::Tensor;
 use crate::core::error::{FrontendError, Result};
+use crate::core::tensor::Tensor;
 use crate::engine::scope;
 
 /// Named parameters in creation order.

@@ -15,8 +15,8 @@
 
 use std::cell::Cell;
 
-use crate::api::tensor::Tensor;
 use crate::core::error::{FrontendError, Result};
+use crate::core::tensor::Tensor;
 
 /// A layer or a model: a forward function with parameters.
 ///

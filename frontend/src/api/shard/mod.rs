@@ -20,9 +20,9 @@ pub use crate::engine::partition::{mesh, plan_for, program_memory_stats, set_mes
 pub use flag::parse_shard_flag;
 pub use policy::{apply, apply_active, megatron_pairs, set_policy, ShardPolicy};
 
-use crate::api::tensor::Tensor;
 use crate::core::error::Result;
 use crate::core::settings::active_mesh;
+use crate::core::tensor::Tensor;
 
 /// Splits a batch's first dimension over the mesh's `data` axis; nothing
 /// without a mesh or without that axis.

@@ -5,10 +5,10 @@
 //! have; setting another one is refused, never applied to buffers laid out
 //! otherwise.
 
-use crate::api::tensor::Tensor;
 use crate::core::error::{FrontendError, Result};
 use crate::core::mesh::Sharding;
-use crate::engine::context::{State, Storage};
+use crate::core::storage::{State, Storage};
+use crate::core::tensor::Tensor;
 use crate::engine::partition::mesh;
 
 impl Tensor {

@@ -1,6 +1,6 @@
 //! kiln values <-> candle tensors: literal bytes in, candle CPU tensors out,
-//! and back. Also the public interop on [`Tensor`]
-//! ([`Tensor::to_candle`], [`Tensor::from_candle`]).
+//! and back (the eager backend's conversions, and those of the public interop
+//! `Tensor::to_candle` / `Tensor::from_candle` in `api::tensor::candle`).
 //!
 //! Invariants:
 //! - A round trip is exact (a byte copy): kiln and candle store the same
@@ -13,7 +13,6 @@ use candle_core::{DType as CDType, Device};
 use half::{bf16, f16};
 use kiln_compiler::ir::{DType, Literal, TensorType};
 
-use crate::api::tensor::Tensor;
 use crate::core::element::{self, Element};
 use crate::core::error::{FrontendError, Result};
 
@@ -94,25 +93,4 @@ pub(crate) fn candle_bytes(t: &candle_core::Tensor) -> Result<Vec<u8>> {
 /// A literal of type `ty` from a candle tensor of the matching dtype and shape.
 pub(crate) fn candle_to_literal(t: &candle_core::Tensor, ty: &TensorType) -> Result<Literal> {
     Ok(Literal::from_bytes(ty.clone(), candle_bytes(t)?)?)
-}
-
-impl Tensor {
-    /// The values as a candle CPU tensor (a read: a pending tensor runs its
-    /// step first, as [`Tensor::to_vec`] does). `pred` comes out as `u8`
-    /// 0/1; `s8` and `u64`, which candle lacks, are an error.
-    pub fn to_candle(&self) -> Result<candle_core::Tensor> {
-        let lit = self.to_literal()?;
-        literal_to_candle(&lit)?.ok_or(FrontendError::DType {
-            op: "to_candle",
-            expected: "a dtype candle has (not i8 or ui64)",
-            got: self.dtype(),
-        })
-    }
-
-    /// A ready kiln tensor holding a copy of `t`'s values (data or weights
-    /// from candle code); uploaded when a step first reads it.
-    pub fn from_candle(t: &candle_core::Tensor) -> Result<Tensor> {
-        let ty = TensorType::new(kiln_dtype(t.dtype())?, t.dims().to_vec());
-        Ok(Tensor::from_literal(candle_to_literal(t, &ty)?))
-    }
 }

@@ -30,7 +30,7 @@
 //! - The eager backend runs one replica; more is an error at the first read
 //!   of replicated data.
 
-mod convert;
+pub(crate) mod convert;
 mod ops;
 
 use std::cell::RefCell;
@@ -42,7 +42,8 @@ use kiln_compiler::ir::{Graph, Literal, NodeId, Op, ValueId};
 
 use crate::core::error::{FrontendError, Result};
 use crate::core::metrics;
-use crate::engine::context::{Binding, Inner, State, Storage, Trace};
+use crate::core::storage::{Inner, State, Storage};
+use crate::core::trace::{Binding, Trace};
 
 /// One value, as candle computed it, as a literal, or both.
 #[derive(Clone, Default)]
