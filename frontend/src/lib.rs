@@ -22,6 +22,7 @@ pub use crate::core::settings::{
 };
 pub use crate::core::tensor::Tensor;
 pub use crate::engine::capture::{compile_step, CompiledStep};
+pub use crate::engine::compile::host_link_rate;
 pub use crate::engine::compile_settings::{
     set_activation_budget, set_host_copies, set_host_offload, set_loop_kernels, set_memory_limit,
 };
@@ -30,7 +31,6 @@ pub use crate::engine::device_checks::check_index_range;
 pub use crate::engine::executor::Backend;
 pub use crate::engine::executor::{set_max_steps_in_flight, steps_in_flight, sync};
 pub use crate::engine::lower::{capture_graph, lower, lower_with, LowerOpts};
-pub use crate::engine::program::host_link_rate;
 pub use crate::engine::step::{donation_enabled, mark_step, step, StepReport};
 /// candle-core, for [`Tensor::to_candle`] and [`Tensor::from_candle`].
 pub use candle_core;

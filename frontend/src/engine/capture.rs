@@ -41,7 +41,7 @@ use crate::core::{metrics, storage, trace};
 use crate::engine::context;
 use crate::engine::executor::Backend;
 use crate::engine::executor::{self, RunInput};
-use crate::engine::program::CacheEntry;
+use crate::engine::program_cache::CacheEntry;
 use crate::engine::step::{cut_step, mark_step, CutStep};
 
 /// A step function traced once per input signature (see the module docs).

@@ -24,7 +24,7 @@ use crate::core::error::Result;
 use crate::core::storage::Inner;
 use crate::core::trace::Trace;
 use crate::engine::executor::{Backend, Executor};
-use crate::engine::program::{DiskSetting, ProgramCache};
+use crate::engine::program_cache::{DiskSetting, ProgramCache};
 
 pub(crate) struct Context {
     pub trace: Trace,

@@ -43,7 +43,7 @@ use crate::core::error::{FrontendError, Result};
 use crate::core::metrics;
 use crate::core::storage::{DeviceValue, Hook, State, StepRun, Storage};
 use crate::core::trace::Binding;
-use crate::engine::program::CacheEntry;
+use crate::engine::program_cache::CacheEntry;
 
 /// Which machinery runs a finished step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

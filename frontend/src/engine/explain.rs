@@ -14,7 +14,7 @@ use std::rc::Rc;
 
 use kiln_compiler::ir::{Graph, Node, Op, TensorType};
 
-use crate::engine::program::Program;
+use crate::engine::program_cache::Program;
 
 fn same_ops(a: &Graph, b: &Graph) -> bool {
     a.len() == b.len()

@@ -1,6 +1,7 @@
 //! The frontend's engine layer.
 
 pub(crate) mod capture;
+pub(crate) mod compile;
 pub(crate) mod compile_settings;
 pub(crate) mod context;
 pub(crate) mod device_checks;
@@ -11,7 +12,7 @@ pub(crate) mod explain;
 pub(crate) mod lower;
 pub(crate) mod param_init;
 pub(crate) mod partition;
-pub(crate) mod program;
+pub(crate) mod program_cache;
 pub(crate) mod replicas;
 pub mod scope;
 pub(crate) mod step;

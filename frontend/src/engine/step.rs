@@ -17,10 +17,11 @@ use crate::core::error::{FrontendError, Result};
 use crate::core::metrics;
 use crate::core::storage::{Inner, State, Storage};
 use crate::core::trace::{Binding, Trace};
+use crate::engine::compile;
 use crate::engine::context;
 use crate::engine::executor::Backend;
 use crate::engine::executor::{self, select, RunInput};
-use crate::engine::program::{self, CacheEntry};
+use crate::engine::program_cache::CacheEntry;
 
 /// What one `mark_step` did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -245,7 +246,7 @@ fn cut(t0: Instant) -> Result<Option<CutStep>> {
 }
 
 /// The compiled program for `graph`: from the raw-trace cache (the hit path),
-/// or found or built by [`program::obtain`].
+/// or found or built by [`compile::obtain`].
 fn compiled(
     graph: &Graph,
     bindings: &[Binding],
@@ -268,7 +269,7 @@ fn compiled(
     let client = context::with(|c| c.client())?;
     let received: std::collections::HashSet<u64> = receivers.iter().flatten().map(|r| r.id).collect();
     let assigned: Vec<bool> = bindings.iter().map(|b| received.contains(&b.tensor_id)).collect();
-    let got = program::obtain(
+    let got = compile::obtain(
         graph,
         bindings,
         &assigned,

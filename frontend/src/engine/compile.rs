@@ -7,17 +7,26 @@
 //! is explained (what changed, how to avoid it); `KILN_SAVE_GRAPHS=dir` saves
 //! each new program's graph in the text form for `kiln compile`/`kiln profile`.
 //!
-//! [`ProgramCache`] holds this thread's programs: by raw-trace key (the hit
-//! path, looked up by `mark_step` before anything here runs) and by canonical
-//! key, with the history that recompiles are explained against.
+//! The programs found or built are kept in this thread's program cache
+//! (`engine::program_cache`).
+//!
+//! Invariants:
+//! - The key covers everything the executable depends on: the optimized
+//!   program's fingerprint, the compiler build, the replica count, the loop
+//!   kernels, the partitioning, the plugin and the compile options; two steps
+//!   with the same key share one executable.
+//! - A program is compiled only when neither this thread's programs nor the
+//!   persistent cache has it; a persistent cache that cannot be written costs
+//!   later runs a compile, never this run its result.
+//! - Under a mesh every parameter's and output's sharding is checked against
+//!   the mesh before anything compiles.
 
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Instant;
 
-use kiln_compiler::ir::{Graph, TensorType};
+use kiln_compiler::ir::Graph;
 use kiln_compiler::{fingerprint, lower as lower_graph, pipeline, LowerOptions, LowerTarget, BUILD_FINGERPRINT};
-use kiln_runtime::{Client, CompileKey, CompileOptions, DiskCache, DiskCacheConfig, EntryInfo, Executable, Lookup};
+use kiln_runtime::{Client, CompileKey, CompileOptions, EntryInfo, Lookup};
 
 use crate::core::atomic_write::write_atomically;
 use crate::core::error::Result;
@@ -25,115 +34,7 @@ use crate::core::metrics;
 use crate::core::trace::Binding;
 use crate::engine::context;
 use crate::engine::explain;
-
-/// A compiled program and how a raw trace's parameters feed it.
-pub(crate) struct CacheEntry {
-    pub program: Rc<Program>,
-    /// `kept_params[i]`: the raw trace parameter feeding program parameter `i`.
-    pub kept_params: Vec<u32>,
-    /// Whether program parameter `i` is donated.
-    pub donated: Vec<bool>,
-    /// Nodes of the pruned program.
-    pub nodes: usize,
-}
-
-/// The persistent cache of this context: read from the environment on the first
-/// miss unless set explicitly.
-pub(crate) enum DiskSetting {
-    FromEnv,
-    Off,
-    On(DiskCache),
-}
-
-/// This thread's compiled programs.
-///
-/// Invariants: `traces` and `programs` are only looked up, never iterated
-/// (their order is not deterministic); `history` is in compile order; a
-/// program is in `history` exactly when it is in `programs`.
-pub(crate) struct ProgramCache {
-    /// Compiled programs by the raw trace's key (the hit path).
-    pub traces: HashMap<u64, Rc<CacheEntry>>,
-    /// Compiled programs by their canonical key, so traces that optimize to
-    /// the same program share one executable.
-    pub programs: HashMap<CompileKey, Rc<Program>>,
-    /// Every program compiled or loaded in this context, oldest first: what a
-    /// recompile is compared with to explain it.
-    pub history: Vec<Rc<Program>>,
-    /// Steps in a row that needed a new program (the recompile-every-step warning).
-    pub new_programs_in_a_row: u32,
-    pub disk: DiskSetting,
-    /// `KILN_SAVE_GRAPHS`, read once: where each new program's graph is saved.
-    pub save_graphs: Option<Option<std::path::PathBuf>>,
-}
-
-impl ProgramCache {
-    pub fn new() -> ProgramCache {
-        ProgramCache {
-            traces: HashMap::new(),
-            programs: HashMap::new(),
-            history: Vec::new(),
-            new_programs_in_a_row: 0,
-            disk: DiskSetting::FromEnv,
-            save_graphs: None,
-        }
-    }
-}
-
-impl ProgramCache {
-    pub fn clear(&mut self) {
-        self.traces.clear();
-        self.programs.clear();
-        self.history.clear();
-        self.new_programs_in_a_row = 0;
-    }
-
-    /// The disk cache, opened from the environment on first use.
-    pub fn disk_cache(&mut self) -> Result<Option<DiskCache>> {
-        if let DiskSetting::FromEnv = self.disk {
-            self.disk = match DiskCacheConfig::from_env()? {
-                Some(config) => DiskSetting::On(DiskCache::open(config)?),
-                None => DiskSetting::Off,
-            };
-        }
-        Ok(match &self.disk {
-            DiskSetting::On(d) => Some(d.clone()),
-            DiskSetting::Off | DiskSetting::FromEnv => None,
-        })
-    }
-
-    /// `KILN_SAVE_GRAPHS`, read once.
-    pub fn save_graphs_dir(&mut self) -> Option<std::path::PathBuf> {
-        self.save_graphs
-            .get_or_insert_with(|| std::env::var_os("KILN_SAVE_GRAPHS").filter(|v| !v.is_empty()).map(Into::into))
-            .clone()
-    }
-}
-
-/// A compiled program of this thread.
-pub(crate) struct Program {
-    pub exe: Executable,
-    /// The pruned graph (before optimization): what a later recompile is
-    /// compared with.
-    pub graph: Graph,
-    /// FLOPs of one execution on one replica (the cost model's count of the
-    /// optimized program): what MFU is computed from.
-    pub flops: f64,
-    /// Under a mesh: the mesh and the layout of each parameter (what host
-    /// data is sliced by on upload).
-    pub layout: Option<Layout>,
-}
-
-/// How a partitioned program's parameters lie on the mesh's devices.
-pub(crate) struct Layout {
-    pub mesh: crate::core::mesh::Mesh,
-    pub params: Vec<crate::core::mesh::Sharding>,
-}
-
-impl Program {
-    pub fn param_types(&self) -> Vec<TensorType> {
-        self.graph.param_types()
-    }
-}
+use crate::engine::program_cache::{CacheEntry, Layout, Program};
 
 /// What [`obtain`] found or built.
 pub(crate) struct Obtained {
