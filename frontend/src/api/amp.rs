@@ -32,6 +32,15 @@
 //! after `growth_interval` clean steps in a row it grows. The order of a whole
 //! step (scale, backward, all-reduce, unscale, clip, check, update or skip,
 //! rescale) is enforced by [`crate::api::train_step::TrainStep`].
+//!
+//! Invariants:
+//! - The policy is consulted only when an op is recorded: the graph holds
+//!   ordinary `convert`s, so autodiff, lowering and the interpreter see
+//!   nothing new.
+//! - Scopes nest and the innermost wins; leaving a scope, also by unwinding,
+//!   restores the enclosing one's dtype (kept in `core::settings`).
+//! - The loss scaler's state never leaves the device: it is updated inside
+//!   the step.
 
 use kiln_compiler::ir::{BinaryOp, DType};
 

@@ -23,6 +23,13 @@
 //! is not complete. Disagreeing values are an error naming the nodes, on every
 //! node. On restore each process takes its own replicas' states, so a resumed
 //! run of several processes draws the dropout masks of an uninterrupted one.
+//!
+//! Invariants:
+//! - A checkpoint on disk is the previous one or the whole new one
+//!   (`core::atomic_write`).
+//! - A corrupt or truncated file is an error naming the path, never loaded.
+//! - A restore assigns nothing unless every tensor it restores is present with
+//!   its type.
 
 use std::collections::HashMap;
 use std::fs;
@@ -513,7 +520,7 @@ fn merges_trailing_dims(file: &TensorType, model: &TensorType) -> bool {
 
 /// Loads `path` into `targets` (every target must be present with its type,
 /// or, for layouts kiln regrouped, with its trailing dimensions merged:
-/// [`merges_trailing_dims`]); returns the saved step. Nothing is assigned
+/// `merges_trailing_dims`); returns the saved step. Nothing is assigned
 /// unless all targets match.
 pub fn restore(path: impl AsRef<Path>, targets: &[(String, Tensor)]) -> Result<u64> {
     let path = path.as_ref();

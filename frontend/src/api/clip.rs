@@ -6,6 +6,10 @@
 //! (multiplied by exactly 1). The norm stays a device tensor: clipping never
 //! reads it back. A non-finite gradient makes the norm non-finite, which is how
 //! [`crate::api::train_step::TrainStep`] detects a step to skip.
+//!
+//! Invariant: clipping records into the step and never reads a value back to
+//! the host; with gradients whose norm is within `max_norm` the values are
+//! unchanged.
 
 use kiln_compiler::ir::DType;
 

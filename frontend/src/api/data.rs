@@ -3,6 +3,13 @@
 //! Batches keep one shape for the whole run, so the step compiles once: either
 //! the last partial batch is dropped (`drop_last`) or it is padded to the batch
 //! size with rows of weight 0 (`PadToBatch`), which losses and metrics honour.
+//!
+//! Invariants:
+//! - Every batch of a run has one shape (dropped or padded last batch), so
+//!   the step compiles once.
+//! - A malformed or hostile IDX file is an error naming the path, never a
+//!   panic or an allocation its header alone asked for (sizes are checked
+//!   against `core::limits` before the body is read).
 
 use std::fs::File;
 use std::io::Read;

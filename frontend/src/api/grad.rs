@@ -2,6 +2,13 @@
 //!
 //! The backward ops go into the same trace as the forward, so forward, backward
 //! and the optimizer update compile as one program.
+//!
+//! Invariants:
+//! - The composite rewrite `grad` applies first is folded into the trace's
+//!   running hash, so a rewritten trace never shares a key with the plain one.
+//! - Asking for the gradient of an integer tensor is an error, not zeros.
+//! - The backward's reads of forward values stay on the step's trace until it
+//!   is cut (memory planning reads them).
 
 use crate::core::error::{FrontendError, Result};
 use crate::core::tensor::Tensor;

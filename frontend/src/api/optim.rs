@@ -5,6 +5,10 @@
 //! crosses to the host. The learning rate and the step count are tensors (a
 //! host scalar fed each step, a device counter), never constants, so a changing
 //! schedule does not change the program.
+//!
+//! Invariant: an optimizer step records into the step and reads nothing back,
+//! and a learning rate that changes from step to step (a tensor fed each
+//! step) does not change the program.
 
 use kiln_compiler::ir::{DType, Literal, TensorType};
 

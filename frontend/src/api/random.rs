@@ -4,6 +4,13 @@
 //! (THREE_FRY), threading a `u64[2]` state tensor from draw to draw. The state is
 //! an ordinary tensor (on the device after the first step, donated each step), so
 //! drawing costs no host sync and checkpoints can save and restore it.
+//!
+//! Invariants:
+//! - Each random op draws inside the step and assigns the advanced state over
+//!   the state tensor, so two draws never reuse bits and a restored state
+//!   draws exactly what the uninterrupted run would have.
+//! - Replica 0 keeps the seed itself (one replica draws what it always drew);
+//!   the other replicas get their own keys, so their dropout masks differ.
 
 use std::cell::RefCell;
 

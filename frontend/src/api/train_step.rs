@@ -25,6 +25,9 @@
 //!
 //! Without a scaler (full precision) steps 1 and 3 are the identity and the
 //! rest is unchanged: a step with non-finite gradients is skipped there too.
+//!
+//! Invariant: a skipped step leaves every parameter and optimizer state tensor
+//! bit-identical, and every replica makes the same skip decision.
 
 use kiln_compiler::ir::DType;
 

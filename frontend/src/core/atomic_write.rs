@@ -1,18 +1,21 @@
 //! Writing a file so that readers see the old file or the whole new one, never
-//! a part: write a temp file beside it, sync, rename over it. On failure the
-//! temp file is removed and the old file is untouched.
+//! a part: write a temp file beside it, sync, rename over it. The one atomic
+//! writer of the frontend (checkpoints, saved graphs, dumps).
 //!
-//! What is at the path decides what is written:
-//! - nothing, or a regular file: replaced atomically;
-//! - a symbolic link (a chain of them): the write goes to the file the link
-//!   finally names, atomically there, and the link stays a link;
-//! - anything else (a directory, a device such as `/dev/null`, a FIFO, a
-//!   socket): refused with [`FrontendError::NotAFile`] naming the path, so a
-//!   write never turns a device node or a directory entry into a regular file.
-//!
-//! Temp files are `.<name>.tmp.<pid>.<seq>`; a writer killed mid-write leaves
-//! one behind, so every write first removes those of `<name>` whose process
-//! is gone (by `/proc/<pid>`, or by age where there is no `/proc`).
+//! Invariants:
+//! - A reader sees the old file or the whole new one. On failure the temp file
+//!   is removed and the old file is untouched.
+//! - What is at the path decides what is written:
+//!   - nothing, or a regular file: replaced atomically;
+//!   - a symbolic link (a chain of them): the write goes to the file the link
+//!     finally names, atomically there, and the link stays a link;
+//!   - anything else (a directory, a device such as `/dev/null`, a FIFO, a
+//!     socket): refused with [`FrontendError::NotAFile`] naming the path, so a
+//!     write never turns a device node or a directory entry into a regular
+//!     file.
+//! - Temp files are `.<name>.tmp.<pid>.<seq>`; a writer killed mid-write
+//!   leaves one behind, so every write first removes those of `<name>` whose
+//!   process is gone (by `/proc/<pid>`, or by age where there is no `/proc`).
 
 use std::fs;
 use std::io::Write as _;

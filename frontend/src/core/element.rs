@@ -1,4 +1,14 @@
-//! Host element types a tensor can be built from and read into.
+//! Host element types a tensor can be built from and read into ([`Element`]),
+//! and the conversion between kiln's dtypes and the runtime's element types
+//! at the crate boundary (the compiler and the runtime do not know each other).
+//!
+//! Invariants:
+//! - An element is `size_of::<T>()` little-endian bytes, the layout of its
+//!   dtype in a literal and in a device buffer, so host data is copied, never
+//!   converted.
+//! - [`element_type`] and `dtype_of` match every variant (no default arm) and
+//!   are inverse: a new dtype fails to compile here until it has its element
+//!   type.
 
 use half::{bf16, f16};
 use kiln_compiler::ir::DType;

@@ -1,4 +1,13 @@
-//! The frontend's one error type.
+//! The frontend's one error type, [`FrontendError`], and its [`Result`].
+//!
+//! Invariants:
+//! - Every error the crate returns is a variant of this enum, with fields a
+//!   caller can match (the op, the shapes, the names involved) rather than one
+//!   message; `InvalidArgument` is kept for one-off misuses no variant
+//!   describes.
+//! - Errors of the compiler and the runtime pass through unchanged
+//!   (`Compile`, `Runtime`), keeping their codes and messages.
+//! - Large fields are boxed, so that every `Result` of the crate stays small.
 
 use thiserror::Error;
 

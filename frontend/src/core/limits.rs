@@ -1,8 +1,8 @@
 //! Size limits checked before allocating host memory for user-sized data.
 //!
-//! A size a user writes (`--hidden 99999999999`, a graph's parameter type, an
-//! IDX header) must never reach an allocation that aborts the process or gets
-//! it killed for memory: sizes are computed with checked arithmetic and
+//! Invariant: a size a user writes (`--hidden 99999999999`, a graph's
+//! parameter type, an IDX header) never reaches an allocation that aborts the
+//! process or gets it killed for memory: sizes are computed with checked arithmetic and
 //! compared with [`host_limit_bytes`] first, and a refusal is
 //! [`FrontendError::TooLarge`] naming what was too large.
 //!

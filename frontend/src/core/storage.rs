@@ -72,7 +72,7 @@ pub(crate) struct Inner {
     /// A name for messages (recompile explanations): parameters get theirs
     /// from the `ParamStore`, data batches from the loader.
     pub name: RefCell<Option<Rc<str>>>,
-    /// Its layout over the mesh (`None`: replicated); see `crate::core::mesh`.
+    /// Its layout over the mesh (`None`: replicated); see `core::mesh`.
     pub sharding: RefCell<Option<Sharding>>,
 }
 

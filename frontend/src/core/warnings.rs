@@ -6,7 +6,7 @@
 //! listens for warnings (a library user who installed none), the first
 //! warning of each kind is also printed on stderr, once per process, with a
 //! note saying how to silence it; later ones of that kind are only counted in
-//! [`crate::core::metrics`].
+//! [`crate::metrics`].
 //!
 //! Invariants:
 //! - At most one stderr line per [`Warning`] kind per process.

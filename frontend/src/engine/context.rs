@@ -2,16 +2,22 @@
 //! lazy engine, each in its own module with its own invariants.
 //!
 //! - [`crate::core::trace`]: the step being recorded (tensors, bindings, graph);
-//! - [`crate::engine::program`]: the program cache (raw-trace hits, canonical programs,
-//!   the disk cache, recompile history) and the miss path;
-//! - [`crate::engine::executor`]: the backend, the client and replica plan, and the
-//!   steps in flight.
+//! - [`crate::engine::program_cache`]: the program cache (raw-trace hits,
+//!   canonical programs, the disk cache, recompile history); its miss path is
+//!   `engine::compile`;
+//! - [`crate::engine::executor`]: the backend, the client and replica plan, and
+//!   the steps in flight.
 //!
-//! `mark_step` (`crate::engine::step`) moves a closed trace through the cache to the
-//! executor.
+//! `mark_step` (`engine::step`) moves a closed trace through the cache to the
+//! executor. The switches a user sets (the memory budget, checks, the mesh) are
+//! not kept here but in `core::settings`.
 //!
-//! Invariant: the context is borrowed only inside [`with`], never across a call
-//! that may record ops, run a step or read a tensor (those borrow it again).
+//! Invariants:
+//! - The context is borrowed only inside [`with`], never across a call that
+//!   may record ops, run a step or read a tensor (those borrow it again).
+//! - On the eager backend every op recorded through the context runs at once;
+//!   an op that fails there fails again, as an error, when it is read.
+//! - A new client or replica plan drops the programs compiled for the old one.
 
 use std::cell::RefCell;
 use std::rc::Rc;

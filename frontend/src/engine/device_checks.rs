@@ -34,10 +34,18 @@
 //! (`metrics::start_timeline`, `kiln profile --trace`), reading the flags in
 //! the `device_checks_read` span.
 //!
-//! Settings: `KILN_DEVICE_CHECKS` (on by default; `0`/`off` turns the range
-//! checks off) and [`set_device_checks`](crate::set_device_checks); `KILN_DETECT_ANOMALY` (off by
-//! default) and [`set_detect_anomaly`](crate::set_detect_anomaly). Each thread reads the variables once,
-//! on first use; a call overrides them for the calling thread.
+//! Settings (`core::settings`): `KILN_DEVICE_CHECKS` (on by default;
+//! `0`/`off` turns the range checks off) and
+//! [`set_device_checks`](crate::set_device_checks); `KILN_DETECT_ANOMALY` (off
+//! by default) and [`set_detect_anomaly`](crate::set_detect_anomaly). Each
+//! thread reads the variables once, on first use; a call overrides them for
+//! the calling thread.
+//!
+//! Layering: the summaries ([`check_index_range`]) and the flag output
+//! ([`seal`]) are recorded with `Tensor`'s ops, which `api::tensor` defines on
+//! the core handle. This module imports nothing of the API layer, but it runs
+//! API code: the one call from the engine up into the API (`lib.rs` says
+//! why it stays).
 
 use std::cell::RefCell;
 use std::rc::Rc;

@@ -3,10 +3,13 @@
 //!
 //! Each pipeline run gets its own numbered folder `dir/pipeline-NNNN/`, whose
 //! files `00-prune.kiln`, `01-lm_head_loss.kiln`, `02-cse.kiln`, ... follow the pass order, so a diff of
-//! two neighbours shows what one pass did. The compiler only calls the
-//! observer; the files are written here (atomically, so a reader never sees
-//! half a graph). The first write error is kept and returned by
-//! [`Dump::finish`], so a run never continues having silently dumped half.
+//! two neighbours shows what one pass did.
+//!
+//! Invariants:
+//! - The compiler only calls the observer (it stays free of I/O); the files
+//!   are written here, atomically, so a reader never sees half a graph.
+//! - The first write error is kept and returned by [`Dump::finish`], so a run
+//!   never continues having silently dumped half.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};

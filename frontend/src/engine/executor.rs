@@ -25,7 +25,7 @@
 //!   spent inside the plugin's execute call (the enqueue; a plugin that runs
 //!   inline spends the run there), `device_wait_time` the time blocked on
 //!   completion events.
-//! - Backend dispatch happens in one place: `step::cut` picks a [`RunInput`]
+//! - Backend dispatch happens in one place: `engine::step`'s `cut` picks a [`RunInput`]
 //!   by [`Backend`], and [`execute`] runs it.
 
 use std::cell::RefCell;
@@ -56,7 +56,7 @@ pub enum Backend {
     /// Run every op the moment it is recorded, on candle-core CPU tensors:
     /// values can be read mid-step without cutting it (step-through
     /// debugging), and it is the eager baseline compilation is measured
-    /// against (`crate::engine::eager`).
+    /// against (`engine::eager`).
     Eager,
 }
 
@@ -65,7 +65,7 @@ pub(crate) struct Executor {
     pub backend: Backend,
     pub client: Option<Client>,
     /// How many replicas every step runs on and how the client is made:
-    /// from the environment on first use, or set by [`crate::engine::replicas`].
+    /// from the environment on first use, or set by `engine::replicas`.
     pub plan: Option<ReplicaPlan>,
     /// Unfinished steps, oldest first.
     in_flight: VecDeque<Rc<StepRun>>,

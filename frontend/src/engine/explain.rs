@@ -8,6 +8,12 @@
 //! program as a constant. Programs that do not resemble any earlier one (the
 //! eval step beside the train step) are new, not recompiles, and get no
 //! explanation.
+//!
+//! Invariants:
+//! - A new program is compared with the newest earlier program it resembles,
+//!   and only with one that resembles it.
+//! - Explaining only reads the graphs: it never changes a program, its key or
+//!   the cache.
 
 use std::fmt::Write as _;
 use std::rc::Rc;

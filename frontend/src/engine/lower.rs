@@ -70,7 +70,7 @@ pub fn lower_with(opts: LowerOpts, f: impl FnOnce() -> Result<Vec<Tensor>>) -> R
 
 /// The pruned step graph whose outputs are `f`'s tensors, recorded apart from
 /// the current step and never run (what `kiln profile --max-batch` sizes).
-/// Where the step checks values on the device ([`crate::engine::device_checks`]), the
+/// Where the step checks values on the device (`engine::device_checks`), the
 /// flag output `mark_step` would add comes last.
 ///
 /// A tensor that `f` reads and then assigns over (an optimizer's update of a

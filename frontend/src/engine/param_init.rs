@@ -14,7 +14,7 @@ thread_local! {
 }
 
 /// Runs `step` (a `mark_step`) as the parameters' init program
-/// ([`crate::api::nn::ParamStore::materialize`]): the budget's remat pass still
+/// ([`crate::nn::ParamStore::materialize`]): the budget's remat pass still
 /// runs on it, and a limit it does not meet is reported as the init's. Under
 /// a percentage of the activation memory it is not reported at all, as no
 /// program that keeps nothing for a backward is

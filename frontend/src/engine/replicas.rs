@@ -64,7 +64,7 @@ pub fn local_replica_indices() -> Result<Vec<usize>> {
 }
 
 /// Keeps this process's shards of every step: `steps[k][g]` is step `k`'s
-/// shard for global replica `g` (as [`crate::api::data::replica_batches`] makes
+/// shard for global replica `g` (as [`crate::data::replica_batches`] makes
 /// them for [`global_replicas`]); the result has one shard per local replica.
 pub fn local_shards<T>(steps: Vec<Vec<T>>) -> Result<Vec<Vec<T>>> {
     let global = global_replicas()?;

@@ -2,8 +2,8 @@
 //!
 //! A layer's `forward` holds a [`LayerScope`] guard while it records; the guard
 //! notes the span of node indices recorded under it, in the trace it was
-//! entered in. [`layer_of`] answers which layer recorded a node (the innermost
-//! enclosing span), [`current`] which layer is recording now. Anomaly mode
+//! entered in. `layer_of` answers which layer recorded a node (the innermost
+//! enclosing span), `current` which layer is recording now. Anomaly mode
 //! (`crate::engine::device_checks`) names the layer of the first non-finite op with it;
 //! device-side range checks name the layer that recorded the checked op.
 //!

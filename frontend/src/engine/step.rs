@@ -1,10 +1,19 @@
 //! Cutting a step: `mark_step` turns the trace into a program, finds or compiles
 //! it, runs it, and makes the pending tensors ready.
 //!
-//! The hit path (same trace as an earlier step) finishes the running hash of the
-//! trace, looks it up and executes; it never prunes, lowers or optimizes. Parameters whose old buffers nothing
-//! else holds are donated to the value assigned over them, so parameters and
-//! optimizer state update in place.
+//! Invariants:
+//! - The hit path (same trace as an earlier step) finishes the running hash of
+//!   the trace, looks it up and executes; it never prunes, lowers or optimizes.
+//! - Parameters whose old buffers nothing else holds are donated to the value
+//!   assigned over them (where donation is on), so parameters and optimizer
+//!   state update in place.
+//! - Failures of earlier asynchronous steps that are already known are
+//!   reported first, before anything of this step runs.
+//! - The backend is dispatched on in one place (`cut`), which picks what the
+//!   executor runs.
+//! - A step's outputs reach their tensors even when a failure is reported with
+//!   them: the step was enqueued and its receivers must not stay pending.
+//! - A trace with no live pending tensor runs nothing.
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -48,7 +57,7 @@ struct Closed {
     /// Key of the trace as recorded (see [`Trace::raw_key`]), with the
     /// layouts under a mesh.
     key: u64,
-    /// Under a mesh, each output's layout (`crate::core::mesh`).
+    /// Under a mesh, each output's layout (`engine::partition`).
     out_shardings: Option<Vec<crate::core::mesh::Sharding>>,
 }
 

@@ -13,6 +13,15 @@
 //! the distinct forward values read: the activations a rematerialization pass
 //! may choose to recompute instead of keeping. The tensor-level `grad` keeps
 //! them on the step's trace (`Trace::backward_reads`) until the step is cut.
+//!
+//! Invariants:
+//! - A backward op is emitted only for a node on a path from a `wrt` value to
+//!   the loss, and nodes are visited in reverse insertion order: the same
+//!   graph gets the same backward.
+//! - Every read of a forward value by a backward node is in `GradInfo::reads`.
+//! - An op with no derivative for an operand that wants one is
+//!   `NotDifferentiable`, naming the op and the operand, never a zero
+//!   gradient.
 
 mod builder;
 mod rules;

@@ -3,6 +3,10 @@
 //! `backward` gets the cotangents of a node's outputs and returns the
 //! contributions to the cotangents of the operands that want one (float
 //! operands on a path from `wrt` to the loss), as `(operand position, value)`.
+//!
+//! Invariant: `backward` and `differentiable` match every op with no default
+//! arm, so a new op fails to compile here until it has a rule (or is declared
+//! not differentiable).
 
 use kiln_compiler::ir::{BinaryOp, CompareDir, DType, DotDims, NodeId, Op, ReduceOp, Shape, UnaryOp, ValueId};
 

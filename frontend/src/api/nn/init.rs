@@ -7,6 +7,10 @@
 //! (SplitMix64), so the first training step has the same program as every later
 //! one (host data and device data are both plain parameters): no extra compile
 //! for initialisation, and the same seed gives the same weights everywhere.
+//!
+//! Invariant: draw `k` of a seed's stream depends only on the seed and `k`
+//! (the generator is counter-based), which is what lets `device_init` compute
+//! the same values, and the same seed give the same weights everywhere.
 
 /// SplitMix64: tiny, fast, and good enough for initial weights.
 #[derive(Clone, Debug)]

@@ -20,7 +20,7 @@ use crate::core::mesh::{Mesh, PolicyKind, Sharding, DATA, MODEL};
 use crate::core::settings;
 use crate::engine::partition::mesh;
 
-/// How a [`ParamStore`]'s parameters (and, through [`Tensor::sharding`] being
+/// How a [`ParamStore`]'s parameters (and, through [`Tensor::sharding`](crate::Tensor::sharding) being
 /// copied to the state made from them, their optimizer state) are sharded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ShardPolicy {

@@ -76,6 +76,11 @@ impl Tensor {
             crate::core::warnings::show_once(crate::core::warnings::Warning::ForcedSync, || {
                 format!("reading a pending {} forces the step to run now (read values after mark_step)", self.ty())
             });
+            // The lazy read forcing the step: a pending value exists only once
+            // its step has run, so the read runs that whole step now, with
+            // every other pending tensor of it. It is the one read with a
+            // step's effects; living with the ops in the API layer, it calls
+            // down into the engine.
             step::mark_step()?;
         }
         metrics::update(|m| m.reads += 1);

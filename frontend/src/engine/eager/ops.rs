@@ -1,8 +1,9 @@
 //! One op of the eager backend: on candle where candle computes it with
 //! kiln's semantics, else on the reference interpreter's per-op evaluation.
 //!
-//! Every op is matched exhaustively; each arm says which engine runs it.
-//! candle ops see operands of exactly the types shape inference gave them
+//! Invariants:
+//! - Every op is matched exhaustively; each arm says which engine runs it.
+//! - candle ops see operands of exactly the types shape inference gave them
 //! (kiln records broadcasts explicitly), so no implicit broadcasting happens
 //! here except for scalar bounds and predicates, which XLA allows too.
 
