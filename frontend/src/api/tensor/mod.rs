@@ -49,10 +49,10 @@ use kiln_compiler::ir::{DType, Shape};
 
 use crate::core::error::{FrontendError, Result};
 use crate::core::tensor::Tensor;
-pub(crate) use record::record;
+use record::record;
 
 /// Normalises a possibly negative axis.
-pub(super) fn axis(op: &'static str, a: isize, rank: usize) -> Result<usize> {
+fn axis(op: &'static str, a: isize, rank: usize) -> Result<usize> {
     let r = rank as isize;
     let i = if a < 0 { a + r } else { a };
     if (0..r).contains(&i) {
@@ -69,7 +69,7 @@ pub(crate) fn floating(op: &'static str, t: &Tensor) -> Result<()> {
 }
 
 /// [`floating`] for a dtype asked for (a random draw's).
-pub(super) fn floating_dtype(op: &'static str, dtype: DType) -> Result<()> {
+fn floating_dtype(op: &'static str, dtype: DType) -> Result<()> {
     if dtype.is_float() {
         Ok(())
     } else {

@@ -4,8 +4,8 @@
 //! Invariants:
 //! - Every op is matched exhaustively; each arm says which engine runs it.
 //! - candle ops see operands of exactly the types shape inference gave them
-//! (kiln records broadcasts explicitly), so no implicit broadcasting happens
-//! here except for scalar bounds and predicates, which XLA allows too.
+//!   (kiln records broadcasts explicitly), so no implicit broadcasting happens
+//!   here except for scalar bounds and predicates, which XLA allows too.
 
 use candle_core::Tensor as Ct;
 use kiln_compiler::ir::{
