@@ -1,0 +1,189 @@
+//! Writing a file so that readers see the old file or the whole new one, never
+//! a part: write a temp file beside it, sync, rename over it. The one atomic
+//! writer of the frontend (checkpoints, saved graphs, dumps).
+//!
+//! Invariants:
+//! - A reader sees the old file or the whole new one. On failure the temp file
+//!   is removed and the old file is untouched.
+//! - What is at the path decides what is written:
+//!   - nothing, or a regular file: replaced atomically;
+//!   - a symbolic link (a chain of them): the write goes to the file the link
+//!     finally names, atomically there, and the link stays a link;
+//!   - anything else (a directory, a device such as `/dev/null`, a FIFO, a
+//!     socket): refused with [`FrontendError::NotAFile`] naming the path, so a
+//!     write never turns a device node or a directory entry into a regular
+//!     file.
+//! - Temp files are `.<name>.tmp.<pid>.<seq>`; a writer killed mid-write
+//!   leaves one behind, so every write first removes those of `<name>` whose
+//!   process is gone (by `/proc/<pid>`, or by age where there is no `/proc`).
+
+use std::fs;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use crate::core::error::{FrontendError, Result};
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Links followed before a chain counts as a loop (Linux's own limit).
+const MAX_LINKS: usize = 40;
+/// Without `/proc`, a temp file this old is a dead writer's.
+const STALE_TEMP: Duration = Duration::from_secs(3600);
+
+/// Replaces `path` with `bytes` atomically. Errors name `path`.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let target = checked_target(path)?;
+    let io = |source| FrontendError::Io { path: target.clone(), source };
+    let dir = target.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = target
+        .file_name()
+        .ok_or_else(|| io(std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path names no file")))?
+        .to_string_lossy()
+        .into_owned();
+    remove_stale_temps(dir, &name);
+    // Unique per process and call, so threads writing one path never share a temp file.
+    let tmp = dir.join(format!(".{name}.tmp.{}.{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
+    let result = (|| {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, &target)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result.map_err(io)
+}
+
+/// Checks that `path` can be written without destroying anything: returns
+/// the path to replace (the final target of a symlink chain), or
+/// [`FrontendError::NotAFile`] for a directory, device, FIFO or socket and
+/// for a link loop. A missing parent directory is an I/O error naming it.
+pub fn checked_target(path: &Path) -> Result<PathBuf> {
+    let not_a_file = |p: &Path, reason: String| FrontendError::NotAFile { path: p.to_path_buf(), reason };
+    let mut target = path.to_path_buf();
+    for _ in 0..=MAX_LINKS {
+        let meta = match fs::symlink_metadata(&target) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let dir = target.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+                return match fs::metadata(dir) {
+                    Ok(m) if m.is_dir() => Ok(target),
+                    Ok(_) => Err(not_a_file(dir, "is not a directory, so no file can be written in it".into())),
+                    Err(source) => Err(FrontendError::Io { path: dir.to_path_buf(), source }),
+                };
+            }
+            Err(source) => return Err(FrontendError::Io { path: target, source }),
+        };
+        let kind = meta.file_type();
+        if kind.is_symlink() {
+            let link = fs::read_link(&target).map_err(|source| FrontendError::Io { path: target.clone(), source })?;
+            target = match target.parent() {
+                Some(dir) if link.is_relative() => dir.join(link),
+                _ => link,
+            };
+            continue;
+        }
+        if kind.is_file() {
+            return Ok(target);
+        }
+        let what = if kind.is_dir() { "a directory" } else { "not a regular file (a device, FIFO or socket)" };
+        let shown = if target == path { String::new() } else { format!(" (the link {} points there)", path.display()) };
+        return Err(not_a_file(&target, format!("is {what}; kiln only replaces regular files{shown}")));
+    }
+    Err(not_a_file(path, format!("more than {MAX_LINKS} symbolic links deep (a loop?)")))
+}
+
+/// Removes `dir/.<name>.tmp.<pid>.<seq>` files whose writer is gone. Best
+/// effort: a file another process removes first, or one that cannot be
+/// removed, is left to the next writer.
+fn remove_stale_temps(dir: &Path, name: &str) {
+    let prefix = format!(".{name}.tmp.");
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    let have_proc = Path::new("/proc/self").exists();
+    for e in entries.flatten() {
+        let file_name = e.file_name();
+        let Some(rest) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else { continue };
+        let Some(pid) = rest.split('.').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if pid == std::process::id() {
+            continue;
+        }
+        let dead = if have_proc {
+            !Path::new(&format!("/proc/{pid}")).exists()
+        } else {
+            e.metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|m| SystemTime::now().duration_since(m).ok())
+                .is_some_and(|age| age > STALE_TEMP)
+        };
+        if dead && e.file_type().is_ok_and(|t| t.is_file()) {
+            let _ = fs::remove_file(e.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_through_symlinks_and_refuses_what_is_not_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real.bin");
+        fs::write(&real, b"old").unwrap();
+        let link = dir.path().join("link.bin");
+        std::os::unix::fs::symlink("real.bin", &link).unwrap();
+        write_atomically(&link, b"new").unwrap();
+        assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link stays a link");
+        assert_eq!(fs::read(&real).unwrap(), b"new");
+
+        // A dangling link creates its target.
+        let dangling = dir.path().join("dangling");
+        std::os::unix::fs::symlink("made.bin", &dangling).unwrap();
+        write_atomically(&dangling, b"x").unwrap();
+        assert_eq!(fs::read(dir.path().join("made.bin")).unwrap(), b"x");
+
+        let sub = dir.path().join("sub");
+        fs::create_dir(&sub).unwrap();
+        let err = write_atomically(&sub, b"x").unwrap_err();
+        assert!(matches!(&err, FrontendError::NotAFile { path, .. } if path == &sub), "{err}");
+        assert!(sub.is_dir());
+
+        // A FIFO of its own (never /dev/null: a regression would replace it).
+        let fifo = dir.path().join("fifo");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let err = write_atomically(&fifo, b"x").unwrap_err();
+        assert!(matches!(&err, FrontendError::NotAFile { .. }), "{err}");
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        use std::os::unix::fs::FileTypeExt as _;
+        assert!(fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+
+        let looped = dir.path().join("loop");
+        std::os::unix::fs::symlink("loop", &looped).unwrap();
+        assert!(matches!(write_atomically(&looped, b"x"), Err(FrontendError::NotAFile { .. })));
+
+        let err = write_atomically(&dir.path().join("missing/x.bin"), b"x").unwrap_err();
+        assert!(err.to_string().contains("missing"), "{err}");
+    }
+
+    #[test]
+    fn temp_files_of_dead_writers_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("ck.safetensors");
+        // No process has pid u32::MAX - 1 (Linux pids stay below 2^22).
+        let stale = dir.path().join(format!(".ck.safetensors.tmp.{}.0", u32::MAX - 1));
+        let mine = dir.path().join(format!(".ck.safetensors.tmp.{}.999999", std::process::id()));
+        let other = dir.path().join(format!(".other.tmp.{}.0", u32::MAX - 1));
+        for p in [&stale, &mine, &other] {
+            fs::write(p, b"partial").unwrap();
+        }
+        write_atomically(&target, b"whole").unwrap();
+        assert!(!stale.exists(), "a dead writer's temp file is removed");
+        assert!(mine.exists(), "a live writer's temp file is kept");
+        assert!(other.exists(), "another file's temp files are not touched");
+        assert_eq!(fs::read(&target).unwrap(), b"whole");
+    }
+}
