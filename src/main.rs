@@ -460,7 +460,7 @@ fn remat_record_json(record: Option<&kiln::metrics::RematRecord>) -> serde_json:
         "mesh": record.mesh,
         "met": r.met,
         "values_recomputed": r.values_recomputed(),
-        "extra_flops": r.extra_flops(),
+        "extra_flops": r.recomputed_flops(),
         "values_offloaded": r.offloaded.len(),
         "predicted_peak_bytes_before": r.before.peak_bytes,
         "predicted_peak_bytes_after": r.after.peak_bytes,

@@ -88,8 +88,8 @@ fn main() -> Res<()> {
             "met": p.met,
             "budget_bytes": p.budget_bytes,
             "values_recomputed": p.values_recomputed(),
-            "extra_flops": p.extra_flops(),
-            "model_extra_ms": p.extra_ns as f64 / 1e6,
+            "extra_flops": p.recomputed_flops(),
+            "model_extra_ms": p.extra_ns() as f64 / 1e6,
             "model_peak_bytes": [p.before.peak_bytes, p.after.peak_bytes],
             "model_temp_bytes": [p.before.allocated_temp_bytes, p.after.allocated_temp_bytes],
         })
@@ -148,14 +148,14 @@ fn plan_only(cfg: LlamaConfig, pcts: &[String]) -> Res<()> {
         let mut by_op = std::collections::BTreeMap::<&str, (usize, u64, u64)>::new();
         for v in &r.recomputed {
             let e = by_op.entry(v.op).or_default();
-            e.0 += v.values;
+            e.0 += 1 + v.also.len();
             e.1 += v.bytes;
             e.2 += v.flops;
         }
         println!(
             "PLAN {}",
-            json!({"budget_pct": pct, "met": r.met, "values": r.values_recomputed(), "extra_flops": r.extra_flops(),
-                   "model_extra_ms": r.extra_ns as f64 / 1e6,
+            json!({"budget_pct": pct, "met": r.met, "values": r.values_recomputed(), "extra_flops": r.recomputed_flops(),
+                   "model_extra_ms": r.extra_ns() as f64 / 1e6,
                    "model_temp_bytes": [r.before.allocated_temp_bytes, r.after.allocated_temp_bytes],
                    "by_op": by_op})
         );

@@ -23,11 +23,12 @@ use crate::ir::Graph;
 use crate::passes::{
     eliminate_common_subexpressions, eliminate_dead_code, eliminate_dead_code_keep_params, fuse_lm_head_loss, Pruned,
 };
+use crate::remat::StrategyKind;
 use crate::rewrite::{self, RewriteOptions};
 use crate::CompileError;
 
 /// What one pass did: what every pass reports, and its own report.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PassStats {
     pub name: &'static str,
     pub nodes_in: usize,
@@ -43,7 +44,7 @@ pub struct PassStats {
 
 /// A pass's own report: each kind of pass says its own things, so no pass
 /// carries another's fields.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub enum PassReport {
     /// Nothing beyond [`PassStats`]' common figures.
     #[default]
@@ -91,9 +92,13 @@ impl PassStats {
     }
 }
 
-/// What the remat pass planned, in the peak model's bytes.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What the remat pass planned, in the peak model's bytes: the strategy's
+/// [`crate::remat::RematPlan`] without its graph (the pass's output is the
+/// graph).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct RematSummary {
+    /// The strategy's name ([`crate::remat::StrategyKind::name`]).
+    pub strategy: &'static str,
     /// The budget the plan was made for (resolved from a fraction when the
     /// budget was one).
     pub budget_bytes: u64,
@@ -101,14 +106,18 @@ pub struct RematSummary {
     /// The model's figures of the graph before and after the plan.
     pub before: crate::analysis::PeakMemory,
     pub after: crate::analysis::PeakMemory,
-    /// Each recomputed value: its producer's op, bytes, nodes cloned, FLOPs.
-    pub recomputed: Vec<RecomputedValue>,
+    /// Each recomputation: its value (in the graph the choice was made on),
+    /// producer's op, bytes, nodes cloned, FLOPs.
+    pub recomputed: Vec<crate::remat::RematChoice>,
+    /// FLOPs the plan adds to the step: the planned graph's minus the
+    /// unplanned one's.
+    pub extra_flops: u64,
     /// Step time the plan adds by the strategy's time model
-    /// ([`crate::remat::RematPlan::extra_seconds`]), in nanoseconds.
-    pub extra_ns: u64,
-    /// Each value kept in pinned host memory (`cloned_nodes` and `flops`
+    /// ([`crate::remat::RematPlan::extra_seconds`]).
+    pub extra_seconds: f64,
+    /// Each value kept in pinned host memory (`recomputed_nodes` and `flops`
     /// zero).
-    pub offloaded: Vec<RecomputedValue>,
+    pub offloaded: Vec<crate::remat::RematChoice>,
     /// Whether the unplanned program keeps values for later readers that
     /// remat could recompute ([`crate::remat::keeps_values_for_later`]):
     /// false for a program without a backward.
@@ -119,29 +128,24 @@ impl RematSummary {
     /// Values the plan frees by recomputing them (a chain of clones may free
     /// several).
     pub fn values_recomputed(&self) -> usize {
-        self.recomputed.iter().map(|v| v.values).sum()
+        self.recomputed.iter().map(|c| 1 + c.also.len()).sum()
     }
 
-    /// FLOPs the plan's recomputations add to the step.
-    pub fn extra_flops(&self) -> u64 {
-        self.recomputed.iter().map(|v| v.flops).sum()
+    /// FLOPs of the recomputations' clones, summed per choice (the field
+    /// [`RematSummary::extra_flops`] is the whole graph's difference, which
+    /// counts clones that later merged once).
+    pub fn recomputed_flops(&self) -> u64 {
+        self.recomputed.iter().map(|c| c.flops).sum()
     }
-}
 
-/// One recomputation of the remat pass (one value, or several that one chain
-/// of clones frees: [`crate::remat::RematChoice::also`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RecomputedValue {
-    pub op: &'static str,
-    /// Values it frees (1 for a single value).
-    pub values: usize,
-    pub bytes: u64,
-    pub cloned_nodes: usize,
-    pub flops: u64,
+    /// The added step time in nanoseconds, rounded.
+    pub fn extra_ns(&self) -> u64 {
+        (self.extra_seconds * 1e9).round() as u64
+    }
 }
 
 /// What the pipeline did, for metrics and the CLI.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PipelineStats {
     /// Nodes of the graph given to [`run`].
     pub nodes_in: usize,
@@ -190,14 +194,11 @@ pub struct PassOptions {
     /// The backend the graph is compiled for: the remat pass judges memory
     /// by its fusion model ([`crate::analysis::fusion_for`]).
     pub target: crate::LowerTarget,
-    /// The remat pass offloads saved activations to pinned host memory
-    /// before it recomputes ([`crate::remat::HostOffload`]; CUDA only).
-    pub host_offload: bool,
-    /// The remat pass moves what its recomputation plan still holds across
-    /// the peak to pinned host memory over copies of kiln's own
-    /// ([`crate::remat::HostCopies`]), over a link of this many bytes per
-    /// second each way; before `host_offload`.
-    pub host_copies: Option<f64>,
+    /// How the remat pass chooses ([`StrategyKind`]: greedy by default).
+    pub remat_strategy: StrategyKind,
+    /// The link rate, bytes per second each way, that
+    /// [`StrategyKind::HostCopy`] plans its copies for.
+    pub host_link_bytes_per_second: f64,
     /// Parameters that XLA's SPMD partitioner will gather where they are
     /// computed with (FSDP's weights): the remat pass reads them and what is
     /// computed from them alone where they are
@@ -273,8 +274,8 @@ impl Default for PipelineOptions {
                 memory_limit_bytes: None,
                 activation_fraction: None,
                 target: crate::LowerTarget::Cpu,
-                host_offload: false,
-                host_copies: None,
+                remat_strategy: StrategyKind::Greedy,
+                host_link_bytes_per_second: crate::target::HOST_COPY_LINK_BYTES_PER_SECOND,
                 gathered_params: Vec::new(),
             },
         }
@@ -315,25 +316,35 @@ impl PipelineOptions {
         self
     }
 
-    /// Whether the remat pass may offload to host memory
-    /// ([`PassOptions::host_offload`]).
-    pub fn with_host_offload(mut self, on: bool) -> PipelineOptions {
-        self.pass_options.host_offload = on;
+    /// The strategy the remat pass plans with ([`PassOptions::remat_strategy`]).
+    pub fn with_remat_strategy(mut self, strategy: StrategyKind) -> PipelineOptions {
+        self.pass_options.remat_strategy = strategy;
         self
     }
 
-    /// Whether the remat pass moves values to the host over kiln's own copies
-    /// ([`PassOptions::host_copies`]).
-    pub fn with_host_copies(mut self, on: bool) -> PipelineOptions {
-        self.pass_options.host_copies = on.then_some(crate::target::HOST_COPY_LINK_BYTES_PER_SECOND);
-        self
-    }
-
-    /// The link rate kiln's host copies are planned for, when they are on.
-    pub fn with_host_link_rate(mut self, bytes_per_second: f64) -> PipelineOptions {
-        if let Some(rate) = self.pass_options.host_copies.as_mut() {
-            *rate = bytes_per_second;
+    /// Host offload as the remat strategy when `on` (the training loops'
+    /// switch; off leaves the strategy as it is).
+    pub fn with_host_offload(self, on: bool) -> PipelineOptions {
+        if on {
+            self.with_remat_strategy(StrategyKind::HostOffload)
+        } else {
+            self
         }
+    }
+
+    /// Host copies as the remat strategy when `on`; it takes precedence over
+    /// host offload when both switches are on, as it always has.
+    pub fn with_host_copies(self, on: bool) -> PipelineOptions {
+        if on {
+            self.with_remat_strategy(StrategyKind::HostCopy)
+        } else {
+            self
+        }
+    }
+
+    /// The link rate kiln's host copies are planned for.
+    pub fn with_host_link_rate(mut self, bytes_per_second: f64) -> PipelineOptions {
+        self.pass_options.host_link_bytes_per_second = bytes_per_second;
         self
     }
 
@@ -485,44 +496,23 @@ fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, Com
         gathered_params: o.gathered_params.clone(),
         ..crate::remat::RematOptions::for_target(budget, o.target)
     };
-    let offload = crate::remat::HostOffload { target: o.target };
-    let copies = o
-        .host_copies
-        .map(|link_bytes_per_second| crate::remat::HostCopies { link_bytes_per_second, ..Default::default() });
-    let strategy: &dyn crate::remat::RematStrategy = if let Some(c) = &copies {
-        c
-    } else if o.host_offload {
-        &offload
-    } else {
-        &crate::remat::Greedy
-    };
-    let plan = crate::remat::rematerialize(g, strategy, &ro)?;
+    let plan = o.remat_strategy.plan(g, &ro, o.target, o.host_link_bytes_per_second)?;
     s.changed = plan.choices.len();
     s.extra_flops = plan.extra_flops;
-    // Offloaded choices carry zero clones and FLOPs, so one mapping serves both.
-    let values = |cs: &[crate::remat::RematChoice]| {
-        cs.iter()
-            .map(|c| RecomputedValue {
-                op: c.op,
-                values: 1 + c.also.len(),
-                bytes: c.bytes,
-                cloned_nodes: c.recomputed_nodes,
-                flops: c.flops,
-            })
-            .collect()
-    };
     // A plan that chose something had candidates; only an empty plan asks.
     let keeps_values =
         !plan.choices.is_empty() || !plan.offloaded.is_empty() || crate::remat::keeps_values_for_later(g, &ro);
     s.report = PassReport::Remat(Box::new(RematSummary {
+        strategy: plan.strategy,
         keeps_values,
         budget_bytes: plan.budget_bytes,
         met: plan.met,
         before: plan.before,
         after: plan.after,
-        recomputed: values(&plan.choices),
-        extra_ns: (plan.extra_seconds * 1e9).round() as u64,
-        offloaded: values(&plan.offloaded),
+        recomputed: plan.choices,
+        extra_flops: plan.extra_flops,
+        extra_seconds: plan.extra_seconds,
+        offloaded: plan.offloaded,
     }));
     Ok(plan.graph)
 }

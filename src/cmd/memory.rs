@@ -9,11 +9,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use kiln::compiler::analysis::{fusion_for, liveness, Materialization, PeakMemory};
 use kiln::compiler::ir::Graph;
-use kiln::compiler::remat::{
-    rematerialize, Exact, Greedy, HostCopies, HostOffload, Off, RematBudget, RematOptions, RematPlan, RematStrategy,
-    HOST_COPY_TRIP_SECONDS,
-};
-use kiln::compiler::schedule::sequence_for;
+use kiln::compiler::pipeline::{PipelineOptions, RematSummary};
+use kiln::compiler::remat::{HostOffload, RematBudget, RematOptions, RematPlan, StrategyKind, HOST_COPY_TRIP_SECONDS};
 use kiln::compiler::{lower, LowerOptions};
 use kiln::runtime::{Client, CompileOptions, CompiledMemoryStats};
 use serde_json::{json, Value};
@@ -28,33 +25,35 @@ pub struct MemoryArgs {
     #[arg(long, value_name = "SIZE")]
     pub memory_limit: Option<String>,
     /// How to choose what to recompute.
-    #[arg(long, value_enum, default_value_t = Strategy::Greedy, requires = "memory_limit")]
+    #[arg(long, value_enum, default_value_t = Strategy(StrategyKind::Greedy), requires = "memory_limit")]
     pub remat_strategy: Strategy,
     /// Draw live bytes over the step, with and without the plan, as SVG.
     #[arg(long, value_name = "FILE", requires = "memory_limit")]
     pub memory_plot: Option<PathBuf>,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Strategy {
-    /// No recomputation: the unplanned step's figures.
-    Off,
-    /// By the cost model, one recomputation at a time (the default; what
-    /// the training loops run).
-    #[default]
-    Greedy,
-    /// An integer program over the unplanned step's candidates, for small
-    /// graphs: its solver and rounds can take a minute, and greedy's plan is
-    /// printed beside it.
-    Exact,
-    /// Saved activations in pinned host memory between forward and backward,
-    /// then greedy recomputation for the rest (CUDA plugin only: on the CPU
-    /// plugin a typed error naming its refusal).
-    HostOffload,
-    /// Greedy recomputation, and what its plan still holds across the peak
-    /// moved to pinned host memory over kiln's own copies while the kernels
-    /// run (both plugins).
-    HostCopy,
+/// `--remat-strategy`: the compiler's [`StrategyKind`], spelled and
+/// explained by the compiler, so the CLI and the pipeline share one list.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Strategy(pub StrategyKind);
+
+impl clap::ValueEnum for Strategy {
+    fn value_variants<'a>() -> &'a [Self] {
+        const ALL: [Strategy; StrategyKind::ALL.len()] = {
+            let mut all = [Strategy(StrategyKind::Off); StrategyKind::ALL.len()];
+            let mut i = 0;
+            while i < all.len() {
+                all[i] = Strategy(StrategyKind::ALL[i]);
+                i += 1;
+            }
+            all
+        };
+        &ALL
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.0.name()).help(self.0.about()))
+    }
 }
 
 /// A byte size given to `flag`, in [`kiln::runtime::env::parse_size`]'s
@@ -112,7 +111,7 @@ pub fn check_args(args: &MemoryArgs, plugin_from_env: bool) -> anyhow::Result<()
     if let Some(limit) = &args.memory_limit {
         parse_budget(limit)?;
     }
-    if args.remat_strategy == Strategy::HostOffload
+    if args.remat_strategy.0 == StrategyKind::HostOffload
         && plugin_from_env
         && kiln::runtime::PjrtDevice::from_env()? == kiln::runtime::PjrtDevice::Cpu
     {
@@ -128,7 +127,8 @@ pub fn check_args(args: &MemoryArgs, plugin_from_env: bool) -> anyhow::Result<()
 pub struct PlanReport {
     /// What `--memory-limit` asked for; `plan.budget_bytes` is what it came to.
     pub budget: RematBudget,
-    pub plan: RematPlan,
+    /// The pipeline's `remat` pass report.
+    pub plan: RematSummary,
     pub xla_before: Option<CompiledMemoryStats>,
     pub xla_after: Result<CompiledMemoryStats, String>,
     /// Under `--remat-strategy exact`, greedy's plan at the same budget, for
@@ -149,26 +149,36 @@ pub fn plan_and_compile(
     let Some(limit) = &args.memory_limit else { return Ok(None) };
     let budget = parse_budget(limit)?;
     let target = kiln::compiler::LowerTarget::from_platform(client.platform_name());
-    let opts = RematOptions::for_target(budget, target);
-    let fusion = opts.fusion;
-    let offload = HostOffload { target };
-    let copies;
-    let strategy: &dyn RematStrategy = match args.remat_strategy {
-        Strategy::Off => &Off,
-        Strategy::Greedy => &Greedy,
-        Strategy::Exact => &Exact,
-        Strategy::HostOffload => &offload,
-        Strategy::HostCopy => {
-            copies = HostCopies { link_bytes_per_second: kiln::host_link_rate()?, ..HostCopies::default() };
-            &copies
-        }
+    let strategy = args.remat_strategy.0;
+    let link = if strategy == StrategyKind::HostCopy {
+        kiln::host_link_rate()?
+    } else {
+        kiln::compiler::target::HOST_COPY_LINK_BYTES_PER_SECOND
     };
-    // As the pipeline does under a budget: the backward held to the
-    // program's order where the target reorders it, then the strategy.
-    let (sequenced, _) = sequence_for(optimized, target, &[]).context("ordering the backward")?;
-    let plan = rematerialize(&sequenced, strategy, &opts).context("planning rematerialization")?;
+    // The pipeline's last two passes, as the training loops run them under a
+    // budget: the backward held to the program's order where the target
+    // reorders it, then the strategy. The optimized graph keeps its
+    // parameters (it was pruned already).
+    let (bytes, fraction) = budget_settings(Some(budget));
+    let pipeline = PipelineOptions { passes: Vec::new(), prune_params: false, ..PipelineOptions::default() }
+        .with_target(target)
+        .with_memory_limit(bytes)
+        .with_activation_budget(fraction)
+        .with_remat_strategy(strategy)
+        .with_host_link_rate(link);
+    let mut sequenced = None;
+    let out = kiln::compiler::pipeline::run(optimized, &pipeline, &mut |stage, g| {
+        if stage == "sequence" {
+            sequenced = Some(g.clone());
+        }
+    })
+    .context("planning rematerialization")?;
+    let (Some(sequenced), Some(plan)) = (sequenced, out.stats.passes.iter().find_map(|p| p.remat()).cloned()) else {
+        anyhow::bail!("the pipeline ran without its sequence and remat passes");
+    };
+    let planned = out.graph;
     let module = lower(
-        &plan.graph,
+        &planned,
         &LowerOptions { num_replicas: replicas, target, shardings: None, loop_kernels: kiln::loop_kernels()? },
     )
     .context("lowering the planned graph")?;
@@ -178,7 +188,7 @@ pub fn plan_and_compile(
             &CompileOptions {
                 num_replicas: replicas,
                 // As the training loops compile a planned step with replicas.
-                keep_order: target.keeps_plan_order(!plan.choices.is_empty(), replicas > 1),
+                keep_order: target.keeps_plan_order(!plan.recomputed.is_empty(), replicas > 1),
                 ..CompileOptions::default()
             },
         )
@@ -186,10 +196,15 @@ pub fn plan_and_compile(
         .compiled_memory_stats()
         .map_err(|e| e.to_string());
     if let Some(path) = &args.memory_plot {
-        plot(path, &sequenced, &plan.graph, fusion)?;
+        plot(path, &sequenced, &planned, fusion_for(target))?;
     }
-    let greedy = match args.remat_strategy {
-        Strategy::Exact => Some(rematerialize(&sequenced, &Greedy, &opts).context("planning greedy for comparison")?),
+    // An analysis beside the plan, not a pass: what greedy would have done.
+    let greedy = match strategy {
+        StrategyKind::Exact => Some(
+            StrategyKind::Greedy
+                .plan(&sequenced, &RematOptions::for_target(budget, target), target, link)
+                .context("planning greedy for comparison")?,
+        ),
         _ => None,
     };
     Ok(Some(PlanReport { budget, plan, xla_before, xla_after, greedy }))
@@ -215,7 +230,7 @@ impl PlanReport {
                 RematBudget::Bytes(_) => None,
             },
             "met": p.met,
-            "recomputed": p.choices.iter().map(|c| json!({
+            "recomputed": p.recomputed.iter().map(|c| json!({
                 "value": c.value.to_string(), "op": c.op, "bytes": c.bytes,
                 "also": c.also.iter().map(|v| v.to_string()).collect::<Vec<_>>(),
                 "recomputed_nodes": c.recomputed_nodes, "flops": c.flops,
@@ -261,7 +276,7 @@ impl PlanReport {
                 format!("not met (the lowest peak found, {:.1} KiB over it)", over as f64 / 1024.0)
             },
             p.values_recomputed(),
-            p.choices.len(),
+            p.recomputed.len(),
             mib(p.before.peak_bytes),
             mib(p.after.peak_bytes),
             mib(p.before.peak_bytes.saturating_sub(p.after.peak_bytes)),
@@ -292,8 +307,8 @@ impl PlanReport {
         if let Some(g) = &self.greedy {
             // Met first, then the lower peak where neither meets it, then
             // the fewer FLOPs.
-            let key = |r: &RematPlan| (!r.met, if r.met { 0 } else { r.after.peak_bytes }, r.extra_flops);
-            let better = key(g) < key(p);
+            let key = |met: bool, peak: u64, flops: u64| (!met, if met { 0 } else { peak }, flops);
+            let better = key(g.met, g.after.peak_bytes, g.extra_flops) < key(p.met, p.after.peak_bytes, p.extra_flops);
             lines.push(format!(
                 "  greedy at the same budget: {}, peak {} predicted, {} value(s) recomputed, {} extra FLOPs{}",
                 if g.met { "met" } else { "not met" },
@@ -303,7 +318,7 @@ impl PlanReport {
                 if better { " (better than exact here: --remat-strategy greedy)" } else { "" }
             ));
         }
-        for c in p.choices.iter().take(20) {
+        for c in p.recomputed.iter().take(20) {
             let also = match c.also.len() {
                 0 => String::new(),
                 n => format!(" and {n} more value(s) with it"),
@@ -317,8 +332,8 @@ impl PlanReport {
                 c.flops
             ));
         }
-        if p.choices.len() > 20 {
-            lines.push(format!("  ... and {} more", p.choices.len() - 20));
+        if p.recomputed.len() > 20 {
+            lines.push(format!("  ... and {} more", p.recomputed.len() - 20));
         }
         if !p.offloaded.is_empty() {
             let bytes: u64 = p.offloaded.iter().map(|c| c.bytes).sum();

@@ -58,7 +58,7 @@ fn a_model_remat_was_not_tuned_on_trains_the_same_in_less_memory() -> kiln::Resu
             budget * 100.0,
             r.met,
             r.values_recomputed(),
-            r.extra_flops(),
+            r.recomputed_flops(),
             r.before.allocated_temp_bytes,
             r.after.allocated_temp_bytes
         );

@@ -75,4 +75,4 @@ pub use plan::{
     activation_budget_bytes, rematerialize, LeafGuards, RecomputeCost, RematBudget, RematChoice, RematOptions,
     RematPlan, RematStrategy, KERNEL_TRIES,
 };
-pub use strategy::{copies, Exact, Greedy, HostCopies, HostOffload, Off, HOST_COPY_TRIP_SECONDS};
+pub use strategy::{copies, Exact, Greedy, HostCopies, HostOffload, Off, StrategyKind, HOST_COPY_TRIP_SECONDS};

@@ -25,7 +25,7 @@ impl RematRecord {
     /// and the peaks by kiln's model (the training loops' `remat:` line).
     pub fn line(&self) -> String {
         let r = &self.plan;
-        let flops = r.extra_flops() as f64;
+        let flops = r.recomputed_flops() as f64;
         let share = self
             .activation_fraction
             .map(|f| format!(" (arguments and outputs, and {:.0}% of the activation memory)", f * 100.0))
