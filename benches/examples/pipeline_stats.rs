@@ -50,14 +50,13 @@ fn main() {
         );
         for p in &out.stats.passes {
             println!(
-                "    {:<8} {:>6} -> {:>6} nodes {:>8.1} ms changed {} stop {:?} groups {:?}",
+                "    {:<13} {:>6} -> {:>6} nodes {:>8.1} ms changed {} stop {:?}",
                 p.name,
                 p.nodes_in,
                 p.nodes_out,
                 p.time.as_secs_f64() * 1e3,
                 p.changed,
-                p.stop_reason(),
-                p.fusion_groups()
+                p.stop_reason()
             );
             for (r, n) in &p.rules_fired() {
                 println!("      {r}: {n}");

@@ -9,8 +9,9 @@
 //!
 //! The compiler stays pure: [`run`] takes an observer that sees the graph after
 //! pruning and after every pass (the frontend writes `KILN_DUMP_DIR` files from
-//! it), and returns per-pass [`PassStats`] (nodes in/out, time, rules fired,
-//! stop reason, fusion groups) for the metrics report and `kiln compile --json`.
+//! it), and returns per-pass [`PassStats`] (nodes in/out, time, what changed,
+//! and each kind of pass's own [`PassReport`]) for the metrics report and
+//! `kiln compile --json`.
 //!
 //! Invariant: no pass renumbers parameters. Only the prune stage before the
 //! list drops unused ones, and it reports which it kept.
@@ -18,7 +19,6 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::fusion::plan_fusion;
 use crate::ir::Graph;
 use crate::passes::{
     eliminate_common_subexpressions, eliminate_dead_code, eliminate_dead_code_keep_params, fuse_lm_head_loss, Pruned,
@@ -52,8 +52,9 @@ pub enum PassReport {
     /// Equality saturation: how many times each rule fired, by name, and
     /// why the runner stopped (`saturated`, `iteration limit`, ...).
     Rewrite { rules_fired: BTreeMap<&'static str, usize>, stop_reason: String },
-    /// Fusion planning: the groups the backend is expected to form.
-    Fusion { groups: usize },
+    /// A graph rule applied in one sweep (no e-graph): how many times each
+    /// rule fired.
+    Rules { rules_fired: BTreeMap<&'static str, usize> },
     /// The remat pass's plan (what the benches and `kiln compile` report).
     Remat(Box<RematSummary>),
 }
@@ -62,7 +63,7 @@ impl PassStats {
     /// The rules a rewrite pass fired (empty for other passes).
     pub fn rules_fired(&self) -> BTreeMap<&'static str, usize> {
         match &self.report {
-            PassReport::Rewrite { rules_fired, .. } => rules_fired.clone(),
+            PassReport::Rewrite { rules_fired, .. } | PassReport::Rules { rules_fired } => rules_fired.clone(),
             _ => BTreeMap::new(),
         }
     }
@@ -71,14 +72,6 @@ impl PassStats {
     pub fn stop_reason(&self) -> Option<&str> {
         match &self.report {
             PassReport::Rewrite { stop_reason, .. } => Some(stop_reason),
-            _ => None,
-        }
-    }
-
-    /// The fusion groups a fusion-planning pass expects.
-    pub fn fusion_groups(&self) -> Option<usize> {
-        match &self.report {
-            PassReport::Fusion { groups } => Some(*groups),
             _ => None,
         }
     }
@@ -225,8 +218,8 @@ pub const ALL_PASSES: [Pass; 7] = [
     Pass { name: "lm_head_loss", run: run_lm_head_loss },
     Pass { name: "cse", run: run_cse },
     Pass { name: "rewrite", run: run_rewrite },
+    Pass { name: "merge_matmuls", run: run_merge_matmuls },
     Pass { name: "dce", run: run_dce },
-    Pass { name: "fusion", run: run_fusion },
     Pass { name: "sequence", run: run_sequence },
     Pass { name: "remat", run: run_remat },
 ];
@@ -234,10 +227,13 @@ pub const ALL_PASSES: [Pass; 7] = [
 /// The default pipeline: fuse the LM-head loss with its gradient where the
 /// cotangent is one scalar (on autodiff's own graph, before anything reshapes
 /// the cotangent), merge duplicates so the e-graph starts small, rewrite by
-/// equality saturation (extraction already shares equal values), remove what
-/// the rewrites left unused, then plan fusion groups (reports only). A
-/// memory budget adds `sequence` and `remat` after them.
-pub const DEFAULT_PASSES: [&str; 5] = ["lm_head_loss", "cse", "rewrite", "dce", "fusion"];
+/// equality saturation (extraction already shares equal values), merge
+/// products of one operand where the cost model says reading it once pays
+/// (the `matmul` rule set's graph rule), remove what the rewrites left
+/// unused. A memory budget adds `sequence` and `remat`
+/// after them. Fusion planning is an analysis of the result
+/// ([`crate::fusion::plan_fusion`]), not a pass: it changes no graph.
+pub const DEFAULT_PASSES: [&str; 5] = ["lm_head_loss", "cse", "rewrite", "merge_matmuls", "dce"];
 
 /// The pass called `name`, or an error listing the known names.
 pub fn pass(name: &str) -> Result<Pass, CompileError> {
@@ -283,9 +279,10 @@ impl Default for PipelineOptions {
 }
 
 impl PipelineOptions {
-    /// The default list without the `rewrite` pass (`kiln compile --no-rewrite`).
+    /// The default list without the rewrites: the `rewrite` pass and the
+    /// `matmul` rule set's `merge_matmuls` (`kiln compile --no-rewrite`).
     pub fn without_rewrite(mut self) -> PipelineOptions {
-        self.passes.retain(|p| p != "rewrite");
+        self.passes.retain(|p| p != "rewrite" && p != "merge_matmuls");
         self
     }
 
@@ -483,6 +480,22 @@ fn run_rewrite(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, C
     Ok(out.graph)
 }
 
+/// The `matmul` rule set's graph rule, where the rule sets select it.
+fn run_merge_matmuls(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, CompileError> {
+    use crate::rewrite::rules::{self, matmul};
+    if !rules::selects_graph_rule(o.rewrite.rule_sets.as_deref(), "matmul") {
+        return Ok(g.clone());
+    }
+    let (out, merged) = matmul::merge_matmuls(g, matmul::MergeDecision::CostModel)?;
+    s.changed = merged;
+    let mut rules_fired = BTreeMap::new();
+    if merged > 0 {
+        rules_fired.insert("merge-matmuls", merged);
+    }
+    s.report = PassReport::Rules { rules_fired };
+    Ok(out)
+}
+
 /// Remat last, on the graph about to be lowered: the target backend's fusion
 /// model decides which values get buffers (`crate::memory`).
 fn run_remat(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, CompileError> {
@@ -529,12 +542,6 @@ fn run_sequence(g: &Graph, o: &PassOptions, s: &mut PassStats) -> Result<Graph, 
     Ok(out)
 }
 
-fn run_fusion(g: &Graph, _: &PassOptions, s: &mut PassStats) -> Result<Graph, CompileError> {
-    let plan = plan_fusion(g);
-    s.report = PassReport::Fusion { groups: plan.num_groups() };
-    Ok(g.clone())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -559,14 +566,13 @@ mod tests {
         let mut seen = Vec::new();
         let out = run(&sample(), &opts, &mut |name, g| seen.push((name.to_string(), g.len()))).unwrap();
         let names: Vec<&str> = seen.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["prune", "lm_head_loss", "cse", "rewrite", "dce", "fusion"]);
+        assert_eq!(names, ["prune", "lm_head_loss", "cse", "rewrite", "merge_matmuls", "dce"]);
         assert_eq!(out.pruned.kept_params, vec![0]);
         assert_eq!(out.stats.nodes_in, 6);
         assert_eq!(out.stats.nodes_pruned, 4);
         assert_eq!(out.stats.changed_by("cse"), 1);
         assert_eq!(out.graph.len(), 3);
         assert_eq!(out.stats.passes.len(), 5);
-        assert!(out.stats.passes.iter().find(|p| p.name == "fusion").unwrap().fusion_groups().is_some());
         assert!(out.stats.passes.iter().find(|p| p.name == "rewrite").unwrap().stop_reason().is_some());
     }
 
@@ -661,6 +667,6 @@ mod tests {
     #[test]
     fn without_rewrite_drops_only_that_pass() {
         let o = PipelineOptions::default().without_rewrite();
-        assert_eq!(o.passes, ["lm_head_loss", "cse", "dce", "fusion"]);
+        assert_eq!(o.passes, ["lm_head_loss", "cse", "dce"]);
     }
 }

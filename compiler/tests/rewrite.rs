@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used)]
 
 use kiln_compiler::ir::{BinaryOp, DType, DotDims, Graph, Literal, Op, ReduceOp, Shape, TensorType, UnaryOp, ValueId};
-use kiln_compiler::pipeline::{run, PipelineOptions};
+use kiln_compiler::pipeline::{self, run, PassOptions, PipelineOptions};
 use kiln_compiler::rewrite::rules::matmul::{merge_matmuls, MergeDecision};
 use kiln_compiler::rewrite::{enode, holed, rewrite, to_op, RewriteOptions, GRAPH_RULE_SETS, RULE_SETS};
 use kiln_compiler::text::{parse, print};
@@ -351,9 +351,9 @@ proptest! {
         let want = interpret(&g, &x).unwrap();
         for name in RULE_SETS.iter().map(|(n, _)| *n).chain(GRAPH_RULE_SETS) {
             let opts = RewriteOptions { rule_sets: Some(vec![name.to_string()]), ..RewriteOptions::default() };
-            let out = rewrite(&g, &opts).unwrap();
-            verify(&out.graph).unwrap();
-            assert_close(&want, &interpret(&out.graph, &x).unwrap(), name);
+            let out = rewrite_and_merge(&g, &opts);
+            verify(&out).unwrap();
+            assert_close(&want, &interpret(&out, &x).unwrap(), name);
         }
     }
 
@@ -401,13 +401,26 @@ fn unrewritten(text: &str) -> String {
     print(&rewrite(&parse(text).unwrap(), &opts).unwrap().graph)
 }
 
+/// The pipeline's two rewriting passes, `rewrite` (the e-graph) then
+/// `merge_matmuls` (the `matmul` set's graph rule), with `opts`' rule sets.
+fn rewrite_and_merge(g: &Graph, opts: &RewriteOptions) -> Graph {
+    let defaults = PipelineOptions::default();
+    let popts = PipelineOptions {
+        passes: vec!["rewrite".into(), "merge_matmuls".into()],
+        prune_params: false,
+        verify: true,
+        pass_options: PassOptions { rewrite: opts.clone(), ..defaults.pass_options },
+    };
+    pipeline::run(g, &popts, &mut |_, _| {}).unwrap().graph
+}
+
 /// Runs one rule set on `text` and prints the result.
 fn golden(rule_set: &str, text: &str) -> String {
     let g = parse(text).unwrap();
     let opts = RewriteOptions { rule_sets: Some(vec![rule_set.to_string()]), ..RewriteOptions::default() };
-    let out = rewrite(&g, &opts).unwrap();
-    verify(&out.graph).unwrap();
-    print(&out.graph)
+    let out = rewrite_and_merge(&g, &opts);
+    verify(&out).unwrap();
+    print(&out)
 }
 
 #[test]

@@ -104,6 +104,8 @@ struct Report {
     /// `(target name, seconds)` for each built-in target.
     roofline: Vec<(&'static str, f64)>,
     optimize: Duration,
+    /// The target preparation's passes ([`lower::TARGET_PASSES`]).
+    target_passes: Vec<pipeline::PassStats>,
     lower: Duration,
     compile: Duration,
     stablehlo_bytes: usize,
@@ -156,7 +158,6 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     let out = pipeline::run(&graph, &popts, &mut |p, g| dump.observe(p, g))
         .with_context(|| format!("optimizing {}", path.display()))?;
     let optimize = started.elapsed();
-    dump.finish()?;
     let fusion = kiln::compiler::fusion::plan_fusion(&out.graph);
     let (optimized, stats) = (out.graph, out.stats);
     let cost = cost::graph_cost(&optimized);
@@ -164,11 +165,13 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
 
     let started = Instant::now();
     let decisions = composite::decisions(&optimized, target);
-    let module = lower(
-        &optimized,
-        &LowerOptions { num_replicas: replicas, target, shardings: None, loop_kernels: kiln::loop_kernels()? },
-    )
-    .with_context(|| format!("lowering {}", path.display()))?;
+    let lower_opts =
+        LowerOptions { num_replicas: replicas, target, shardings: None, loop_kernels: kiln::loop_kernels()? };
+    let prepared = lower::prepare(&optimized, &lower_opts, popts.verify, &mut |p, g| dump.observe(p, g))
+        .with_context(|| format!("preparing {} for {target:?}", path.display()))?;
+    dump.finish()?;
+    let module = lower::print(&prepared).with_context(|| format!("lowering {}", path.display()))?;
+    let target_passes = prepared.stats;
     let lower_time = started.elapsed();
 
     let spinner = spinner(args.json, &format!("compiling {} ({replicas} replica(s))", path.display()));
@@ -203,6 +206,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
         cost,
         roofline,
         optimize,
+        target_passes,
         lower: lower_time,
         compile: compile_time,
         stablehlo_bytes: module.len(),
@@ -326,7 +330,13 @@ impl Report {
                 "changed": p.changed,
                 "rules_fired": p.rules_fired(),
                 "stop_reason": p.stop_reason(),
-                "fusion_groups": p.fusion_groups(),
+            })).collect::<Vec<_>>(),
+            "target_passes": self.target_passes.iter().map(|p| json!({
+                "name": p.name,
+                "nodes_in": p.nodes_in,
+                "nodes_out": p.nodes_out,
+                "ms": ms(p.time),
+                "changed": p.changed,
             })).collect::<Vec<_>>(),
             "fusion": {
                 "groups": self.fusion.num_groups(),
@@ -420,7 +430,7 @@ impl Report {
         ];
         for p in &st.passes {
             let mut line =
-                format!("  pass {:<10} {:>7} -> {:>7} nodes {:>9.2} ms", p.name, p.nodes_in, p.nodes_out, ms(p.time));
+                format!("  pass {:<13} {:>7} -> {:>7} nodes {:>9.2} ms", p.name, p.nodes_in, p.nodes_out, ms(p.time));
             if p.changed > 0 {
                 line += &format!(", {} changed", p.changed);
             }
@@ -431,10 +441,17 @@ impl Report {
                 let fired: Vec<String> = p.rules_fired().iter().map(|(r, n)| format!("{r} {n}")).collect();
                 line += &format!(", rules fired: {}", fired.join(", "));
             }
-            if let Some(g) = p.fusion_groups() {
-                line += &format!(", {g} fusion groups");
-            }
             lines.push(line);
+        }
+        for p in &self.target_passes {
+            lines.push(format!(
+                "  target pass {:<17} {:>7} -> {:>7} nodes {:>9.2} ms, {} changed",
+                p.name,
+                p.nodes_in,
+                p.nodes_out,
+                ms(p.time),
+                p.changed
+            ));
         }
         lines.push(format!(
             "fusion: {} groups, {} bytes reach memory, {} stay in fused kernels",

@@ -10,8 +10,7 @@
 use std::fmt::{Display, Write};
 
 use super::dense::{dense, identity};
-use super::loop_kernel::{self, Kernel};
-use super::LowerOptions;
+use super::loop_kernel::Kernel;
 use crate::ir::{
     BinaryOp, DType, DotDims, Graph, Literal, Node, NodeId, Op, ReduceOp, Shape, TensorType, UnaryOp, ValueId,
 };
@@ -20,8 +19,10 @@ use crate::CompileError;
 /// Indentation of the function body.
 const BODY: &str = "    ";
 
-/// Writes the whole module.
-pub(super) fn module(g: &Graph, opts: &LowerOptions, live: &[bool]) -> Result<String, CompileError> {
+/// Writes the whole module of a prepared graph ([`super::prepare`]): the
+/// nodes and the loop kernels in the order the preparation found.
+pub(super) fn module(p: &super::Prepared) -> Result<String, CompileError> {
+    let (g, opts) = (&p.graph, &p.options);
     let mut e = Emitter {
         g,
         num_replicas: opts.num_replicas,
@@ -42,27 +43,8 @@ pub(super) fn module(g: &Graph, opts: &LowerOptions, live: &[bool]) -> Result<St
         opts.num_replicas
     );
     e.signature(opts.shardings.as_ref());
-    // Loop kernels of kiln's own (CUDA, one program per device: XLA's SPMD
-    // partitioner cannot split a Triton call).
-    let mut kernels =
-        if opts.target == crate::target::LowerTarget::Cuda && opts.loop_kernels && opts.shardings.is_none() {
-            loop_kernel::find(g, live)
-        } else {
-            Vec::new()
-        };
-    // The finder takes no region that makes a cycle by itself, but two
-    // kernels, each one item, could wait for each other through nodes
-    // outside both; the later kernels give way until the order exists
-    // (without kernels it always does: insertion order is topological).
-    let items = loop {
-        match order(g, live, &kernels) {
-            Some(items) => break items,
-            None => {
-                kernels.pop();
-            }
-        }
-    };
-    for item in items {
+    let kernels = &p.kernels;
+    for &item in &p.items {
         match item {
             Item::Node(id) => e.node(id, g.node(id))?,
             Item::Kernel(k) => e.loop_kernel(&kernels[k]),
@@ -82,9 +64,25 @@ pub(super) fn module(g: &Graph, opts: &LowerOptions, live: &[bool]) -> Result<St
 /// What the module writes, one at a time: a node, or a loop kernel that
 /// stands for several.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-enum Item {
+pub(super) enum Item {
     Node(NodeId),
     Kernel(usize),
+}
+
+/// The loop kernels of `g` that can be written in one order, and that order:
+/// the finder takes no region that makes a cycle by itself, but two kernels,
+/// each one item, could wait for each other through nodes outside both; the
+/// later kernels give way until the order exists (without kernels it always
+/// does: insertion order is topological).
+pub(super) fn kernels_in_order(g: &Graph, live: &[bool], mut kernels: Vec<Kernel>) -> (Vec<Kernel>, Vec<Item>) {
+    loop {
+        match order(g, live, &kernels) {
+            Some(items) => return (kernels, items),
+            None => {
+                kernels.pop();
+            }
+        }
+    }
 }
 
 /// The order the module writes nodes and kernels in: insertion order without

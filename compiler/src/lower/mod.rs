@@ -29,7 +29,10 @@ mod guard;
 pub use guard::{division_trap, DivisionTrap};
 pub(crate) mod live;
 pub(crate) mod loop_kernel;
+mod prepare;
 mod ttir;
+
+pub use prepare::{prepare, Prepared, TARGET_PASSES};
 
 use crate::ir::{Graph, TensorType};
 use crate::target::LowerTarget;
@@ -116,37 +119,16 @@ impl Default for LowerOptions {
     }
 }
 
-/// Lowers `g` to the text of a StableHLO module XLA can compile.
+/// Lowers `g` to the text of a StableHLO module XLA can compile: the target
+/// preparation ([`prepare`]) without verifying or observing, then [`print`].
 pub fn lower(g: &Graph, opts: &LowerOptions) -> Result<String, CompileError> {
-    if opts.num_replicas == 0 {
-        return Err(CompileError::Verify {
-            node: "module".to_string(),
-            reason: "num_replicas must be at least 1".to_string(),
-        });
-    }
-    if let Some(sh) = &opts.shardings {
-        let bad = if sh.num_partitions == 0 {
-            Some("num_partitions must be at least 1".to_string())
-        } else if sh.params.len() != g.param_types().len() || sh.outputs.len() != g.outputs().len() {
-            Some(format!(
-                "{} parameter and {} output shardings for {} parameters and {} outputs",
-                sh.params.len(),
-                sh.outputs.len(),
-                g.param_types().len(),
-                g.outputs().len()
-            ))
-        } else {
-            None
-        };
-        if let Some(reason) = bad {
-            return Err(CompileError::Verify { node: "module".to_string(), reason });
-        }
-    }
-    // Composites the target cannot run fused become plain ops first.
-    let expanded = crate::composite::expand(g, opts.target)?;
-    let live = live::live_nodes(&expanded);
-    guard::refuse_trapping_division(&expanded, &live)?;
-    emit::module(&expanded, opts, &live)
+    print(&prepare(g, opts, false, &mut |_, _| {})?)
+}
+
+/// The text of a prepared module. Printing changes nothing: every transform
+/// ran in [`prepare`], where the verifier and the dump see it.
+pub fn print(p: &Prepared) -> Result<String, CompileError> {
+    emit::module(p)
 }
 
 #[cfg(test)]

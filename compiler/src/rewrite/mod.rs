@@ -118,20 +118,12 @@ pub struct Rewritten {
 }
 
 /// Rewrites `g` with the selected rule sets and extracts the cheapest
-/// equivalent graph.
+/// equivalent graph. The `matmul` set's graph rule (merging products of one
+/// operand, [`rules::matmul::merge_matmuls`]) is not an e-graph rule: the
+/// pipeline runs it as its own pass, `merge_matmuls`, after this one.
 pub fn rewrite(g: &Graph, opts: &RewriteOptions) -> Result<Rewritten, CompileError> {
     let rules = rules::select(opts.rule_sets.as_deref())?;
-    let mut out = rewrite_with(g, opts, &rules)?;
-    if rules::selects_graph_rule(opts.rule_sets.as_deref(), "matmul") {
-        let started = Instant::now();
-        let (graph, merged) = rules::matmul::merge_matmuls(&out.graph, rules::matmul::MergeDecision::CostModel)?;
-        if merged > 0 {
-            out.report.rules_fired.insert("merge-matmuls", merged);
-        }
-        out.graph = graph;
-        out.report.time += started.elapsed();
-    }
-    Ok(out)
+    rewrite_with(g, opts, &rules)
 }
 
 /// Rewrites `g` with the given rules (`opts.rule_sets` is ignored): the

@@ -148,7 +148,7 @@ impl fmt::Display for Metrics {
         }
         if let Some(p) = &self.last_pipeline {
             let fired: usize = p.rules_fired().values().sum();
-            let groups = p.passes.iter().filter_map(|s| s.fusion_groups()).next_back();
+            let groups = self.last_fusion_groups;
             writeln!(
                 f,
                 "optimizer        {} run(s), {:.1} ms; last: {} -> {} nodes, {} rewrites, {} fusion groups",

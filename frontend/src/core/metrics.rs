@@ -88,6 +88,9 @@ pub struct Metrics {
     pub pipeline_time: Duration,
     /// What the newest pipeline run did, pass by pass.
     pub last_pipeline: Option<kiln_compiler::pipeline::PipelineStats>,
+    /// The fusion groups the fusion analysis ([`kiln_compiler::fusion::plan_fusion`])
+    /// expects in the last optimized graph.
+    pub last_fusion_groups: Option<usize>,
     /// The remat plans of the programs built under a memory limit, oldest
     /// first (the newest [`KEPT_REMAT_PLANS`]). [`Metrics::step_remat_plan`]
     /// picks the training step's.
@@ -221,7 +224,13 @@ pub fn reset() {
 
 impl Metrics {
     /// Counts one optimizer pipeline run.
-    pub fn record_pipeline(&mut self, stats: &kiln_compiler::pipeline::PipelineStats, took: Duration) {
+    pub fn record_pipeline(
+        &mut self,
+        stats: &kiln_compiler::pipeline::PipelineStats,
+        fusion_groups: usize,
+        took: Duration,
+    ) {
+        self.last_fusion_groups = Some(fusion_groups);
         self.pipeline_runs += 1;
         self.pipeline_time += took;
         self.last_pipeline = Some(stats.clone());

@@ -25,7 +25,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use kiln_compiler::ir::Graph;
-use kiln_compiler::{fingerprint, lower as lower_graph, pipeline, LowerOptions, LowerTarget, BUILD_FINGERPRINT};
+use kiln_compiler::{fingerprint, lower, pipeline, LowerOptions, LowerTarget, BUILD_FINGERPRINT};
 use kiln_runtime::{Client, CompileKey, CompileOptions, EntryInfo, Lookup};
 
 use crate::core::atomic_write::write_atomically;
@@ -106,8 +106,9 @@ pub(crate) fn obtain(
         .with_target(LowerTarget::from_platform(client.platform_name()))
         .with_gathered_params(crate::engine::partition::gathered_params(bindings, assigned));
     let out = pipeline::run(graph, &opts, &mut |p, g| dump.observe(p, g))?;
-    metrics::update(|m| m.record_pipeline(&out.stats, t.elapsed()));
-    dump.finish()?;
+    // The fusion analysis of the result, for the metrics report.
+    let fusion_groups = kiln_compiler::fusion::plan_fusion(&out.graph).num_groups();
+    metrics::update(|m| m.record_pipeline(&out.stats, fusion_groups, t.elapsed()));
     // A remat plan relies on the program's order (`LowerTarget::keeps_plan_order`).
     let planned = out.stats.passes.iter().any(|p| p.remat().is_some_and(|r| !r.recomputed.is_empty()));
     let pipeline::Optimized { graph: optimized, pruned, .. } = out;
@@ -173,6 +174,7 @@ pub(crate) fn obtain(
         // program this thread already has.
         metrics::update(|m| m.cache_hits += 1);
         let entry = CacheEntry { program, kept_params: pruned.kept_params, donated, nodes };
+        dump.finish()?;
         return Ok(Obtained { entry, compiled: false, explanation: None });
     }
 
@@ -242,10 +244,15 @@ pub(crate) fn obtain(
         }
     }
     let exe = match exe {
-        Some(e) => e,
+        Some(e) => {
+            dump.finish()?;
+            e
+        }
         None => {
             let t = Instant::now();
-            let text = lower_graph(&optimized, &lower_opts)?;
+            // The target passes, verified and dumped after the pipeline's.
+            let prepared = lower::prepare(&optimized, &lower_opts, opts.verify, &mut |p, g| dump.observe(p, g))?;
+            let text = lower::print(&prepared)?;
             let e = client.compile(&text, &compile_opts)?;
             let took = t.elapsed();
             metrics::update(|m| {
@@ -271,6 +278,7 @@ pub(crate) fn obtain(
                     tracing::warn!(err = %reason, "kiln: could not store the compiled program in the disk cache");
                 }
             }
+            dump.finish()?;
             e
         }
     };
