@@ -179,3 +179,12 @@ pub const HOST_LINK_BYTES_PER_SECOND: f64 = 45e9;
 /// XLA's stream waited for copies; 40 leaves a margin (docs/memory-journal.md,
 /// "Host copies honest about the link").
 pub const HOST_COPY_LINK_BYTES_PER_SECOND: f64 = 40e9;
+
+/// What one value's trip out and back adds to the step beyond the model's
+/// kernels, in seconds: its four custom calls' launches and waits, and the
+/// fusions XLA splits around them. Measured on the H200 (gpt2-small bf16,
+/// docs/memory-journal.md, "What a copy costs"): with greedy's own ratio of device
+/// to model time at a nearby budget in the same call taken out, the 16
+/// copies of the 22%, 50% and 49% plans ran 22–25, 30 and 41 µs a copy over
+/// their model.
+pub const HOST_COPY_TRIP_SECONDS: f64 = 30e-6;

@@ -82,14 +82,7 @@ use crate::analysis::{liveness, users_of, BufferKind, Liveness};
 use crate::remat::plan::{budget_bytes, finish, RematBudget, RematChoice, RematOptions, RematPlan, RematStrategy};
 use crate::remat::Greedy;
 
-/// What one value's trip out and back adds to the step beyond the model's
-/// kernels, in seconds: its four custom calls' launches and waits, and the
-/// fusions XLA splits around them. Measured on the H200 (gpt2-small bf16,
-/// docs/memory-journal.md, "What a copy costs"): with greedy's own ratio of device
-/// to model time at a nearby budget in the same call taken out, the 16
-/// copies of the 22%, 50% and 49% plans ran 22–25, 30 and 41 µs a copy over
-/// their model.
-pub const HOST_COPY_TRIP_SECONDS: f64 = 30e-6;
+pub use crate::target::HOST_COPY_TRIP_SECONDS;
 
 /// Greedy plans tried beside copies: budgets from the asked one up to the
 /// link's capacity before the unplanned peak above it, in this many equal
