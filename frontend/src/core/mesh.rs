@@ -370,6 +370,43 @@ pub enum PolicyKind {
     FsdpTp,
 }
 
+/// The replica plan a mesh runs under: the mesh's device count, checked
+/// against the environment's, with one logical replica.
+pub fn plan_for(mesh: &Mesh, env: &kiln_runtime::ReplicaEnv) -> Result<kiln_runtime::ReplicaPlan> {
+    let (var, set) = match env.device {
+        kiln_runtime::PjrtDevice::Cpu => (kiln_runtime::replicas::ENV_CPU_DEVICES, &env.cpu_devices),
+        kiln_runtime::PjrtDevice::Cuda => (kiln_runtime::replicas::ENV_GPU_NUM_DEVICES, &env.gpu_num_devices),
+    };
+    if let Some(v) = set.as_deref().map(str::trim).filter(|v| !v.is_empty()) {
+        if v.parse::<usize>().ok() != Some(mesh.size()) {
+            return Err(FrontendError::MeshDevices {
+                mesh: mesh.to_string(),
+                mesh_devices: mesh.size(),
+                setting: format!("{var}={v}"),
+            });
+        }
+    }
+    let n = mesh.size().to_string();
+    // Only the variable of the selected plugin (the other one is warned about).
+    let cpu = env.device == kiln_runtime::PjrtDevice::Cpu;
+    let sized = kiln_runtime::ReplicaEnv {
+        device: env.device,
+        gpu_num_devices: if cpu { env.gpu_num_devices.clone() } else { Some(n.clone()) },
+        cpu_devices: if cpu { Some(n) } else { env.cpu_devices.clone() },
+        node: env.node.clone(),
+    };
+    let mut plan = sized.plan(kiln_runtime::gpu::probe_gpus)?;
+    if plan.identity.is_distributed() {
+        return Err(FrontendError::BadMesh {
+            spec: mesh.to_string(),
+            reason: "a mesh spans the devices of one process; this run has several (KILN_NUM_NODES)".into(),
+        });
+    }
+    // One logical program over global shapes: the devices are partitions.
+    plan.replicas = 1;
+    Ok(plan)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -94,7 +94,7 @@ impl Inner {
 /// ran asynchronously (`None` for uploads).
 pub(crate) struct DeviceValue(pub Vec<Buffer>, pub Option<Rc<StepRun>>);
 
-/// What runs when a step's results are known (`engine::executor::on_step_complete`).
+/// What runs when a step's results are known (`engine::run::on_step_complete`).
 pub(crate) type Hook = Box<dyn FnOnce() -> Result<()>>;
 
 /// One enqueued step.

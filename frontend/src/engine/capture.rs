@@ -40,8 +40,8 @@ use crate::core::trace::Binding;
 use crate::core::{metrics, storage, trace};
 use crate::engine::context;
 use crate::engine::executor::Backend;
-use crate::engine::executor::{self, RunInput};
 use crate::engine::program_cache::CacheEntry;
+use crate::engine::run::{self, RunInput};
 use crate::engine::step::{cut_step, mark_step, CutStep};
 
 /// A step function traced once per input signature (see the module docs).
@@ -244,7 +244,7 @@ where
             Err(e) if context::with(|c| c.trace.epoch) == epoch => {
                 drop(undo);
                 context::with(|c| c.trace = trace::Trace::new());
-                drop(executor::take_hooks());
+                drop(run::take_hooks());
                 Err(e)
             }
             Err(e) => {
@@ -433,8 +433,7 @@ fn replay(plan: &Plan, inputs: &[Tensor], bindings: Vec<Binding>) -> Result<Vec<
         m.replays += 1;
     });
     let step = metrics::steps();
-    let executed =
-        executor::execute(RunInput::Compiled { entry: &plan.entry, bindings }, step, executor::take_hooks())?;
+    let executed = run::execute(RunInput::Compiled { entry: &plan.entry, bindings }, step, run::take_hooks())?;
     metrics::update(|m| m.trace_time += t0.elapsed());
     for (storage, targets) in executed.outputs.iter().zip(&plan.targets) {
         for target in targets {
@@ -465,7 +464,7 @@ fn replay(plan: &Plan, inputs: &[Tensor], bindings: Vec<Binding>) -> Result<Vec<
     if let Some((o, sealed)) = &plan.checks {
         let flags = Tensor::wrap(Inner::new(sealed.flags().ty().clone(), State::Ready(executed.outputs[*o].clone())));
         let sealed = sealed.rebind(flags);
-        executor::after_step(step, Box::new(move || crate::engine::device_checks::verify(Some(sealed))))?;
+        run::after_step(step, Box::new(move || crate::engine::device_checks::verify(Some(sealed))))?;
     }
     executed.reported?;
     out

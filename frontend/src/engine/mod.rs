@@ -8,8 +8,9 @@
 //!   miss path; `program_cache`: the compiled programs; `compile_settings`:
 //!   the setters that invalidate them; `param_init`: the parameters'-init
 //!   mark;
-//! - `executor`: running a program and tracking the steps in flight; `eager/`:
-//!   the eager backend;
+//! - `executor`: the executor's state (backend, client, replica plan, the
+//!   queue); `run`: running a program and tracking the steps in flight;
+//!   `eager/`: the eager backend;
 //! - `lower`: recording a function without running it; `undo_assigns`: the
 //!   undo log that keeps a lowering free of side effects; `capture`: captured
 //!   step functions;
@@ -35,6 +36,7 @@ pub(crate) mod param_init;
 pub(crate) mod partition;
 pub(crate) mod program_cache;
 pub(crate) mod replicas;
+pub(crate) mod run;
 pub mod scope;
 pub(crate) mod step;
 pub(crate) mod undo_assigns;

@@ -39,42 +39,7 @@ pub fn set_mesh(mesh: Mesh) -> Result<()> {
     Ok(())
 }
 
-/// The replica plan a mesh runs under: the mesh's device count, checked
-/// against the environment's, with one logical replica.
-pub fn plan_for(mesh: &Mesh, env: &kiln_runtime::ReplicaEnv) -> Result<kiln_runtime::ReplicaPlan> {
-    let (var, set) = match env.device {
-        kiln_runtime::PjrtDevice::Cpu => (kiln_runtime::replicas::ENV_CPU_DEVICES, &env.cpu_devices),
-        kiln_runtime::PjrtDevice::Cuda => (kiln_runtime::replicas::ENV_GPU_NUM_DEVICES, &env.gpu_num_devices),
-    };
-    if let Some(v) = set.as_deref().map(str::trim).filter(|v| !v.is_empty()) {
-        if v.parse::<usize>().ok() != Some(mesh.size()) {
-            return Err(FrontendError::MeshDevices {
-                mesh: mesh.to_string(),
-                mesh_devices: mesh.size(),
-                setting: format!("{var}={v}"),
-            });
-        }
-    }
-    let n = mesh.size().to_string();
-    // Only the variable of the selected plugin (the other one is warned about).
-    let cpu = env.device == kiln_runtime::PjrtDevice::Cpu;
-    let sized = kiln_runtime::ReplicaEnv {
-        device: env.device,
-        gpu_num_devices: if cpu { env.gpu_num_devices.clone() } else { Some(n.clone()) },
-        cpu_devices: if cpu { Some(n) } else { env.cpu_devices.clone() },
-        node: env.node.clone(),
-    };
-    let mut plan = sized.plan(kiln_runtime::gpu::probe_gpus)?;
-    if plan.identity.is_distributed() {
-        return Err(FrontendError::BadMesh {
-            spec: mesh.to_string(),
-            reason: "a mesh spans the devices of one process; this run has several (KILN_NUM_NODES)".into(),
-        });
-    }
-    // One logical program over global shapes: the devices are partitions.
-    plan.replicas = 1;
-    Ok(plan)
-}
+pub use crate::core::mesh::plan_for;
 
 /// The mesh this thread's steps run on (`None`: no partitioning). Reads
 /// `KILN_MESH` on first use, as the replica plan reads its variables.
@@ -204,9 +169,9 @@ pub(crate) fn read_device(inner: &Inner, value: &crate::core::storage::DeviceVal
     }
     let sharding = of(inner);
     if sharding.is_replicated() {
-        return Ok(Some(crate::engine::executor::download(value, 0..1)?.swap_remove(0)));
+        return Ok(Some(crate::engine::run::download(value, 0..1)?.swap_remove(0)));
     }
-    let parts = crate::engine::executor::download(value, 0..value.0.len())?;
+    let parts = crate::engine::run::download(value, 0..value.0.len())?;
     Ok(Some(sharding.assemble(&inner.ty, &mesh, &parts)))
 }
 

@@ -29,8 +29,8 @@ use crate::core::trace::{Binding, Trace};
 use crate::engine::compile;
 use crate::engine::context;
 use crate::engine::executor::Backend;
-use crate::engine::executor::{self, select, RunInput};
 use crate::engine::program_cache::CacheEntry;
+use crate::engine::run::{self, select, RunInput};
 
 /// What one `mark_step` did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -190,12 +190,12 @@ pub(crate) fn cut_step() -> Result<Option<CutStep>> {
 
 fn cut(t0: Instant) -> Result<Option<CutStep>> {
     // Failures of earlier asynchronous steps that are already known come first.
-    executor::poll()?;
+    run::poll()?;
     // Device-side checks (device_checks.rs): sealed into this trace's outputs
     // before it closes, verified once the step's results are known (below).
     let checks = crate::engine::device_checks::seal()?;
     let (trace, backend) = context::with(|c| (std::mem::replace(&mut c.trace, Trace::new()), c.exec.backend));
-    let hooks = executor::take_hooks();
+    let hooks = run::take_hooks();
     let epoch = trace.epoch;
     if backend == Backend::Eager {
         crate::engine::eager::catch_up(&trace)?;
@@ -220,20 +220,20 @@ fn cut(t0: Instant) -> Result<Option<CutStep>> {
             report.donated = entry.donated.iter().filter(|&&d| d).count();
             let bindings = select(bindings, &entry.kept_params);
             let params = bindings.iter().map(param_of).collect();
-            (executor::execute(RunInput::Compiled { entry: &entry, bindings }, step, hooks), Some(entry), params)
+            (run::execute(RunInput::Compiled { entry: &entry, bindings }, step, hooks), Some(entry), params)
         }
         Backend::Reference => {
             let (program, _, bindings) = prune(&graph, bindings)?;
             report.nodes = program.len();
             let params = bindings.iter().map(param_of).collect();
-            (executor::execute(RunInput::Reference { graph: &program, bindings }, step, hooks), None, params)
+            (run::execute(RunInput::Reference { graph: &program, bindings }, step, hooks), None, params)
         }
         Backend::Eager => {
             let outputs = crate::engine::eager::finish(epoch, &graph)?;
             let reported = hooks
                 .into_iter()
                 .try_for_each(|hook| hook().map_err(|e| FrontendError::StepFailed { step, reason: e.to_string() }));
-            (Ok(executor::Executed { outputs, reported }), None, Vec::new())
+            (Ok(run::Executed { outputs, reported }), None, Vec::new())
         }
     };
     // Outputs are handed out even when a failure is reported now: this step
@@ -248,7 +248,7 @@ fn cut(t0: Instant) -> Result<Option<CutStep>> {
     // synchronous backend, at the next read or mark_step otherwise.
     if let Some(sealed) = &checks {
         let sealed = sealed.rebind(sealed.flags().clone());
-        executor::after_step(step, Box::new(move || crate::engine::device_checks::verify(Some(sealed))))?;
+        run::after_step(step, Box::new(move || crate::engine::device_checks::verify(Some(sealed))))?;
     }
     executed.reported?;
     Ok(Some(CutStep { report, key, entry, params, receivers, checks }))

@@ -3,7 +3,7 @@
 //! sync, counted in the metrics.
 //!
 //! Invariants:
-//! - A read waits only for the buffers it reads (`engine::executor::download`);
+//! - A read waits only for the buffers it reads (`engine::run::download`);
 //!   under a mesh it assembles the shards into the global value.
 //! - Reading a pending value runs the step first (`mark_step`), counted as a
 //!   forced sync and warned about once; on the eager backend the pending value
@@ -98,7 +98,7 @@ impl Tensor {
             Storage::Device(value) => match crate::engine::partition::read_device(&self.inner, &value)? {
                 // Under a mesh the buffers are one value's shards: one value.
                 Some(bytes) => Ok(vec![bytes]),
-                None => crate::engine::executor::download(&value, pick(value.0.len())),
+                None => crate::engine::run::download(&value, pick(value.0.len())),
             },
         }
     }
