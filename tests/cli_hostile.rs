@@ -311,6 +311,15 @@ fn graphs_that_crashed_xla_are_typed_errors() {
             assert!(err.contains("integer div") && err.contains("would crash XLA"), "{cmd} {dtype}: {err}");
         }
     }
+    // A zero reached through a broadcast (SIGFPE in XLA's constant folder
+    // before the guard read divisors by value).
+    let p = graph_file(
+        dir.path(),
+        "div0b.kiln",
+        "graph(%x: tensor<4xi32>) {\n  %z = constant dense<0> : tensor<i32>\n  %d = broadcast_in_dim %z, dims = [] : tensor<4xi32>\n  %q = div %x, %d : tensor<4xi32>\n  return %q\n}\n",
+    );
+    let err = refused(&kiln().args(["compile", p.to_str().unwrap()]).output().unwrap());
+    assert!(err.contains("integer div") && err.contains("would crash XLA"), "{err}");
     let p = graph_file(
         dir.path(),
         "pad.kiln",

@@ -100,3 +100,55 @@ fn concatenate_whose_sizes_overflow_is_refused() {
     let err = parse(&text).unwrap_err().to_string();
     assert!(err.contains("overflow") || err.contains("exceeds") || err.contains("address"), "{err}");
 }
+
+/// `div %x, DIVISOR` on `tensor<4xi32>`, the divisor built by `body` (which
+/// defines `%d`).
+fn divided_by(body: &str) -> String {
+    format!("graph(%x: tensor<4xi32>) {{\n{body}\n  %q = div %x, %d : tensor<4xi32>\n  return %q\n}}\n")
+}
+
+/// A zero divisor is refused by value, however it is spelled: XLA's constant
+/// folder reaches it through broadcasts, reshapes, converts, concatenations
+/// and arithmetic on constants as it does a bare literal (each of these
+/// killed the process with SIGFPE before).
+#[test]
+fn a_zero_divisor_is_refused_whatever_constant_ops_spell_it() {
+    let cases = [
+        ("broadcast", "  %z = constant dense<0> : tensor<i32>\n  %d = broadcast_in_dim %z, dims = [] : tensor<4xi32>"),
+        ("reshape", "  %z = constant dense<[3, 0, 1, 2]> : tensor<2x2xi32>\n  %d = reshape %z : tensor<4xi32>"),
+        ("convert", "  %z = constant dense<[0.5, 1.0, 2.0, 3.0]> : tensor<4xf32>\n  %d = convert %z : tensor<4xi32>"),
+        (
+            "concatenate",
+            "  %a = constant dense<[1, 2]> : tensor<2xi32>\n  %b = constant dense<[3, 0]> : tensor<2xi32>\n  %d = concatenate %a, %b, axis = 0 : tensor<4xi32>",
+        ),
+        ("sub(c, c)", "  %c = constant dense<[4, 5, 6, 7]> : tensor<4xi32>\n  %d = sub %c, %c : tensor<4xi32>"),
+        (
+            "broadcast of a computed scalar",
+            "  %a = constant dense<3> : tensor<i32>\n  %b = sub %a, %a : tensor<i32>\n  %d = broadcast_in_dim %b, dims = [] : tensor<4xi32>",
+        ),
+    ];
+    for (what, body) in cases {
+        match lowered(&divided_by(body)) {
+            Err(CompileError::TrappingDivision { reason, .. }) => {
+                assert!(reason.contains("divisor is 0"), "{what}: {reason}")
+            }
+            other => panic!("{what}: expected TrappingDivision, got {other:?}"),
+        }
+    }
+    // The same spellings without a zero lower.
+    let safe = "  %z = constant dense<[0.5, 1.0, 2.0, 3.0]> : tensor<4xf32>\n  %o = constant dense<1.0> : tensor<f32>\n  %ob = broadcast_in_dim %o, dims = [] : tensor<4xf32>\n  %s = add %z, %ob : tensor<4xf32>\n  %d = convert %s : tensor<4xi32>";
+    lowered(&divided_by(safe)).unwrap();
+    let safe = "  %z = constant dense<7> : tensor<i32>\n  %d = broadcast_in_dim %z, dims = [] : tensor<4xi32>";
+    lowered(&divided_by(safe)).unwrap();
+}
+
+/// The signed minimum over −1 by value too: a broadcast minimum over a
+/// computed −1.
+#[test]
+fn signed_minimum_over_a_computed_minus_one_is_refused() {
+    let text = "graph() {\n  %m = constant dense<-2147483648> : tensor<i32>\n  %a = broadcast_in_dim %m, dims = [] : tensor<4xi32>\n  %z = constant dense<0> : tensor<4xi32>\n  %o = constant dense<1> : tensor<4xi32>\n  %d = sub %z, %o : tensor<4xi32>\n  %q = div %a, %d : tensor<4xi32>\n  return %q\n}\n";
+    match lowered(text) {
+        Err(CompileError::TrappingDivision { reason, .. }) => assert!(reason.contains("/ -1 overflows"), "{reason}"),
+        other => panic!("expected TrappingDivision, got {other:?}"),
+    }
+}

@@ -162,6 +162,20 @@ fn cone(g: &Graph, v: ValueId) -> Option<Cone> {
     Some(Cone { sub, key: h.finish() })
 }
 
+/// The value of `v` if it is computed from constants alone, in at most
+/// [`CONE_NODES`] nodes and [`TABLE_ELEMENTS`] elements, evaluated by the
+/// reference interpreter (uncached: the lowering's guard asks once per
+/// division); `None` otherwise, or if the interpreter refuses it.
+pub fn constant_value(g: &Graph, v: ValueId) -> Option<Literal> {
+    if let Op::Constant { literal } = &g.node(v.node).op {
+        return Some(literal.clone());
+    }
+    if g.ty(v).shape.num_elements() > TABLE_ELEMENTS {
+        return None;
+    }
+    evaluate(&cone(g, v)?)
+}
+
 fn evaluate(c: &Cone) -> Option<Literal> {
     interpret(&c.sub, &[]).ok()?.pop()
 }

@@ -6,9 +6,17 @@
 //! 0.0.1 for i8, i32 and ui32). Whether XLA folds a division depends on its
 //! own simplifications (a broadcast or a reshape of a constant dividend is
 //! folded first), which kiln cannot predict, so any integer division whose
-//! divisor is a constant holding a zero is refused, and so is a constant
+//! divisor is constant and holds a zero is refused, and so is a constant
 //! dividend holding the minimum over a constant divisor holding −1. Floating
 //! point division is IEEE (inf/NaN) and never traps.
+//!
+//! "Constant" is by value, not by spelling: XLA folds a zero reached through
+//! a broadcast, a reshape, a convert, a concatenate or `sub(c, c)` as it
+//! folds a bare literal. The guard looks through broadcasts and reshapes
+//! (which keep the set of values) and evaluates any other operand computed
+//! from constants alone with the reference interpreter
+//! ([`crate::composite::consts::constant_value`]: at most 64 nodes and 2^24
+//! elements; a larger constant subexpression is not evaluated).
 //!
 //! Only nodes that will be emitted (live) are checked; the graph is read,
 //! never changed.
@@ -30,11 +38,14 @@ pub(crate) fn refuse_trapping_division(g: &Graph, live: &[bool]) -> Result<(), C
         if !dtype.is_integer() {
             continue;
         }
-        let Some(divisor) = constant(g, *rhs) else { continue };
+        let Some((divisor, divisor_whole)) = constant(g, *rhs) else { continue };
         // Only a signed dividend can overflow: the others are not decoded.
-        let dividend = dtype.is_signed_integer().then(|| constant(g, *lhs)).flatten().map(elements);
-        // Operands of one node have one shape: element i meets element i.
-        let trap = division_trap(dtype, dividend.as_deref(), &elements(divisor), true);
+        let dividend = if dtype.is_signed_integer() { constant(g, *lhs) } else { None };
+        // Operands of one node have one shape: element i meets element i,
+        // unless a broadcast or reshape was looked through on either side.
+        let paired = divisor_whole && dividend.as_ref().is_none_or(|(_, whole)| *whole);
+        let dividend = dividend.map(|(l, _)| elements(&l));
+        let trap = division_trap(dtype, dividend.as_deref(), &elements(&divisor), paired);
         let reason = match trap {
             None => continue,
             Some(DivisionTrap::ZeroDivisor { at }) => format!("the constant divisor is 0 at element {at}"),
@@ -81,12 +92,15 @@ pub fn division_trap(dtype: DType, dividend: Option<&[f64]>, divisor: &[f64], pa
     at.map(|at| DivisionTrap::MinOverMinusOne { min, at })
 }
 
-fn constant(g: &Graph, v: ValueId) -> Option<&Literal> {
-    if let Op::Constant { literal } = &g.node(v.node).op {
-        Some(literal)
-    } else {
-        None
+/// `v`'s value if it is constant, and whether it is `v`'s whole value in
+/// `v`'s own layout (false where a broadcast or reshape was looked through:
+/// then only the set of its values is known).
+fn constant(g: &Graph, v: ValueId) -> Option<(Literal, bool)> {
+    let mut x = v;
+    while let Op::BroadcastInDim { input, .. } | Op::Reshape { input, .. } = &g.node(x.node).op {
+        x = *input;
     }
+    crate::composite::consts::constant_value(g, x).map(|l| (l, x == v))
 }
 
 /// Every element as f64 (exact for the integer values compared here: 0, −1
