@@ -28,7 +28,6 @@ use std::fmt;
 use std::fs;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use sha2::{Digest, Sha256};
@@ -206,7 +205,13 @@ pub struct DiskCache {
     config: DiskCacheConfig,
 }
 
-static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
+/// An entry that exists but cannot be read (a permission, an I/O error, a
+/// link loop) costs a compile, never the run: a warning and a miss. The
+/// store that follows replaces it where the directory allows.
+fn unreadable(path: &Path, e: &std::io::Error) -> Lookup {
+    tracing::warn!(path = %path.display(), error = %e, "kiln: compile-cache entry cannot be read; recompiling");
+    Lookup::Miss
+}
 
 fn io_err(path: &Path, source: std::io::Error) -> RuntimeError {
     RuntimeError::CacheIo { path: path.to_path_buf(), source }
@@ -253,12 +258,12 @@ impl DiskCache {
             Ok(meta) if meta.len() > self.config.max_bytes => return Ok(Lookup::Miss),
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Lookup::Miss),
-            Err(e) => return Err(io_err(&path, e)),
+            Err(e) => return Ok(unreadable(&path, &e)),
         }
         let bytes = match fs::read(&path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Lookup::Miss),
-            Err(e) => return Err(io_err(&path, e)),
+            Err(e) => return Ok(unreadable(&path, &e)),
         };
         let checked = decode(&bytes, key).and_then(|(info, payload)| {
             client
@@ -311,19 +316,19 @@ impl DiskCache {
             );
             return self.evict(None);
         }
-        let tmp = self.config.dir.join(format!(
-            ".tmp-{}-{}-{key}",
-            std::process::id(),
-            TEMP_SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
+        // Created exclusively (never through a link) under an unpredictable
+        // name; removed on any error before the rename.
         let write = || -> std::io::Result<()> {
-            let mut f = fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            fs::rename(&tmp, &path)
+            let mut tmp = tempfile::Builder::new()
+                .prefix(&format!(".tmp-{}-", std::process::id()))
+                .suffix(&format!("-{key}"))
+                .rand_bytes(12)
+                .tempfile_in(&self.config.dir)?;
+            tmp.write_all(&bytes)?;
+            tmp.as_file().sync_all()?;
+            tmp.persist(&path).map(|_| ()).map_err(|e| e.error)
         };
         if let Err(e) = write() {
-            let _ = fs::remove_file(&tmp);
             return Err(io_err(&path, e));
         }
         self.evict(Some(&path))

@@ -188,3 +188,23 @@ fn concurrent_writers_and_readers_only_ever_see_whole_entries() -> anyhow::Resul
     assert_eq!(leftovers, 0, "temp files left behind");
     Ok(())
 }
+
+/// An entry that cannot be read (here a link loop at the entry's path, which
+/// fails even for root, as EACCES and EIO do) is a miss and a recompile,
+/// never an error that ends the run; the store after it replaces it.
+#[test]
+fn an_unreadable_entry_is_a_miss_and_is_replaced() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let client = cpu_client(1);
+    let c = cache(dir.path(), 1 << 30, false);
+    let key = CompileKey::new(b"prog-loop", &client, &CompileOptions::default())?;
+    let path = c.entry_path(&key);
+    let other = dir.path().join("loop-b");
+    std::os::unix::fs::symlink(&other, &path)?;
+    std::os::unix::fs::symlink(&path, &other)?;
+    assert!(matches!(c.load(&key, &client)?, Lookup::Miss));
+    let exe = client.compile(&program(0.5), &CompileOptions::default())?;
+    c.store(&key, &exe, INFO)?;
+    assert!(matches!(c.load(&key, &client)?, Lookup::Hit { .. }));
+    Ok(())
+}

@@ -13,19 +13,20 @@
 //!     socket): refused with [`FrontendError::NotAFile`] naming the path, so a
 //!     write never turns a device node or a directory entry into a regular
 //!     file.
-//! - Temp files are `.<name>.tmp.<pid>.<seq>`; a writer killed mid-write
-//!   leaves one behind, so every write first removes those of `<name>` whose
-//!   process is gone (by `/proc/<pid>`, or by age where there is no `/proc`).
+//! - Temp files are `.<name>.tmp.<pid>.<random>`, created in the target's
+//!   directory exclusively (`O_CREAT | O_EXCL`, which never follows a link)
+//!   with an unpredictable name (the `tempfile` crate): a link planted at a
+//!   guessable name can neither be written through nor make the write fail
+//!   for long. A writer killed mid-write leaves one behind, so every write
+//!   first removes those of `<name>` whose process is gone (by
+//!   `/proc/<pid>`, or by age where there is no `/proc`).
 
 use std::fs;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use crate::core::error::{FrontendError, Result};
-
-static SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// Links followed before a chain counts as a loop (Linux's own limit).
 const MAX_LINKS: usize = 40;
@@ -43,17 +44,18 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
         .to_string_lossy()
         .into_owned();
     remove_stale_temps(dir, &name);
-    // Unique per process and call, so threads writing one path never share a temp file.
-    let tmp = dir.join(format!(".{name}.tmp.{}.{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
+    // Created exclusively under a random name: never through a link, never
+    // shared by two threads writing one path. Dropped (and so removed) on
+    // any error before the rename.
     let result = (|| {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        fs::rename(&tmp, &target)
+        let mut tmp = tempfile::Builder::new()
+            .prefix(&format!(".{name}.tmp.{}.", std::process::id()))
+            .rand_bytes(12)
+            .tempfile_in(dir)?;
+        tmp.write_all(bytes)?;
+        tmp.as_file().sync_all()?;
+        tmp.persist(&target).map(|_| ()).map_err(|e| e.error)
     })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
     result.map_err(io)
 }
 
@@ -128,6 +130,28 @@ fn remove_stale_temps(dir: &Path, name: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A link planted at every name the writer used to pick
+    /// (`.<name>.tmp.<pid>.<seq>`) is never written through: the victim it
+    /// points at keeps its bytes, the link stays, and the write lands.
+    #[test]
+    fn links_planted_at_temp_names_are_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"precious").unwrap();
+        let target = dir.path().join("ck.safetensors");
+        for seq in 0..256 {
+            let planted = dir.path().join(format!(".ck.safetensors.tmp.{}.{seq}", std::process::id()));
+            std::os::unix::fs::symlink(&victim, planted).unwrap();
+        }
+        for i in 0..8u8 {
+            write_atomically(&target, &[i; 16]).unwrap();
+            assert_eq!(fs::read(&target).unwrap(), [i; 16]);
+        }
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
+        let links = fs::read_dir(dir.path()).unwrap().flatten().filter(|e| e.file_type().unwrap().is_symlink()).count();
+        assert_eq!(links, 256);
+    }
 
     #[test]
     fn writes_through_symlinks_and_refuses_what_is_not_a_file() {
