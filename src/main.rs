@@ -107,6 +107,11 @@ enum Model {
         /// (temporary) memory (docs/memory.md).
         #[arg(long, value_name = "SIZE")]
         memory_limit: Option<String>,
+        /// Keep training when a step's loss is NaN or infinite (by default
+        /// the run stops with an error naming the step; a loss scaler's
+        /// skipped steps never stop it).
+        #[arg(long)]
+        allow_non_finite_loss: bool,
         /// End with one JSON object (for scripts).
         #[arg(long)]
         json: bool,
@@ -149,6 +154,11 @@ enum Model {
         /// data-parallel rank, as with replicas.
         #[arg(long, value_name = "SPEC")]
         shard: Option<String>,
+        /// Keep training when a step's loss is NaN or infinite (by default
+        /// the run stops with an error naming the step; a loss scaler's
+        /// skipped steps never stop it).
+        #[arg(long)]
+        allow_non_finite_loss: bool,
         /// End with one JSON object (for scripts).
         #[arg(long)]
         json: bool,
@@ -248,6 +258,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     compare_eager,
                     amp,
                     memory_limit,
+                    allow_non_finite_loss,
                     json,
                 },
         } => {
@@ -265,6 +276,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 resume,
                 overwrite,
                 amp: amp.map(Into::into),
+                allow_non_finite_loss,
                 ..MlpConfig::default()
             };
             // Before the data is read (`mlp::train` checks again with it).
@@ -272,7 +284,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             train_mlp(&cfg, &data, compare_eager, json)
         }
         Command::Train {
-            model: Model::Gpt { text, config, steps, vocab, batch, seed, amp, max_grad_norm, memory_limit, shard, json },
+            model:
+                Model::Gpt {
+                    text,
+                    config,
+                    steps,
+                    vocab,
+                    batch,
+                    seed,
+                    amp,
+                    max_grad_norm,
+                    memory_limit,
+                    shard,
+                    allow_non_finite_loss,
+                    json,
+                },
         } => {
             set_memory_limit(memory_limit.as_deref())?;
             let mut base = config.config();
@@ -301,6 +327,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 seed,
                 amp: amp.map(Into::into),
                 max_grad_norm,
+                allow_non_finite_loss,
                 ..base
             };
             // The settings before the text is read (the vocabulary is at

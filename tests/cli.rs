@@ -389,3 +389,16 @@ fn a_vocab_below_the_texts_characters_is_refused() {
         "{err}"
     );
 }
+
+/// A diverged run is an error naming the step, not "final loss NaN" with
+/// exit 0; `--allow-non-finite-loss` keeps going, as asked.
+#[test]
+fn a_non_finite_loss_stops_the_run_naming_the_step() {
+    let args = ["train", "mlp", "--lr", "1e30", "--epochs", "1", "--max-steps", "12", "--hidden", "32"];
+    let out = kiln().args(args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("step ") && err.contains("not finite") && err.contains("--allow-non-finite-loss"), "{err}");
+    let out = kiln().args(args).args(["--allow-non-finite-loss", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

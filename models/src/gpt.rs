@@ -47,6 +47,9 @@ pub struct GptConfig {
     /// How the loss meets the tied LM head; `None`: `KILN_LM_HEAD`, else the
     /// backend's default ([`LmHeadLoss::resolve`]).
     pub lm_head: Option<LmHeadLoss>,
+    /// Keep training through a loss that is NaN or infinite (the default
+    /// stops with [`kiln_frontend::FrontendError::NonFiniteLoss`]).
+    pub allow_non_finite_loss: bool,
 }
 
 /// Environment variable for [`GptConfig::lm_head`]: `logits`, `blocks` or
@@ -161,6 +164,7 @@ impl GptConfig {
             max_grad_norm: None,
             init: None,
             lm_head: None,
+            allow_non_finite_loss: false,
         }
     }
 
@@ -181,6 +185,7 @@ impl GptConfig {
             max_grad_norm: None,
             init: None,
             lm_head: None,
+            allow_non_finite_loss: false,
         }
     }
 }
@@ -646,7 +651,7 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
                     clock: &mut crate::training::StepClock|
      -> Result<()> {
         if let Some((outputs, step)) = unread.take() {
-            let (loss, ms) = crate::training::record_outcome(&outputs, report, clock)?;
+            let (loss, ms) = crate::training::record_outcome(&outputs, step, cfg.allow_non_finite_loss, report, clock)?;
             on_step(&StepInfo { epoch: 0, step, steps_total: cfg.steps, loss, step_ms: ms });
         }
         Ok(())

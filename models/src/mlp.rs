@@ -106,6 +106,9 @@ pub struct MlpConfig {
     /// Where parameters are initialised; `None`: `KILN_INIT`, else on the
     /// devices on the PJRT backend (`crate::training::init_placement`).
     pub init: Option<InitPlacement>,
+    /// Keep training through a loss that is NaN or infinite (the default
+    /// stops with [`kiln_frontend::FrontendError::NonFiniteLoss`]).
+    pub allow_non_finite_loss: bool,
 }
 
 impl Default for MlpConfig {
@@ -126,6 +129,7 @@ impl Default for MlpConfig {
             overwrite: false,
             amp: None,
             init: None,
+            allow_non_finite_loss: false,
         }
     }
 }
@@ -168,6 +172,9 @@ pub struct TrainReport {
     pub setup: Option<crate::training::SetupBreakdown>,
     /// Where the parameters were initialised.
     pub init: Option<InitPlacement>,
+    /// Keep training through a loss that is NaN or infinite (the default
+    /// stops with [`kiln_frontend::FrontendError::NonFiniteLoss`]).
+    pub allow_non_finite_loss: bool,
 }
 
 impl TrainReport {
@@ -478,7 +485,8 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
                         clock: &mut crate::training::StepClock|
          -> Result<()> {
             if let Some((outputs, step)) = unread.take() {
-                let (loss, ms) = crate::training::record_outcome(&outputs, report, clock)?;
+                let (loss, ms) =
+                    crate::training::record_outcome(&outputs, step, cfg.allow_non_finite_loss, report, clock)?;
                 on_step(&StepInfo { epoch, step, steps_total: total, loss, step_ms: ms });
             }
             Ok(())

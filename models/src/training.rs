@@ -307,15 +307,22 @@ pub(crate) fn read_outcome(outputs: &[Tensor]) -> Result<StepOutcome> {
     Ok(StepOutcome { loss, skipped })
 }
 
-/// Reads a step's outcome (one step late, once a later step is enqueued),
-/// takes its completion time from `clock` and records both in `report`;
-/// returns the loss and the step time in ms.
+/// Reads step `step`'s outcome (one step late, once a later step is
+/// enqueued), takes its completion time from `clock` and records both in
+/// `report`; returns the loss and the step time in ms. A loss that is not
+/// finite, where no loss scaler skipped the update, is
+/// [`FrontendError::NonFiniteLoss`] unless `allow_non_finite`.
 pub(crate) fn record_outcome(
     outputs: &[Tensor],
+    step: u64,
+    allow_non_finite: bool,
     report: &mut crate::mlp::TrainReport,
     clock: &mut StepClock,
 ) -> Result<(f64, f64)> {
     let out = read_outcome(outputs)?;
+    if !out.loss.is_finite() && !out.skipped && !allow_non_finite {
+        return Err(kiln_frontend::FrontendError::NonFiniteLoss { step, loss: out.loss });
+    }
     let ms = clock.completed();
     report.skipped_steps += u64::from(out.skipped);
     report.losses.push(out.loss);

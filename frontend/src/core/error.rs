@@ -132,6 +132,14 @@ pub enum FrontendError {
     Data { path: std::path::PathBuf, reason: String },
     #[error("checkpoint {}: {reason}", .path.display())]
     Checkpoint { path: std::path::PathBuf, reason: String },
+    /// A training loop's loss that is NaN or infinite where no loss scaler
+    /// skipped the update: the run diverged, and the steps after it would
+    /// only train on garbage.
+    #[error(
+        "step {step}: the loss is {loss} (not finite): training diverged; lower the learning rate or clip \
+         the gradients (--max-grad-norm), or pass --allow-non-finite-loss to keep going"
+    )]
+    NonFiniteLoss { step: u64, loss: f64 },
     #[error("{op}: expected dtype {expected}, got {got}")]
     DType { op: &'static str, expected: &'static str, got: DType },
     /// A step that ran asynchronously failed on the device (or a check run

@@ -178,7 +178,7 @@ pub(crate) fn fuse_in(
 pub(crate) fn warn_missed(missed: &[kiln_compiler::composite::Missed]) {
     if let Some(m) = missed.first() {
         let message = || format!("{} at {} left plain: {} ({} such this step)", m.kind, m.node, m.reason, missed.len());
-        tracing::warn!(kind = m.kind, node = %m.node, reason = %m.reason, "composite left plain");
+        tracing::debug!(kind = m.kind, node = %m.node, reason = %m.reason, "composite left plain");
         crate::core::warnings::show_once(crate::core::warnings::Warning::CompositeMissed, message);
     }
 }
