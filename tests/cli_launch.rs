@@ -24,7 +24,7 @@ fn alive(pid: &str) -> bool {
 #[test]
 fn children_get_their_identity_and_the_coordinator() {
     let dir = tempfile::tempdir().unwrap();
-    let script = r#"echo "$KILN_NODE_ID $KILN_NUM_NODES $KILN_COORDINATOR $KILN_COORDINATOR_SERVED $KILN_RUN_ID $KILN_ATTEMPT ${KILN_LOCAL_DEVICES-none}" > "$OUT/node$KILN_NODE_ID""#;
+    let script = r#"printf %s "$KILN_RUN_TOKEN" > "$OUT/token$KILN_NODE_ID"; echo "$KILN_NODE_ID $KILN_NUM_NODES $KILN_COORDINATOR $KILN_COORDINATOR_SERVED $KILN_RUN_ID $KILN_ATTEMPT ${KILN_LOCAL_DEVICES-none}" > "$OUT/node$KILN_NODE_ID""#;
     let out = kiln()
         .args(["launch", "--nodes", "3", "--run-id", "t1", "--attempt", "2", "--", "sh", "-c", script])
         .env("OUT", dir.path())
@@ -40,6 +40,11 @@ fn children_get_their_identity_and_the_coordinator() {
         assert!(f[2].starts_with("127.0.0.1:") && !f[2].ends_with(":0"), "{line}");
         assert_eq!(&f[3..], ["1", "t1", "2", "none"], "{line}");
     }
+    // Every child gets the launch's token: 32 random bytes as hex.
+    let token = |n: usize| std::fs::read_to_string(dir.path().join(format!("token{n}"))).unwrap();
+    let first = token(0);
+    assert!(first.len() == 64 && first.bytes().all(|b| b.is_ascii_hexdigit()), "{first:?}");
+    assert!((1..3).all(|n| token(n) == first));
     // GPUs: each process gets its own ordinals.
     let out = kiln()
         .args(["launch", "--nodes", "2", "--gpus-per-node", "2", "--", "sh", "-c", script])
@@ -51,6 +56,8 @@ fn children_get_their_identity_and_the_coordinator() {
     let gpus = |n: usize| std::fs::read_to_string(dir.path().join(format!("node{n}"))).unwrap();
     assert!(gpus(0).trim_end().ends_with(" 0,1"), "{}", gpus(0));
     assert!(gpus(1).trim_end().ends_with(" 2,3"), "{}", gpus(1));
+    // A new launch, a new token.
+    assert_ne!(token(0), first);
 }
 
 #[test]
@@ -165,6 +172,10 @@ fn bad_identities_are_refused_before_training() {
         (
             &[("KILN_NUM_NODES", "2"), ("KILN_NODE_ID", "0"), ("KILN_COORDINATOR", "127.0.0.1:1")],
             "the cpu PJRT plugin cannot join a run of 2 nodes",
+        ),
+        (
+            &[("KILN_NUM_NODES", "2"), ("KILN_NODE_ID", "0"), ("KILN_COORDINATOR", "10.0.0.1:7070")],
+            "is not on loopback and the run has no token",
         ),
     ];
     for (vars, want) in cases {

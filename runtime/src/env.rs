@@ -36,6 +36,16 @@ pub fn bool_var(var: &'static str) -> Result<Option<bool>> {
     }
 }
 
+/// The text of variable `var`: `None` when unset or empty; a value that is
+/// not UTF-8 is an error naming the variable, never taken as unset.
+pub fn string_var(var: &'static str) -> Result<Option<String>> {
+    match std::env::var_os(var) {
+        None => Ok(None),
+        Some(v) if v.is_empty() => Ok(None),
+        Some(v) => v.into_string().map(Some).map_err(|_| RuntimeError::NonUnicodeEnv { var }),
+    }
+}
+
 /// The spellings [`parse_size`] accepts, for error messages.
 pub const SIZE_SPELLINGS: &str =
     "bytes (123, 1.5e9), or a number with K, M, G, T, KiB, MiB, GiB, TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000)";

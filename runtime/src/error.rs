@@ -281,6 +281,24 @@ pub enum RuntimeError {
     #[error("the {platform} PJRT plugin cannot join a run of {num_nodes} nodes: it ignores node_id, num_nodes and the key-value store, so its collectives would stay inside one process (use PJRT_DEVICE=CUDA)")]
     PlatformNotDistributed { platform: String, num_nodes: u32 },
 
+    #[error("the coordinator {coordinator} is not on loopback and the run has no token: anyone who can reach it could join or stop the run. Give every process the same secret of at least 16 bytes in KILN_RUN_TOKEN, or in a file named by KILN_RUN_TOKEN_FILE (e.g. `openssl rand -hex 32`); `kiln launch` makes one itself")]
+    MissingRunToken { coordinator: String },
+
+    #[error("{var} is not a valid run token: {reason}")]
+    BadRunToken { var: &'static str, reason: String },
+
+    #[error("environment variable {var} is not valid UTF-8")]
+    NonUnicodeEnv { var: &'static str },
+
+    #[error("the operating system gave no random bytes: {reason}")]
+    NoRandomness { reason: String },
+
+    #[error("key-value store at {addr} refused the request ({refusal}): {reason}")]
+    KvRefused { addr: String, refusal: crate::distributed::wire::Status, reason: String },
+
+    #[error("key-value store is full: {key:?} ({bytes} bytes) would pass the limit of {limit_bytes} bytes ({used_bytes} stored)")]
+    KvStoreFull { key: String, bytes: usize, used_bytes: usize, limit_bytes: usize },
+
     #[error("key-value store: key {key:?} not found")]
     KvNotFound { key: String },
 

@@ -14,16 +14,23 @@ use std::time::{Duration, Instant};
 
 use kiln_runtime::distributed::identity::Timeouts;
 use kiln_runtime::distributed::{
-    Identity, KeyValueStore, RunScope, Scoped, Session, StoreServer, TcpStore, WatchdogAction,
+    Identity, KeyValueStore, RunScope, Scoped, ServerConfig, Session, StoreServer, TcpStore, WatchdogAction,
 };
 use kiln_runtime::RuntimeError;
 
+/// A loopback server for a run of 3 nodes, without a token (loopback runs
+/// may go without one).
 fn server() -> StoreServer {
-    StoreServer::bind("127.0.0.1:0").expect("a loopback server")
+    server_of(3)
+}
+
+/// A loopback server for a run of `nodes` (every `BEAT` must say as many).
+fn server_of(nodes: u32) -> StoreServer {
+    StoreServer::bind("127.0.0.1:0", ServerConfig::new(None, nodes)).expect("a loopback server")
 }
 
 fn client(s: &StoreServer) -> TcpStore {
-    TcpStore::new(&s.local_addr().to_string(), Duration::from_secs(2)).unwrap()
+    TcpStore::new(&s.local_addr().to_string(), None, Duration::from_secs(2)).unwrap()
 }
 
 #[test]
@@ -47,7 +54,7 @@ fn get_blocks_until_put_and_times_out_at_its_deadline() {
     let s = server();
     let addr = s.local_addr().to_string();
     let waiter = std::thread::spawn(move || {
-        let c = TcpStore::new(&addr, Duration::from_secs(2)).unwrap();
+        let c = TcpStore::new(&addr, None, Duration::from_secs(2)).unwrap();
         let t = Instant::now();
         let v = c.get("late", Duration::from_secs(5));
         (v, t.elapsed())
@@ -78,7 +85,7 @@ fn concurrent_clients_see_every_value_exactly() {
             let addr = addr.clone();
             let start = start.clone();
             std::thread::spawn(move || {
-                let c = TcpStore::new(&addr, Duration::from_secs(5)).unwrap();
+                let c = TcpStore::new(&addr, None, Duration::from_secs(5)).unwrap();
                 start.wait();
                 for k in 0..keys_each {
                     c.put(&format!("t{t}/k{k}"), format!("{t}:{k}").as_bytes()).unwrap();
@@ -128,7 +135,7 @@ fn an_unreachable_store_is_a_typed_error_not_a_hang() {
         s.local_addr().to_string()
     };
     // The server is gone; nothing listens there now.
-    let c = TcpStore::new(&addr, Duration::from_millis(300)).unwrap();
+    let c = TcpStore::new(&addr, None, Duration::from_millis(300)).unwrap();
     let t = Instant::now();
     let err = c.get("k", Duration::from_millis(100)).unwrap_err();
     assert!(matches!(err, RuntimeError::KvUnavailable { .. }), "{err}");
@@ -144,6 +151,7 @@ fn identity(node: u32, nodes: u32, coordinator: &str, run: &str, timeouts: Timeo
         scope: RunScope { run_id: run.into(), attempt: 0 },
         local_devices: None,
         timeouts,
+        token: None,
     }
 }
 
@@ -195,7 +203,7 @@ fn a_coordinator_that_never_listens_is_named_after_the_startup_timeout() {
 
 #[test]
 fn the_watchdog_names_a_node_that_stopped_beating() {
-    let s = server();
+    let s = server_of(2);
     let addr = s.local_addr().to_string();
     let t = Timeouts { startup_ms: 5_000, peer_ms: 400 };
     let (a, b) = {
@@ -228,7 +236,7 @@ fn the_watchdog_names_a_node_that_stopped_beating() {
 
 #[test]
 fn a_node_that_finished_is_not_lost() {
-    let s = server();
+    let s = server_of(2);
     let addr = s.local_addr().to_string();
     let t = Timeouts { startup_ms: 5_000, peer_ms: 300 };
     let ib = identity(1, 2, &addr, "finish", t);

@@ -4,7 +4,9 @@
 //! The launcher serves the run's key-value store itself (so the store
 //! outlives any child) and gives child `i` its identity: `KILN_NUM_NODES=N`,
 //! `KILN_NODE_ID=i`, `KILN_COORDINATOR=127.0.0.1:<port>`,
-//! `KILN_COORDINATOR_SERVED=1`, `KILN_RUN_ID`, `KILN_ATTEMPT`, and with GPUs
+//! `KILN_COORDINATOR_SERVED=1`, `KILN_RUN_ID`, `KILN_ATTEMPT`, `KILN_RUN_TOKEN`
+//! (a random secret made per launch: every store message is authenticated
+//! with it, so no other local process can speak to the run), and with GPUs
 //! `KILN_LOCAL_DEVICES` (child `i` drives GPUs `i·g .. (i+1)·g`, which become
 //! the CUDA client's `visible_devices`).
 //!
@@ -24,11 +26,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
+use kiln_runtime::distributed::auth::{ENV_RUN_TOKEN, ENV_RUN_TOKEN_FILE};
 use kiln_runtime::distributed::identity::MAX_NODES;
 use kiln_runtime::distributed::identity::{
     ENV_ATTEMPT, ENV_COORDINATOR, ENV_COORDINATOR_SERVED, ENV_LOCAL_DEVICES, ENV_NODE_ID, ENV_NUM_NODES, ENV_RUN_ID,
 };
-use kiln_runtime::distributed::{StoreServer, EXIT_PEER_LOST};
+use kiln_runtime::distributed::{RunToken, ServerConfig, StoreServer, EXIT_PEER_LOST};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
@@ -108,7 +111,10 @@ pub fn run(args: &LaunchArgs) -> anyhow::Result<i32> {
         _ => {}
     }
     let (program, rest) = args.command.split_first().context("no command after --")?;
-    let server = StoreServer::bind(&format!("127.0.0.1:{}", args.port)).context("starting the key-value store")?;
+    let token = RunToken::generate().context("making the run's token")?;
+    let config = ServerConfig::new(Some(token.clone()), args.nodes);
+    let server =
+        StoreServer::bind(&format!("127.0.0.1:{}", args.port), config).context("starting the key-value store")?;
     let coordinator = server.local_addr().to_string();
     let run_id = args.run_id.clone().unwrap_or_else(|| format!("launch-{}-{}", std::process::id(), unix_ms()));
     let cuda = std::env::var("PJRT_DEVICE").is_ok_and(|v| v.eq_ignore_ascii_case("cuda"));
@@ -119,7 +125,7 @@ pub fn run(args: &LaunchArgs) -> anyhow::Result<i32> {
     let mut restarts_left = args.restarts;
     loop {
         eprintln!("kiln launch: {} processes, store at {coordinator}, run {run_id} attempt {attempt}", args.nodes);
-        let code = run_attempt(args, program, rest, &coordinator, &run_id, attempt, gpus, &stop)?;
+        let code = run_attempt(args, program, rest, &coordinator, &run_id, &token, attempt, gpus, &stop)?;
         if code == 0 || stop.load(Ordering::Acquire) != 0 || restarts_left == 0 {
             drop(server);
             return Ok(code);
@@ -139,6 +145,7 @@ fn run_attempt(
     rest: &[String],
     coordinator: &str,
     run_id: &str,
+    token: &RunToken,
     attempt: u32,
     gpus: Option<usize>,
     stop: &AtomicI32,
@@ -155,6 +162,8 @@ fn run_attempt(
             .env(ENV_COORDINATOR_SERVED, "1")
             .env(ENV_RUN_ID, run_id)
             .env(ENV_ATTEMPT, attempt.to_string())
+            .env(ENV_RUN_TOKEN, token.expose())
+            .env_remove(ENV_RUN_TOKEN_FILE)
             .process_group(0);
         if let Some(list) = &local_devices[node as usize] {
             cmd.env(ENV_LOCAL_DEVICES, list);

@@ -619,7 +619,7 @@ pub fn restore_loaded(path: &Path, loaded: Loaded, targets: &[(String, Tensor)])
 mod tests {
     use super::*;
     use kiln_compiler::ir::TensorType;
-    use kiln_runtime::distributed::{Identity, RunScope, Session, StoreServer, Timeouts};
+    use kiln_runtime::distributed::{Identity, RunScope, ServerConfig, Session, StoreServer, Timeouts};
 
     /// A generator state `u64[2]` (key, counter) as a literal.
     fn state(key: u64, counter: u64) -> Literal {
@@ -689,6 +689,7 @@ mod tests {
             scope: RunScope { run_id: run.into(), attempt: 0 },
             local_devices: None,
             timeouts: Timeouts { startup_ms: 10_000, peer_ms: 10_000 },
+            token: None,
         }
     }
 
@@ -698,7 +699,7 @@ mod tests {
     /// differ are refused on both nodes, and no file is written.
     #[test]
     fn two_nodes_write_one_file_with_every_replicas_generator_state() {
-        let server = StoreServer::bind("127.0.0.1:0").unwrap();
+        let server = StoreServer::bind("127.0.0.1:0", ServerConfig::new(None, 2)).unwrap();
         let addr = server.local_addr().to_string();
         let dir = tempfile::tempdir().unwrap();
         let weight = |v: f32| {

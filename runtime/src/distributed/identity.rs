@@ -15,15 +15,20 @@
 //! | `KILN_LOCAL_DEVICES` | GPU ordinals this process drives (`0,1`) | the replica plan's |
 //! | `KILN_STARTUP_TIMEOUT_MS` | how long nodes wait for each other at start | 120000 |
 //! | `KILN_PEER_TIMEOUT_MS` | silence after which a node counts as dead | 10000 |
+//! | `KILN_RUN_TOKEN` | the run's secret, ≥ 16 bytes ([`super::auth`]) | required unless the coordinator is loopback |
+//! | `KILN_RUN_TOKEN_FILE` | a file holding the run's secret instead | |
 //!
-//! The parse is a pure function of the values ([`NodeEnv::identity`]), so
-//! every refusal is unit-tested. Invariants: `node_id < num_nodes`; several
-//! nodes always have a coordinator (the plugin aborts the process without a
-//! store, so this is refused here, before any plugin call); an empty value
-//! counts as unset.
+//! The parse is a function of the values ([`NodeEnv::identity`]; it reads
+//! only the token file), so every refusal is unit-tested. Invariants:
+//! `node_id < num_nodes`; several nodes always have a coordinator (the
+//! plugin aborts the process without a store, so this is refused here,
+//! before any plugin call), and a token unless that coordinator is on
+//! loopback; an empty value counts as unset; a value that is not UTF-8 is an
+//! error naming its variable, never read as something else.
 
 use std::time::Duration;
 
+use super::auth::{self, RunToken, ENV_RUN_TOKEN, ENV_RUN_TOKEN_FILE};
 use super::store::RunScope;
 use crate::error::{Result, RuntimeError};
 
@@ -48,6 +53,8 @@ pub const ALL_VARS: &[&str] = &[
     ENV_LOCAL_DEVICES,
     ENV_STARTUP_TIMEOUT_MS,
     ENV_PEER_TIMEOUT_MS,
+    ENV_RUN_TOKEN,
+    ENV_RUN_TOKEN_FILE,
 ];
 
 /// The most nodes a run may have: far above any cluster kiln targets; it
@@ -101,6 +108,8 @@ pub struct Identity {
     /// GPU ordinals this process drives (`visible_devices`), if given.
     pub local_devices: Option<Vec<usize>>,
     pub timeouts: Timeouts,
+    /// The run's secret (`None`: a loopback coordinator without one).
+    pub token: Option<RunToken>,
 }
 
 impl Identity {
@@ -114,6 +123,7 @@ impl Identity {
             scope: RunScope { run_id: "run".into(), attempt: 0 },
             local_devices: None,
             timeouts: Timeouts::default(),
+            token: None,
         }
     }
 
@@ -134,6 +144,10 @@ pub struct NodeEnv {
     pub local_devices: Option<String>,
     pub startup_timeout_ms: Option<String>,
     pub peer_timeout_ms: Option<String>,
+    pub run_token: Option<String>,
+    pub run_token_file: Option<String>,
+    /// The first variable whose value is not UTF-8 (refused by `identity`).
+    pub not_unicode: Option<&'static str>,
 }
 
 fn set(v: &Option<String>) -> Option<&str> {
@@ -151,8 +165,14 @@ fn parse_u64(var: &'static str, value: &str, expected: &'static str) -> Result<u
 impl NodeEnv {
     /// Reads the variables of this process.
     pub fn from_env() -> NodeEnv {
-        let read = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
-        NodeEnv {
+        let mut not_unicode = None;
+        let mut read = |name: &'static str| {
+            crate::env::string_var(name).unwrap_or_else(|_| {
+                not_unicode.get_or_insert(name);
+                None
+            })
+        };
+        let mut env = NodeEnv {
             num_nodes: read(ENV_NUM_NODES),
             node_id: read(ENV_NODE_ID),
             coordinator: read(ENV_COORDINATOR),
@@ -162,11 +182,19 @@ impl NodeEnv {
             local_devices: read(ENV_LOCAL_DEVICES),
             startup_timeout_ms: read(ENV_STARTUP_TIMEOUT_MS),
             peer_timeout_ms: read(ENV_PEER_TIMEOUT_MS),
-        }
+            run_token: read(ENV_RUN_TOKEN),
+            run_token_file: read(ENV_RUN_TOKEN_FILE),
+            not_unicode: None,
+        };
+        env.not_unicode = not_unicode;
+        env
     }
 
     /// Checks the values and returns the identity they describe.
     pub fn identity(&self) -> Result<Identity> {
+        if let Some(var) = self.not_unicode {
+            return Err(RuntimeError::NonUnicodeEnv { var });
+        }
         let num_nodes = match set(&self.num_nodes) {
             None => 1,
             Some(v) => match v.parse::<u32>() {
@@ -193,6 +221,10 @@ impl NodeEnv {
             None => None,
             Some(v) => Some(parse_coordinator(v)?),
         };
+        let token = RunToken::from_values(set(&self.run_token), set(&self.run_token_file))?;
+        if let (Some(c), true) = (&coordinator, num_nodes > 1) {
+            auth::require_token(c, token.as_ref())?;
+        }
         let served = match set(&self.coordinator_served) {
             None | Some("0") => false,
             Some("1") => true,
@@ -249,6 +281,7 @@ impl NodeEnv {
             scope: RunScope { run_id, attempt },
             local_devices,
             timeouts,
+            token,
         })
     }
 }
@@ -282,6 +315,8 @@ mod tests {
                 ENV_LOCAL_DEVICES => &mut e.local_devices,
                 ENV_STARTUP_TIMEOUT_MS => &mut e.startup_timeout_ms,
                 ENV_PEER_TIMEOUT_MS => &mut e.peer_timeout_ms,
+                ENV_RUN_TOKEN => &mut e.run_token,
+                ENV_RUN_TOKEN_FILE => &mut e.run_token_file,
                 other => panic!("unknown test variable {other}"),
             };
             *slot = Some(v.to_string());
@@ -356,6 +391,28 @@ mod tests {
             assert!(matches!(&err, RuntimeError::BadNodeEnv { var: v, .. } if v == var), "{pairs:?}: {err}");
             assert!(err.to_string().contains(var), "{err}");
         }
+    }
+
+    #[test]
+    fn a_remote_coordinator_needs_a_token() {
+        let remote = [(ENV_NUM_NODES, "2"), (ENV_NODE_ID, "1"), (ENV_COORDINATOR, "10.0.0.1:7070")];
+        let err = env(&remote).identity().unwrap_err();
+        assert!(
+            matches!(&err, RuntimeError::MissingRunToken { coordinator } if coordinator == "10.0.0.1:7070"),
+            "{err}"
+        );
+        let mut with = remote.to_vec();
+        with.push((ENV_RUN_TOKEN, "0123456789abcdef0123"));
+        assert_eq!(env(&with).identity().unwrap().token.unwrap().expose(), "0123456789abcdef0123");
+        with.push((ENV_RUN_TOKEN_FILE, "/nonexistent"));
+        assert!(matches!(env(&with).identity().unwrap_err(), RuntimeError::BadRunToken { .. }));
+        let short = [(ENV_NUM_NODES, "2"), (ENV_NODE_ID, "1"), (ENV_COORDINATOR, "h:1"), (ENV_RUN_TOKEN, "x")];
+        assert!(matches!(env(&short).identity().unwrap_err(), RuntimeError::BadRunToken { var: ENV_RUN_TOKEN, .. }));
+        let local = [(ENV_NUM_NODES, "2"), (ENV_NODE_ID, "1"), (ENV_COORDINATOR, "127.0.0.1:7070")];
+        assert_eq!(env(&local).identity().unwrap().token, None);
+        let mut e = env(&local);
+        e.not_unicode = Some(ENV_RUN_TOKEN);
+        assert!(matches!(e.identity().unwrap_err(), RuntimeError::NonUnicodeEnv { var: ENV_RUN_TOKEN }));
     }
 
     #[test]

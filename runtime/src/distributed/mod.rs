@@ -21,6 +21,7 @@
 //!   Exit (not an error value) because a collective whose peer died blocks
 //!   inside NCCL and PJRT cannot cancel it.
 
+pub mod auth;
 pub mod identity;
 pub mod server;
 pub mod store;
@@ -31,8 +32,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+pub use auth::RunToken;
 pub use identity::{Identity, NodeEnv, Timeouts, EXIT_GRACE};
-pub use server::StoreServer;
+pub use server::{Limits, ServerConfig, StoreServer};
 pub use store::{KeyValueStore, MemoryStore, RunScope, Scoped, StoreHandle};
 pub use tcp::TcpStore;
 
@@ -108,8 +110,13 @@ impl Session {
     pub fn start(identity: Identity) -> Result<Session> {
         let coordinator =
             identity.coordinator.clone().ok_or(RuntimeError::MissingCoordinator { num_nodes: identity.num_nodes })?;
-        let server = if identity.serves_store { Some(StoreServer::bind(&coordinator)?) } else { None };
-        let tcp = Arc::new(TcpStore::new(&coordinator, IO_TIMEOUT)?);
+        let token = identity.token.as_ref();
+        let server = if identity.serves_store {
+            Some(StoreServer::bind(&coordinator, ServerConfig::new(identity.token.clone(), identity.num_nodes))?)
+        } else {
+            None
+        };
+        let tcp = Arc::new(TcpStore::new(&coordinator, token, IO_TIMEOUT)?);
         let store = Arc::new(Scoped::new(tcp.clone(), &identity.scope));
         let session = Session { identity, tcp, store, _server: server, finished: Arc::new(AtomicBool::new(false)) };
         session.barrier()?;

@@ -62,49 +62,86 @@ pub enum PutOutcome {
 }
 
 /// An in-process store: a map under a mutex and a condition variable that
-/// wakes waiting `get`s on every insert.
-#[derive(Default)]
+/// wakes waiting `get`s on every insert. Optionally bounded
+/// ([`MemoryStore::bounded`]): an insert that would pass the limit on bytes
+/// (keys and values together) is `KvStoreFull` and changes nothing.
 pub struct MemoryStore {
-    map: Mutex<HashMap<String, Arc<[u8]>>>,
+    map: Mutex<Entries>,
     changed: Condvar,
+    max_bytes: usize,
+}
+
+#[derive(Default)]
+struct Entries {
+    map: HashMap<String, Arc<[u8]>>,
+    /// Sum of every key's and value's length.
+    bytes: usize,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::bounded(usize::MAX)
+    }
 }
 
 impl MemoryStore {
+    /// A store without a size limit (tests, one process).
     pub fn new() -> MemoryStore {
         MemoryStore::default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<[u8]>>> {
+    /// A store holding at most `max_bytes` of keys and values.
+    pub fn bounded(max_bytes: usize) -> MemoryStore {
+        MemoryStore { map: Mutex::new(Entries::default()), changed: Condvar::new(), max_bytes }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         // Inserts are the only mutation and cannot be left half-done by a
         // panic, so a poisoned map is still consistent.
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Inserts `key` unless it holds another value.
+    /// Inserts `key` unless it holds another value or the store is full.
     pub fn insert(&self, key: &str, value: &[u8]) -> Result<PutOutcome> {
-        let mut map = self.lock();
-        match map.get(key) {
+        let mut entries = self.lock();
+        match entries.map.get(key) {
             Some(old) if **old == *value => Ok(PutOutcome::Unchanged),
             Some(_) => Err(RuntimeError::KvAlreadyExists { key: key.to_string() }),
             None => {
-                map.insert(key.to_string(), Arc::from(value));
-                drop(map);
+                let size = key.len().saturating_add(value.len());
+                let total = entries.bytes.saturating_add(size);
+                if total > self.max_bytes {
+                    return Err(RuntimeError::KvStoreFull {
+                        key: key.to_string(),
+                        bytes: size,
+                        used_bytes: entries.bytes,
+                        limit_bytes: self.max_bytes,
+                    });
+                }
+                entries.bytes = total;
+                entries.map.insert(key.to_string(), Arc::from(value));
+                drop(entries);
                 self.changed.notify_all();
                 Ok(PutOutcome::Inserted)
             }
         }
     }
 
+    /// Bytes of keys and values stored.
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
     /// The value of `key`, if present (cheap: shares the stored bytes).
     pub fn lookup(&self, key: &str) -> Option<Arc<[u8]>> {
-        self.lock().get(key).cloned()
+        self.lock().map.get(key).cloned()
     }
 
     /// Waits until `key` exists or `deadline` passes (blocking the thread).
     pub fn wait_for(&self, key: &str, deadline: Instant) -> Option<Arc<[u8]>> {
         let mut map = self.lock();
         loop {
-            if let Some(v) = map.get(key) {
+            if let Some(v) = map.map.get(key) {
                 return Some(v.clone());
             }
             let now = Instant::now();
@@ -117,7 +154,7 @@ impl MemoryStore {
 
     /// Number of keys stored.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().map.len()
     }
 
     pub fn is_empty(&self) -> bool {

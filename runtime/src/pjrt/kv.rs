@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use super::ffi;
 use crate::distributed::store::KeyValueStore;
+use crate::distributed::wire::Status;
 use crate::error::RuntimeError;
 
 /// What `user_arg` points to.
@@ -99,6 +100,15 @@ fn code_of(err: &RuntimeError) -> c_int {
         RuntimeError::KvAlreadyExists { .. } => 6, // ALREADY_EXISTS
         RuntimeError::KvUnavailable { .. } => 14,  // UNAVAILABLE
         RuntimeError::KvProtocol { .. } => 13,     // INTERNAL
+        RuntimeError::KvStoreFull { .. } => 8,     // RESOURCE_EXHAUSTED
+        RuntimeError::KvRefused { refusal, .. } => match refusal {
+            Status::Unauthenticated => 16,        // UNAUTHENTICATED
+            Status::TooLarge | Status::Full => 8, // RESOURCE_EXHAUSTED
+            Status::NodeClaimed => 7,             // PERMISSION_DENIED
+            Status::Busy => 14,                   // UNAVAILABLE
+            Status::BadRequest => 3,              // INVALID_ARGUMENT
+            Status::Ok | Status::NotFound | Status::Deadline | Status::AlreadyExists => 13, // not refusals
+        },
         _ => 13,
     }
 }
@@ -377,6 +387,17 @@ mod tests {
         unsafe { deleter.expect("a deleter comes with every value")(value) };
         assert!(!is_outstanding(value), "the deleter freed the value");
         v
+    }
+
+    #[test]
+    fn a_refusal_reaches_the_plugin_as_its_own_code() {
+        let refused = |refusal| RuntimeError::KvRefused { addr: "a".into(), refusal, reason: String::new() };
+        assert_eq!(code_of(&refused(Status::Unauthenticated)), 16);
+        assert_eq!(code_of(&refused(Status::TooLarge)), 8);
+        assert_eq!(code_of(&refused(Status::NodeClaimed)), 7);
+        assert_eq!(code_of(&refused(Status::Busy)), 14);
+        let full = RuntimeError::KvStoreFull { key: "k".into(), bytes: 1, used_bytes: 1, limit_bytes: 1 };
+        assert_eq!(code_of(&full), 8);
     }
 
     #[test]
