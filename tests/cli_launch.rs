@@ -248,3 +248,20 @@ fn a_restarted_attempt_resumes_from_the_checkpoint_of_an_earlier_one() {
     let v: serde_json::Value = serde_json::from_str(last.lines().last().unwrap()).unwrap();
     assert_eq!(v["steps"], 6, "{v}");
 }
+
+/// A run id that the children would refuse is refused where it is given, and
+/// an attempt counter that would wrap to 0 (reusing attempt 0's keys) is
+/// refused before anything starts.
+#[test]
+fn bad_run_ids_and_wrapping_attempts_are_refused_at_the_launcher() {
+    let out = kiln().args(["launch", "--nodes", "1", "--run-id", "a/b c", "--", "true"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--run-id") && err.contains("not a run id"), "{err}");
+    let out = kiln()
+        .args(["launch", "--nodes", "1", "--attempt", "4294967295", "--restarts", "1", "--", "false"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("wrap to 0"), "{err}");
+    assert!(!err.contains("processes, store at"), "nothing may start: {err}");
+}

@@ -51,8 +51,9 @@ pub struct LaunchArgs {
     /// Port of the key-value store on 127.0.0.1 (0 picks a free one).
     #[arg(long, default_value_t = 0)]
     pub port: u16,
-    /// Names the run's keys (default: one per launch).
-    #[arg(long)]
+    /// Names the run's keys (default: one per launch): 1 to 64 characters of
+    /// A-Z a-z 0-9 . _ -
+    #[arg(long, value_parser = parse_run_id)]
     pub run_id: Option<String>,
     /// Restart count of this run (a new attempt never reads older keys).
     #[arg(long, default_value_t = 0)]
@@ -99,6 +100,16 @@ fn signal_group(child: &Child, signal: Signal) {
 pub fn run(args: &LaunchArgs) -> anyhow::Result<i32> {
     if args.nodes == 0 {
         bail!("--nodes must be at least 1");
+    }
+    // Every attempt this launch may start has its own number.
+    if args.attempt.checked_add(args.restarts).is_none() {
+        bail!(
+            "--attempt {} with --restarts {}: the attempts would pass {} and wrap to 0, reusing the keys of \
+             attempt 0",
+            args.attempt,
+            args.restarts,
+            u32::MAX
+        );
     }
     if args.nodes > MAX_NODES {
         bail!("--nodes {} is more than the {MAX_NODES} nodes a run may have", args.nodes);
@@ -277,5 +288,14 @@ fn forward_signals(stop: Arc<AtomicI32>) {
     });
     if let Err(err) = spawned {
         eprintln!("kiln launch: cannot watch for signals ({err}); Ctrl-C stops only the launcher");
+    }
+}
+
+/// `--run-id`, checked where it is given rather than in every child.
+fn parse_run_id(v: &str) -> Result<String, String> {
+    if kiln::runtime::distributed::identity::is_run_id(v) {
+        Ok(v.to_string())
+    } else {
+        Err(format!("{v:?} is not a run id: {}", kiln::runtime::distributed::identity::RUN_ID_SPELLING))
     }
 }

@@ -154,6 +154,15 @@ fn set(v: &Option<String>) -> Option<&str> {
     v.as_deref().map(str::trim).filter(|v| !v.is_empty())
 }
 
+/// What a run id may be: the store's keys are scoped by it.
+pub const RUN_ID_SPELLING: &str = "1 to 64 characters of A-Z a-z 0-9 . _ -";
+
+/// Whether `v` is a run id ([`RUN_ID_SPELLING`]): checked where the id is
+/// given (`kiln launch --run-id`) and where a node reads it.
+pub fn is_run_id(v: &str) -> bool {
+    (1..=64).contains(&v.len()) && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
 fn bad(var: &'static str, value: &str, expected: &'static str) -> RuntimeError {
     RuntimeError::BadNodeEnv { var, value: value.to_string(), expected }
 }
@@ -232,12 +241,8 @@ impl NodeEnv {
         };
         let run_id = match set(&self.run_id) {
             None => "run".to_string(),
-            Some(v)
-                if v.len() <= 64 && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')) =>
-            {
-                v.to_string()
-            }
-            Some(v) => return Err(bad(ENV_RUN_ID, v, "1 to 64 characters of A-Z a-z 0-9 . _ -")),
+            Some(v) if is_run_id(v) => v.to_string(),
+            Some(v) => return Err(bad(ENV_RUN_ID, v, RUN_ID_SPELLING)),
         };
         let attempt = match set(&self.attempt) {
             None => 0,
