@@ -461,6 +461,15 @@ fn a_rerun_never_replaces_a_checkpoint_without_resume_or_overwrite() {
     assert_eq!(kiln::checkpoint::load(&ck).unwrap().step, 7);
     assert_eq!(json(&run(&["--max-steps", "2", "--overwrite"]))["steps"], 2);
     assert_eq!(kiln::checkpoint::load(&ck).unwrap().step, 2);
+    // Resuming at or past the run's steps has nothing to train: said, and the
+    // checkpoint untouched (it once reported the saved step and a NaN loss,
+    // exit 0).
+    let before = std::fs::read(&ck).unwrap();
+    for steps in ["2", "1"] {
+        let err = refused(&run(&["--max-steps", steps, "--resume"]));
+        assert!(err.contains("holds step 2") && err.contains("nothing to train"), "{err}");
+    }
+    assert!(std::fs::read(&ck).unwrap() == before, "the refused run changed the checkpoint");
 }
 
 /// `--resume` with another `--batch` is refused, naming both and the file

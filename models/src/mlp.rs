@@ -443,6 +443,20 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     let per_epoch = (data.train.len() / (cfg.batch * replicas)) as u64;
     let all_steps = per_epoch.saturating_mul(cfg.epochs as u64);
     let total = cfg.max_steps.unwrap_or(all_steps).min(all_steps);
+    // A resumed run with nothing left would report the checkpoint's step and
+    // no loss: say so instead.
+    if let (true, Some(path)) = (cfg.resume, &cfg.checkpoint) {
+        if t.step >= total {
+            return Err(FrontendError::Checkpoint {
+                path: path.clone(),
+                reason: format!(
+                    "--resume: the checkpoint holds step {} and this run has {total} steps: nothing to train \
+                     (give more --max-steps or --epochs)",
+                    t.step
+                ),
+            });
+        }
+    }
     let schedule =
         WarmupCosine { base_lr: cfg.lr, min_lr: cfg.lr * 0.05, warmup_steps: (total / 20).max(1), total_steps: total };
     let mut report =
