@@ -103,10 +103,7 @@ fn is_row_reduction_of(g: &Graph, v: ValueId, want: ReduceOp, x: ValueId, inner:
 
 /// Whether `v` is a literal zero (splat), read by its literal only.
 fn consts_zero(g: &Graph, v: ValueId) -> bool {
-    let mut x = v;
-    while let Op::BroadcastInDim { input, .. } | Op::Reshape { input, .. } = op(g, x) {
-        x = *input;
-    }
+    let x = super::consts::through_broadcasts(g, v);
     matches!(op(g, x), Op::Constant { literal } if literal.is_splat() && literal.to_f64s().first() == Some(&0.0))
 }
 

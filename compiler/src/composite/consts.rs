@@ -180,15 +180,22 @@ fn evaluate(c: &Cone) -> Option<Literal> {
     interpret(&c.sub, &[]).ok()?.pop()
 }
 
+/// What a chain of broadcasts and reshapes ending at `v` reads: the values
+/// `v` holds, as a set (a broadcast repeats them, a reshape moves them).
+pub fn through_broadcasts(g: &Graph, v: ValueId) -> ValueId {
+    let mut x = v;
+    while let Op::BroadcastInDim { input, .. } | Op::Reshape { input, .. } = &g.node(x.node).op {
+        x = *input;
+    }
+    x
+}
+
 /// The value of `v` if it is a constant whose elements are all equal (a
 /// splat, however it is spelled: a broadcast scalar, `sqrt(64)`, a converted
 /// literal).
 pub fn splat_value(g: &Graph, v: ValueId, cache: &mut ConstCache) -> Option<f64> {
-    let mut x = v;
     // A broadcast or reshape of a smaller value is a splat if that value is.
-    while let Op::BroadcastInDim { input, .. } | Op::Reshape { input, .. } = &g.node(x.node).op {
-        x = *input;
-    }
+    let x = through_broadcasts(g, v);
     if let Op::Constant { literal } = &g.node(x.node).op {
         return (literal.is_splat() && literal.ty().shape.num_elements() > 0).then(|| literal.to_f64s()[0]);
     }

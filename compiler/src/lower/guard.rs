@@ -96,10 +96,7 @@ pub fn division_trap(dtype: DType, dividend: Option<&[f64]>, divisor: &[f64], pa
 /// `v`'s own layout (false where a broadcast or reshape was looked through:
 /// then only the set of its values is known).
 fn constant(g: &Graph, v: ValueId) -> Option<(Literal, bool)> {
-    let mut x = v;
-    while let Op::BroadcastInDim { input, .. } | Op::Reshape { input, .. } = &g.node(x.node).op {
-        x = *input;
-    }
+    let x = crate::composite::consts::through_broadcasts(g, v);
     crate::composite::consts::constant_value(g, x).map(|l| (l, x == v))
 }
 

@@ -252,6 +252,8 @@ pub(crate) fn obtain(
             let t = Instant::now();
             // The target passes, verified and dumped after the pipeline's.
             let prepared = lower::prepare(&optimized, &lower_opts, opts.verify, &mut |p, g| dump.observe(p, g))?;
+            // The dump is whole: a write error fails the step before the compile.
+            dump.finish()?;
             let text = lower::print(&prepared)?;
             let e = client.compile(&text, &compile_opts)?;
             let took = t.elapsed();
@@ -278,7 +280,6 @@ pub(crate) fn obtain(
                     tracing::warn!(err = %reason, "kiln: could not store the compiled program in the disk cache");
                 }
             }
-            dump.finish()?;
             e
         }
     };
