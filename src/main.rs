@@ -89,6 +89,11 @@ enum Model {
         /// included) instead of refusing it.
         #[arg(long, requires = "checkpoint", conflicts_with = "resume")]
         overwrite: bool,
+        /// With --resume: settings this run may change from the checkpoint's
+        /// (comma-separated: seed, lr, weight_decay, steps, amp). Any other
+        /// difference is refused, so a resumed run continues the saved one.
+        #[arg(long, value_name = "NAMES", value_delimiter = ',', requires = "resume")]
+        override_settings: Vec<String>,
         /// Instead of training, run the first N steps on the compiled and on
         /// the eager backend (candle, op by op) and print both loss curves
         /// side by side (with --json, one JSON object); nothing is saved.
@@ -127,9 +132,9 @@ enum Model {
         #[arg(long)]
         steps: Option<u64>,
         /// Pad the vocabulary (the text's characters) to this size, e.g. GPT-2's
-        /// 50304 for its embedding and LM-head shapes.
+        /// 50304 for its embedding and LM-head shapes (at least 1).
         #[arg(long)]
-        vocab: Option<usize>,
+        vocab: Option<std::num::NonZeroUsize>,
         /// Sequences per step, per replica or data-parallel rank (default: the
         /// config's; `kiln profile gpt --max-batch` finds the largest that fits).
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
@@ -173,6 +178,12 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
+    // A node of `kiln launch` dies with its launcher (before anything else:
+    // reading data can take long).
+    if let Err(e) = kiln::runtime::distributed::bind_to_launcher() {
+        eprintln!("error: {e}");
+        return ExitCode::from(u8::try_from(kiln::runtime::distributed::EXIT_PEER_LOST).unwrap_or(1));
+    }
     if let Command::Launch(args) = &cli.command {
         return match cmd::launch::run(args) {
             Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
@@ -183,6 +194,11 @@ fn main() -> ExitCode {
         };
     }
     let result = run(cli);
+    // Every exit path waits for the steps still on the devices before the
+    // plugin's exit handlers run (an error can leave one running: a bad value
+    // read after the step was enqueued, a non-finite loss read while the next
+    // step runs).
+    kiln::quiesce();
     // A run of several processes marks this node done, so peers do not take
     // its exit for a failure (a no-op in a single process).
     if result.is_ok() {
@@ -255,6 +271,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     checkpoint_every,
                     resume,
                     overwrite,
+                    override_settings,
                     compare_eager,
                     amp,
                     memory_limit,
@@ -275,6 +292,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 checkpoint_every,
                 resume,
                 overwrite,
+                override_settings,
                 amp: amp.map(Into::into),
                 allow_non_finite_loss,
                 ..MlpConfig::default()
@@ -323,7 +341,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             let cfg = gpt::GptConfig {
                 steps: steps.unwrap_or(base.steps),
-                vocab: vocab.unwrap_or(0),
+                // 0: the text's characters, unpadded.
+                vocab: vocab.map_or(0, std::num::NonZeroUsize::get),
                 seed,
                 amp: amp.map(Into::into),
                 max_grad_norm,

@@ -377,10 +377,17 @@ fn amp_and_shard_spellings() {
 }
 
 /// `--vocab` pads the text's characters; a size below them was silently
-/// replaced by the text's count.
+/// replaced by the text's count, and 0 (kiln's internal "unpadded") was
+/// accepted where 2 was refused.
 #[test]
 fn a_vocab_below_the_texts_characters_is_refused() {
     let text = "/usr/share/common-licenses/Apache-2.0";
+    for cmd in ["train", "profile"] {
+        let out = kiln().args([cmd, "gpt", "--text", text, "--steps", "1", "--vocab", "0"]).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{cmd}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("invalid value '0' for '--vocab <VOCAB>'"), "{cmd}: {err}");
+    }
     let out = kiln().args(["train", "gpt", "--text", text, "--steps", "1", "--vocab", "5"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);

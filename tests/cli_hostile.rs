@@ -457,7 +457,7 @@ fn a_rerun_never_replaces_a_checkpoint_without_resume_or_overwrite() {
     assert!(err.contains("--resume") && err.contains("--overwrite"), "{err}");
     assert!(std::fs::read(&ck).unwrap() == before, "the refused run changed the checkpoint");
     // The two ways on: continue from it, or replace it.
-    assert_eq!(json(&run(&["--max-steps", "7", "--resume"]))["steps"], 7);
+    assert_eq!(json(&run(&["--max-steps", "7", "--resume", "--override-settings", "steps"]))["steps"], 7);
     assert_eq!(kiln::checkpoint::load(&ck).unwrap().step, 7);
     assert_eq!(json(&run(&["--max-steps", "2", "--overwrite"]))["steps"], 2);
     assert_eq!(kiln::checkpoint::load(&ck).unwrap().step, 2);
@@ -466,7 +466,7 @@ fn a_rerun_never_replaces_a_checkpoint_without_resume_or_overwrite() {
     // exit 0).
     let before = std::fs::read(&ck).unwrap();
     for steps in ["2", "1"] {
-        let err = refused(&run(&["--max-steps", steps, "--resume"]));
+        let err = refused(&run(&["--max-steps", steps, "--resume", "--override-settings", "steps"]));
         assert!(err.contains("holds step 2") && err.contains("nothing to train"), "{err}");
     }
     assert!(std::fs::read(&ck).unwrap() == before, "the refused run changed the checkpoint");
@@ -491,7 +491,78 @@ fn resume_with_another_batch_is_refused() {
     let err = refused(&run("32", &["--max-steps", "8", "--resume"]));
     assert!(err.contains("step 4") && err.contains("64 examples a step") && err.contains("takes 32"), "{err}");
     assert!(std::fs::read(&ck).unwrap() == before, "the refused run changed the checkpoint");
-    assert_eq!(json(&run("64", &["--max-steps", "8", "--resume"]))["steps"], 8);
+    // Another --max-steps is another schedule: named to be taken.
+    let err = refused(&run("64", &["--max-steps", "8", "--resume"]));
+    assert!(err.contains("steps 4 in the checkpoint, 8 in this run"), "{err}");
+    assert_eq!(json(&run("64", &["--max-steps", "8", "--resume", "--override-settings", "steps"]))["steps"], 8);
+}
+
+/// `--resume` with another seed or learning rate was accepted silently: the
+/// run went on as neither the saved run nor a new one. Every difference is
+/// named, with both values, and taken only where `--override-settings`
+/// names it; the refused runs leave the checkpoint as it was.
+#[test]
+fn resume_with_other_settings_is_refused_unless_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("c.safetensors");
+    let run = |extra: &[&str]| {
+        let mut c = kiln();
+        c.args(["train", "mlp", "--epochs", "1", "--hidden", "16", "--json", "--checkpoint"]).arg(&ck).args(extra);
+        c.output().unwrap()
+    };
+    assert_eq!(json(&run(&["--max-steps", "4", "--lr", "0.002"]))["steps"], 4);
+    let before = std::fs::read(&ck).unwrap();
+    let other = ["--max-steps", "8", "--lr", "0.01", "--seed", "7", "--resume"];
+    let err = refused(&run(&other));
+    for said in ["lr 0.002 in the checkpoint, 0.01 in this run", "seed 0 in the checkpoint, 7 in this run", "steps 4"] {
+        assert!(err.contains(said), "{said}: {err}");
+    }
+    assert!(err.contains("--override-settings lr,seed,steps"), "{err}");
+    // Naming some leaves the others refused.
+    let err = refused(&run(&[&other[..], &["--override-settings", "steps"]].concat()));
+    assert!(err.contains("lr 0.002") && err.contains("seed 0") && !err.contains("steps 4"), "{err}");
+    // A name that is not a setting is refused, not ignored.
+    let err = refused(&run(&[&other[..], &["--override-settings", "lr,sed,steps"]].concat()));
+    assert!(err.contains("\"sed\", which is not a setting") && err.contains("seed, steps"), "{err}");
+    assert!(std::fs::read(&ck).unwrap() == before, "a refused run changed the checkpoint");
+    let out = run(&[&other[..], &["--override-settings", "lr,seed,steps"]].concat());
+    assert_eq!(json(&out)["steps"], 8);
+    // The new settings are the checkpoint's now.
+    let err = refused(&run(&["--max-steps", "8", "--resume"]));
+    assert!(err.contains("lr 0.01 in the checkpoint, 0.002 in this run"), "{err}");
+}
+
+/// A checkpoint directory the run cannot write is found before it trains
+/// (it trained to the end, then failed with "Permission denied" and saved
+/// nothing). `/sys/kernel` refuses new files even to root.
+#[test]
+fn an_unwritable_destination_is_refused_before_the_run() {
+    let t = Instant::now();
+    let err = refused(
+        &kiln().args(["train", "mlp", "--epochs", "1", "--checkpoint", "/sys/kernel/kiln.ck"]).output().unwrap(),
+    );
+    assert!(err.contains("/sys/kernel: no file can be written in this directory"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    let dir = tempfile::tempdir().unwrap();
+    let graph = graph_file(
+        dir.path(),
+        "g.kiln",
+        "graph(%x: tensor<4xf32>) {\n  %y = add %x, %x : tensor<4xf32>\n  return %y\n}\n",
+    );
+    let out = kiln()
+        .args(["compile"])
+        .arg(&graph)
+        .args(["--emit", "stablehlo", "--out", "/sys/kernel/kiln.mlir"])
+        .output()
+        .unwrap();
+    let err = refused(&out);
+    assert!(err.contains("/sys/kernel: no file can be written in this directory"), "{err}");
+    let left: Vec<_> = std::fs::read_dir("/sys/kernel")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains("kiln"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 /// Every tensor and the step of two checkpoints, bit for bit.

@@ -227,10 +227,17 @@ fn gpu_and_node_counts_out_of_range_are_refused_before_starting_anything() {
 fn a_restarted_attempt_resumes_from_the_checkpoint_of_an_earlier_one() {
     let dir = tempfile::tempdir().unwrap();
     let kiln_bin = assert_cmd::cargo::cargo_bin("kiln");
-    // Attempt 0 trains 4 steps, saves and then fails; attempt 1 runs the
-    // same command to 6 steps.
+    // Both attempts run the same command (a resumed run must have the saved
+    // run's settings); attempt 0 is killed once its first checkpoint is on
+    // disk, attempt 1 runs to the end.
     let script = format!(
-        r#"{k} train mlp --max-steps $((4 + 2 * KILN_ATTEMPT)) --batch 16 --hidden 16 --checkpoint "$OUT/c.safetensors" --json > "$OUT/attempt$KILN_ATTEMPT.json" && [ "$KILN_ATTEMPT" != 0 ]"#,
+        r#"train() {{ {k} train mlp --epochs 1 --max-steps 1000 --batch 16 --hidden 16 --checkpoint-every 4 --checkpoint "$OUT/c.safetensors" --json; }}
+        if [ "$KILN_ATTEMPT" = 0 ]; then
+            train > /dev/null & node=$!
+            while [ ! -f "$OUT/c.safetensors" ]; do sleep 0.01; done
+            kill -9 $node; exit 1
+        fi
+        train > "$OUT/attempt1.json""#,
         k = kiln_bin.display()
     );
     let out = kiln()
@@ -243,10 +250,10 @@ fn a_restarted_attempt_resumes_from_the_checkpoint_of_an_earlier_one() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("attempt 1 resumes from"), "{stderr}");
-    assert!(stderr.contains("(step 4), which an earlier attempt of this run saved"), "{stderr}");
+    assert!(stderr.contains("which an earlier attempt of this run saved"), "{stderr}");
     let last = std::fs::read_to_string(dir.path().join("attempt1.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(last.lines().last().unwrap()).unwrap();
-    assert_eq!(v["steps"], 6, "{v}");
+    assert_eq!(v["steps"], 1000, "{v}");
 }
 
 /// A run id that the children would refuse is refused where it is given, and
@@ -264,4 +271,81 @@ fn bad_run_ids_and_wrapping_attempts_are_refused_at_the_launcher() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("wrap to 0"), "{err}");
     assert!(!err.contains("processes, store at"), "nothing may start: {err}");
+}
+
+/// A launcher killed with SIGKILL cannot pass the signal on: its nodes once
+/// kept running. A `kiln` node asks the kernel for SIGKILL when its
+/// launcher dies (a parent-death signal).
+#[test]
+fn nodes_die_with_a_launcher_killed_by_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    // The node is `kiln` itself (exec keeps the launcher its parent).
+    let script = r#"echo $$ > "$OUT/pid.tmp" && mv "$OUT/pid.tmp" "$OUT/pid"
+        exec "$KILN" train mlp --epochs 50 2> "$OUT/err""#;
+    let mut launcher = std::process::Command::new(assert_cmd::cargo::cargo_bin("kiln"))
+        .args(["launch", "--nodes", "1", "--", "sh", "-c", script])
+        .env("OUT", dir.path())
+        .env("KILN", assert_cmd::cargo::cargo_bin("kiln"))
+        .env("KILN_LOG", "kiln_runtime=debug")
+        .env("KILN_CACHE", "off")
+        .env_remove("PJRT_DEVICE")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let bound = || std::fs::read_to_string(dir.path().join("err")).is_ok_and(|e| e.contains("dies with its launcher"));
+    while !bound() && t.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(bound(), "the node never bound itself to the launcher");
+    let pid = std::fs::read_to_string(dir.path().join("pid")).unwrap();
+    assert!(alive(pid.trim()), "the node ended before the launcher was killed");
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    let t = Instant::now();
+    while alive(pid.trim()) && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!alive(pid.trim()), "node (pid {}) outlived its launcher", pid.trim());
+}
+
+/// A node whose launcher is already gone stops at once instead of running
+/// unwatched; one started through another process of the launch is fine.
+#[test]
+fn a_node_whose_launcher_is_gone_stops() {
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    let dead = gone.id();
+    gone.wait().unwrap();
+    let out = kiln()
+        .env("KILN_LAUNCHER_PID", dead.to_string())
+        .args(["train", "mlp", "--max-steps", "1"])
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(kiln::runtime::distributed::EXIT_PEER_LOST), "{stderr}");
+    assert!(
+        stderr.contains(&format!("the kiln launch that started this node (process {dead}) has exited")),
+        "{stderr}"
+    );
+    let out = kiln().env("KILN_LAUNCHER_PID", "banana").args(["train", "mlp", "--max-steps", "1"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("KILN_LAUNCHER_PID=\"banana\""));
+}
+
+/// Node 0 finished and node 1 hung: the launcher waited forever. A node
+/// still running `--straggler-s` after another finished is stopped and
+/// named, and the launch fails.
+#[test]
+fn a_node_that_outlives_a_finished_one_is_stopped_and_named() {
+    let script = r#"if [ "$KILN_NODE_ID" = 1 ]; then trap '' TERM; sleep 60 & wait; fi"#;
+    let started = Instant::now();
+    let out = kiln()
+        .args(["launch", "--nodes", "2", "--straggler-s", "1", "--grace-ms", "300", "--", "sh", "-c", script])
+        .timeout(Duration::from_secs(40))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("node(s) 1 still running 1 s after node 0 finished"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
 }

@@ -378,7 +378,7 @@ fn max_batch_names_bad_input() {
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     let e = run(&["profile", "gpt", "--max-batch", "--device-memory", "64MiB", "--vocab", "0"]);
-    assert!(e.contains("vocab = 0") && !e.contains("panicked"), "{e}");
+    assert!(e.contains("invalid value '0' for '--vocab <VOCAB>'") && !e.contains("panicked"), "{e}");
     let e = run(&["profile", "mlp", "--max-batch", "--device-memory", "64MiB", "--hidden", "64,0"]);
     assert!(e.contains("hidden = 0") && !e.contains("panicked"), "{e}");
     // The clipping norm reaches the recorded step, which checks it.

@@ -71,7 +71,7 @@ pub use crate::engine::context::{backend, clear_compile_cache, client, set_backe
 pub use crate::engine::device_checks::check_index_range;
 pub use crate::engine::executor::Backend;
 pub use crate::engine::lower::{capture_graph, lower, lower_with, LowerOpts};
-pub use crate::engine::run::{set_max_steps_in_flight, steps_in_flight, sync};
+pub use crate::engine::run::{quiesce, set_max_steps_in_flight, steps_in_flight, sync};
 pub use crate::engine::step::{donation_enabled, mark_step, step, StepReport};
 /// candle-core, for [`Tensor::to_candle`] and [`Tensor::from_candle`].
 pub use candle_core;

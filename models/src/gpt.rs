@@ -121,8 +121,8 @@ impl LmHeadLoss {
 
     /// What `KILN_LM_HEAD` names; `None` where it is unset or empty.
     pub fn from_env() -> Result<Option<LmHeadLoss>> {
-        match std::env::var(ENV_LM_HEAD) {
-            Ok(v) if !v.trim().is_empty() => LmHeadLoss::parse(v.trim()).map(Some).ok_or(FrontendError::BadEnv {
+        match kiln_runtime::env::string_var(ENV_LM_HEAD)? {
+            Some(v) if !v.trim().is_empty() => LmHeadLoss::parse(v.trim()).map(Some).ok_or(FrontendError::BadEnv {
                 var: ENV_LM_HEAD,
                 value: v,
                 expected: "logits, blocks or blocks:MIB (a whole number of MiB >= 1)",

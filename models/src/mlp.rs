@@ -100,6 +100,9 @@ pub struct MlpConfig {
     /// Replace whatever file is at `checkpoint` (without it, or `resume`, an
     /// existing file is refused).
     pub overwrite: bool,
+    /// Settings ([`Trainer::settings`]) a resumed run may change from the
+    /// checkpoint's (any other difference is refused).
+    pub override_settings: Vec<String>,
     /// Mixed precision: matmuls in this dtype (`f16` or `bf16`), master weights
     /// in f32. `None`: everything in f32.
     pub amp: Option<DType>,
@@ -127,6 +130,7 @@ impl Default for MlpConfig {
             checkpoint_every: None,
             resume: false,
             overwrite: false,
+            override_settings: Vec::new(),
             amp: None,
             init: None,
             allow_non_finite_loss: false,
@@ -221,6 +225,12 @@ pub struct Trainer {
     /// in the data and the learning-rate schedule only at the batch it was
     /// taken with. `None`: neither saved nor checked.
     pub examples_per_step: Option<u64>,
+    /// The run's settings (seed, learning rate, schedule, precision), saved
+    /// with the state and compared when a checkpoint is restored
+    /// ([`checkpoint::check_settings`]). `None`: neither saved nor compared.
+    pub settings: Option<checkpoint::Settings>,
+    /// Settings a restore may find changed.
+    pub override_settings: Vec<String>,
 }
 
 /// The checkpoint tensor holding [`Trainer::examples_per_step`].
@@ -236,7 +246,18 @@ impl Trainer {
         params.materialize()?;
         random::manual_seed(cfg.seed);
         let ordered = crate::training::ordered_step(cfg.amp, None)?;
-        Ok(Trainer { params, model, opt, step: 0, ordered, amp: cfg.amp, skipped: 0, examples_per_step: None })
+        Ok(Trainer {
+            params,
+            model,
+            opt,
+            step: 0,
+            ordered,
+            amp: cfg.amp,
+            skipped: 0,
+            examples_per_step: None,
+            settings: None,
+            override_settings: cfg.override_settings.clone(),
+        })
     }
 
     /// Records and runs one training step; returns the loss.
@@ -284,12 +305,17 @@ impl Trainer {
         if let Some(n) = self.examples_per_step {
             state.push((EXAMPLES_PER_STEP.to_string(), Tensor::from_vec(vec![n], [1])?));
         }
+        if let Some(settings) = &self.settings {
+            state.push(checkpoint::settings_tensor(settings)?);
+        }
         checkpoint::save(path, self.step, &state)
     }
 
     /// Restores a checkpoint [`Trainer::save`] wrote. One saved at another
     /// number of examples a step is refused, naming both (a file without the
-    /// number, written before it was saved, is taken as it is).
+    /// number, written before it was saved, is taken as it is). So is one
+    /// saved with other [`Trainer::settings`], unless
+    /// [`Trainer::override_settings`] names each that differs.
     pub fn restore(&mut self, path: &std::path::Path) -> Result<()> {
         let loaded = checkpoint::load(path)?;
         if let Some(n) = self.examples_per_step {
@@ -305,6 +331,9 @@ impl Trainer {
                     ),
                 });
             }
+        }
+        if let Some(now) = &self.settings {
+            checkpoint::check_settings(path, loaded.settings(path)?.as_ref(), now, &self.override_settings)?;
         }
         self.step = checkpoint::restore_loaded(path, loaded, &self.state())?;
         Ok(())
@@ -356,6 +385,26 @@ impl MlpConfig {
     /// The loop's optimizer.
     fn optimizer(&self) -> AdamWConfig {
         AdamWConfig { weight_decay: self.weight_decay, ..Default::default() }
+    }
+
+    /// The settings a resumed run must share with the run that saved its
+    /// checkpoint, for a schedule of `steps` steps: `seed` (initial values and
+    /// the data order), `lr` and `weight_decay`, `steps` (the schedule's
+    /// length: another `--max-steps` is another schedule) and `amp`. The
+    /// batch is checked apart ([`Trainer::examples_per_step`]), the layer
+    /// sizes by the tensors' shapes.
+    pub fn run_settings(&self, steps: u64) -> checkpoint::Settings {
+        let amp = self.amp.map_or_else(|| "off".to_string(), |d| d.to_string());
+        [
+            ("seed", self.seed.to_string()),
+            ("lr", self.lr.to_string()),
+            ("weight_decay", self.weight_decay.to_string()),
+            ("steps", steps.to_string()),
+            ("amp", amp),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
     }
 
     /// Refuses settings that cannot train before anything is allocated or
@@ -432,6 +481,11 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     let setup = Instant::now();
     let mut t = Trainer::new(data.train.pixels(), CLASSES, cfg)?;
     t.examples_per_step = Some((cfg.batch * replicas) as u64);
+    // `cfg.batch` examples per replica per step.
+    let per_epoch = (data.train.len() / (cfg.batch * replicas)) as u64;
+    let all_steps = per_epoch.saturating_mul(cfg.epochs as u64);
+    let total = cfg.max_steps.unwrap_or(all_steps).min(all_steps);
+    t.settings = Some(cfg.run_settings(total));
     // The set-up ends with the devices' memory pool reserved (the first
     // step's allocations would wait for it anyway).
     client.pool_ms();
@@ -439,10 +493,6 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     if let Some(path) = &cfg.checkpoint {
         prepare_checkpoint(&mut t, path, cfg)?;
     }
-    // `cfg.batch` examples per replica per step.
-    let per_epoch = (data.train.len() / (cfg.batch * replicas)) as u64;
-    let all_steps = per_epoch.saturating_mul(cfg.epochs as u64);
-    let total = cfg.max_steps.unwrap_or(all_steps).min(all_steps);
     // A resumed run with nothing left would report the checkpoint's step and
     // no loss: say so instead.
     if let (true, Some(path)) = (cfg.resume, &cfg.checkpoint) {
@@ -556,14 +606,15 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
 }
 
 /// Checks `path` before any training: it must be writable without destroying
-/// anything ([`kiln_frontend::atomic_write::checked_target`]). With `resume`, the
+/// anything, and its directory must take a new file
+/// ([`kiln_frontend::atomic_write::check_writable`]). With `resume`, the
 /// checkpoint there is restored into `t`. Without it, an existing file is
 /// replaced only with `overwrite`; anything there is refused otherwise, with
 /// what it is (a checkpoint of this model and its step, another model's, or
 /// not a readable checkpoint), so a rerun never replaces a run's checkpoint
 /// by accident.
 fn prepare_checkpoint(t: &mut Trainer, path: &std::path::Path, cfg: &MlpConfig) -> Result<()> {
-    let target = kiln_frontend::atomic_write::checked_target(path)?;
+    let target = kiln_frontend::atomic_write::check_writable(path)?;
     let exists = target.exists();
     if cfg.resume {
         if !exists {

@@ -131,11 +131,11 @@ impl DiskCacheConfig {
     /// `KILN_CACHE` and `KILN_CACHE_READONLY` are booleans
     /// ([`crate::env::parse_bool`]: `on`/`off`, `1`/`0`, `true`/`false`, ...).
     pub fn from_env() -> Result<Option<DiskCacheConfig>> {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         if crate::env::bool_var("KILN_CACHE")? == Some(false) {
             return Ok(None);
         }
-        let dir = match var("KILN_CACHE_DIR") {
+        // A path: any bytes the system allows.
+        let dir = match std::env::var_os("KILN_CACHE_DIR").filter(|v| !v.is_empty()) {
             Some(d) => PathBuf::from(d),
             None => {
                 match default_dir() {
@@ -147,7 +147,7 @@ impl DiskCacheConfig {
                 }
             }
         };
-        let max_bytes = match var("KILN_CACHE_MAX_BYTES") {
+        let max_bytes = match crate::env::string_var("KILN_CACHE_MAX_BYTES")? {
             Some(v) => crate::env::parse_size(&v).ok_or(RuntimeError::BadCacheEnv {
                 var: "KILN_CACHE_MAX_BYTES",
                 value: v,

@@ -29,11 +29,7 @@ pub fn parse_bool(var: &'static str, value: &str) -> Result<bool> {
 
 /// The value of boolean variable `var`: `None` when unset or empty.
 pub fn bool_var(var: &'static str) -> Result<Option<bool>> {
-    match std::env::var_os(var) {
-        None => Ok(None),
-        Some(v) if v.is_empty() => Ok(None),
-        Some(v) => parse_bool(var, &v.to_string_lossy()).map(Some),
-    }
+    string_var(var)?.map(|v| parse_bool(var, &v)).transpose()
 }
 
 /// The text of variable `var`: `None` when unset or empty; a value that is

@@ -290,6 +290,12 @@ pub enum RuntimeError {
     #[error("environment variable {var} is not valid UTF-8")]
     NonUnicodeEnv { var: &'static str },
 
+    #[error("the kiln launch that started this node (process {pid}) has exited; the node stops too")]
+    LauncherGone { pid: i32 },
+
+    #[error("{call} failed: {reason}")]
+    Os { call: &'static str, reason: String },
+
     #[error("the operating system gave no random bytes: {reason}")]
     NoRandomness { reason: String },
 

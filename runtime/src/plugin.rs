@@ -50,8 +50,8 @@ impl PjrtDevice {
 
     /// Reads `PJRT_DEVICE` (unset or empty = CPU).
     pub fn from_env() -> Result<Self> {
-        match env::var(ENV_DEVICE) {
-            Ok(v) if !v.trim().is_empty() => Self::parse(&v),
+        match crate::env::string_var(ENV_DEVICE)? {
+            Some(v) if !v.trim().is_empty() => Self::parse(&v),
             _ => Ok(PjrtDevice::Cpu),
         }
     }

@@ -14,11 +14,13 @@
 
 /// Sets `TF_CPP_MIN_LOG_LEVEL=1` unless the user chose a level or asked for
 /// the plugin's INFO lines with `KILN_PLUGIN_LOGS=1`.
-pub fn quiet_unless_asked() {
-    let asked = std::env::var("KILN_PLUGIN_LOGS").is_ok_and(|v| v == "1");
+/// `KILN_PLUGIN_LOGS` is a boolean: a value that is not one is an error.
+pub fn quiet_unless_asked() -> crate::error::Result<()> {
+    let asked = crate::env::bool_var("KILN_PLUGIN_LOGS")?.unwrap_or(false);
     if asked || std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_some() {
-        return;
+        return Ok(());
     }
     // Called while loading a plugin, before any plugin thread exists.
     std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "1");
+    Ok(())
 }

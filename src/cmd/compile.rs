@@ -126,7 +126,7 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     }
     let outputs = args.out.iter().map(|p| ("--out", p));
     for (flag, out) in outputs.chain(args.memory.memory_plot.iter().map(|p| ("--memory-plot", p))) {
-        kiln::atomic_write::checked_target(out).with_context(|| format!("{flag} {}", out.display()))?;
+        kiln::atomic_write::check_writable(out).with_context(|| format!("{flag} {}", out.display()))?;
     }
     // Flags are read before the graph and XLA's compile.
     super::memory::check_args(&args.memory, args.plugin.is_none())?;

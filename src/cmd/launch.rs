@@ -16,6 +16,11 @@
 //! — and the launcher exits with that child's status, so a failed run never
 //! leaves processes behind or hangs on a peer blocked in a collective.
 //! SIGINT/SIGTERM sent to the launcher are passed on to every child the same way.
+//! A child dies with the launcher (a parent-death signal, SIGKILL, set before
+//! it runs): a launcher killed with SIGKILL leaves no node running. A node
+//! still running `--straggler-s` after another finished successfully is
+//! reported and stopped like a failed run (a peer that hangs after node 0
+//! ended once kept the launcher waiting forever).
 //! With `--restarts`, a failed attempt is followed by the next
 //! (`KILN_ATTEMPT` + 1) on the same store; its keys are scoped by attempt, so
 //! it never reads what the failed attempt left there.
@@ -29,7 +34,8 @@ use anyhow::{bail, Context as _};
 use kiln_runtime::distributed::auth::{ENV_RUN_TOKEN, ENV_RUN_TOKEN_FILE};
 use kiln_runtime::distributed::identity::MAX_NODES;
 use kiln_runtime::distributed::identity::{
-    ENV_ATTEMPT, ENV_COORDINATOR, ENV_COORDINATOR_SERVED, ENV_LOCAL_DEVICES, ENV_NODE_ID, ENV_NUM_NODES, ENV_RUN_ID,
+    ENV_ATTEMPT, ENV_COORDINATOR, ENV_COORDINATOR_SERVED, ENV_LAUNCHER_PID, ENV_LOCAL_DEVICES, ENV_NODE_ID,
+    ENV_NUM_NODES, ENV_RUN_ID,
 };
 use kiln_runtime::distributed::{RunToken, ServerConfig, StoreServer, EXIT_PEER_LOST};
 use nix::sys::signal::{killpg, Signal};
@@ -65,10 +71,19 @@ pub struct LaunchArgs {
     /// After a failure, how long the other processes get between SIGTERM and SIGKILL.
     #[arg(long, default_value_t = 3000)]
     pub grace_ms: u64,
+    /// Seconds the other processes may keep running after one finished
+    /// successfully; then they are stopped (SIGTERM, SIGKILL after
+    /// --grace-ms) and the run fails, naming them.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    pub straggler_s: u64,
     /// The command every process runs.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
 }
+
+/// The launcher's exit code when it stopped nodes that outlived a finished
+/// one by `--straggler-s` (the run did not end as a whole).
+pub const EXIT_STRAGGLER: i32 = 3;
 
 /// How a child ended.
 fn describe(status: ExitStatus) -> String {
@@ -128,7 +143,7 @@ pub fn run(args: &LaunchArgs) -> anyhow::Result<i32> {
         StoreServer::bind(&format!("127.0.0.1:{}", args.port), config).context("starting the key-value store")?;
     let coordinator = server.local_addr().to_string();
     let run_id = args.run_id.clone().unwrap_or_else(|| format!("launch-{}-{}", std::process::id(), unix_ms()));
-    let cuda = std::env::var("PJRT_DEVICE").is_ok_and(|v| v.eq_ignore_ascii_case("cuda"));
+    let cuda = kiln::runtime::PjrtDevice::from_env()? == kiln::runtime::PjrtDevice::Cuda;
     let gpus = args.gpus_per_node.or(cuda.then_some(1));
     let stop = Arc::new(AtomicI32::new(0));
     forward_signals(stop.clone());
@@ -179,6 +194,9 @@ fn run_attempt(
         if let Some(list) = &local_devices[node as usize] {
             cmd.env(ENV_LOCAL_DEVICES, list);
         }
+        // The node binds its life to the launcher's (a parent-death signal,
+        // `kiln_runtime::distributed::bind_to_launcher`).
+        cmd.env(ENV_LAUNCHER_PID, std::process::id().to_string());
         match cmd.spawn() {
             Ok(child) => children.push(Some(child)),
             Err(err) => {
@@ -197,6 +215,9 @@ fn run_attempt(
     let mut failure: Option<(u32, ExitStatus)> = None;
     let mut stopping_since: Option<Instant> = None;
     let mut killed = false;
+    // When the first node finished successfully, and which.
+    let mut first_done: Option<(u32, Instant)> = None;
+    let mut stragglers = false;
     loop {
         for (node, slot) in children.iter_mut().enumerate() {
             let Some(child) = slot else { continue };
@@ -212,6 +233,8 @@ fn run_attempt(
                         );
                     } else if !status.success() {
                         eprintln!("kiln launch: node {node} exited with {}", describe(status));
+                    } else if first_done.is_none() {
+                        first_done = Some((node as u32, Instant::now()));
                     }
                 }
                 Ok(None) => {}
@@ -222,7 +245,24 @@ fn run_attempt(
             break;
         }
         let signalled = stop.load(Ordering::Acquire);
-        if stopping_since.is_none() && (failure.is_some() || signalled != 0) {
+        if let Some((done, at)) = first_done.filter(|_| stopping_since.is_none() && failure.is_none()) {
+            if at.elapsed() >= Duration::from_secs(args.straggler_s) {
+                let running: Vec<String> = children
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| c.is_some())
+                    .map(|(node, _)| node.to_string())
+                    .collect();
+                eprintln!(
+                    "kiln launch: node(s) {} still running {} s after node {done} finished; stopping them \
+                     (--straggler-s)",
+                    running.join(", "),
+                    args.straggler_s
+                );
+                stragglers = true;
+            }
+        }
+        if stopping_since.is_none() && (failure.is_some() || signalled != 0 || stragglers) {
             if signalled != 0 && failure.is_none() {
                 eprintln!("kiln launch: got signal {signalled}; stopping every node");
             }
@@ -245,6 +285,7 @@ fn run_attempt(
     Ok(match failure {
         Some((_, status)) => exit_code(status),
         None if signalled != 0 => 128 + signalled,
+        None if stragglers => EXIT_STRAGGLER,
         None => 0,
     })
 }

@@ -55,9 +55,9 @@ pub struct ProfileArgs {
     /// Model size (gpt).
     #[arg(long, value_enum, default_value_t = GptSize::Tiny)]
     config: GptSize,
-    /// Pad the character vocabulary to this size (gpt).
+    /// Pad the character vocabulary to this size (gpt; at least 1).
     #[arg(long)]
-    vocab: Option<usize>,
+    vocab: Option<std::num::NonZeroUsize>,
     /// Mixed precision: matmuls in this dtype, f32 master weights.
     #[arg(long)]
     amp: Option<AmpDtype>,
@@ -104,7 +104,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
         anyhow::bail!("--steps must be at least 1");
     }
     if let Some(path) = &args.trace {
-        kiln::atomic_write::checked_target(path).with_context(|| format!("--trace {}", path.display()))?;
+        kiln::atomic_write::check_writable(path).with_context(|| format!("--trace {}", path.display()))?;
     }
     let model = matches!(args.target.as_str(), "mlp" | "gpt");
     let budget = args.memory_limit.as_deref().map(super::memory::parse_budget).transpose()?;
@@ -295,7 +295,7 @@ fn profile_model(args: &ProfileArgs) -> anyhow::Result<Profiled> {
         _ => {
             let path = args.text.as_deref().context("kiln profile gpt needs --text FILE")?;
             let base = gpt::GptConfig {
-                vocab: args.vocab.unwrap_or(0),
+                vocab: args.vocab.map_or(0, std::num::NonZeroUsize::get),
                 amp: args.amp.map(Into::into),
                 max_grad_norm: args.max_grad_norm,
                 ..args.config.config()
@@ -512,7 +512,8 @@ fn max_batch(args: &ProfileArgs) -> anyhow::Result<()> {
         "gpt" => {
             // As `kiln train gpt`: the text's characters, padded to --vocab.
             let text = args.text.as_deref().map(|p| gpt::read_text(p, 1)).transpose()?;
-            let vocab = match (args.vocab, text.map(|t| gpt::CharVocab::new(&t).len())) {
+            let vocab = match (args.vocab.map(std::num::NonZeroUsize::get), text.map(|t| gpt::CharVocab::new(&t).len()))
+            {
                 (Some(v), Some(chars)) => v.max(chars),
                 (Some(v), None) => v,
                 (None, Some(chars)) => chars,

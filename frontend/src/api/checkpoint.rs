@@ -464,6 +464,91 @@ pub struct Loaded {
     pub tensors: Vec<(String, Literal)>,
 }
 
+impl Loaded {
+    /// The run settings saved with [`settings_tensor`]; `None` for a file
+    /// saved without them.
+    pub fn settings(&self, path: &Path) -> Result<Option<Settings>> {
+        let Some((_, lit)) = self.tensors.iter().find(|(n, _)| n == SETTINGS) else { return Ok(None) };
+        let err = |reason: &str| FrontendError::Checkpoint { path: path.to_path_buf(), reason: reason.into() };
+        if lit.ty().dtype != DType::U8 {
+            return Err(err("tensor run.settings is not u8 text"));
+        }
+        let text = std::str::from_utf8(lit.bytes()).map_err(|_| err("tensor run.settings is not UTF-8 text"))?;
+        text.lines()
+            .map(|line| {
+                let (k, v) = line.split_once('=').ok_or_else(|| err("tensor run.settings has a line without '='"))?;
+                Ok((k.to_string(), v.to_string()))
+            })
+            .collect::<Result<Settings>>()
+            .map(Some)
+    }
+}
+
+/// The checkpoint tensor holding a run's settings ([`settings_tensor`]).
+pub const SETTINGS: &str = "run.settings";
+
+/// A run's settings by name, as text (`"lr" → "0.002"`): what a resumed run
+/// must share with the run that saved the checkpoint for the resumed run to
+/// continue it (the seed, the learning rate and its schedule, the precision).
+pub type Settings = std::collections::BTreeMap<String, String>;
+
+/// `settings` as the tensor a checkpoint stores them in: `name=value` lines,
+/// as `u8` text, under [`SETTINGS`] (so the file's checksum covers them and a
+/// run of several processes saves them as any other tensor). A name holding
+/// `=` or a line break, or a value holding a line break, is refused.
+pub fn settings_tensor(settings: &Settings) -> Result<(String, Tensor)> {
+    let mut text = String::new();
+    for (k, v) in settings {
+        if k.is_empty() || k.contains(['=', '\n', '\r']) || v.contains(['\n', '\r']) {
+            return Err(FrontendError::InvalidArgument {
+                op: "checkpoint::settings_tensor",
+                reason: format!("setting {k:?} = {v:?}: a name is one line without '=', a value one line"),
+            });
+        }
+        text.push_str(&format!("{k}={v}\n"));
+    }
+    let bytes = text.into_bytes();
+    let n = bytes.len();
+    Ok((SETTINGS.to_string(), Tensor::from_vec(bytes, [n])?))
+}
+
+/// Compares the settings of the run that saved the checkpoint at `path`
+/// (`saved`; `None` for a file saved without them, taken as it is) with this
+/// run's (`now`). A difference is refused, naming each setting with both
+/// values, unless `overrides` names it; a name in `overrides` that is not a
+/// setting is refused too (a typo would otherwise change nothing). A setting
+/// only one of the two runs has counts as a difference.
+pub fn check_settings(path: &Path, saved: Option<&Settings>, now: &Settings, overrides: &[String]) -> Result<()> {
+    let err = |reason: String| FrontendError::Checkpoint { path: path.to_path_buf(), reason };
+    if let Some(unknown) = overrides.iter().find(|o| !now.contains_key(o.as_str())) {
+        let names: Vec<&str> = now.keys().map(String::as_str).collect();
+        return Err(err(format!(
+            "--override-settings names {unknown:?}, which is not a setting of this run (its settings: {})",
+            names.join(", ")
+        )));
+    }
+    let Some(saved) = saved else { return Ok(()) };
+    let names: std::collections::BTreeSet<&String> = saved.keys().chain(now.keys()).collect();
+    let shown = |v: Option<&String>| v.map_or_else(|| "unset".to_string(), Clone::clone);
+    let differ: Vec<(&String, String, String)> = names
+        .into_iter()
+        .filter(|k| saved.get(*k) != now.get(*k) && !overrides.contains(k))
+        .map(|k| (k, shown(saved.get(k)), shown(now.get(k))))
+        .collect();
+    if differ.is_empty() {
+        return Ok(());
+    }
+    let list: Vec<String> =
+        differ.iter().map(|(k, a, b)| format!("{k} {a} in the checkpoint, {b} in this run")).collect();
+    let names: Vec<&str> = differ.iter().map(|(k, _, _)| k.as_str()).collect();
+    Err(err(format!(
+        "--resume: this run's settings differ from the run that saved it: {}; resuming would not continue that \
+         run. Run with the saved settings, or name the ones to change in --override-settings {}",
+        list.join("; "),
+        names.join(",")
+    )))
+}
+
 /// Reads and verifies a checkpoint.
 pub fn load(path: impl AsRef<Path>) -> Result<Loaded> {
     let path = path.as_ref();
@@ -660,6 +745,39 @@ mod tests {
     /// state under the name and replicas 1-3's as `@replica<g>`, as one
     /// process with four replicas writes it; states alike on every replica
     /// are one tensor; a missing or repeated replica is refused.
+    fn settings(pairs: &[(&str, &str)]) -> Settings {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn settings_round_trip_and_differences_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.ck");
+        let saved = settings(&[("lr", "0.002"), ("seed", "3"), ("amp", "off")]);
+        let w = Tensor::from_vec(vec![1.5f32, -2.0], [2]).unwrap();
+        save(&path, 4, &[("param.w".to_string(), w), settings_tensor(&saved).unwrap()]).unwrap();
+        let loaded = load(&path).unwrap();
+        assert_eq!(loaded.settings(&path).unwrap().as_ref(), Some(&saved));
+        check_settings(&path, Some(&saved), &saved, &[]).unwrap();
+        let now = settings(&[("lr", "0.01"), ("seed", "3"), ("amp", "bf16")]);
+        let e = check_settings(&path, Some(&saved), &now, &[]).unwrap_err().to_string();
+        assert!(e.contains("amp off in the checkpoint, bf16 in this run; lr 0.002"), "{e}");
+        assert!(e.contains("--override-settings amp,lr"), "{e}");
+        check_settings(&path, Some(&saved), &now, &["amp".into(), "lr".into()]).unwrap();
+        let e = check_settings(&path, Some(&saved), &now, &["ampp".into()]).unwrap_err().to_string();
+        assert!(e.contains("\"ampp\", which is not a setting"), "{e}");
+        // A file saved without settings is taken as it is; one more setting
+        // on either side is a difference.
+        check_settings(&path, None, &now, &[]).unwrap();
+        let e = check_settings(&path, Some(&saved), &settings(&[("lr", "0.002"), ("seed", "3")]), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("amp off in the checkpoint, unset in this run"), "{e}");
+        for bad in [("a=b", "1"), ("", "1"), ("lr", "1\n2")] {
+            assert!(settings_tensor(&settings(&[bad])).is_err(), "{bad:?}");
+        }
+    }
+
     #[test]
     fn replicas_merge_by_global_index() {
         let mut all = rng(&[(2, 30), (3, 40)]);

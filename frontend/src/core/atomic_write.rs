@@ -59,6 +59,24 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     result.map_err(io)
 }
 
+/// [`checked_target`], and a probe that a file can be created in the target's
+/// directory (made exclusively under an unpredictable name, as a write's temp
+/// file is, and removed at once): a run checks its destinations at start, so
+/// a directory it cannot write fails the run before it trains rather than
+/// after. Returns the path a write would replace.
+pub fn check_writable(path: &Path) -> Result<PathBuf> {
+    let target = checked_target(path)?;
+    let dir = target.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    tempfile::Builder::new()
+        .prefix(&format!(".{name}.probe.{}.", std::process::id()))
+        .rand_bytes(12)
+        .tempfile_in(dir)
+        .map(drop)
+        .map_err(|source| FrontendError::NotWritable { dir: dir.to_path_buf(), source })?;
+    Ok(target)
+}
+
 /// Checks that `path` can be written without destroying anything: returns
 /// the path to replace (the final target of a symlink chain), or
 /// [`FrontendError::NotAFile`] for a directory, device, FIFO or socket and

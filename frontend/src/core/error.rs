@@ -157,6 +157,14 @@ pub enum FrontendError {
     /// A path that a write would destroy or cannot be written through.
     #[error("{}: {reason}", .path.display())]
     NotAFile { path: std::path::PathBuf, reason: String },
+    /// A destination whose directory refuses a new file, found when the run
+    /// starts (a probe file), not when its result is written.
+    #[error("{}: no file can be written in this directory ({source}); checked before the run so that nothing it computes is lost at the end", .dir.display())]
+    NotWritable {
+        dir: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     /// A setting out of its range (learning-rate, clipping or scaling settings).
     #[error("{op}: {name} = {value} must be {expected}")]
     HyperParameter { op: &'static str, name: &'static str, value: f64, expected: &'static str },

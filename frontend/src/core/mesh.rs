@@ -96,8 +96,8 @@ impl Mesh {
 
     /// `KILN_MESH`, if set and not blank.
     pub fn from_env() -> Result<Option<Mesh>> {
-        match std::env::var(ENV_MESH) {
-            Ok(v) if !v.trim().is_empty() => Mesh::parse(v.trim()).map(Some),
+        match kiln_runtime::env::string_var(ENV_MESH)? {
+            Some(v) if !v.trim().is_empty() => Mesh::parse(v.trim()).map(Some),
             _ => Ok(None),
         }
     }

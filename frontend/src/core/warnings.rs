@@ -80,7 +80,21 @@ static SHOWN: AtomicU8 = AtomicU8::new(0);
 static ENABLED: OnceLock<AtomicBool> = OnceLock::new();
 
 fn enabled_flag() -> &'static AtomicBool {
-    ENABLED.get_or_init(|| AtomicBool::new(std::env::var("KILN_WARNINGS").map_or(true, |v| v != "0")))
+    // A value that is not a boolean is reported by [`check_env`] (at the
+    // first step); until then it leaves the warnings on.
+    ENABLED.get_or_init(|| AtomicBool::new(kiln_runtime::env::bool_var(ENV_WARNINGS).ok().flatten().unwrap_or(true)))
+}
+
+/// The variable that turns the stderr lines off (`KILN_WARNINGS=0`): a
+/// boolean ([`kiln_runtime::env::parse_bool`]'s spellings).
+pub const ENV_WARNINGS: &str = "KILN_WARNINGS";
+
+/// Refuses a `KILN_WARNINGS` that is not a boolean (`KILN_WARNINGS=abc` is
+/// an error, as every other bad value is, not silently "on"). Called where a
+/// run's settings are first read (the executor's plan).
+pub fn check_env() -> crate::core::error::Result<()> {
+    kiln_runtime::env::bool_var(ENV_WARNINGS)?;
+    Ok(())
 }
 
 /// Turns the stderr lines on or off for this process (the environment's

@@ -48,7 +48,8 @@ use crate::engine::step::{cut_step, mark_step, CutStep};
 pub struct CompiledStep<F> {
     f: F,
     plans: HashMap<Guard, Plan>,
-    verify: bool,
+    /// `None`: `KILN_CAPTURE_VERIFY` is read at the first call.
+    verify: Option<bool>,
     traces: u64,
     replays: u64,
     last_retrace: Option<String>,
@@ -74,11 +75,10 @@ pub fn compile_step<F>(f: F) -> CompiledStep<F>
 where
     F: FnMut(&[Tensor]) -> Result<Vec<Tensor>>,
 {
-    let verify = std::env::var("KILN_CAPTURE_VERIFY").is_ok_and(|v| v == "1");
     CompiledStep {
         f,
         plans: HashMap::new(),
-        verify,
+        verify: None,
         traces: 0,
         replays: 0,
         last_retrace: None,
@@ -165,7 +165,7 @@ where
     /// Traces every call and fails when its trace differs from the captured one
     /// (a debug mode: finds closures whose Rust control flow or constants change).
     pub fn verify(mut self, on: bool) -> Self {
-        self.verify = on;
+        self.verify = Some(on);
         self
     }
 
@@ -192,8 +192,12 @@ where
         if context::with(|c| !c.trace.graph.is_empty()) {
             mark_step()?;
         }
+        let verify = match self.verify {
+            Some(on) => on,
+            None => *self.verify.insert(kiln_runtime::env::bool_var("KILN_CAPTURE_VERIFY")?.unwrap_or(false)),
+        };
         let guard = self.guard(inputs)?;
-        if !self.verify {
+        if !verify {
             if let Some(plan) = self.plans.get(&guard) {
                 match check(plan, inputs) {
                     Ok(bindings) => {
@@ -276,7 +280,7 @@ where
         let Some(cut) = cut else {
             return Ok(returned);
         };
-        if self.verify {
+        if self.verify == Some(true) {
             if let Some(plan) = self.plans.get(&guard) {
                 if plan.key != cut.key {
                     return Err(FrontendError::InvalidArgument {

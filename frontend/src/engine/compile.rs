@@ -76,9 +76,9 @@ fn pipeline_options() -> Result<pipeline::PipelineOptions> {
 /// alike.
 pub fn host_link_rate() -> Result<f64> {
     const VAR: &str = "KILN_HOST_LINK_GBPS";
-    match std::env::var(VAR) {
-        Err(_) => Ok(kiln_compiler::target::HOST_COPY_LINK_BYTES_PER_SECOND),
-        Ok(v) => match v.trim().parse::<f64>() {
+    match kiln_runtime::env::string_var(VAR)? {
+        None => Ok(kiln_compiler::target::HOST_COPY_LINK_BYTES_PER_SECOND),
+        Some(v) => match v.trim().parse::<f64>() {
             Ok(gbps) if gbps.is_finite() && gbps > 0.0 => Ok(gbps * 1e9),
             _ => Err(crate::core::error::FrontendError::BadEnv {
                 var: VAR,

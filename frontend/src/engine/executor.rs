@@ -59,6 +59,7 @@ impl Executor {
     /// `KILN_CPU_DEVICES` on first use, unless set explicitly.
     pub fn plan(&mut self) -> Result<&ReplicaPlan> {
         if self.plan.is_none() {
+            crate::core::warnings::check_env()?;
             if let Some(mesh) = crate::core::mesh::Mesh::from_env()? {
                 let plan = crate::core::mesh::plan_for(&mesh, &kiln_runtime::ReplicaEnv::from_env()?)?;
                 tracing::info!(%mesh, "kiln: device mesh from KILN_MESH");
@@ -96,11 +97,11 @@ impl Executor {
         if let Some(n) = self.max_in_flight {
             return Ok(n);
         }
-        let n = match std::env::var("KILN_MAX_STEPS_IN_FLIGHT") {
+        let n = match kiln_runtime::env::string_var("KILN_MAX_STEPS_IN_FLIGHT")? {
             // Unset or empty: the default, as for every kiln variable.
-            Err(_) => DEFAULT_MAX_IN_FLIGHT,
-            Ok(v) if v.trim().is_empty() => DEFAULT_MAX_IN_FLIGHT,
-            Ok(v) => v.trim().parse::<usize>().map_err(|_| FrontendError::BadEnv {
+            None => DEFAULT_MAX_IN_FLIGHT,
+            Some(v) if v.trim().is_empty() => DEFAULT_MAX_IN_FLIGHT,
+            Some(v) => v.trim().parse::<usize>().map_err(|_| FrontendError::BadEnv {
                 var: "KILN_MAX_STEPS_IN_FLIGHT",
                 value: v.clone(),
                 expected: "a count of steps (0 runs every step synchronously)",
@@ -108,6 +109,23 @@ impl Executor {
         };
         self.max_in_flight = Some(n);
         Ok(n)
+    }
+}
+
+/// The state goes when its thread ends (for the main thread: at process
+/// exit, before the plugin's exit handlers). Steps still running are waited
+/// for first, so the client is never destroyed, nor the plugin torn down,
+/// under a running step; their outcomes are dropped (the program is ending;
+/// [`crate::engine::run::quiesce`] is the explicit form).
+impl Drop for Executor {
+    fn drop(&mut self) {
+        for run in self.in_flight.drain(..) {
+            if let Some(done) = run.done.borrow_mut().take() {
+                if let Err(e) = done.wait() {
+                    tracing::debug!(step = run.step, error = %e, "kiln: a step still in flight at exit failed");
+                }
+            }
+        }
     }
 }
 

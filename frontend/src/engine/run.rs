@@ -79,6 +79,25 @@ pub fn sync() -> Result<()> {
     settle(0)
 }
 
+/// Waits, on every exit path, for the steps still running on the devices,
+/// and drops what they report: the caller is already ending (with the error
+/// it is about to print, or after a [`sync`] that reported the failures that
+/// mattered). Call it before the process exits: the plugin's exit handlers
+/// tear down state its threads use, and a step still running when they do
+/// crashes the process (a SIGSEGV after the error was printed). Returns the
+/// number of steps it waited for.
+pub fn quiesce() -> usize {
+    let mut waited = 0;
+    loop {
+        let front = crate::engine::context::with(|c| c.exec.in_flight.pop_front());
+        let Some(run) = front else { return waited };
+        waited += 1;
+        if let Err(e) = finish(&run) {
+            tracing::debug!(step = run.step, error = %e, "kiln: a step still in flight at exit failed");
+        }
+    }
+}
+
 /// Runs `hook` once step `step`'s results are known: attached to the step
 /// while it is in flight, run now when it has finished (synchronous backends,
 /// or a queue bound that already waited for it). Unlike [`on_step_complete`],
@@ -162,9 +181,12 @@ pub(crate) struct Executed {
 pub(crate) fn execute(input: RunInput<'_>, step: u64, hooks: Vec<Hook>) -> Result<Executed> {
     match input {
         RunInput::Compiled { entry, bindings } => {
+            // The bound is read before the step starts: a bad
+            // `KILN_MAX_STEPS_IN_FLIGHT` fails with nothing running.
+            let bound = crate::engine::context::with(|c| c.exec.max_in_flight())?;
             let outputs = run_pjrt(entry, bindings, step, hooks)?;
             // Bound the queue (0: wait for this step too).
-            let reported = crate::engine::context::with(|c| c.exec.max_in_flight()).and_then(settle);
+            let reported = settle(bound);
             Ok(Executed { outputs, reported })
         }
         RunInput::Reference { graph, bindings } => {

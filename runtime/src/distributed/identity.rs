@@ -36,6 +36,9 @@ pub const ENV_NUM_NODES: &str = "KILN_NUM_NODES";
 pub const ENV_NODE_ID: &str = "KILN_NODE_ID";
 pub const ENV_COORDINATOR: &str = "KILN_COORDINATOR";
 pub const ENV_COORDINATOR_SERVED: &str = "KILN_COORDINATOR_SERVED";
+/// The process id of the `kiln launch` that started this node
+/// ([`crate::distributed::bind_to_launcher`]).
+pub const ENV_LAUNCHER_PID: &str = "KILN_LAUNCHER_PID";
 pub const ENV_RUN_ID: &str = "KILN_RUN_ID";
 pub const ENV_ATTEMPT: &str = "KILN_ATTEMPT";
 pub const ENV_LOCAL_DEVICES: &str = "KILN_LOCAL_DEVICES";

@@ -88,10 +88,64 @@ pub fn join(identity: &Identity) -> Result<Arc<Session>> {
     if let Some(s) = SESSION.get() {
         return Ok(s.clone());
     }
+    bind_to_launcher()?;
     let session = Arc::new(Session::start(identity.clone())?);
     session.spawn_watchdog(WatchdogAction::Exit);
     let _ = SESSION.set(session.clone());
     Ok(session)
+}
+
+/// Under `kiln launch` (`KILN_LAUNCHER_PID` names the launcher): the node
+/// asks the kernel for SIGKILL when the launcher dies, so a launcher killed
+/// with SIGKILL (which cannot pass it on) leaves no node running. Does
+/// nothing for a process whose parent is not the launcher (a node started
+/// through a shell: the launcher's stop still reaches its process group), nor
+/// outside a launch. Called at the `kiln` binary's start and when a node
+/// joins its run; idempotent. A launcher already gone is an error
+/// ([`EXIT_PEER_LOST`] is the exit a caller gives it).
+pub fn bind_to_launcher() -> Result<()> {
+    let Some(text) = crate::env::string_var(identity::ENV_LAUNCHER_PID)? else { return Ok(()) };
+    let launcher: i32 = text.trim().parse().map_err(|_| RuntimeError::BadNodeEnv {
+        var: identity::ENV_LAUNCHER_PID,
+        value: text.clone(),
+        expected: "the launcher's process id",
+    })?;
+    let parent = nix::unistd::getppid().as_raw();
+    if parent != launcher {
+        // Started through another process (a shell), or adopted because the
+        // launcher died: the launcher is then among the ancestors, or not.
+        return if ancestors(parent).contains(&launcher) {
+            Ok(())
+        } else {
+            Err(RuntimeError::LauncherGone { pid: launcher })
+        };
+    }
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .map_err(|e| RuntimeError::Os { call: "prctl(PR_SET_PDEATHSIG)", reason: e.to_string() })?;
+    // The launcher may have died between the two calls.
+    if nix::unistd::getppid().as_raw() != launcher {
+        return Err(RuntimeError::LauncherGone { pid: launcher });
+    }
+    tracing::debug!(launcher, "kiln: this node dies with its launcher");
+    Ok(())
+}
+
+/// `pid` and its ancestors, from `/proc` (at most 64; empty without `/proc`).
+fn ancestors(pid: i32) -> Vec<i32> {
+    let mut chain = Vec::new();
+    let mut at = pid;
+    while at > 1 && chain.len() < 64 {
+        chain.push(at);
+        // `pid (comm) state ppid ...`: the command may hold spaces and
+        // parentheses, so fields are counted after the last ')'.
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{at}/stat")) else { break };
+        let Some(ppid) = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok())
+        else {
+            break;
+        };
+        at = ppid;
+    }
+    chain
 }
 
 /// What the watchdog does when it finds a lost peer.

@@ -129,7 +129,7 @@ impl Api {
     }
 
     fn open(path: &Path) -> Result<Api> {
-        crate::plugin_logs::quiet_unless_asked();
+        crate::plugin_logs::quiet_unless_asked()?;
         // SAFETY: loading a library runs its initializers. The path was chosen
         // by the user or by plugin discovery as a PJRT plugin; there is no way
         // to load native code without trusting it.

@@ -159,7 +159,7 @@ pub const ENV_INIT_FORM: &str = "KILN_INIT_FORM";
 impl InitForm {
     /// `KILN_INIT_FORM`, else [`InitForm::Flat`].
     pub fn from_env() -> Result<InitForm> {
-        match std::env::var(ENV_INIT_FORM).ok().as_deref().map(str::trim) {
+        match kiln_runtime::env::string_var(ENV_INIT_FORM)?.as_deref().map(str::trim) {
             None | Some("") | Some("flat") => Ok(InitForm::Flat),
             Some("per-parameter") => Ok(InitForm::PerParameter),
             Some(other) => Err(crate::core::error::FrontendError::BadEnv {
@@ -293,7 +293,7 @@ const ENV_INIT_SHIFTS: &str = "KILN_INIT_SHIFTS";
 
 impl ShiftForm {
     fn from_env() -> Result<ShiftForm> {
-        match std::env::var(ENV_INIT_SHIFTS).ok().as_deref().map(str::trim) {
+        match kiln_runtime::env::string_var(ENV_INIT_SHIFTS)?.as_deref().map(str::trim) {
             None | Some("") | Some("input") => Ok(ShiftForm::Input),
             Some("constant") => Ok(ShiftForm::Constant),
             Some("divide") => Ok(ShiftForm::Divide),
