@@ -232,3 +232,29 @@ fn stats_and_clear_of_a_missing_directory_make_nothing() {
     assert_eq!(clear["removed"], 0, "{clear}");
     assert!(!dir.path().join("not").exists(), "nothing was made");
 }
+
+/// An entry copied under another entry's name is the other program: a user
+/// found a `--max-grad-norm 1.0` GPT run reproducing another run's losses with
+/// no compile (here: an f32 run's program under a bf16 run's names). Each entry holds the full key it was compiled for, checked
+/// before it is served: a copy is a miss, recompiled, and the run trains as
+/// it would with no cache.
+#[test]
+fn an_entry_copied_under_another_key_is_never_served() {
+    let (plain_dir, bf16_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let plain = json(&kiln(plain_dir.path()).args(TRAIN).output().unwrap());
+    let bf16_args = [&TRAIN[..], &["--amp", "bf16"]].concat();
+    let bf16 = json(&kiln(bf16_dir.path()).args(&bf16_args).output().unwrap());
+    assert_ne!(plain["losses"], bf16["losses"], "the two runs must differ for the test to mean anything");
+    // Every bf16 entry's file now holds a plain run's program.
+    let (from, to) = (entries(plain_dir.path()), entries(bf16_dir.path()));
+    assert_eq!((from.len(), to.len()), (2, 2));
+    for to in &to {
+        let same_size = from.iter().max_by_key(|f| std::fs::metadata(f).unwrap().len()).unwrap();
+        std::fs::copy(same_size, to).unwrap();
+    }
+    let out = kiln(bf16_dir.path()).args(&bf16_args).output().unwrap();
+    let again = json(&out);
+    assert_eq!(again["disk_hits"].as_u64(), Some(0), "{again}");
+    assert_eq!(again["compiles"].as_u64(), Some(2), "{again}");
+    assert_eq!(again["losses"], bf16["losses"]);
+}

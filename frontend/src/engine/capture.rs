@@ -185,6 +185,14 @@ where
         self.last_retrace.as_deref()
     }
 
+    /// The StableHLO text of the program a call on `inputs` compiles (the
+    /// closure recorded as a traced call records it, closed as its step is:
+    /// [`crate::lower`]), without running anything or changing any tensor.
+    pub fn lower(&mut self, inputs: &[Tensor]) -> Result<String> {
+        let f = &mut self.f;
+        crate::engine::lower::lower(|| f(inputs))
+    }
+
     /// Runs the step on `inputs`; returns what the closure returns.
     pub fn call(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         // Ops recorded outside the step run first, so every tensor the plan

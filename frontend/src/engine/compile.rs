@@ -51,8 +51,7 @@ pub(crate) struct Obtained {
 /// the optimizer off, for measuring it), then the memory limit's remat pass.
 fn pipeline_options() -> Result<pipeline::PipelineOptions> {
     let mut opts = pipeline::PipelineOptions::default();
-    if let Some(v) = std::env::var_os("KILN_PASSES").filter(|v| !v.is_empty()) {
-        let v = v.to_string_lossy();
+    if let Some(v) = kiln_runtime::env::string_var("KILN_PASSES")? {
         opts.passes = v.split(',').map(str::trim).filter(|p| !p.is_empty() && *p != "none").map(String::from).collect();
         // An unknown name is the pipeline's typed error, before any work.
         for p in &opts.passes {
@@ -92,28 +91,39 @@ pub fn host_link_rate() -> Result<f64> {
 /// The program of `graph` (a closed raw trace fed by `bindings`, `assigned`
 /// saying which of them an output is assigned over), compiled with
 /// `replicas` replicas.
-pub(crate) fn obtain(
+/// A closed trace taken through the pipeline and the partitioner, with the
+/// options its lowering and compile take: all of a program but the compile,
+/// shared by `mark_step` ([`obtain`]) and `lower` ([`program_text`]) so that
+/// the two cannot differ.
+struct Planned {
+    opts: pipeline::PipelineOptions,
+    stats: pipeline::PipelineStats,
+    pipeline_time: std::time::Duration,
+    optimized: Graph,
+    pruned: kiln_compiler::passes::Pruned,
+    partitioned: Option<Partitioned>,
+    lower_opts: LowerOptions,
+    compile_opts: CompileOptions,
+}
+
+fn plan(
     graph: &Graph,
     bindings: &[Binding],
     assigned: &[bool],
     out_shardings: Option<&[crate::core::mesh::Sharding]>,
     client: &Client,
     replicas: usize,
-) -> Result<Obtained> {
-    let mut dump = crate::engine::dump::Dump::from_env();
+    observe: &mut dyn FnMut(&str, &Graph),
+) -> Result<Planned> {
     let t = Instant::now();
     let opts = pipeline_options()?
         .with_target(LowerTarget::from_platform(client.platform_name()))
         .with_gathered_params(crate::engine::partition::gathered_params(bindings, assigned));
-    let out = pipeline::run(graph, &opts, &mut |p, g| dump.observe(p, g))?;
-    // The fusion analysis of the result, for the metrics report.
-    let fusion_groups = kiln_compiler::fusion::plan_fusion(&out.graph).num_groups();
-    metrics::update(|m| m.record_pipeline(&out.stats, fusion_groups, t.elapsed()));
+    let out = pipeline::run(graph, &opts, observe)?;
+    let pipeline_time = t.elapsed();
     // A remat plan relies on the program's order (`LowerTarget::keeps_plan_order`).
     let planned = out.stats.passes.iter().any(|p| p.remat().is_some_and(|r| !r.recomputed.is_empty()));
-    let pipeline::Optimized { graph: optimized, pruned, .. } = out;
-    let donated =
-        (0..pruned.kept_params.len()).map(|i| pruned.graph.aliases().iter().any(|a| a.param as usize == i)).collect();
+    let pipeline::Optimized { graph: optimized, pruned, stats } = out;
     let partitioned = match (crate::core::settings::active_mesh(), out_shardings) {
         (Some(mesh), Some(outs)) => Some(partition(&mesh, &pruned, &optimized, bindings, outs)?),
         _ => None,
@@ -153,6 +163,43 @@ pub(crate) fn obtain(
         }
         None => CompileOptions { num_replicas: replicas, device_assignment, keep_order, ..CompileOptions::default() },
     };
+    Ok(Planned { opts, stats, pipeline_time, optimized, pruned, partitioned, lower_opts, compile_opts })
+}
+
+/// The StableHLO text of the program [`obtain`] would compile for the same
+/// closed trace (the pipeline, the partitioner and the target passes, with the
+/// same options), without compiling it: what `kiln::lower` returns.
+pub(crate) fn program_text(
+    graph: &Graph,
+    bindings: &[Binding],
+    assigned: &[bool],
+    out_shardings: Option<&[crate::core::mesh::Sharding]>,
+    client: &Client,
+    replicas: usize,
+) -> Result<String> {
+    let p = plan(graph, bindings, assigned, out_shardings, client, replicas, &mut |_, _| {})?;
+    let prepared = lower::prepare(&p.optimized, &p.lower_opts, p.opts.verify, &mut |_, _| {})?;
+    Ok(lower::print(&prepared)?)
+}
+
+/// The program for a closed trace: this thread's, the disk cache's, or newly
+/// compiled (see the module docs).
+pub(crate) fn obtain(
+    graph: &Graph,
+    bindings: &[Binding],
+    assigned: &[bool],
+    out_shardings: Option<&[crate::core::mesh::Sharding]>,
+    client: &Client,
+    replicas: usize,
+) -> Result<Obtained> {
+    let mut dump = crate::engine::dump::Dump::from_env();
+    let Planned { opts, stats, pipeline_time, optimized, pruned, partitioned, lower_opts, compile_opts } =
+        plan(graph, bindings, assigned, out_shardings, client, replicas, &mut |p, g| dump.observe(p, g))?;
+    // The fusion analysis of the result, for the metrics report.
+    let fusion_groups = kiln_compiler::fusion::plan_fusion(&optimized).num_groups();
+    metrics::update(|m| m.record_pipeline(&stats, fusion_groups, pipeline_time));
+    let donated =
+        (0..pruned.kept_params.len()).map(|i| pruned.graph.aliases().iter().any(|a| a.param as usize == i)).collect();
     let fp = fingerprint(&optimized);
     let mut program_id = Vec::with_capacity(64);
     program_id.extend_from_slice(&fp.0);
@@ -184,7 +231,7 @@ pub(crate) fn obtain(
     // activation memory may not fit), once per program.
     // The program's name in warnings and in KILN_SAVE_GRAPHS's file name.
     let name = format!("step-{}", &fp.to_string()[..16]);
-    let remat = out.stats.passes.iter().find_map(|p| p.remat());
+    let remat = stats.passes.iter().find_map(|p| p.remat());
     // The parameters' init program is named so: a user who set a limit for
     // training did not write it. A percentage of the activation memory means
     // nothing for a program that keeps no values for a backward (the init, an
@@ -252,9 +299,10 @@ pub(crate) fn obtain(
             let t = Instant::now();
             // The target passes, verified and dumped after the pipeline's.
             let prepared = lower::prepare(&optimized, &lower_opts, opts.verify, &mut |p, g| dump.observe(p, g))?;
+            let text = lower::print(&prepared)?;
+            dump.text("stablehlo.mlir", &text);
             // The dump is whole: a write error fails the step before the compile.
             dump.finish()?;
-            let text = lower::print(&prepared)?;
             let e = client.compile(&text, &compile_opts)?;
             let took = t.elapsed();
             metrics::update(|m| {

@@ -1,5 +1,6 @@
 //! `KILN_DUMP_DIR=dir`: the graph after pruning and after each pass of the
-//! optimizer pipeline, in kiln's text form.
+//! optimizer pipeline, in kiln's text form, and the StableHLO module compiled
+//! (`NN-stablehlo.mlir`, for a program compiled rather than found in a cache).
 //!
 //! Each pipeline run gets its own numbered folder `dir/pipeline-NNNN/`, whose
 //! files `00-prune.kiln`, `01-lm_head_loss.kiln`, `02-cse.kiln`, ... follow the pass order, so a diff of
@@ -43,15 +44,27 @@ impl Dump {
 
     /// Writes `graph` as the next stage; the pipeline's observer.
     pub fn observe(&mut self, pass: &str, graph: &Graph) {
+        if self.dir.is_some() {
+            self.write(&format!("{pass}.kiln"), || kiln_compiler::text::print(graph));
+        }
+    }
+
+    /// Writes `text` as the next stage, in file `NN-<name>` (the lowered
+    /// module: `stablehlo.mlir`).
+    pub fn text(&mut self, name: &str, text: &str) {
+        self.write(name, || text.to_string());
+    }
+
+    fn write(&mut self, name: &str, contents: impl FnOnce() -> String) {
         let Some(dir) = &self.dir else { return };
         if self.error.is_some() {
             return;
         }
-        let path = dir.join(format!("{:02}-{pass}.kiln", self.stage));
+        let path = dir.join(format!("{:02}-{name}", self.stage));
         self.stage += 1;
         let result = std::fs::create_dir_all(dir)
             .map_err(|source| FrontendError::Io { path: dir.clone(), source })
-            .and_then(|()| write_atomically(&path, kiln_compiler::text::print(graph).as_bytes()));
+            .and_then(|()| write_atomically(&path, contents().as_bytes()));
         if let Err(e) = result {
             self.error = Some(e);
         }

@@ -1,9 +1,17 @@
 //! Recording a function apart from the current step, without running it:
-//! [`lower`] gives the StableHLO text a step returning its tensors would
-//! compile (snapshot tests), [`capture_graph`] the pruned step graph (what
-//! `kiln profile --max-batch` sizes).
+//! [`lower`] gives the StableHLO text of the program `mark_step` would
+//! compile for what the function records (snapshot tests), [`capture_graph`]
+//! the pruned step graph (what `kiln profile --max-batch` sizes).
 //!
 //! Invariants:
+//! - `lower`'s text is the program `mark_step` would compile, byte for byte:
+//!   the trace is closed as `mark_step` closes it (every live pending tensor
+//!   an output, parameters assigned over donated where the backend donates,
+//!   the device checks' flags, each output's layout under a mesh) and taken
+//!   through the same pipeline, partitioner and target passes
+//!   (`compile::program_text`, which shares its planning with the compile
+//!   path). An optimizer step's text has its backward, its update and the
+//!   aliasing of each parameter to its new value.
 //! - The current step is set aside while the function records (its trace is
 //!   swapped out) and restored afterwards, whatever the function returns.
 //! - `lower` has no side effects: tensors the function assigns read as before
@@ -30,24 +38,33 @@ pub struct LowerOpts {
     pub optimize: bool,
 }
 
-/// The StableHLO text that a step returning `f`'s tensors would compile, without
-/// running anything (for snapshot tests). Side-effect free: tensors that `f`
-/// assigns (parameters under an optimizer step, the generator's state) read
-/// as before afterwards. Equivalent to
+/// The StableHLO text of the program `mark_step` would compile right after
+/// `f` records, without running anything (for snapshot tests): its outputs
+/// are every value a live tensor is waiting for (what `f` returns, the
+/// parameters and optimizer state it assigns, in the trace's order), with
+/// donation, device checks and shardings as the step would have them, on
+/// this thread's client (its platform's target passes). Side-effect free:
+/// tensors that `f` assigns (parameters under an optimizer step, the
+/// generator's state) read as before afterwards. Equivalent to
 /// `lower_with(LowerOpts { optimize: true }, f)`.
 pub fn lower(f: impl FnOnce() -> Result<Vec<Tensor>>) -> Result<String> {
     lower_with(LowerOpts { optimize: true }, f)
 }
 
-/// Like [`lower`], with options.
+/// Like [`lower`], with options. `optimize: false` lowers the trace as
+/// recorded, with `f`'s tensors as its only outputs (no pass, no donation):
+/// the raw program, not the step.
 pub fn lower_with(opts: LowerOpts, f: impl FnOnce() -> Result<Vec<Tensor>>) -> Result<String> {
     let outer = context::with(|c| std::mem::replace(&mut c.trace, Trace::new()));
     // Restores every tensor `f` assigns when this function returns.
     let _undo = crate::engine::undo_assigns::UndoAssigns::begin();
-    let result = f();
+    // The device checks' flag output, as `mark_step` seals it.
+    let result = f().and_then(|outputs| {
+        let checks = if opts.optimize { crate::engine::device_checks::seal()? } else { None };
+        Ok((outputs, checks))
+    });
     let inner = context::with(|c| std::mem::replace(&mut c.trace, outer));
-    let outputs = result?;
-    let mut graph = inner.graph;
+    let (outputs, _checks) = result?;
     let mut values = Vec::with_capacity(outputs.len());
     for t in &outputs {
         match &*t.inner.state.borrow() {
@@ -61,11 +78,35 @@ pub fn lower_with(opts: LowerOpts, f: impl FnOnce() -> Result<Vec<Tensor>>) -> R
             }
         }
     }
+    if opts.optimize {
+        return step_text(inner);
+    }
+    let mut graph = inner.graph;
     graph.set_outputs(values)?;
-    let popts = pipeline::PipelineOptions::default();
-    let popts = if opts.optimize { popts } else { pipeline::PipelineOptions { passes: vec![], ..popts } };
+    let popts = pipeline::PipelineOptions { passes: vec![], ..pipeline::PipelineOptions::default() };
     let g = pipeline::run(&graph, &popts, &mut |_, _| {})?.graph;
     Ok(lower_graph(&g, &LowerOptions::default())?)
+}
+
+/// The text of the program `mark_step` would compile for `trace` (closed as
+/// `mark_step` closes it, while the undo log still holds the assigned
+/// tensors' old states: donation discounts them).
+fn step_text(trace: Trace) -> Result<String> {
+    let donate = context::with(|c| c.exec.backend) == crate::engine::executor::Backend::Pjrt
+        && crate::engine::step::donation_enabled()?;
+    let Some(closed) = crate::engine::step::close(trace, donate)? else {
+        return Err(FrontendError::InvalidArgument { op: "lower", reason: "the function recorded no output".into() });
+    };
+    let assigned = closed.assigned();
+    let client = context::with(|c| c.client())?;
+    crate::engine::compile::program_text(
+        &closed.graph,
+        &closed.bindings,
+        &assigned,
+        closed.out_shardings.as_deref(),
+        &client,
+        crate::engine::replicas::global_replicas()?,
+    )
 }
 
 /// The pruned step graph whose outputs are `f`'s tensors, recorded apart from

@@ -49,20 +49,28 @@ pub struct StepReport {
 }
 
 /// A finished trace with its outputs chosen (not yet pruned).
-struct Closed {
-    graph: Graph,
-    bindings: Vec<Binding>,
+pub(crate) struct Closed {
+    pub graph: Graph,
+    pub bindings: Vec<Binding>,
     /// For each output, the tensors that receive it.
-    receivers: Vec<Vec<Rc<Inner>>>,
+    pub receivers: Vec<Vec<Rc<Inner>>>,
     /// Key of the trace as recorded (see [`Trace::raw_key`]), with the
     /// layouts under a mesh.
     key: u64,
     /// Under a mesh, each output's layout (`engine::partition`).
-    out_shardings: Option<Vec<crate::core::mesh::Sharding>>,
+    pub out_shardings: Option<Vec<crate::core::mesh::Sharding>>,
+}
+
+impl Closed {
+    /// Which bindings an output is assigned over (their tensors receive one).
+    pub fn assigned(&self) -> Vec<bool> {
+        let received: std::collections::HashSet<u64> = self.receivers.iter().flatten().map(|r| r.id).collect();
+        self.bindings.iter().map(|b| received.contains(&b.tensor_id)).collect()
+    }
 }
 
 /// Closes `trace`: its live pending tensors become outputs.
-fn close(mut trace: Trace, donate: bool) -> Result<Option<Closed>> {
+pub(crate) fn close(mut trace: Trace, donate: bool) -> Result<Option<Closed>> {
     let epoch = trace.epoch;
     let mut outputs = Vec::new();
     let mut receivers: Vec<Vec<Rc<Inner>>> = Vec::new();
@@ -110,10 +118,13 @@ fn add_donations(trace: &mut Trace, receivers: &[Vec<Rc<Inner>>]) -> Result<()> 
         // Host data counts too: it is uploaded into a fresh buffer that nothing
         // else will hold, so step 1 (host-initialised state) compiles to the same
         // program as every later step (device state).
+        // Under `lower`, the undo log's copy of the old state is one more
+        // holder that a step outside it would not have.
+        let holders = 1 + usize::from(crate::engine::undo_assigns::saved_holds(&b.storage));
         let sole_holder = match &b.storage {
-            Storage::Device(value) => Rc::strong_count(value) == 1,
-            Storage::Host(lit) => Arc::strong_count(lit) == 1,
-            Storage::HostShards(shards) => Arc::strong_count(shards) == 1,
+            Storage::Device(value) => Rc::strong_count(value) == holders,
+            Storage::Host(lit) => Arc::strong_count(lit) == holders,
+            Storage::HostShards(shards) => Arc::strong_count(shards) == holders,
         };
         if !sole_holder {
             continue;
@@ -209,13 +220,14 @@ fn cut(t0: Instant) -> Result<Option<CutStep>> {
         m.trace_time += t0.elapsed();
     });
     let step = metrics::steps();
+    let assigned = closed.assigned();
     let Closed { graph, bindings, receivers, key, out_shardings } = closed;
     let mut report = StepReport { outputs: receivers.len(), ..StepReport::default() };
     let param_of = |b: &Binding| (b.tensor.clone(), b.tensor_id);
     // The one place that dispatches on the backend.
     let (results, entry, params) = match backend {
         Backend::Pjrt => {
-            let entry = compiled(&graph, &bindings, &receivers, out_shardings.as_deref(), key, &mut report)?;
+            let entry = compiled(&graph, &bindings, &assigned, out_shardings.as_deref(), key, &mut report)?;
             report.nodes = entry.nodes;
             report.donated = entry.donated.iter().filter(|&&d| d).count();
             let bindings = select(bindings, &entry.kept_params);
@@ -259,7 +271,7 @@ fn cut(t0: Instant) -> Result<Option<CutStep>> {
 fn compiled(
     graph: &Graph,
     bindings: &[Binding],
-    receivers: &[Vec<Rc<Inner>>],
+    assigned: &[bool],
     out_shardings: Option<&[crate::core::mesh::Sharding]>,
     key: u64,
     report: &mut StepReport,
@@ -276,12 +288,10 @@ fn compiled(
         return Ok(entry);
     }
     let client = context::with(|c| c.client())?;
-    let received: std::collections::HashSet<u64> = receivers.iter().flatten().map(|r| r.id).collect();
-    let assigned: Vec<bool> = bindings.iter().map(|b| received.contains(&b.tensor_id)).collect();
     let got = compile::obtain(
         graph,
         bindings,
-        &assigned,
+        assigned,
         out_shardings,
         &client,
         crate::engine::replicas::global_replicas()?,

@@ -59,6 +59,26 @@ pub(crate) fn before_assign(t: &Rc<Inner>) {
     });
 }
 
+/// Whether the innermost open log holds `storage` (the saved state of a
+/// tensor the lowering assigned): a reference that a step cut outside the
+/// lowering would not have, so donation does not count it.
+pub(crate) fn saved_holds(storage: &crate::core::storage::Storage) -> bool {
+    use crate::core::storage::Storage;
+    if DEPTH.with(Cell::get) == 0 {
+        return false;
+    }
+    LOGS.with(|logs| {
+        logs.borrow().last().is_some_and(|log| {
+            log.iter().any(|s| match (&s.state, storage) {
+                (State::Ready(Storage::Device(a)), Storage::Device(b)) => Rc::ptr_eq(a, b),
+                (State::Ready(Storage::Host(a)), Storage::Host(b)) => std::sync::Arc::ptr_eq(a, b),
+                (State::Ready(Storage::HostShards(a)), Storage::HostShards(b)) => std::sync::Arc::ptr_eq(a, b),
+                _ => false,
+            })
+        })
+    })
+}
+
 /// Open while a lowering records; dropping it restores every tensor the
 /// lowering assigned.
 pub(crate) struct UndoAssigns(());
