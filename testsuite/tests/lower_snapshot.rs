@@ -39,3 +39,20 @@ fn lowering_is_deterministic_and_optimization_merges_duplicates() -> kiln::Resul
     assert_eq!(optimized.matches("dot_general").count(), 1);
     Ok(())
 }
+
+/// A whole training step as a user snapshots it: the forward, the backward and
+/// the SGD update, each parameter's new value an output (the program
+/// `mark_step` compiles, `lower_is_the_step.rs`).
+#[test]
+fn sgd_step_lowering() -> kiln::Result<()> {
+    let (x, w) = layer()?;
+    let mut opt = kiln::optim::Sgd::new(std::slice::from_ref(&w), 0.0, 0.0)?;
+    let text = kiln::lower(|| {
+        let loss = x.matmul(&w)?.relu()?.sum_all()?;
+        let grads = kiln::grad(&loss, std::slice::from_ref(&w))?;
+        opt.step(std::slice::from_ref(&w), &grads, 0.1)?;
+        Ok(vec![loss])
+    })?;
+    insta::assert_snapshot!(text);
+    Ok(())
+}
