@@ -42,6 +42,9 @@ enum Command {
     /// Run a command as N processes of one run on this machine (each gets
     /// KILN_NUM_NODES, KILN_NODE_ID, KILN_COORDINATOR; with GPUs, its own).
     Launch(cmd::launch::LaunchArgs),
+    /// Draw the curves of one or several runs' --log files as one SVG (loss,
+    /// throughput, evaluations).
+    Plot(cmd::plot::PlotArgs),
     /// List the PJRT devices of the selected plugin.
     Devices {
         /// Print one JSON object.
@@ -117,6 +120,11 @@ enum Model {
         /// skipped steps never stop it).
         #[arg(long)]
         allow_non_finite_loss: bool,
+        /// Write one JSON object per step (loss, learning rate, step time,
+        /// throughput, skipped steps) and per evaluation to FILE as the run
+        /// goes (`kiln plot FILE` draws it).
+        #[arg(long, value_name = "FILE")]
+        log: Option<PathBuf>,
         /// End with one JSON object (for scripts).
         #[arg(long)]
         json: bool,
@@ -164,6 +172,11 @@ enum Model {
         /// skipped steps never stop it).
         #[arg(long)]
         allow_non_finite_loss: bool,
+        /// Write one JSON object per step (loss, learning rate, step time,
+        /// throughput, skipped steps) and per evaluation to FILE as the run
+        /// goes (`kiln plot FILE` draws it).
+        #[arg(long, value_name = "FILE")]
+        log: Option<PathBuf>,
         /// End with one JSON object (for scripts).
         #[arg(long)]
         json: bool,
@@ -254,6 +267,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         // `main` runs launches itself to keep the children's exit status.
         Command::Launch(args) => cmd::launch::run(&args).map(drop),
         Command::Compile(args) => cmd::compile::run(&args),
+        Command::Plot(args) => cmd::plot::run(&args),
         Command::Devices { json } => devices(json),
         Command::Profile(args) => cmd::profile::run(args),
         Command::Cache { command } => cmd::cache::run(command),
@@ -276,6 +290,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     amp,
                     memory_limit,
                     allow_non_finite_loss,
+                    log,
                     json,
                 },
         } => {
@@ -299,7 +314,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             // Before the data is read (`mlp::train` checks again with it).
             cfg.check_settings(mlp::PIXELS)?;
-            train_mlp(&cfg, &data, compare_eager, json)
+            train_mlp(&cfg, &data, compare_eager, log.as_deref(), json)
         }
         Command::Train {
             model:
@@ -315,6 +330,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     memory_limit,
                     shard,
                     allow_non_finite_loss,
+                    log,
                     json,
                 },
         } => {
@@ -353,7 +369,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             // least one character); `gpt::train` checks again with the
             // text's vocabulary and the run's replicas.
             gpt::GptConfig { vocab: cfg.vocab.max(1), ..cfg.clone() }.check(1)?;
-            train_gpt(&text, &cfg, json)
+            train_gpt(&text, &cfg, log.as_deref(), json)
         }
     }
 }
@@ -407,15 +423,25 @@ fn set_memory_limit(limit: Option<&str>) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn train_gpt(path: &std::path::Path, cfg: &gpt::GptConfig, json: bool) -> anyhow::Result<()> {
+fn train_gpt(
+    path: &std::path::Path,
+    cfg: &gpt::GptConfig,
+    log: Option<&std::path::Path>,
+    json: bool,
+) -> anyhow::Result<()> {
     let text = gpt::read_text(path, cfg.seq)?;
+    // Tokens a step takes over every device (see `global_batch` below).
+    let step_tokens = (cfg.batch * kiln::replicas::global_replicas()? * cfg.seq) as f64;
+    let mut log = cmd::runlog::RunLog::create(log, "tokens", step_tokens)?;
     let bar = progress(json);
     let report = gpt::train(&text, cfg, |s| {
+        log.step(s);
         bar.set_length(s.steps_total);
         bar.set_position(s.step);
         bar.set_message(format!("loss {:.4} step {:.1} ms", s.loss, s.step_ms));
     })?;
     bar.finish_and_clear();
+    let logged = log.finish();
     // Sequences per step over every device (replicas draw `batch` each; under
     // a mesh `batch` is already the global batch and there is one replica).
     let global_batch = cfg.batch * kiln::replicas::global_replicas()?;
@@ -486,7 +512,8 @@ fn train_gpt(path: &std::path::Path, cfg: &gpt::GptConfig, json: bool) -> anyhow
             }
         }
     }
-    Ok(())
+    // A log that could not be written whole fails the run, after its summary.
+    logged
 }
 
 /// The train step's remat plan for `--json` (`null` without a memory
@@ -721,7 +748,13 @@ fn gib(bytes: u64) -> String {
     format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 
-fn train_mlp(cfg: &MlpConfig, dir: &PathBuf, compare: Option<u64>, json: bool) -> anyhow::Result<()> {
+fn train_mlp(
+    cfg: &MlpConfig,
+    dir: &PathBuf,
+    compare: Option<u64>,
+    log: Option<&std::path::Path>,
+    json: bool,
+) -> anyhow::Result<()> {
     let data = FashionMnist::load(dir).context("loading Fashion-MNIST")?;
     if let Some(n) = compare {
         let (compiled, eager) = mlp::compare_eager(&data, cfg, n)?;
@@ -738,8 +771,11 @@ fn train_mlp(cfg: &MlpConfig, dir: &PathBuf, compare: Option<u64>, json: bool) -
         }
         return Ok(());
     }
+    let examples = (cfg.batch * kiln::replicas::global_replicas()?) as f64;
+    let mut log = cmd::runlog::RunLog::create(log, "examples", examples)?;
     let bar = progress(json);
     let report = mlp::train(&data, cfg, |s| {
+        log.step(s);
         bar.set_length(s.steps_total);
         bar.set_position(s.step);
         if s.step % 20 == 0 {
@@ -755,6 +791,10 @@ fn train_mlp(cfg: &MlpConfig, dir: &PathBuf, compare: Option<u64>, json: bool) -
         }
     })?;
     bar.finish_and_clear();
+    if let Some(a) = report.test_accuracy {
+        log.eval(report.steps, "test_accuracy", a);
+    }
+    let logged = log.finish();
     let acc = report.test_accuracy.unwrap_or(f64::NAN);
     if json {
         println!(
@@ -795,7 +835,8 @@ fn train_mlp(cfg: &MlpConfig, dir: &PathBuf, compare: Option<u64>, json: bool) -
         print_amp(cfg.amp, &report);
         println!("{}", kiln::metrics::report());
     }
-    Ok(())
+    // A log that could not be written whole fails the run, after its summary.
+    logged
 }
 
 #[cfg(test)]

@@ -146,6 +146,10 @@ pub struct StepInfo {
     pub steps_total: u64,
     pub loss: f64,
     pub step_ms: f64,
+    /// The learning rate the step's update used.
+    pub lr: f64,
+    /// Updates skipped so far for non-finite gradients (mixed precision).
+    pub skipped_steps: u64,
 }
 
 /// What a run achieved.
@@ -551,7 +555,8 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
             if let Some((outputs, step)) = unread.take() {
                 let (loss, ms) =
                     crate::training::record_outcome(&outputs, step, cfg.allow_non_finite_loss, report, clock)?;
-                on_step(&StepInfo { epoch, step, steps_total: total, loss, step_ms: ms });
+                let (lr, skipped_steps) = (schedule.lr(step - 1), report.skipped_steps);
+                on_step(&StepInfo { epoch, step, steps_total: total, loss, step_ms: ms, lr, skipped_steps });
             }
             Ok(())
         };

@@ -5,7 +5,9 @@ pub mod cache;
 pub mod compile;
 pub mod launch;
 pub mod memory;
+pub mod plot;
 pub mod profile;
+pub mod runlog;
 
 /// The largest graph text `kiln compile`/`kiln profile` read (1 GiB: a
 /// saved step of GPT-2 small is a few MB); `/dev/zero` or a wrong file is an

@@ -13,6 +13,8 @@
 //!     socket): refused with [`FrontendError::NotAFile`] naming the path, so a
 //!     write never turns a device node or a directory entry into a regular
 //!     file.
+//! - The written file has the replaced file's mode, or a new file's
+//!   (0o666 less the umask).
 //! - Temp files are `.<name>.tmp.<pid>.<random>`, created in the target's
 //!   directory exclusively (`O_CREAT | O_EXCL`, which never follows a link)
 //!   with an unpredictable name (the `tempfile` crate): a link planted at a
@@ -47,11 +49,19 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     // Created exclusively under a random name: never through a link, never
     // shared by two threads writing one path. Dropped (and so removed) on
     // any error before the rename.
+    // The file's mode: the replaced file's, else what a plain create gives
+    // (0o666 less the umask), not the temp file's private 0o600.
+    let existing = fs::metadata(&target).ok().filter(fs::Metadata::is_file).map(|m| m.permissions());
     let result = (|| {
+        use std::os::unix::fs::PermissionsExt as _;
         let mut tmp = tempfile::Builder::new()
             .prefix(&format!(".{name}.tmp.{}.", std::process::id()))
             .rand_bytes(12)
+            .permissions(fs::Permissions::from_mode(0o666))
             .tempfile_in(dir)?;
+        if let Some(mode) = &existing {
+            tmp.as_file().set_permissions(mode.clone())?;
+        }
         tmp.write_all(bytes)?;
         tmp.as_file().sync_all()?;
         tmp.persist(&target).map(|_| ()).map_err(|e| e.error)
@@ -169,6 +179,25 @@ mod tests {
         assert_eq!(fs::read(&victim).unwrap(), b"precious");
         let links = fs::read_dir(dir.path()).unwrap().flatten().filter(|e| e.file_type().unwrap().is_symlink()).count();
         assert_eq!(links, 256);
+    }
+
+    /// A written file is readable as a plainly created one is (the temp
+    /// file's private 0o600 once leaked into every output), and a replaced
+    /// file keeps its mode.
+    #[test]
+    fn a_written_file_has_a_created_files_mode_or_the_replaced_ones() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("plain");
+        fs::write(&plain, b"x").unwrap();
+        let (new, kept) = (dir.path().join("new"), dir.path().join("kept"));
+        write_atomically(&new, b"a").unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&new), mode(&plain));
+        fs::write(&kept, b"old").unwrap();
+        fs::set_permissions(&kept, fs::Permissions::from_mode(0o640)).unwrap();
+        write_atomically(&kept, b"new").unwrap();
+        assert_eq!((mode(&kept), fs::read(&kept).unwrap()), (0o640, b"new".to_vec()));
     }
 
     #[test]
