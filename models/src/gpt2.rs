@@ -148,6 +148,13 @@ impl Gpt2 {
         self.layer_norm(&self.ln_f, &x)
     }
 
+    /// The tied head's logits `[b, t, vocab]` for `ids: [b, t]` (what
+    /// Hugging Face's `GPT2LMHeadModel` returns as `logits`).
+    pub fn logits(&self, ids: &Tensor) -> Result<Tensor> {
+        let h = self.hidden(ids)?;
+        h.matmul(&self.wte.table.t()?)
+    }
+
     /// Mean cross-entropy of the tied head's predictions for `ids: [b, t]`
     /// against `targets: [b · t]`.
     pub fn loss(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {

@@ -16,6 +16,7 @@
 pub mod bert;
 pub mod gpt;
 pub mod gpt2;
+pub mod hf;
 pub mod llama;
 pub mod mlp;
 pub mod t5;
