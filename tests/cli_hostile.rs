@@ -341,6 +341,63 @@ fn profiling_a_graph_with_a_huge_parameter_is_refused_before_allocating() {
     assert!(err.contains("big.kiln") && err.contains("more than the limit of"), "{err}");
 }
 
+/// Constants are priced at what compiling them costs, by the form they lower
+/// in (`KILN_HOST_MEMORY` sets the limit, so nothing large is allocated): a
+/// 2 MiB constant of distinct values (hex, 7 times: 14 MiB) is refused under
+/// 10 MiB, where the old price of 4 times (8 MiB) let it through to XLA, and
+/// compiles under 20 MiB; four 4 MiB splats (broadcasts, 2 times: 32 MiB),
+/// which the old price (64 MiB) refused under 40 MiB, compile there.
+#[test]
+fn constants_are_priced_at_their_compile_cost_before_compiling() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = (2 << 20) / 4;
+    let values: Vec<String> = (0..n).map(|i| (i % 1000).to_string()).collect();
+    let dense = graph_file(
+        dir.path(),
+        "dense.kiln",
+        &format!(
+            "graph(%x: tensor<{n}xf32>) {{\n  %c = constant dense<[{}]> : tensor<{n}xf32>\n  \
+             %y = add %x, %c : tensor<{n}xf32>\n  return %y\n}}\n",
+            values.join(", ")
+        ),
+    );
+    let compile = |limit: &str, p: &Path| {
+        kiln().env("KILN_HOST_MEMORY", limit).args(["compile", "--json"]).arg(p).output().unwrap()
+    };
+    for cmd in ["compile", "profile"] {
+        let out = kiln().env("KILN_HOST_MEMORY", "10MiB").args([cmd, dense.to_str().unwrap()]).output().unwrap();
+        let err = refused(&out);
+        assert!(
+            err.contains("dense.kiln (its constants")
+                && err.contains("more than the limit of 10485760 bytes (KILN_HOST_MEMORY)"),
+            "{cmd}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{cmd}: {}", String::from_utf8_lossy(&out.stdout));
+    }
+    let err = refused(&compile("10MiB", &dense));
+    assert!(err.contains("needs 14680064 bytes"), "{err}");
+    assert!(json(&compile("20MiB", &dense))["stablehlo_bytes"].as_u64() > Some(4 << 20));
+
+    let n = (4 << 20) / 4;
+    let mut text = format!("graph(%x: tensor<{n}xf32>) {{\n");
+    let mut last = "%x".to_string();
+    for i in 0..4 {
+        text.push_str(&format!(
+            "  %c{i} = constant dense<{i}.5> : tensor<{n}xf32>\n  %a{i} = add {last}, %c{i} : tensor<{n}xf32>\n"
+        ));
+        last = format!("%a{i}");
+    }
+    text.push_str(&format!("  return {last}\n}}\n"));
+    let splats = graph_file(dir.path(), "splats.kiln", &text);
+    assert!(json(&compile("40MiB", &splats))["stablehlo_bytes"].as_u64() < Some(1 << 20));
+    let err = refused(&compile("30MiB", &splats));
+    assert!(err.contains("splats.kiln (its constants) needs 33554432 bytes"), "{err}");
+
+    // A limit that is not a size is refused, naming the variable.
+    let err = refused(&compile("lots", &splats));
+    assert!(err.contains("KILN_HOST_MEMORY=\"lots\"") && err.contains("KiB"), "{err}");
+}
+
 // ---- files ----
 
 #[test]

@@ -528,15 +528,15 @@ fn sample_batch(data: &[i32], sampler: &mut HostRng, cfg: &GptConfig) -> Result<
     let (b, t) = (cfg.batch, cfg.seq);
     // `GptConfig::check` bounds `b·t`; a config that skipped it still gets
     // an error, not an overflow.
-    let tokens = b.checked_mul(t).ok_or_else(|| {
-        let (limit, limit_source) = kiln_frontend::limits::host_limit_bytes();
-        FrontendError::TooLarge {
+    let Some(tokens) = b.checked_mul(t) else {
+        let (limit, limit_source) = kiln_frontend::limits::host_limit_bytes()?;
+        return Err(FrontendError::TooLarge {
             what: format!("a batch of {b} windows of {t} tokens"),
             bytes: None,
             limit,
             limit_source,
-        }
-    })?;
+        });
+    };
     // Every process draws every global replica's windows from the same
     // sampler and keeps its own, so the run sees what one process would.
     let global = kiln_frontend::replicas::global_replicas()?;
