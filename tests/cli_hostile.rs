@@ -289,6 +289,51 @@ fn a_gzipped_graph_compiles_and_a_gzip_bomb_is_refused() {
     assert!(t.elapsed() < Duration::from_secs(120), "{:?}", t.elapsed());
 }
 
+/// `bytes` gzip'd as one member.
+fn gz_member(bytes: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+/// A gzip file of several members (what `cat a.gz b.gz` makes, valid per RFC
+/// 1952) is read to its end, a graph or an IDX file alike; bytes after the
+/// last member that are not a member are refused naming the file, not
+/// ignored (flate2's `GzDecoder` read the first member and stopped).
+#[test]
+fn multi_member_gzip_inputs_are_read_whole_and_trailing_bytes_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/data/mlp-train-step.kiln");
+    let text = std::fs::read(&plain).unwrap();
+    let (a, b) = text.split_at(text.len() / 2);
+    let cat = dir.path().join("cat.kiln.gz");
+    std::fs::write(&cat, [gz_member(a), gz_member(b)].concat()).unwrap();
+    let report = |p: &Path| {
+        let v = json(&kiln().args(["compile", "--json"]).arg(p).output().unwrap());
+        (v["nodes_before"].clone(), v["stablehlo_bytes"].clone())
+    };
+    assert_eq!(report(&cat), report(&plain), "two members, one graph");
+    let tail = dir.path().join("tail.kiln.gz");
+    std::fs::write(&tail, [gz_member(&text), b"not gzip".to_vec()].concat()).unwrap();
+    let err = refused(&kiln().arg("compile").arg(&tail).output().unwrap());
+    assert!(err.contains("tail.kiln.gz") && err.contains("bytes after gzip member 1 are not a gzip member"), "{err}");
+
+    // The training images in two members (the header and half the body, the
+    // rest), then the same with a trailing zero block.
+    let d = dataset(256, 10);
+    let images = d.path().join("train-images-idx3-ubyte.gz");
+    let idx = idx3(256, 28, 28, 256 * 784);
+    let (a, b) = idx.split_at(16 + 128 * 784);
+    std::fs::write(&images, [gz_member(a), gz_member(b)].concat()).unwrap();
+    assert_eq!(json(&train_on(d.path(), &["--json"]))["steps"], 2);
+    std::fs::write(&images, [gz_member(a), gz_member(b), vec![0; 512]].concat()).unwrap();
+    let err = refused(&train_on(d.path(), &[]));
+    assert!(
+        err.contains("train-images-idx3-ubyte.gz") && err.contains("bytes after gzip member 2 are not a gzip member"),
+        "{err}"
+    );
+}
+
 // ---- graphs XLA used to crash on ----
 
 fn graph_file(dir: &Path, name: &str, text: &str) -> PathBuf {

@@ -21,12 +21,13 @@ pub fn read_graph_text(path: &std::path::Path) -> anyhow::Result<String> {
     let mut file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
     let mut magic = Vec::with_capacity(2);
     file.by_ref().take(2).read_to_end(&mut magic).with_context(|| format!("reading {}", path.display()))?;
-    // A gzip'd graph (benches/data ships them) is read through the decoder,
+    // A gzip'd graph (benches/data ships them) is read through every member
+    // to its end (bytes after the last member are an error, not ignored),
     // under the same limit on the text it expands to.
-    let gzip = magic == [0x1f, 0x8b];
+    let gzip = magic == kiln::input::GZIP_MAGIC;
     let head = std::io::Cursor::new(magic).chain(file);
     let mut reader: Box<dyn std::io::Read> =
-        if gzip { Box::new(flate2::read::GzDecoder::new(head)) } else { Box::new(head) };
+        if gzip { Box::new(kiln::input::Gunzip::new(std::io::BufReader::new(head))) } else { Box::new(head) };
     let mut bytes = Vec::new();
     reader
         .by_ref()
