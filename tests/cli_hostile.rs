@@ -239,20 +239,77 @@ fn bad_idx_headers_name_the_file() {
     assert!(refused(&train_on(d.path(), &[])).contains("truncated"));
 }
 
+/// A regular file of `len` bytes of zeros that takes no disk (sparse).
+fn sparse(dir: &Path, name: &str, len: u64) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::File::create(&p).unwrap().set_len(len).unwrap();
+    p
+}
+
+/// `/dev/zero` is refused as a device before it is read (it used to be read
+/// up to the byte limit); a regular file past the limit is read up to it and
+/// refused.
 #[test]
-fn text_from_dev_zero_is_read_with_a_bound() {
+fn text_from_a_device_is_refused_and_a_long_file_read_with_a_bound() {
     let t = Instant::now();
     let err = refused(&kiln().args(["train", "gpt", "--text", "/dev/zero", "--steps", "1"]).output().unwrap());
-    assert!(err.contains("/dev/zero") && err.contains("byte limit"), "{err}");
+    assert!(err.contains("/dev/zero: is a character device, not a regular file"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let long = sparse(dir.path(), "long.txt", kiln::models::gpt::MAX_TEXT_BYTES + 1);
+    let err = refused(&kiln().args(["train", "gpt", "--steps", "1", "--text"]).arg(&long).output().unwrap());
+    assert!(err.contains("long.txt") && err.contains("byte limit"), "{err}");
     assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
 }
 
 #[test]
-fn a_graph_file_from_dev_zero_is_read_with_a_bound() {
+fn a_graph_file_from_a_device_is_refused_and_a_long_one_read_with_a_bound() {
     let t = Instant::now();
     let err = refused(&kiln().args(["compile", "/dev/zero"]).output().unwrap());
-    assert!(err.contains("/dev/zero") && err.contains("byte limit"), "{err}");
+    assert!(err.contains("/dev/zero: is a character device, not a regular file"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let long = sparse(dir.path(), "long.kiln", (1 << 30) + 1);
+    let err = refused(&kiln().arg("compile").arg(&long).output().unwrap());
+    assert!(err.contains("long.kiln") && err.contains("byte limit"), "{err}");
     assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
+}
+
+/// A FIFO (or a directory) named as an input is refused before it is
+/// opened, naming the path and what it is: opening a FIFO with no writer
+/// blocked forever in open(2). Each run gets 20 s, after which it is killed
+/// and the test fails: it must exit by itself with the typed error.
+#[test]
+fn inputs_that_are_fifos_or_directories_are_refused_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("input.fifo");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let f = fifo.to_str().unwrap();
+    let data = dataset(256, 10);
+    let images = data.path().join("train-images-idx3-ubyte.gz");
+    std::fs::remove_file(&images).unwrap();
+    assert!(std::process::Command::new("mkfifo").arg(&images).status().unwrap().success());
+    let d = data.path().to_str().unwrap();
+    let good = dataset(256, 10);
+    let g = good.path().to_str().unwrap();
+    let runs: [(&[&str], &str); 7] = [
+        (&["compile", f], f),
+        (&["profile", f, "--steps", "1"], f),
+        (&["train", "gpt", "--text", f, "--steps", "1"], f),
+        (&["profile", "gpt", "--text", f, "--steps", "1"], f),
+        (&["train", "mlp", "--data", d, "--epochs", "1"], "train-images-idx3-ubyte.gz"),
+        (&["profile", "mlp", "--data", d, "--steps", "1"], "train-images-idx3-ubyte.gz"),
+        (&["train", "mlp", "--data", g, "--resume", "--checkpoint", f], f),
+    ];
+    for (args, named) in runs {
+        let t = Instant::now();
+        let out = kiln().args(args).timeout(Duration::from_secs(20)).output().unwrap();
+        assert!(out.status.code().is_some(), "{args:?} blocked and was killed after {:?}", t.elapsed());
+        let err = refused(&out);
+        assert!(err.contains(named) && err.contains("FIFO"), "{args:?}: {err}");
+    }
+    let err = refused(&kiln().args(["compile", dir.path().to_str().unwrap()]).output().unwrap());
+    assert!(err.contains("is a directory, not a regular file"), "{err}");
+    let err = refused(&kiln().args(["train", "gpt", "--steps", "1", "--text", d]).output().unwrap());
+    assert!(err.contains("is a directory, not a regular file"), "{err}");
 }
 
 /// A gzip'd graph is read through the decoder (benches/data ships them), and

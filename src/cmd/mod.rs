@@ -10,15 +10,17 @@ pub mod profile;
 use kiln::compiler::lower::ConstantForm;
 
 /// The largest graph text `kiln compile`/`kiln profile` read (1 GiB: a
-/// saved step of GPT-2 small is a few MB); `/dev/zero` or a wrong file is an
-/// error, not an endless read.
+/// saved step of GPT-2 small is a few MB); a wrong file, or a gzip'd one
+/// that expands without end, is an error, not an endless read.
 pub const MAX_GRAPH_TEXT_BYTES: u64 = 1 << 30;
 
 /// Reads a graph's text with the bound above.
 pub fn read_graph_text(path: &std::path::Path) -> anyhow::Result<String> {
     use anyhow::Context as _;
     use std::io::Read as _;
-    let mut file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    // A regular file only: a FIFO would block in open(2), a device read
+    // without end.
+    let mut file = kiln::input::open(path)?;
     let mut magic = Vec::with_capacity(2);
     file.by_ref().take(2).read_to_end(&mut magic).with_context(|| format!("reading {}", path.display()))?;
     // A gzip'd graph (benches/data ships them) is read through every member

@@ -86,11 +86,11 @@ impl FashionMnist {
     }
 }
 
-/// Opens a gzip'd file for streaming reads of every member of it
-/// ([`Gunzip`]: bytes after the last member are an error naming the file).
+/// Opens a gzip'd file (a regular file: [`crate::core::input::open`]) for
+/// streaming reads of every member of it ([`Gunzip`]: bytes after the last
+/// member are an error naming the file).
 fn open_gz(path: &Path) -> Result<Gunzip<BufReader<File>>> {
-    let file = File::open(path).map_err(|source| FrontendError::Io { path: path.to_path_buf(), source })?;
-    Ok(Gunzip::new(BufReader::new(file)))
+    Ok(Gunzip::new(BufReader::new(crate::core::input::open(path)?)))
 }
 
 /// Reads exactly `len` bytes (an IDX header or body): fewer is a truncated
