@@ -239,20 +239,77 @@ fn bad_idx_headers_name_the_file() {
     assert!(refused(&train_on(d.path(), &[])).contains("truncated"));
 }
 
+/// A regular file of `len` bytes of zeros that takes no disk (sparse).
+fn sparse(dir: &Path, name: &str, len: u64) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::File::create(&p).unwrap().set_len(len).unwrap();
+    p
+}
+
+/// `/dev/zero` is refused as a device before it is read (it used to be read
+/// up to the byte limit); a regular file past the limit is read up to it and
+/// refused.
 #[test]
-fn text_from_dev_zero_is_read_with_a_bound() {
+fn text_from_a_device_is_refused_and_a_long_file_read_with_a_bound() {
     let t = Instant::now();
     let err = refused(&kiln().args(["train", "gpt", "--text", "/dev/zero", "--steps", "1"]).output().unwrap());
-    assert!(err.contains("/dev/zero") && err.contains("byte limit"), "{err}");
+    assert!(err.contains("/dev/zero: is a character device, not a regular file"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let long = sparse(dir.path(), "long.txt", kiln::models::gpt::MAX_TEXT_BYTES + 1);
+    let err = refused(&kiln().args(["train", "gpt", "--steps", "1", "--text"]).arg(&long).output().unwrap());
+    assert!(err.contains("long.txt") && err.contains("byte limit"), "{err}");
     assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
 }
 
 #[test]
-fn a_graph_file_from_dev_zero_is_read_with_a_bound() {
+fn a_graph_file_from_a_device_is_refused_and_a_long_one_read_with_a_bound() {
     let t = Instant::now();
     let err = refused(&kiln().args(["compile", "/dev/zero"]).output().unwrap());
-    assert!(err.contains("/dev/zero") && err.contains("byte limit"), "{err}");
+    assert!(err.contains("/dev/zero: is a character device, not a regular file"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let long = sparse(dir.path(), "long.kiln", (1 << 30) + 1);
+    let err = refused(&kiln().arg("compile").arg(&long).output().unwrap());
+    assert!(err.contains("long.kiln") && err.contains("byte limit"), "{err}");
     assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
+}
+
+/// A FIFO (or a directory) named as an input is refused before it is
+/// opened, naming the path and what it is: opening a FIFO with no writer
+/// blocked forever in open(2). Each run gets 20 s, after which it is killed
+/// and the test fails: it must exit by itself with the typed error.
+#[test]
+fn inputs_that_are_fifos_or_directories_are_refused_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("input.fifo");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let f = fifo.to_str().unwrap();
+    let data = dataset(256, 10);
+    let images = data.path().join("train-images-idx3-ubyte.gz");
+    std::fs::remove_file(&images).unwrap();
+    assert!(std::process::Command::new("mkfifo").arg(&images).status().unwrap().success());
+    let d = data.path().to_str().unwrap();
+    let good = dataset(256, 10);
+    let g = good.path().to_str().unwrap();
+    let runs: [(&[&str], &str); 7] = [
+        (&["compile", f], f),
+        (&["profile", f, "--steps", "1"], f),
+        (&["train", "gpt", "--text", f, "--steps", "1"], f),
+        (&["profile", "gpt", "--text", f, "--steps", "1"], f),
+        (&["train", "mlp", "--data", d, "--epochs", "1"], "train-images-idx3-ubyte.gz"),
+        (&["profile", "mlp", "--data", d, "--steps", "1"], "train-images-idx3-ubyte.gz"),
+        (&["train", "mlp", "--data", g, "--resume", "--checkpoint", f], f),
+    ];
+    for (args, named) in runs {
+        let t = Instant::now();
+        let out = kiln().args(args).timeout(Duration::from_secs(20)).output().unwrap();
+        assert!(out.status.code().is_some(), "{args:?} blocked and was killed after {:?}", t.elapsed());
+        let err = refused(&out);
+        assert!(err.contains(named) && err.contains("FIFO"), "{args:?}: {err}");
+    }
+    let err = refused(&kiln().args(["compile", dir.path().to_str().unwrap()]).output().unwrap());
+    assert!(err.contains("is a directory, not a regular file"), "{err}");
+    let err = refused(&kiln().args(["train", "gpt", "--steps", "1", "--text", d]).output().unwrap());
+    assert!(err.contains("is a directory, not a regular file"), "{err}");
 }
 
 /// A gzip'd graph is read through the decoder (benches/data ships them), and
@@ -287,6 +344,51 @@ fn a_gzipped_graph_compiles_and_a_gzip_bomb_is_refused() {
     let err = refused(&kiln().arg("compile").arg(&bomb).output().unwrap());
     assert!(err.contains("bomb.kiln.gz") && err.contains("byte limit"), "{err}");
     assert!(t.elapsed() < Duration::from_secs(120), "{:?}", t.elapsed());
+}
+
+/// `bytes` gzip'd as one member.
+fn gz_member(bytes: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+/// A gzip file of several members (what `cat a.gz b.gz` makes, valid per RFC
+/// 1952) is read to its end, a graph or an IDX file alike; bytes after the
+/// last member that are not a member are refused naming the file, not
+/// ignored (flate2's `GzDecoder` read the first member and stopped).
+#[test]
+fn multi_member_gzip_inputs_are_read_whole_and_trailing_bytes_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/data/mlp-train-step.kiln");
+    let text = std::fs::read(&plain).unwrap();
+    let (a, b) = text.split_at(text.len() / 2);
+    let cat = dir.path().join("cat.kiln.gz");
+    std::fs::write(&cat, [gz_member(a), gz_member(b)].concat()).unwrap();
+    let report = |p: &Path| {
+        let v = json(&kiln().args(["compile", "--json"]).arg(p).output().unwrap());
+        (v["nodes_before"].clone(), v["stablehlo_bytes"].clone())
+    };
+    assert_eq!(report(&cat), report(&plain), "two members, one graph");
+    let tail = dir.path().join("tail.kiln.gz");
+    std::fs::write(&tail, [gz_member(&text), b"not gzip".to_vec()].concat()).unwrap();
+    let err = refused(&kiln().arg("compile").arg(&tail).output().unwrap());
+    assert!(err.contains("tail.kiln.gz") && err.contains("bytes after gzip member 1 are not a gzip member"), "{err}");
+
+    // The training images in two members (the header and half the body, the
+    // rest), then the same with a trailing zero block.
+    let d = dataset(256, 10);
+    let images = d.path().join("train-images-idx3-ubyte.gz");
+    let idx = idx3(256, 28, 28, 256 * 784);
+    let (a, b) = idx.split_at(16 + 128 * 784);
+    std::fs::write(&images, [gz_member(a), gz_member(b)].concat()).unwrap();
+    assert_eq!(json(&train_on(d.path(), &["--json"]))["steps"], 2);
+    std::fs::write(&images, [gz_member(a), gz_member(b), vec![0; 512]].concat()).unwrap();
+    let err = refused(&train_on(d.path(), &[]));
+    assert!(
+        err.contains("train-images-idx3-ubyte.gz") && err.contains("bytes after gzip member 2 are not a gzip member"),
+        "{err}"
+    );
 }
 
 // ---- graphs XLA used to crash on ----
@@ -339,6 +441,63 @@ fn profiling_a_graph_with_a_huge_parameter_is_refused_before_allocating() {
     );
     let err = refused(&kiln().args(["profile", p.to_str().unwrap(), "--steps", "1"]).output().unwrap());
     assert!(err.contains("big.kiln") && err.contains("more than the limit of"), "{err}");
+}
+
+/// Constants are priced at what compiling them costs, by the form they lower
+/// in (`KILN_HOST_MEMORY` sets the limit, so nothing large is allocated): a
+/// 2 MiB constant of distinct values (hex, 7 times: 14 MiB) is refused under
+/// 10 MiB, where the old price of 4 times (8 MiB) let it through to XLA, and
+/// compiles under 20 MiB; four 4 MiB splats (broadcasts, 2 times: 32 MiB),
+/// which the old price (64 MiB) refused under 40 MiB, compile there.
+#[test]
+fn constants_are_priced_at_their_compile_cost_before_compiling() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = (2 << 20) / 4;
+    let values: Vec<String> = (0..n).map(|i| (i % 1000).to_string()).collect();
+    let dense = graph_file(
+        dir.path(),
+        "dense.kiln",
+        &format!(
+            "graph(%x: tensor<{n}xf32>) {{\n  %c = constant dense<[{}]> : tensor<{n}xf32>\n  \
+             %y = add %x, %c : tensor<{n}xf32>\n  return %y\n}}\n",
+            values.join(", ")
+        ),
+    );
+    let compile = |limit: &str, p: &Path| {
+        kiln().env("KILN_HOST_MEMORY", limit).args(["compile", "--json"]).arg(p).output().unwrap()
+    };
+    for cmd in ["compile", "profile"] {
+        let out = kiln().env("KILN_HOST_MEMORY", "10MiB").args([cmd, dense.to_str().unwrap()]).output().unwrap();
+        let err = refused(&out);
+        assert!(
+            err.contains("dense.kiln (its constants")
+                && err.contains("more than the limit of 10485760 bytes (KILN_HOST_MEMORY)"),
+            "{cmd}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{cmd}: {}", String::from_utf8_lossy(&out.stdout));
+    }
+    let err = refused(&compile("10MiB", &dense));
+    assert!(err.contains("needs 14680064 bytes"), "{err}");
+    assert!(json(&compile("20MiB", &dense))["stablehlo_bytes"].as_u64() > Some(4 << 20));
+
+    let n = (4 << 20) / 4;
+    let mut text = format!("graph(%x: tensor<{n}xf32>) {{\n");
+    let mut last = "%x".to_string();
+    for i in 0..4 {
+        text.push_str(&format!(
+            "  %c{i} = constant dense<{i}.5> : tensor<{n}xf32>\n  %a{i} = add {last}, %c{i} : tensor<{n}xf32>\n"
+        ));
+        last = format!("%a{i}");
+    }
+    text.push_str(&format!("  return {last}\n}}\n"));
+    let splats = graph_file(dir.path(), "splats.kiln", &text);
+    assert!(json(&compile("40MiB", &splats))["stablehlo_bytes"].as_u64() < Some(1 << 20));
+    let err = refused(&compile("30MiB", &splats));
+    assert!(err.contains("splats.kiln (its constants) needs 33554432 bytes"), "{err}");
+
+    // A limit that is not a size is refused, naming the variable.
+    let err = refused(&compile("lots", &splats));
+    assert!(err.contains("KILN_HOST_MEMORY=\"lots\"") && err.contains("KiB"), "{err}");
 }
 
 // ---- files ----

@@ -273,6 +273,56 @@ fn unsigned_division_by_a_constant_power_of_two_is_a_logical_shift() -> Result<(
     Ok(())
 }
 
+/// Constants of at least `LARGE_CONSTANT_BYTES` are written compactly: a
+/// splat as its scalar broadcast to the shape, any other as its bytes in hex
+/// (pred as `ui8` bytes converted); a splat just below the size stays
+/// `dense<v>`, and no large constant is written as a list.
+#[test]
+fn large_constants_lower_as_a_broadcast_or_in_hex() -> Result<()> {
+    let large = lower::LARGE_CONSTANT_BYTES;
+    let n = large / 4;
+    let mut g = Graph::new();
+    let x = g.parameter(t(DType::F32, &[n]));
+    let splat = Literal::from_f64s(DType::F32, [n], &vec![1.5; n])?;
+    let ramp = Literal::from_f64s(DType::F32, [n], &(0..n).map(|i| i as f64).collect::<Vec<_>>())?;
+    let pred =
+        Literal::from_f64s(DType::Pred, [large], &(0..large).map(|i| (i % 3 == 0) as u8 as f64).collect::<Vec<_>>())?;
+    let small = Literal::from_f64s(DType::F32, [n - 1], &vec![2.5; n - 1])?;
+    assert_eq!(lower::constant_form(&splat), lower::ConstantForm::Broadcast);
+    assert_eq!(lower::constant_form(&ramp), lower::ConstantForm::Hex);
+    assert_eq!(lower::constant_form(&pred), lower::ConstantForm::Hex);
+    assert_eq!(lower::constant_form(&small), lower::ConstantForm::Splat);
+    let mut outs = vec![];
+    for lit in [splat, ramp, pred, small] {
+        outs.push(g.value(Op::Constant { literal: lit })?);
+    }
+    outs.push(bin(&mut g, BinaryOp::Add, x, outs[0])?);
+    g.set_outputs(outs)?;
+    let text = lowered("large_constants", &g, 1);
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    let has = |want: &str| assert!(lines.contains(&want), "no line {want:?} in\n{}", &text[..text.len().min(2000)]);
+    has("%v1_splat = stablehlo.constant dense<1.5e0> : tensor<f32>");
+    has("%v1 = stablehlo.broadcast_in_dim %v1_splat, dims = [] : (tensor<f32>) -> tensor<262144xf32>");
+    let ramp_line = lines.iter().find(|l| l.starts_with("%v2 = ")).expect("the ramp's line");
+    // 0.0, 1.0, 2.0 as little-endian f32 bits.
+    assert!(ramp_line.starts_with("%v2 = stablehlo.constant dense<\"0x000000000000803F00000040"), "{ramp_line:.80}");
+    assert!(
+        ramp_line.ends_with("\"> : tensor<262144xf32>") && ramp_line.len() < 2 * large + 100,
+        "{}",
+        ramp_line.len()
+    );
+    let bytes_line = lines.iter().find(|l| l.starts_with("%v3_bytes = ")).expect("the pred's bytes");
+    assert!(bytes_line.starts_with("%v3_bytes = stablehlo.constant dense<\"0x010000010000"), "{bytes_line:.80}");
+    assert!(bytes_line.ends_with("\"> : tensor<1048576xui8>"), "{:.80}", &bytes_line[bytes_line.len() - 40..]);
+    has("%v3 = stablehlo.convert %v3_bytes : (tensor<1048576xui8>) -> tensor<1048576xi1>");
+    has("%v4 = stablehlo.constant dense<2.5e0> : tensor<262143xf32>");
+    assert!(!text.contains("dense<["), "a large constant written as a list");
+    // The module is its hex and little else: a list of these values would be
+    // several times longer.
+    assert!(text.len() < 2 * (large + large) + 2000, "{} bytes", text.len());
+    Ok(())
+}
+
 #[test]
 fn zero_replicas_is_an_error() -> Result<()> {
     let g = softmax_graph()?;

@@ -505,6 +505,13 @@ fn parse_errors_name_their_line() {
         ("  %2 = reduce avg %0, axes = [0] : tensor<f32>", 2, "unknown reduction `avg`"),
         ("  %2 = transpose %0, perm = [0 : tensor<2xf32>", 2, "expected `,`"),
         ("  %2 = constant dense<[1.0]> : tensor<2xf32>", 2, "`dense` has 1 values but tensor<2xf32> has 2 elements"),
+        (
+            "  %2 = constant dense<[1, 2, 3]> : tensor<2xf32>",
+            2,
+            "`dense` has more than 2 values, the element count of tensor<2xf32>",
+        ),
+        ("  %2 = constant dense<[]> : tensor<2xf32>", 2, "`dense` has 0 values but tensor<2xf32> has 2 elements"),
+        ("  %2 = constant dense<[1, x]> : tensor<2xf32>", 2, "`x` is not a valid f32 value"),
         ("  %2 = constant dense<1.0.0> : tensor<f32>", 2, "`1.0.0` is not a valid f32 value"),
         ("  %2 = constant dense<NaN> : tensor<f32>", 2, "`NaN` is not a valid f32 value"),
         ("  %2 = constant dense<300> : tensor<ui8>", 2, "`300` is not a valid ui8 value"),

@@ -11,7 +11,7 @@
 //!
 //! - `core/`: plain data and per-thread state, no recording and no device:
 //!   the error type, host elements, size limits, this thread's settings (one
-//!   struct), warnings, the counters, the atomic writer, the trace, tensor
+//!   struct), warnings, the counters, the atomic writer, input files, the trace, tensor
 //!   storage, the `Tensor` handle, meshes and shardings;
 //! - `engine/`: what records, compiles and runs a step: the per-thread
 //!   context, the program cache and its miss path, the executor, `mark_step`,
@@ -50,7 +50,7 @@ mod core;
 mod engine;
 
 pub use crate::api::{amp, autodiff, checkpoint, clip, data, metrics, nn, optim, random, replicas, shard, train_step};
-pub use crate::core::{atomic_write, limits, warnings};
+pub use crate::core::{atomic_write, input, limits, warnings};
 pub use crate::engine::{dump, scope};
 
 pub use crate::api::grad::grad;

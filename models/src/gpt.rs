@@ -528,15 +528,15 @@ fn sample_batch(data: &[i32], sampler: &mut HostRng, cfg: &GptConfig) -> Result<
     let (b, t) = (cfg.batch, cfg.seq);
     // `GptConfig::check` bounds `b·t`; a config that skipped it still gets
     // an error, not an overflow.
-    let tokens = b.checked_mul(t).ok_or_else(|| {
-        let (limit, limit_source) = kiln_frontend::limits::host_limit_bytes();
-        FrontendError::TooLarge {
+    let Some(tokens) = b.checked_mul(t) else {
+        let (limit, limit_source) = kiln_frontend::limits::host_limit_bytes()?;
+        return Err(FrontendError::TooLarge {
             what: format!("a batch of {b} windows of {t} tokens"),
             bytes: None,
             limit,
             limit_source,
-        }
-    })?;
+        });
+    };
     // Every process draws every global replica's windows from the same
     // sampler and keeps its own, so the run sees what one process would.
     let global = kiln_frontend::replicas::global_replicas()?;
@@ -564,16 +564,18 @@ fn sample_batch(data: &[i32], sampler: &mut HostRng, cfg: &GptConfig) -> Result<
     Ok((x, y))
 }
 
-/// Reads a text file for training, with errors naming the path.
 /// The largest text [`read_text`] reads (256 MiB): far above any corpus a
-/// character-level model on one host trains on, and it stops `/dev/zero` or
-/// a mistaken multi-gigabyte file from exhausting memory.
+/// character-level model on one host trains on, and it stops a mistaken
+/// multi-gigabyte file from exhausting memory.
 pub const MAX_TEXT_BYTES: u64 = 256 << 20;
 
+/// Reads a text file for training, with errors naming the path: a regular
+/// file ([`kiln_frontend::input::open`]; a FIFO, device or directory is
+/// refused before it is opened) of at most [`MAX_TEXT_BYTES`].
 pub fn read_text(path: &Path, seq: usize) -> Result<String> {
     use std::io::Read as _;
     let io = |source| FrontendError::Io { path: path.into(), source };
-    let file = std::fs::File::open(path).map_err(io)?;
+    let file = kiln_frontend::input::open(path)?;
     let mut bytes = Vec::new();
     // One byte past the limit tells a file at the limit from a larger one.
     file.take(MAX_TEXT_BYTES + 1).read_to_end(&mut bytes).map_err(io)?;

@@ -55,7 +55,13 @@ pub fn read_tensors(dir: &Path) -> Result<Vec<(String, Literal)>> {
     if !path.exists() && dir.join("model.safetensors.index.json").exists() {
         return Err(bad(&path, "the checkpoint is sharded (model.safetensors.index.json): not read yet".into()));
     }
-    let bytes = std::fs::read(&path).map_err(|source| FrontendError::Io { path: path.clone(), source })?;
+    // A regular file only (a FIFO would block), at its size against the host limit.
+    let mut file = kiln_frontend::input::open(&path)?;
+    let io = |source| FrontendError::Io { path: path.clone(), source };
+    let len = file.metadata().map_err(io)?.len();
+    kiln_frontend::limits::check_host_bytes(format!("Hugging Face weights {}", path.display()), Some(len))?;
+    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+    std::io::Read::read_to_end(&mut std::io::Read::take(&mut file, len), &mut bytes).map_err(io)?;
     let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(&path, format!("not a safetensors file: {e}")))?;
     let mut out = Vec::with_capacity(st.len());
     for (name, view) in st.iter() {

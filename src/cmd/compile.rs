@@ -132,8 +132,9 @@ pub fn run(args: &CompileArgs) -> anyhow::Result<()> {
     super::memory::check_args(&args.memory, args.plugin.is_none())?;
     let replicas = args.replicas as usize;
     let path = &args.file;
-    let source = super::read_graph_text(path)?;
-    let graph = text::parse(&source).map_err(|e| located(path, e))?;
+    // The text is dropped once parsed: a graph of large constants holds
+    // their text through XLA's compile otherwise.
+    let graph = text::parse(&super::read_graph_text(path)?).map_err(|e| located(path, e))?;
     verify(&graph).with_context(|| format!("{}: the graph does not verify", path.display()))?;
     super::check_graph_memory(&graph, path, false)?;
     let mut graph = graph;

@@ -345,6 +345,8 @@ fn profile_graph(args: &ProfileArgs, path: &Path, budget: Option<RematBudget>) -
     let source = super::read_graph_text(path)
         .with_context(|| format!("reading step graph {} (expected mlp, gpt or a graph file)", path.display()))?;
     let graph = text::parse(&source).with_context(|| format!("parsing {}", path.display()))?;
+    // Not held through the compile: a graph of large constants is mostly text.
+    drop(source);
     super::check_graph_memory(&graph, path, true)?;
     let client = Client::new(&ClientOptions::default())?;
     let origin = Instant::now();

@@ -382,3 +382,35 @@ fn all_reduce_over_four_replicas() {
         }
     }
 }
+
+/// Constants of at least `LARGE_CONSTANT_BYTES` lower compactly (a splat as
+/// its scalar broadcast to the shape, any other in hex, pred as `ui8` bytes
+/// converted) and still give XLA the interpreter's values in every dtype,
+/// used directly and as an operand; so does the large unsigned `sign`, whose
+/// 1 is broadcast the same way.
+#[test]
+fn large_constants_reach_xla_with_their_values() {
+    let large = lower::LARGE_CONSTANT_BYTES;
+    let mut rng = Rng::new(17);
+    for dtype in DType::ALL {
+        let n = large / dtype.size_in_bytes();
+        let hi = if dtype == DType::Pred { 2.0 } else { 50.0 };
+        let dense = lit(dtype, &[n], &mut rng, 0.0, hi);
+        let splat = Literal::from_f64s(dtype, [n], &vec![1.0; n]).unwrap();
+        assert_eq!(lower::constant_form(&dense), lower::ConstantForm::Hex, "{dtype}");
+        assert_eq!(lower::constant_form(&splat), lower::ConstantForm::Broadcast, "{dtype}");
+        let x = lit(dtype, &[n], &mut rng, 0.0, hi);
+        let op = if dtype == DType::Pred { BinaryOp::Xor } else { BinaryOp::Max };
+        parity(&format!("large {dtype} constants"), vec![x], |g, p| {
+            let d = g.value(Op::Constant { literal: dense.clone() }).unwrap();
+            let s = g.value(Op::Constant { literal: splat.clone() }).unwrap();
+            let both = g.value(Op::Binary { op, lhs: d, rhs: s }).unwrap();
+            let with_x = g.value(Op::Binary { op, lhs: p[0], rhs: both }).unwrap();
+            vec![d, s, with_x]
+        })
+        .unwrap();
+    }
+    let x = lit(DType::U32, &[large / 4], &mut rng, 0.0, 3.0);
+    parity("large unsigned sign", vec![x], |g, p| vec![g.value(Op::Unary { op: UnaryOp::Sign, input: p[0] }).unwrap()])
+        .unwrap();
+}

@@ -1,8 +1,19 @@
 //! Constant tensor data embedded in a graph.
 //!
-//! A `Literal` owns dense, row-major, little-endian bytes of its type. It is plain
+//! A `Literal` holds dense, row-major, little-endian bytes of its type. It is plain
 //! data (hashable, ordered) so constants take part in structural hashing, CSE and
 //! e-graph matching like any other attribute.
+//!
+//! Invariant: the bytes are immutable and shared between clones (an `Arc`), so
+//! a graph cloned by a pass, the e-graph's copies of a constant node and the
+//! prepared graph the printer reads all hold one buffer: a constant costs its
+//! bytes once in the compiler, not once per copy of the graph. (Peak RSS of
+//! `kiln compile` on `add(x, c)` with `c` a 200 MiB splat: 1608 MiB when each
+//! copy owned its bytes, 7.5 times `c` above the 104 MiB of a graph without
+//! it: 4 times with no optimizer pass, the rest the rewrite pass's e-graph;
+//! shared, 306 MiB. 2026-12-07, 2 cores, `/usr/bin/time -v`.)
+
+use std::sync::Arc;
 
 use half::{bf16, f16};
 
@@ -12,7 +23,7 @@ use crate::CompileError;
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Literal {
     ty: TensorType,
-    bytes: Vec<u8>,
+    bytes: Arc<Vec<u8>>,
 }
 
 impl Literal {
@@ -21,7 +32,7 @@ impl Literal {
         if bytes.len() != ty.size_in_bytes() {
             return Err(CompileError::LiteralSize { ty, bytes: bytes.len() });
         }
-        Ok(Literal { ty, bytes })
+        Ok(Literal { ty, bytes: Arc::new(bytes) })
     }
 
     /// A scalar of `dtype` holding `value` converted as `convert` would.
@@ -40,7 +51,7 @@ impl Literal {
         for &v in values {
             encode(dtype, v, &mut bytes);
         }
-        Ok(Literal { ty, bytes })
+        Ok(Literal { ty, bytes: Arc::new(bytes) })
     }
 
     pub fn ty(&self) -> &TensorType {

@@ -9,7 +9,7 @@
 
 use std::fmt::{Display, Write};
 
-use super::dense::{dense, identity};
+use super::dense::{constant_form, dense, dense_hex, identity, ConstantForm, LARGE_CONSTANT_BYTES};
 use super::loop_kernel::Kernel;
 use crate::ir::{
     BinaryOp, DType, DotDims, Graph, Literal, Node, NodeId, Op, ReduceOp, Shape, TensorType, UnaryOp, ValueId,
@@ -247,9 +247,39 @@ impl Emitter<'_> {
         format!("%v{}_{role}", id.index())
     }
 
-    /// `name = stablehlo.constant dense<..> : ty`.
+    /// `name = stablehlo.constant dense<..> : ty`, in the form
+    /// [`constant_form`] gives `lit`: a large splat as its one element
+    /// broadcast to `ty`, a large pred constant as its `ui8` bytes converted.
     pub(super) fn constant(&mut self, name: &str, lit: &Literal) {
-        self.line(format!("{name} = stablehlo.constant {} : {}", dense(lit), lit.ty()));
+        let ty = lit.ty();
+        match constant_form(lit) {
+            ConstantForm::Broadcast => {
+                let width = ty.dtype.size_in_bytes();
+                let one =
+                    Literal::from_bytes(TensorType::new(ty.dtype, Shape::scalar()), lit.bytes()[..width].to_vec())
+                        .expect("one element's bytes are a scalar of its dtype");
+                self.splat(name, &one, ty);
+            }
+            ConstantForm::Hex if ty.dtype == DType::Pred => {
+                let bytes = TensorType::new(DType::U8, ty.shape.clone());
+                let raw = format!("{name}_bytes");
+                self.line(format!("{raw} = stablehlo.constant {} : {bytes}", dense_hex(lit.bytes())));
+                self.line(format!("{name} = stablehlo.convert {raw} : ({bytes}) -> {ty}"));
+            }
+            ConstantForm::Hex | ConstantForm::Splat | ConstantForm::List => {
+                self.line(format!("{name} = stablehlo.constant {} : {ty}", dense(lit)));
+            }
+        }
+    }
+
+    /// `name` = the scalar `value` broadcast to `ty`: a scalar constant
+    /// (`<name>_splat`) and a `broadcast_in_dim`, so neither the text nor
+    /// XLA's literal holds `ty`'s bytes.
+    pub(super) fn splat(&mut self, name: &str, value: &Literal, ty: &TensorType) {
+        let scalar = value.ty();
+        let one = format!("{name}_splat");
+        self.line(format!("{one} = stablehlo.constant {} : {scalar}", dense(value)));
+        self.line(format!("{name} = stablehlo.broadcast_in_dim {one}, dims = [] : ({scalar}) -> {ty}"));
     }
 
     /// A loop kernel: the Triton call, then the sum of its column sums.
@@ -644,9 +674,13 @@ impl Emitter<'_> {
             }
             UnaryOp::Sign if unsigned => {
                 let one = Self::helper(id, "one");
-                let lit = Literal::from_f64s(t.dtype, t.shape.clone(), &vec![1.0; t.shape.num_elements()])
-                    .expect("one value per element");
-                self.constant(&one, &lit);
+                if t.size_in_bytes() >= LARGE_CONSTANT_BYTES {
+                    self.splat(&one, &Literal::scalar(t.dtype, 1.0), &t);
+                } else {
+                    let lit = Literal::from_f64s(t.dtype, t.shape.clone(), &vec![1.0; t.shape.num_elements()])
+                        .expect("one value per element");
+                    self.constant(&one, &lit);
+                }
                 let def = self.define(id, node);
                 self.line(format!("{def} = stablehlo.minimum {x}, {one} : {t}"));
             }

@@ -23,6 +23,7 @@
 
 mod cudnn;
 mod dense;
+pub use dense::{constant_form, ConstantForm, LARGE_CONSTANT_BYTES};
 mod emit;
 mod emit_attention;
 mod guard;

@@ -32,7 +32,6 @@
 //!   its type.
 
 use std::collections::HashMap;
-use std::fs;
 use std::path::Path;
 
 use kiln_compiler::ir::{DType, Literal, TensorType};
@@ -549,10 +548,20 @@ pub fn check_settings(path: &Path, saved: Option<&Settings>, now: &Settings, ove
     )))
 }
 
-/// Reads and verifies a checkpoint.
+/// Reads and verifies a checkpoint: a regular file
+/// ([`crate::core::input::open`]: a FIFO or device is refused, not read)
+/// whose size fits the host limit.
 pub fn load(path: impl AsRef<Path>) -> Result<Loaded> {
+    use std::io::Read as _;
     let path = path.as_ref();
-    let bytes = fs::read(path).map_err(|source| FrontendError::Io { path: path.to_path_buf(), source })?;
+    let io = |source| FrontendError::Io { path: path.to_path_buf(), source };
+    let file = crate::core::input::open(path)?;
+    let len = file.metadata().map_err(io)?.len();
+    crate::core::limits::check_host_bytes(format!("checkpoint {}", path.display()), Some(len))?;
+    // The size read above, and no more: a file growing meanwhile is read
+    // as it was.
+    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+    file.take(len).read_to_end(&mut bytes).map_err(io)?;
     load_bytes(&bytes, path)
 }
 

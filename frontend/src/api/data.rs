@@ -10,18 +10,20 @@
 //! - A malformed or hostile IDX file is an error naming the path, never a
 //!   panic or an allocation its header alone asked for (sizes are checked
 //!   against `core::limits` before the body is read).
+//! - A gzip'd IDX file is read through every member to its end
+//!   (`core::input::Gunzip`): one made with `cat a.gz b.gz` is read whole,
+//!   and bytes after its last member are an error naming the path.
 
 use std::fs::File;
-use std::io::Read;
+use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use flate2::read::GzDecoder;
-
 use crate::api::nn::HostRng;
 use crate::core::error::{FrontendError, Result};
+use crate::core::input::Gunzip;
 use crate::core::tensor::Tensor;
 use crate::engine::context;
 use crate::engine::executor::Backend;
@@ -84,10 +86,11 @@ impl FashionMnist {
     }
 }
 
-/// Opens a gzip'd file for streaming reads.
-fn open_gz(path: &Path) -> Result<GzDecoder<File>> {
-    let file = File::open(path).map_err(|source| FrontendError::Io { path: path.to_path_buf(), source })?;
-    Ok(GzDecoder::new(file))
+/// Opens a gzip'd file (a regular file: [`crate::core::input::open`]) for
+/// streaming reads of every member of it ([`Gunzip`]: bytes after the last
+/// member are an error naming the file).
+fn open_gz(path: &Path) -> Result<Gunzip<BufReader<File>>> {
+    Ok(Gunzip::new(BufReader::new(crate::core::input::open(path)?)))
 }
 
 /// Reads exactly `len` bytes (an IDX header or body): fewer is a truncated

@@ -165,6 +165,11 @@ pub enum FrontendError {
         #[source]
         source: std::io::Error,
     },
+    /// An input path that is not a regular file (`kind`: "a FIFO", "a
+    /// directory", ...): refused before it is opened, since opening a FIFO
+    /// blocks until a writer comes and a device can read without end.
+    #[error("{}: is {kind}, not a regular file (kiln reads its inputs from regular files)", .path.display())]
+    NotARegularFile { path: std::path::PathBuf, kind: &'static str },
     /// A setting out of its range (learning-rate, clipping or scaling settings).
     #[error("{op}: {name} = {value} must be {expected}")]
     HyperParameter { op: &'static str, name: &'static str, value: f64, expected: &'static str },

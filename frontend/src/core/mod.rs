@@ -6,7 +6,8 @@
 //!   dtype ↔ element-type conversion; `limits`: host size limits;
 //! - `settings`: this thread's switches, in one struct; `warnings`: the
 //!   warnings kiln prints; `metrics`: the counters and the step timeline;
-//!   `atomic_write`: the atomic file writer;
+//!   `atomic_write`: the atomic file writer; `input`: reading the files a
+//!   user names as input;
 //! - `trace`: the step being recorded; `storage`: a tensor's state and where a
 //!   ready value lives; `tensor`: the `Tensor` handle and what can be asked of
 //!   it without recording; `mesh`: device meshes and shardings.
@@ -17,6 +18,7 @@
 pub mod atomic_write;
 pub(crate) mod element;
 pub(crate) mod error;
+pub mod input;
 pub mod limits;
 pub(crate) mod mesh;
 pub(crate) mod metrics;

@@ -100,6 +100,12 @@ impl RunToken {
             reason: format!("{}: {reason}", path.display()),
         };
         let meta = std::fs::metadata(&path).map_err(|e| bad(e.to_string()))?;
+        // Before the read: a FIFO would block it until a writer came, a
+        // device could read without end (the frontend's `input::open` says
+        // the same of every other input; the runtime sits below it).
+        if !meta.is_file() {
+            return Err(bad("not a regular file (a FIFO, device, socket or directory)".into()));
+        }
         if meta.len() > MAX_TOKEN_BYTES as u64 + 2 {
             return Err(bad(format!("{} bytes is longer than a token ({MAX_TOKEN_BYTES} at most)", meta.len())));
         }
@@ -229,6 +235,13 @@ mod tests {
         assert!(matches!(RunToken::from_file(path).unwrap_err(), RuntimeError::BadRunToken { .. }));
         let missing = RunToken::from_file(dir.path().join("absent")).unwrap_err();
         assert!(missing.to_string().contains("absent"), "{missing}");
+        // A FIFO with no writer is refused, not opened (open would block).
+        let fifo = dir.path().join("fifo");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let err = RunToken::from_file(fifo).unwrap_err().to_string();
+        assert!(err.contains("fifo: not a regular file"), "{err}");
+        let err = RunToken::from_file(dir.path().to_path_buf()).unwrap_err().to_string();
+        assert!(err.contains("not a regular file"), "{err}");
     }
 
     #[test]
