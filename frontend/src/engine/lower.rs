@@ -58,11 +58,9 @@ pub fn lower_with(opts: LowerOpts, f: impl FnOnce() -> Result<Vec<Tensor>>) -> R
     let outer = context::with(|c| std::mem::replace(&mut c.trace, Trace::new()));
     // Restores every tensor `f` assigns when this function returns.
     let _undo = crate::engine::undo_assigns::UndoAssigns::begin();
-    // The device checks' flag output, as `mark_step` seals it.
-    let result = f().and_then(|outputs| {
-        let checks = if opts.optimize { crate::engine::device_checks::seal()? } else { None };
-        Ok((outputs, checks))
-    });
+    // The device checks' flag output, as `mark_step` seals it (sealed in the
+    // raw form too: the checks belong to this trace).
+    let result = f().and_then(|outputs| Ok((outputs, crate::engine::device_checks::seal()?)));
     let inner = context::with(|c| std::mem::replace(&mut c.trace, outer));
     let (outputs, _checks) = result?;
     let mut values = Vec::with_capacity(outputs.len());
