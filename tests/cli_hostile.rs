@@ -597,6 +597,13 @@ fn checkpoint_paths_are_checked_before_training() {
     assert!(err.contains("no checkpoint to resume from"), "{err}");
 }
 
+/// A one-epoch run of a small MLP checkpointing to `ck`, with `extra` flags.
+fn train_with_checkpoint(ck: &Path, extra: &[&str]) -> Output {
+    let mut c = kiln();
+    c.args(["train", "mlp", "--epochs", "1", "--hidden", "16", "--json", "--checkpoint"]).arg(ck).args(extra);
+    c.output().unwrap()
+}
+
 /// A second run at a path holding this model's checkpoint is refused, the
 /// file untouched, and the message says what is there and the two ways on
 /// (it once replaced the step-5 file with step 2, silently).
@@ -604,11 +611,7 @@ fn checkpoint_paths_are_checked_before_training() {
 fn a_rerun_never_replaces_a_checkpoint_without_resume_or_overwrite() {
     let dir = tempfile::tempdir().unwrap();
     let ck = dir.path().join("c.safetensors");
-    let run = |extra: &[&str]| {
-        let mut c = kiln();
-        c.args(["train", "mlp", "--epochs", "1", "--hidden", "16", "--json", "--checkpoint"]).arg(&ck).args(extra);
-        c.output().unwrap()
-    };
+    let run = |extra: &[&str]| train_with_checkpoint(&ck, extra);
     assert_eq!(json(&run(&["--max-steps", "5"]))["steps"], 5);
     let before = std::fs::read(&ck).unwrap();
     let err = refused(&run(&["--max-steps", "2"]));
@@ -664,11 +667,7 @@ fn resume_with_another_batch_is_refused() {
 fn resume_with_other_settings_is_refused_unless_named() {
     let dir = tempfile::tempdir().unwrap();
     let ck = dir.path().join("c.safetensors");
-    let run = |extra: &[&str]| {
-        let mut c = kiln();
-        c.args(["train", "mlp", "--epochs", "1", "--hidden", "16", "--json", "--checkpoint"]).arg(&ck).args(extra);
-        c.output().unwrap()
-    };
+    let run = |extra: &[&str]| train_with_checkpoint(&ck, extra);
     assert_eq!(json(&run(&["--max-steps", "4", "--lr", "0.002"]))["steps"], 4);
     let before = std::fs::read(&ck).unwrap();
     let other = ["--max-steps", "8", "--lr", "0.01", "--seed", "7", "--resume"];
