@@ -10,8 +10,13 @@
 //! out as `exp(x - max) / Σ`; LayerNorm from the mean and variance; the loss
 //! as `logsumexp - picked`. [`Spelling::Builtin`] uses `nn::attention` with
 //! its `key_padding_mask`, `nn::LayerNorm` and `nn::cross_entropy`.
+//!
+//! [`BertFlavor::Roberta`] is RoBERTa (and XLM-R): the same encoder under
+//! Hugging Face's RoBERTa names, its positions counted from the padding id
+//! (`pad + 1` for the first token, `pad` for padding tokens, as Hugging
+//! Face's `create_position_ids_from_input_ids` computes them from the ids).
 
-use kiln_compiler::ir::DType;
+use kiln_compiler::ir::{CompareDir, DType};
 use kiln_frontend::nn::{self, AttentionOptions, Embedding, LayerNorm, Linear, Module, ParamStore};
 use kiln_frontend::{FrontendError, Result, Tensor};
 
@@ -29,6 +34,22 @@ pub struct BertConfig {
     pub max_positions: usize,
     pub type_vocab: usize,
     pub eps: f64,
+    pub flavor: BertFlavor,
+    /// Whether the model has the pooler (`BertModel`,
+    /// `BertForSequenceClassification`); Hugging Face's masked-LM models do
+    /// not.
+    pub pooler: bool,
+}
+
+/// Which of the BERT family: the parameter names and how positions count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BertFlavor {
+    /// BERT: positions `0..seq`, names under `bert.` and `cls.predictions.`.
+    Bert,
+    /// RoBERTa and XLM-R: names under `roberta.` and `lm_head.`; a token's
+    /// position is `pad + 1 +` the number of non-`pad` ids before it, a
+    /// `pad` id's is `pad`.
+    Roberta { pad: usize },
 }
 
 impl BertConfig {
@@ -43,18 +64,50 @@ impl BertConfig {
             max_positions: 512,
             type_vocab: 2,
             eps: 1e-12,
+            flavor: BertFlavor::Bert,
+            pooler: true,
+        }
+    }
+
+    /// `roberta-base`'s sizes (125M parameters).
+    pub fn roberta_base() -> BertConfig {
+        BertConfig {
+            vocab: 50265,
+            max_positions: 514,
+            type_vocab: 1,
+            eps: 1e-5,
+            flavor: BertFlavor::Roberta { pad: 1 },
+            pooler: false,
+            ..BertConfig::bert_base_uncased()
         }
     }
 
     /// A few thousand parameters, for tests on the CPU plugin.
     pub fn tiny() -> BertConfig {
-        BertConfig { vocab: 53, dim: 32, layers: 2, heads: 4, ffn: 64, max_positions: 16, type_vocab: 2, eps: 1e-12 }
+        BertConfig {
+            vocab: 53,
+            dim: 32,
+            layers: 2,
+            heads: 4,
+            ffn: 64,
+            max_positions: 16,
+            type_vocab: 2,
+            eps: 1e-12,
+            flavor: BertFlavor::Bert,
+            pooler: true,
+        }
     }
 
     fn check(&self) -> Result<()> {
         if self.heads == 0 || self.dim % self.heads != 0 {
             let (value, expected) = (self.heads as f64, "a divisor of dim");
             return Err(FrontendError::HyperParameter { op: "bert", name: "heads", value, expected });
+        }
+        if let BertFlavor::Roberta { pad } = self.flavor {
+            if pad >= self.vocab || self.max_positions < pad + 2 {
+                let (value, expected) = (pad as f64, "a token id below vocab, with max_positions >= pad + 2");
+                return Err(FrontendError::HyperParameter { op: "roberta", name: "pad", value, expected });
+            }
         }
         Ok(())
     }
@@ -80,7 +133,7 @@ pub struct Bert {
     types: Embedding,
     emb_norm: LayerNorm,
     layers: Vec<Layer>,
-    pooler: Linear,
+    pooler: Option<Linear>,
     mlm_dense: Linear,
     mlm_norm: LayerNorm,
     mlm_bias: Tensor,
@@ -102,13 +155,21 @@ impl Bert {
             Ok(LayerNorm { eps: cfg.eps, ..LayerNorm::new(ps, &name, d)? })
         };
         let linear = |ps: &mut ParamStore, name: String, i: usize, o: usize| Linear::new(ps, &name, i, o, true);
-        let words = Embedding::new(ps, "bert.embeddings.word_embeddings", cfg.vocab, d, 0.02)?;
-        let positions = Embedding::new(ps, "bert.embeddings.position_embeddings", cfg.max_positions, d, 0.02)?;
-        let types = Embedding::new(ps, "bert.embeddings.token_type_embeddings", cfg.type_vocab, d, 0.02)?;
-        let emb_norm = norm(ps, "bert.embeddings.LayerNorm".into())?;
+        let (body, head) = match cfg.flavor {
+            BertFlavor::Bert => (
+                "bert",
+                ["cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.bias"],
+            ),
+            BertFlavor::Roberta { .. } => ("roberta", ["lm_head.dense", "lm_head.layer_norm", "lm_head.bias"]),
+        };
+        let words = Embedding::new(ps, &format!("{body}.embeddings.word_embeddings"), cfg.vocab, d, 0.02)?;
+        let positions =
+            Embedding::new(ps, &format!("{body}.embeddings.position_embeddings"), cfg.max_positions, d, 0.02)?;
+        let types = Embedding::new(ps, &format!("{body}.embeddings.token_type_embeddings"), cfg.type_vocab, d, 0.02)?;
+        let emb_norm = norm(ps, format!("{body}.embeddings.LayerNorm"))?;
         let mut layers = Vec::with_capacity(cfg.layers);
         for l in 0..cfg.layers {
-            let p = format!("bert.encoder.layer.{l}");
+            let p = format!("{body}.encoder.layer.{l}");
             layers.push(Layer {
                 query: linear(ps, format!("{p}.attention.self.query"), d, d)?,
                 key: linear(ps, format!("{p}.attention.self.key"), d, d)?,
@@ -121,10 +182,10 @@ impl Bert {
             });
         }
         Ok(Bert {
-            pooler: linear(ps, "bert.pooler.dense".into(), d, d)?,
-            mlm_dense: linear(ps, "cls.predictions.transform.dense".into(), d, d)?,
-            mlm_norm: norm(ps, "cls.predictions.transform.LayerNorm".into())?,
-            mlm_bias: ps.constant("cls.predictions.bias", [cfg.vocab], 0.0)?,
+            pooler: if cfg.pooler { Some(linear(ps, format!("{body}.pooler.dense"), d, d)?) } else { None },
+            mlm_dense: linear(ps, head[0].into(), d, d)?,
+            mlm_norm: norm(ps, head[1].into())?,
+            mlm_bias: ps.constant(head[2], [cfg.vocab], 0.0)?,
             cfg,
             spelling,
             words,
@@ -180,6 +241,24 @@ impl Bert {
         self.layer_norm(&l.out_norm, &x.add(&l.output.forward(&h)?)?)
     }
 
+    /// The positions of `ids: [b, s]`: `[s]` for BERT, `[b, s]` counted from
+    /// the padding id for RoBERTa (a running count of non-padding ids, as a
+    /// product with an upper-triangular matrix of ones: exact in f32 for any
+    /// sequence that fits the position table).
+    fn position_ids(&self, ids: &Tensor) -> Result<Tensor> {
+        let s = ids.dims()[1];
+        match self.cfg.flavor {
+            BertFlavor::Bert => Tensor::iota(DType::I32, [s], 0),
+            BertFlavor::Roberta { pad } => {
+                let real = ids.compare(CompareDir::Ne, &Tensor::full(pad as f64, ids.dtype(), [])?)?;
+                let real = real.to_dtype(DType::F32)?;
+                let upper = Tensor::iota(DType::I32, [s, s], 0)?.le(&Tensor::iota(DType::I32, [s, s], 1)?)?;
+                let count = real.matmul(&upper.to_dtype(DType::F32)?)?;
+                count.mul(&real)?.add_scalar(pad as f64)?.to_dtype(DType::I32)
+            }
+        }
+    }
+
     /// The encoder's output `[b, s, dim]`.
     pub fn encode(&self, batch: &BertBatch) -> Result<Tensor> {
         let ids = &batch.ids;
@@ -192,9 +271,8 @@ impl Bert {
             let reason = format!("{s} tokens a sequence, more than the {} positions", self.cfg.max_positions);
             return Err(FrontendError::InvalidArgument { op: "bert", reason });
         }
-        let pos = Tensor::iota(DType::I32, [s], 0)?;
-        let x =
-            self.words.forward(ids)?.add(&self.positions.forward(&pos)?)?.add(&self.types.forward(&batch.types)?)?;
+        let x = self.words.forward(ids)?.add(&self.positions.forward(&self.position_ids(ids)?)?)?;
+        let x = x.add(&self.types.forward(&batch.types)?)?;
         let mut x = self.layer_norm(&self.emb_norm, &x)?;
         for l in &self.layers {
             x = self.layer(l, &x, &batch.mask)?;
@@ -204,8 +282,29 @@ impl Bert {
 
     /// `tanh(W h_[CLS] + b)`, `[b, dim]`: what a classification head reads.
     pub fn pooled(&self, hidden: &Tensor) -> Result<Tensor> {
+        let Some(pooler) = &self.pooler else {
+            let reason = "this model was made without its pooler (BertConfig::pooler)".to_string();
+            return Err(FrontendError::InvalidArgument { op: "bert", reason });
+        };
         let (b, d) = (hidden.dims()[0], hidden.dims()[2]);
-        self.pooler.forward(&hidden.narrow(1, 0, 1)?.reshape([b, d])?)?.tanh()
+        pooler.forward(&hidden.narrow(1, 0, 1)?.reshape([b, d])?)?.tanh()
+    }
+
+    /// The masked-LM head's logits `[b · s, vocab]` (f32) for the encoder's
+    /// output `[b, s, dim]`.
+    fn mlm_head(&self, h: &Tensor) -> Result<Tensor> {
+        let n = h.dims()[0] * h.dims()[1];
+        let h = h.reshape([n, self.cfg.dim])?;
+        let t = self.layer_norm(&self.mlm_norm, &nn::gelu(&self.mlm_dense.forward(&h)?)?)?;
+        t.matmul(&self.words.table.t()?)?.to_dtype(DType::F32)?.add(&self.mlm_bias)
+    }
+
+    /// The masked-LM logits `[b, s, vocab]` (f32): `BertForMaskedLM`'s and
+    /// `RobertaForMaskedLM`'s output.
+    pub fn mlm_logits(&self, batch: &BertBatch) -> Result<Tensor> {
+        let h = self.encode(batch)?;
+        let (b, s) = (h.dims()[0], h.dims()[1]);
+        self.mlm_head(&h)?.reshape([b, s, self.cfg.vocab])
     }
 
     /// Masked-LM loss: the mean cross-entropy of the predictions for `labels:
@@ -213,9 +312,7 @@ impl Bert {
     pub fn mlm_loss(&self, batch: &BertBatch, labels: &Tensor, weights: &Tensor) -> Result<Tensor> {
         let h = self.encode(batch)?;
         let n = h.dims()[0] * h.dims()[1];
-        let h = h.reshape([n, self.cfg.dim])?;
-        let t = self.layer_norm(&self.mlm_norm, &nn::gelu(&self.mlm_dense.forward(&h)?)?)?;
-        let logits = t.matmul(&self.words.table.t()?)?.to_dtype(DType::F32)?.add(&self.mlm_bias)?;
+        let logits = self.mlm_head(&h)?;
         match self.spelling {
             Spelling::Builtin => nn::cross_entropy(&logits, labels, Some(weights)),
             Spelling::Plain => {
@@ -235,7 +332,11 @@ impl Module for Bert {
         Err(FrontendError::InvalidArgument { op: "bert", reason: "takes a BertBatch: call Bert::encode".into() })
     }
     fn describe(&self) -> String {
-        format!("Bert({} layers, dim {}, {} heads)", self.cfg.layers, self.cfg.dim, self.cfg.heads)
+        let name = match self.cfg.flavor {
+            BertFlavor::Bert => "Bert",
+            BertFlavor::Roberta { .. } => "Roberta",
+        };
+        format!("{name}({} layers, dim {}, {} heads)", self.cfg.layers, self.cfg.dim, self.cfg.heads)
     }
     fn own_parameters(&self) -> Vec<Tensor> {
         vec![self.mlm_bias.clone()]
@@ -254,7 +355,10 @@ impl Module for Bert {
                 &l.out_norm,
             ]);
         }
-        out.extend([&self.pooler as &dyn Module, &self.mlm_dense, &self.mlm_norm]);
+        if let Some(p) = &self.pooler {
+            out.push(p);
+        }
+        out.extend([&self.mlm_dense as &dyn Module, &self.mlm_norm]);
         out
     }
 }

@@ -31,6 +31,9 @@ pub struct LlamaConfig {
     pub ffn: usize,
     pub rope_theta: f64,
     pub eps: f64,
+    /// Whether the output head is the token embedding (else its own
+    /// `lm_head.weight`, `[vocab, dim]`, as Hugging Face's Llama defaults).
+    pub tie_embeddings: bool,
 }
 
 impl LlamaConfig {
@@ -46,12 +49,23 @@ impl LlamaConfig {
             ffn: 2048,
             rope_theta: 10000.0,
             eps: 1e-5,
+            tie_embeddings: true,
         }
     }
 
     /// A few thousand parameters, for tests on the CPU plugin.
     pub fn tiny() -> LlamaConfig {
-        LlamaConfig { vocab: 61, dim: 32, layers: 2, heads: 4, kv_heads: 2, ffn: 48, rope_theta: 10000.0, eps: 1e-5 }
+        LlamaConfig {
+            vocab: 61,
+            dim: 32,
+            layers: 2,
+            heads: 4,
+            kv_heads: 2,
+            ffn: 48,
+            rope_theta: 10000.0,
+            eps: 1e-5,
+            tie_embeddings: true,
+        }
     }
 
     fn head_dim(&self) -> usize {
@@ -91,6 +105,8 @@ pub struct Llama {
     embed: Embedding,
     blocks: Vec<Block>,
     norm: RmsNorm,
+    /// The untied head's table `[vocab, dim]`.
+    lm_head: Option<Tensor>,
 }
 
 impl Llama {
@@ -118,7 +134,9 @@ impl Llama {
             });
         }
         let norm = norm(ps, "model.norm".into())?;
-        Ok(Llama { cfg, spelling, embed, blocks, norm })
+        let lm_head =
+            if cfg.tie_embeddings { None } else { Some(ps.normal("lm_head.weight", [cfg.vocab, d], 0.02)?) };
+        Ok(Llama { cfg, spelling, embed, blocks, norm, lm_head })
     }
 
     /// `cos` and `sin` of the rotary angles, `[t, head_dim / 2]` f32, from
@@ -200,13 +218,25 @@ impl Llama {
         self.rms_norm(&self.norm, &x)
     }
 
-    /// Mean cross-entropy of the tied head's predictions for `ids: [b, t]`
+    /// The output head's table `[vocab, dim]`: the token embedding when tied.
+    fn head(&self) -> &Tensor {
+        self.lm_head.as_ref().unwrap_or(&self.embed.table)
+    }
+
+    /// The next-token logits `[b, t, vocab]` (f32) of `ids: [b, t]`:
+    /// `LlamaForCausalLM`'s output.
+    pub fn logits(&self, ids: &Tensor) -> Result<Tensor> {
+        let h = self.hidden(ids)?;
+        h.matmul(&self.head().t()?)?.to_dtype(DType::F32)
+    }
+
+    /// Mean cross-entropy of the head's predictions for `ids: [b, t]`
     /// against `targets: [b · t]`.
     pub fn loss(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let h = self.hidden(ids)?;
         let n = h.dims()[0] * h.dims()[1];
         let h = h.reshape([n, self.cfg.dim])?;
-        let table = &self.embed.table;
+        let table = self.head();
         match self.spelling {
             Spelling::Builtin => nn::lm_head_cross_entropy(&h, table, targets),
             Spelling::Plain => {
@@ -235,5 +265,8 @@ impl Module for Llama {
         }
         out.push(&self.norm);
         out
+    }
+    fn own_parameters(&self) -> Vec<Tensor> {
+        self.lm_head.iter().cloned().collect()
     }
 }

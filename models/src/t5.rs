@@ -42,6 +42,12 @@ pub struct T5Config {
     pub max_distance: usize,
     pub feed_forward: FeedForward,
     pub eps: f64,
+    /// Whether the output head is the shared embedding (else its own
+    /// `lm_head.weight`, `[vocab, d_model]`, as T5 v1.1 checkpoints have).
+    pub tie_embeddings: bool,
+    /// Whether the decoder's output is scaled by `d_model^-0.5` before the
+    /// head (T5; not T5 v1.1).
+    pub scale_decoder_output: bool,
 }
 
 impl T5Config {
@@ -59,6 +65,8 @@ impl T5Config {
             max_distance: 128,
             feed_forward: FeedForward::Relu,
             eps: 1e-6,
+            tie_embeddings: true,
+            scale_decoder_output: true,
         }
     }
 
@@ -81,6 +89,8 @@ impl T5Config {
             max_distance: 20,
             feed_forward: FeedForward::GatedGelu,
             eps: 1e-6,
+            tie_embeddings: true,
+            scale_decoder_output: true,
         }
     }
 }
@@ -114,13 +124,15 @@ struct Stack {
     bidirectional: bool,
 }
 
-/// The encoder-decoder with its tied LM head.
+/// The encoder-decoder with its LM head.
 pub struct T5 {
     pub cfg: T5Config,
     pub spelling: Spelling,
     shared: Embedding,
     encoder: Stack,
     decoder: Stack,
+    /// The untied head's table `[vocab, d_model]`.
+    lm_head: Option<Tensor>,
 }
 
 /// An encoder input and a decoder target, padded: `[batch, seq]` ids and
@@ -191,7 +203,8 @@ impl T5 {
         };
         let encoder = stack(ps, "encoder", cfg.layers, false)?;
         let decoder = stack(ps, "decoder", cfg.decoder_layers, true)?;
-        Ok(T5 { cfg, spelling, shared, encoder, decoder })
+        let lm_head = if cfg.tie_embeddings { None } else { Some(ps.normal("lm_head.weight", [cfg.vocab, d], 1.0)?) };
+        Ok(T5 { cfg, spelling, shared, encoder, decoder, lm_head })
     }
 
     fn norm(&self, n: &RmsNorm, x: &Tensor) -> Result<Tensor> {
@@ -314,6 +327,43 @@ impl T5 {
         self.run(&self.encoder, self.shared.forward(ids)?, mask, None)
     }
 
+    /// The head's logits `[b · t, vocab]` (f32) for the decoder reading
+    /// `dec_ids: [b, t]` (its padding mask `dec_mask`) over the encoder's
+    /// reading of `ids` (`mask`).
+    fn decode(&self, ids: &Tensor, mask: &Tensor, dec_ids: &Tensor, dec_mask: &Tensor) -> Result<Tensor> {
+        let two_d = |x: &Tensor| x.rank() == 2;
+        if !(two_d(ids) && two_d(dec_ids) && ids.dims()[0] == dec_ids.dims()[0])
+            || mask.dims() != ids.dims()
+            || dec_mask.dims() != dec_ids.dims()
+        {
+            let reason = format!(
+                "input ids {} (mask {}) and decoder ids {} (mask {}) must be [batch, seq] with masks of their shapes",
+                ids.ty(),
+                mask.ty(),
+                dec_ids.ty(),
+                dec_mask.ty()
+            );
+            return Err(FrontendError::InvalidArgument { op: "t5", reason });
+        }
+        let enc = self.encode(ids, mask)?;
+        let (b, t) = (dec_ids.dims()[0], dec_ids.dims()[1]);
+        let mut h = self.run(&self.decoder, self.shared.forward(dec_ids)?, dec_mask, Some((&enc, mask)))?;
+        if self.cfg.scale_decoder_output {
+            h = h.mul_scalar((self.cfg.d_model as f64).powf(-0.5))?;
+        }
+        let head = self.lm_head.as_ref().unwrap_or(&self.shared.table);
+        h.reshape([b * t, self.cfg.d_model])?.matmul(&head.t()?)?.to_dtype(DType::F32)
+    }
+
+    /// The logits `[b, t, vocab]` (f32) of the decoder reading `dec_ids: [b,
+    /// t]` (no padding) over the encoder's reading of `ids` (padding mask
+    /// `mask`): `T5ForConditionalGeneration`'s output for `decoder_input_ids`.
+    pub fn logits(&self, ids: &Tensor, mask: &Tensor, dec_ids: &Tensor) -> Result<Tensor> {
+        let dec_mask = Tensor::ones(DType::I32, dec_ids.shape().clone())?;
+        let logits = self.decode(ids, mask, dec_ids, &dec_mask)?;
+        logits.reshape([dec_ids.dims()[0], dec_ids.dims()[1], self.cfg.vocab])
+    }
+
     /// The mean cross-entropy of the decoder's predictions of `labels` over
     /// their unpadded positions (teacher forcing).
     pub fn loss(&self, batch: &T5Batch) -> Result<Tensor> {
@@ -322,16 +372,13 @@ impl T5 {
             let reason = format!("input ids {} and labels {} must be [batch, seq]", ids.ty(), labels.ty());
             return Err(FrontendError::InvalidArgument { op: "t5", reason });
         }
-        let enc = self.encode(ids, &batch.input_mask)?;
         let (b, t) = (labels.dims()[0], labels.dims()[1]);
         // Decoder inputs: the labels shifted right after the start token 0.
         let start = Tensor::zeros(labels.dtype(), [b, 1])?;
         let dec_ids = Tensor::cat(&[start, labels.narrow(1, 0, t - 1)?], 1)?;
         let dec_mask =
             Tensor::cat(&[Tensor::ones(batch.label_mask.dtype(), [b, 1])?, batch.label_mask.narrow(1, 0, t - 1)?], 1)?;
-        let h = self.run(&self.decoder, self.shared.forward(&dec_ids)?, &dec_mask, Some((&enc, &batch.input_mask)))?;
-        let h = h.mul_scalar((self.cfg.d_model as f64).powf(-0.5))?.reshape([b * t, self.cfg.d_model])?;
-        let logits = h.matmul(&self.shared.table.t()?)?.to_dtype(DType::F32)?;
+        let logits = self.decode(ids, &batch.input_mask, &dec_ids, &dec_mask)?;
         let flat = labels.reshape([b * t])?;
         let weights = batch.label_mask.reshape([b * t])?.to_dtype(DType::F32)?;
         match self.spelling {
@@ -378,5 +425,8 @@ impl Module for T5 {
             out.push(&stack.final_norm);
         }
         out
+    }
+    fn own_parameters(&self) -> Vec<Tensor> {
+        self.lm_head.iter().cloned().collect()
     }
 }

@@ -1,8 +1,9 @@
 //! Hugging Face GPT-2 directories in and out (`kiln::models::hf`): a
 //! directory kiln writes loads back to the same logits, and every way a
-//! directory can be wrong is an error naming the tensor or field. The numerics against `transformers` itself are in
-//! `hf_gpt2_fixture` below (a fixture `benches/hf/gpt2_check.py make` wrote)
-//! and, for kiln-written directories, `benches/hf/gpt2_check.py check`.
+//! directory can be wrong is an error naming the tensor or field. The
+//! numerics against `transformers` itself, for every architecture, are in
+//! `hf_models.rs` (fixtures `benches/hf/check.py make` wrote) and, for
+//! kiln-written directories, `benches/hf/check.py check`.
 
 #![allow(clippy::unwrap_used)] // Test helpers may unwrap (the workspace denies it in library code).
 
@@ -103,7 +104,7 @@ fn bad_directories_name_what_is_wrong() {
     // Configs kiln's GPT-2 cannot honour.
     for (field, value, said) in [
         ("activation_function", "\"relu\"", "activation_function \"relu\""),
-        ("model_type", "\"bert\"", "not a GPT-2 checkpoint"),
+        ("model_type", "\"bert\"", "not a gpt2 checkpoint"),
         ("n_head", "5", "sizes that make no model"),
         ("reorder_and_upcast_attn", "true", "reorder_and_upcast_attn"),
         ("n_embd", "\"wide\"", "config field n_embd"),
