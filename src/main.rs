@@ -14,6 +14,7 @@ use serde_json::json;
 mod cmd;
 
 use cmd::{AmpDtype, GptSize};
+use kiln::models::zoo::Arch;
 
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "kiln: a graph-compiling training accelerator")]
@@ -129,6 +130,16 @@ enum Model {
         #[arg(long)]
         json: bool,
     },
+    /// GPT-2 (Hugging Face's architecture) as a causal LM on a text file.
+    Gpt2(cmd::zoo::ZooArgs),
+    /// A Llama (RMSNorm, rotary, grouped-query attention, SwiGLU) as a causal LM.
+    Llama(cmd::zoo::ZooArgs),
+    /// BERT as a masked LM on a text file's lines.
+    Bert(cmd::zoo::ZooArgs),
+    /// RoBERTa as a masked LM on a text file's lines.
+    Roberta(cmd::zoo::ZooArgs),
+    /// T5 with span corruption on a text file's lines.
+    T5(cmd::zoo::ZooArgs),
     /// A character-level GPT on a text file.
     Gpt {
         /// The text to learn.
@@ -316,6 +327,26 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             cfg.check_settings(mlp::PIXELS)?;
             train_mlp(&cfg, &data, compare_eager, log.as_deref(), json)
         }
+        Command::Train { model: Model::Gpt2(args) } => {
+            let bar = progress(args.json);
+            cmd::zoo::run(Arch::Gpt2, args, bar)
+        }
+        Command::Train { model: Model::Llama(args) } => {
+            let bar = progress(args.json);
+            cmd::zoo::run(Arch::Llama, args, bar)
+        }
+        Command::Train { model: Model::Bert(args) } => {
+            let bar = progress(args.json);
+            cmd::zoo::run(Arch::Bert, args, bar)
+        }
+        Command::Train { model: Model::Roberta(args) } => {
+            let bar = progress(args.json);
+            cmd::zoo::run(Arch::Roberta, args, bar)
+        }
+        Command::Train { model: Model::T5(args) } => {
+            let bar = progress(args.json);
+            cmd::zoo::run(Arch::T5, args, bar)
+        }
         Command::Train {
             model:
                 Model::Gpt {
@@ -416,7 +447,7 @@ fn progress(json: bool) -> ProgressBar {
 }
 
 /// `--memory-limit` for the training loops, read as `kiln compile` reads it.
-fn set_memory_limit(limit: Option<&str>) -> anyhow::Result<()> {
+pub(crate) fn set_memory_limit(limit: Option<&str>) -> anyhow::Result<()> {
     let (bytes, fraction) = cmd::memory::budget_settings(limit.map(cmd::memory::parse_budget).transpose()?);
     kiln::set_memory_limit(bytes);
     kiln::set_activation_budget(fraction)?;

@@ -5,7 +5,12 @@ a softmax; norms from means; the loss from log_softmax. The same sizes and the
 same bf16 policy (f32 master weights, matmuls in bf16, softmax, norms and loss
 in f32), trained with AdamW on a fixed batch.
 
-    python3 models_peers.py jax|torch MODEL [ITERS]
+    python3 models_peers.py jax|torch|hf MODEL [ITERS]
+
+`hf` runs Hugging Face `transformers`' own model of the same sizes
+(`LlamaForCausalLM`, `GPT2LMHeadModel`, `BertForMaskedLM`,
+`T5ForConditionalGeneration`; its default SDPA attention, dropout off) under
+`torch.compile`, the peer the model-zoo issue names.
 
 MODEL is llama, bert, t5 or gpt2. Prints `RESULT {json}`: ms/step (median of
 ITERS timed steps after warm-up), tokens/s, compile seconds, peak memory, the
@@ -526,11 +531,90 @@ def run_torch(name, c, iters):
                 peak_bytes=torch.cuda.max_memory_allocated())
 
 
+def run_hf(name, c, iters):
+    import os
+
+    # This folder's `kernels.py` would shadow the `kernels` package that
+    # transformers imports: leave the folder off the path for it.
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    import torch
+    import transformers as tf
+
+    dev = "cuda"
+    torch.manual_seed(0)
+    if name == "llama":
+        cfg = tf.LlamaConfig(vocab_size=c["vocab"], hidden_size=c["dim"], num_hidden_layers=c["layers"],
+                             num_attention_heads=c["heads"], num_key_value_heads=c["kv_heads"],
+                             intermediate_size=c["ffn"], rms_norm_eps=c["eps"], rope_theta=c["theta"],
+                             max_position_embeddings=c["seq"], tie_word_embeddings=True)
+        model = tf.LlamaForCausalLM(cfg)
+    elif name == "gpt2":
+        cfg = tf.GPT2Config(vocab_size=c["vocab"], n_embd=c["dim"], n_layer=c["layers"], n_head=c["heads"],
+                            n_positions=c["seq"], layer_norm_epsilon=c["eps"], resid_pdrop=0.0, embd_pdrop=0.0,
+                            attn_pdrop=0.0)
+        model = tf.GPT2LMHeadModel(cfg)
+    elif name == "bert":
+        cfg = tf.BertConfig(vocab_size=c["vocab"], hidden_size=c["dim"], num_hidden_layers=c["layers"],
+                            num_attention_heads=c["heads"], intermediate_size=c["ffn"], type_vocab_size=c["types"],
+                            max_position_embeddings=c["seq"], layer_norm_eps=c["eps"], hidden_dropout_prob=0.0,
+                            attention_probs_dropout_prob=0.0)
+        model = tf.BertForMaskedLM(cfg)
+    else:
+        cfg = tf.T5Config(vocab_size=c["vocab"], d_model=c["dim"], d_kv=c["d_kv"], num_heads=c["heads"],
+                          d_ff=c["ffn"], num_layers=c["layers"], num_decoder_layers=c["dec_layers"],
+                          relative_attention_num_buckets=c["buckets"], relative_attention_max_distance=c["max_dist"],
+                          feed_forward_proj="relu", dropout_rate=0.0, layer_norm_epsilon=c["eps"],
+                          decoder_start_token_id=0)
+        model = tf.T5ForConditionalGeneration(cfg)
+    model = model.to(dev).train()
+    raw = {k: torch.as_tensor(v, device=dev) for k, v in data(name, c, np.random.default_rng(0)).items()}
+    if name in ("llama", "gpt2"):
+        ids = raw["ids"].long()
+        batch = dict(input_ids=ids, labels=ids)
+    elif name == "bert":
+        labels = raw["labels"].long().view(c["batch"], c["seq"])
+        labels = torch.where(raw["weights"].view(c["batch"], c["seq"]) > 0, labels, -100)
+        batch = dict(input_ids=raw["ids"].long(), token_type_ids=raw["types"].long(),
+                     attention_mask=raw["mask"].long(), labels=labels)
+    else:
+        batch = dict(input_ids=raw["ids"].long(), attention_mask=raw["mask"].long(), labels=raw["labels"].long())
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                            fused=True)
+    compiled = torch.compile(model)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            l = compiled(**batch).loss
+        l.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return l
+
+    t0 = time.perf_counter()
+    losses = [float(step())]
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - t0
+    losses += [float(step()) for _ in range(2)]
+    torch.cuda.reset_peak_memory_stats()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        start.record()
+        step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return dict(ms=statistics.median(times), compile_s=compile_s, losses=losses,
+                peak_bytes=torch.cuda.max_memory_allocated(), transformers=tf.__version__,
+                attention=model.config._attn_implementation)
+
+
 def main():
     framework, name = sys.argv[1], sys.argv[2]
     iters = int(sys.argv[3]) if len(sys.argv) > 3 else 20
     c = CONFIGS[name]
-    r = (run_jax if framework == "jax" else run_torch)(name, c, iters)
+    r = {"jax": run_jax, "torch": run_torch, "hf": run_hf}[framework](name, c, iters)
     r.update(system=framework, model=name, tokens_per_s=tokens(name, c) / (r["ms"] / 1e3))
     print("RESULT " + json.dumps(r), flush=True)
 

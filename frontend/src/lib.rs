@@ -70,6 +70,7 @@ pub use crate::engine::compile_settings::{
 pub use crate::engine::context::{backend, clear_compile_cache, client, set_backend, set_client, set_disk_cache};
 pub use crate::engine::device_checks::check_index_range;
 pub use crate::engine::executor::Backend;
+pub use crate::engine::explain::{bucket, BucketGuard};
 pub use crate::engine::lower::{capture_graph, lower, lower_with, LowerOpts};
 pub use crate::engine::run::{quiesce, set_max_steps_in_flight, steps_in_flight, sync};
 pub use crate::engine::step::{donation_enabled, mark_step, step, StepReport};

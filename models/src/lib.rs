@@ -20,7 +20,9 @@ pub mod hf;
 pub mod llama;
 pub mod mlp;
 pub mod t5;
+pub mod text;
 pub mod training;
+pub mod zoo;
 
 pub use training::{init_placement, SetupBreakdown, ENV_INIT};
 

@@ -8,6 +8,7 @@ pub mod memory;
 pub mod plot;
 pub mod profile;
 pub mod runlog;
+pub mod zoo;
 
 use kiln::compiler::lower::ConstantForm;
 

@@ -366,11 +366,24 @@ pub(crate) fn obtain(
             .map_err(|source| crate::core::error::FrontendError::Io { path: dir.clone(), source })?;
         write_atomically(&path, kiln_compiler::text::print(&pruned.graph).as_bytes())?;
     }
-    if let Some(text) = &explanation {
-        tracing::warn!("kiln: {text}");
-        crate::core::warnings::show_once(crate::core::warnings::Warning::Recompile, || text.clone());
-        metrics::explain(text.clone());
-    }
+    let explanation = match (explanation, explain::current_bucket()) {
+        // A loop's named bucket: its one compile is expected, not a storm.
+        (Some(text), Some(bucket)) => {
+            // What changed, without the remedy (the loop is already bucketing).
+            let what = text.trim_start_matches("recompiling: ").split(". ").next().unwrap_or_default();
+            let text = format!("bucket {bucket}: compiling its program ({what})");
+            tracing::info!("kiln: {text}");
+            metrics::explain(text.clone());
+            Some(text)
+        }
+        (Some(text), None) => {
+            tracing::warn!("kiln: {text}");
+            crate::core::warnings::show_once(crate::core::warnings::Warning::Recompile, || text.clone());
+            metrics::explain(text.clone());
+            Some(text)
+        }
+        (None, _) => None,
+    };
     let program = Rc::new(Program {
         exe,
         graph: pruned.graph.clone(),

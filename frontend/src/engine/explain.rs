@@ -15,12 +15,43 @@
 //! - Explaining only reads the graphs: it never changes a program, its key or
 //!   the cache.
 
+use std::cell::RefCell;
 use std::fmt::Write as _;
 use std::rc::Rc;
 
 use kiln_compiler::ir::{Graph, Node, Op, TensorType};
 
 use crate::engine::program_cache::Program;
+
+thread_local! {
+    static BUCKET: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// While held, the steps recorded are one *bucket* of a loop that pads its
+/// batches to a few lengths on purpose (`label` names it: `len 64`): a new
+/// program for a new bucket is expected, one per bucket, so it is said as
+/// that bucket's compile, not warned of as a recompile.
+#[must_use = "the bucket lasts while the guard is held"]
+pub struct BucketGuard {
+    previous: Option<String>,
+}
+
+/// Names the bucket of the steps recorded until the guard drops.
+pub fn bucket(label: impl Into<String>) -> BucketGuard {
+    let previous = BUCKET.with(|b| b.borrow_mut().replace(label.into()));
+    BucketGuard { previous }
+}
+
+impl Drop for BucketGuard {
+    fn drop(&mut self) {
+        BUCKET.with(|b| *b.borrow_mut() = self.previous.take());
+    }
+}
+
+/// The bucket the current step belongs to, if a loop named one.
+pub(crate) fn current_bucket() -> Option<String> {
+    BUCKET.with(|b| b.borrow().clone())
+}
 
 fn same_ops(a: &Graph, b: &Graph) -> bool {
     a.len() == b.len()
@@ -82,7 +113,12 @@ pub(crate) fn new_program(g: &Graph, names: &[Option<Rc<str>>], history: &[Rc<Pr
     } else if dtype_changed {
         text.push_str(". A dtype changed: convert inputs to one dtype before they reach the step");
     } else {
-        text.push_str(". Shapes changed: pad variable lengths to a few bucket sizes so that each compiles once");
+        text.push_str(
+            ". Shapes changed: pad variable lengths to a few bucket sizes so that each compiles once \
+             (`kiln::models::text::Buckets`, as `kiln train bert|roberta|t5` do; name each with `kiln::bucket` and \
+             its compile is expected), or for a decoder pack the text into fixed-length windows (as `kiln train \
+             gpt2|llama` do)",
+        );
     }
     Some(text)
 }

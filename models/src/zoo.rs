@@ -1,0 +1,500 @@
+//! Training the zoo's models on a user's text: what `kiln train gpt2|llama|
+//! bert|roberta|t5` runs. The decoders learn the next token of the lines
+//! packed into one stream; BERT and RoBERTa the masked tokens of single
+//! lines; T5 the spans its sentinels replaced. A model starts from a named
+//! size with the tokenizer's vocabulary, or from a Hugging Face directory
+//! (`--init hf:DIR`), and can be written back as one (`hf::save`).
+//!
+//! Variable-length batches (BERT, RoBERTa, T5) are padded to buckets
+//! ([`text::Buckets`]): a run compiles one training program per bucket (per
+//! pair of buckets for T5) and one evaluation program per held-out bucket,
+//! never one per length.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use kiln_compiler::ir::DType;
+use kiln_frontend::nn::ParamStore;
+use kiln_frontend::optim::{AdamW, AdamWConfig, WarmupCosine};
+use kiln_frontend::{amp, metrics, FrontendError, Result, Tensor};
+
+use crate::bert::{Bert, BertBatch, BertConfig, BertFlavor};
+use crate::gpt2::{Gpt2, Gpt2Config};
+use crate::hf::{self, HfModel};
+use crate::llama::{Llama, LlamaConfig};
+use crate::mlp::{StepInfo, TrainReport};
+use crate::t5::{T5Batch, T5Config, T5};
+use crate::text::{self, Buckets, Corpus, Rng, TextTokenizer, TokenizerSpec};
+use crate::Spelling;
+
+/// Which model of the zoo.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Gpt2,
+    Llama,
+    Bert,
+    Roberta,
+    T5,
+}
+
+impl Arch {
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Gpt2 => "gpt2",
+            Arch::Llama => "llama",
+            Arch::Bert => "bert",
+            Arch::Roberta => "roberta",
+            Arch::T5 => "t5",
+        }
+    }
+
+    /// The sizes `--config` names for it.
+    pub fn sizes(self) -> &'static [&'static str] {
+        match self {
+            Arch::Gpt2 => &["tiny", "gpt2"],
+            Arch::Llama => &["tiny", "llama-110m"],
+            Arch::Bert => &["tiny", "bert-base-uncased"],
+            Arch::Roberta => &["tiny", "roberta-base"],
+            Arch::T5 => &["tiny", "t5-small", "t5-base"],
+        }
+    }
+
+    /// What it learns from the text.
+    pub fn task(self) -> &'static str {
+        match self {
+            Arch::Gpt2 | Arch::Llama => "causal LM",
+            Arch::Bert | Arch::Roberta => "masked LM",
+            Arch::T5 => "span corruption",
+        }
+    }
+}
+
+/// A zoo training run's settings.
+#[derive(Clone, Debug)]
+pub struct ZooConfig {
+    pub arch: Arch,
+    /// One of [`Arch::sizes`] (ignored with `init`).
+    pub size: String,
+    /// Tokens a sequence: the decoders' window, the encoders' longest line.
+    pub seq: usize,
+    pub batch: usize,
+    pub steps: u64,
+    pub lr: f64,
+    pub seed: u64,
+    pub amp: Option<DType>,
+    pub max_grad_norm: Option<f64>,
+    /// Evaluate on the held-out lines every N steps (and always at the end).
+    pub eval_every: Option<u64>,
+    /// Batches an evaluation reads (the same ones every time).
+    pub eval_batches: usize,
+    pub allow_non_finite_loss: bool,
+    pub spelling: Spelling,
+}
+
+impl ZooConfig {
+    pub fn new(arch: Arch) -> ZooConfig {
+        ZooConfig {
+            arch,
+            size: "tiny".into(),
+            seq: 32,
+            batch: 8,
+            steps: 100,
+            lr: 3e-3,
+            seed: 0,
+            amp: None,
+            max_grad_norm: Some(1.0),
+            eval_every: None,
+            eval_batches: 4,
+            allow_non_finite_loss: false,
+            spelling: Spelling::Builtin,
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        let bad =
+            |name, value: f64, expected| Err(FrontendError::HyperParameter { op: "train", name, value, expected });
+        if self.seq < 4 {
+            return bad("seq", self.seq as f64, "at least 4");
+        }
+        if self.batch == 0 {
+            return bad("batch", 0.0, "at least 1");
+        }
+        if self.steps == 0 {
+            return bad("steps", 0.0, "at least 1");
+        }
+        if self.eval_batches == 0 {
+            return bad("eval_batches", 0.0, "at least 1");
+        }
+        if !(self.lr > 0.0 && kiln_frontend::optim::f32_rate(self.lr).is_some()) {
+            return bad("lr", self.lr, "a finite number above 0 that f32 can hold");
+        }
+        Ok(())
+    }
+}
+
+/// One evaluation on the held-out lines.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Eval {
+    pub step: u64,
+    pub loss: f64,
+    /// The fraction of predicted tokens (next tokens, masked tokens, span
+    /// tokens) the model's argmax gets right.
+    pub accuracy: f64,
+}
+
+/// What a zoo run did.
+#[derive(Debug, Default)]
+pub struct ZooReport {
+    pub train: TrainReport,
+    pub evals: Vec<Eval>,
+    /// The padded lengths the training batches used (input, target; the
+    /// target is 0 but for T5).
+    pub buckets: BTreeSet<(usize, usize)>,
+    /// The padded lengths the evaluation batches used.
+    pub eval_buckets: BTreeSet<(usize, usize)>,
+    /// The lengths batches may take.
+    pub bucket_lengths: Vec<usize>,
+    pub vocab: usize,
+    pub tokenizer_vocab: usize,
+    pub train_tokens: usize,
+    pub parameters: usize,
+}
+
+/// The trained model with its parameters and tokenizer.
+pub struct Trained {
+    pub model: HfModel,
+    pub params: ParamStore,
+    pub tokenizer: TextTokenizer,
+}
+
+/// Where the weights start.
+#[derive(Clone, Debug)]
+pub enum Init {
+    /// `cfg.size`'s architecture, initialised from the seed.
+    Fresh,
+    /// A Hugging Face directory of the same architecture.
+    Hf(std::path::PathBuf),
+}
+
+/// The model of `cfg` for a tokenizer of `tok_vocab` tokens (its padding id
+/// `pad`): its vocabulary and positions sized to fit.
+fn fresh(cfg: &ZooConfig, tok_vocab: usize, pad: u32) -> Result<(ParamStore, HfModel)> {
+    let mut ps = ParamStore::new(cfg.seed);
+    let size = cfg.size.as_str();
+    if !cfg.arch.sizes().contains(&size) {
+        let reason = format!("--config {size}: {} has {}", cfg.arch.name(), cfg.arch.sizes().join(", "));
+        return Err(FrontendError::InvalidArgument { op: "train", reason });
+    }
+    let (seq, sp) = (cfg.seq, cfg.spelling);
+    let model = match cfg.arch {
+        Arch::Gpt2 => {
+            let base = if size == "tiny" { Gpt2Config::tiny() } else { Gpt2Config::gpt2() };
+            let c = Gpt2Config { vocab: tok_vocab, max_positions: base.max_positions.max(seq), ..base };
+            HfModel::Gpt2(Gpt2::new(&mut ps, c, sp)?)
+        }
+        Arch::Llama => {
+            let base = if size == "tiny" { LlamaConfig::tiny() } else { LlamaConfig::llama_110m() };
+            HfModel::Llama(Llama::new(&mut ps, LlamaConfig { vocab: tok_vocab, ..base }, sp)?)
+        }
+        Arch::Bert | Arch::Roberta => {
+            let base = match (cfg.arch, size) {
+                (_, "tiny") => BertConfig::tiny(),
+                (Arch::Bert, _) => BertConfig::bert_base_uncased(),
+                _ => BertConfig::roberta_base(),
+            };
+            let (flavor, positions, type_vocab) = match cfg.arch {
+                Arch::Bert => (BertFlavor::Bert, seq, base.type_vocab),
+                _ => (BertFlavor::Roberta { pad: pad as usize }, seq + pad as usize + 1, 1),
+            };
+            let c = BertConfig {
+                vocab: tok_vocab,
+                max_positions: base.max_positions.max(positions),
+                type_vocab,
+                flavor,
+                pooler: false,
+                ..base
+            };
+            HfModel::Bert(Bert::new(&mut ps, c, sp)?)
+        }
+        Arch::T5 => {
+            let base = match size {
+                "tiny" => T5Config::tiny(),
+                "t5-small" => T5Config::t5_small(),
+                _ => T5Config::t5_base(),
+            };
+            HfModel::T5(T5::new(&mut ps, T5Config { vocab: tok_vocab + text::SENTINELS, ..base }, sp)?)
+        }
+    };
+    Ok((ps, model))
+}
+
+/// The model's vocabulary and the longest sequence its positions allow.
+fn limits(model: &HfModel) -> (usize, Option<usize>) {
+    match model {
+        HfModel::Gpt2(m) => (m.cfg.vocab, Some(m.cfg.max_positions)),
+        HfModel::Llama(m) => (m.cfg.vocab, None),
+        HfModel::Bert(m) => {
+            let offset = match m.cfg.flavor {
+                BertFlavor::Bert => 0,
+                BertFlavor::Roberta { pad } => pad + 1,
+            };
+            (m.cfg.vocab, Some(m.cfg.max_positions.saturating_sub(offset)))
+        }
+        HfModel::T5(m) => (m.cfg.vocab, None),
+    }
+}
+
+/// A directory's model, checked against the run: the architecture, the
+/// tokenizer's vocabulary and padding id, the sequence length.
+fn from_hf(dir: &Path, cfg: &ZooConfig, tok: &TextTokenizer) -> Result<(ParamStore, HfModel)> {
+    let (ps, model) = hf::load(dir, cfg.spelling)?;
+    let wrong = |reason: String| FrontendError::Checkpoint { path: dir.to_path_buf(), reason };
+    if model.model_type() != cfg.arch.name() {
+        return Err(wrong(format!("a {} model, not {}", model.model_type(), cfg.arch.name())));
+    }
+    let (vocab, positions) = limits(&model);
+    let needed = tok.vocab_size() + if cfg.arch == Arch::T5 { text::SENTINELS } else { 0 };
+    if needed > vocab {
+        let sentinels =
+            if cfg.arch == Arch::T5 { format!(" and {} sentinels", text::SENTINELS) } else { String::new() };
+        return Err(wrong(format!(
+            "the model's vocabulary of {vocab} is smaller than the tokenizer's {} tokens{sentinels} ({})",
+            tok.vocab_size(),
+            tok.source
+        )));
+    }
+    if let HfModel::Bert(m) = &model {
+        if let BertFlavor::Roberta { pad } = m.cfg.flavor {
+            if pad != tok.specials.pad as usize {
+                let reason = format!("pad_token_id {pad}, the tokenizer's padding id is {}", tok.specials.pad);
+                return Err(wrong(reason));
+            }
+        }
+    }
+    if let Some(p) = positions.filter(|&p| p < cfg.seq) {
+        return Err(wrong(format!("{p} positions, fewer than --seq {}", cfg.seq)));
+    }
+    Ok((ps, model))
+}
+
+/// A batch shape's name in compile messages: `len 16`, `len 32/16` (T5's
+/// input and target).
+fn bucket_name((a, b): (usize, usize)) -> String {
+    if b == 0 {
+        format!("len {a}")
+    } else {
+        format!("len {a}/{b}")
+    }
+}
+
+enum Batch {
+    Causal(text::CausalBatch),
+    Mlm(text::MlmBatch),
+    Span(text::SpanBatch),
+}
+
+impl Batch {
+    fn lens(&self) -> (usize, usize) {
+        match self {
+            Batch::Causal(b) => (b.ids.dims()[1], 0),
+            Batch::Mlm(b) => (b.len, 0),
+            Batch::Span(b) => b.lens,
+        }
+    }
+}
+
+/// Makes the batches of the run's task.
+struct Batcher {
+    arch: Arch,
+    batch: usize,
+    seq: usize,
+    buckets: Buckets,
+    specials: text::Specials,
+    vocab: usize,
+    path: std::path::PathBuf,
+}
+
+impl Batcher {
+    fn next(&self, corpus: &Corpus, rng: &mut Rng) -> Result<Batch> {
+        let sp = &self.specials;
+        let eos = sp.sep.unwrap_or(sp.pad);
+        Ok(match self.arch {
+            Arch::Gpt2 | Arch::Llama => Batch::Causal(corpus.causal(self.batch, self.seq, eos, rng, &self.path)?),
+            Arch::Bert | Arch::Roberta => Batch::Mlm(corpus.mlm(self.batch, &self.buckets, sp, self.vocab, rng)?),
+            Arch::T5 => Batch::Span(corpus.spans(self.batch, &self.buckets, eos, sp.pad, self.vocab, rng)?),
+        })
+    }
+}
+
+fn mismatch(model: &HfModel, batch: &Batch) -> FrontendError {
+    let reason = format!("a {} model cannot take a batch of lengths {:?}", model.model_type(), batch.lens());
+    FrontendError::InvalidArgument { op: "train", reason }
+}
+
+/// The batch's mean loss.
+fn loss(model: &HfModel, batch: &Batch) -> Result<Tensor> {
+    match (model, batch) {
+        (HfModel::Gpt2(m), Batch::Causal(b)) => m.loss(&b.ids, &b.targets),
+        (HfModel::Llama(m), Batch::Causal(b)) => m.loss(&b.ids, &b.targets),
+        (HfModel::Bert(m), Batch::Mlm(b)) => {
+            let batch = BertBatch { ids: b.ids.clone(), types: b.types.clone(), mask: b.mask.clone() };
+            m.mlm_loss(&batch, &b.labels, &b.weights)
+        }
+        (HfModel::T5(m), Batch::Span(b)) => m.loss(&T5Batch {
+            input_ids: b.input_ids.clone(),
+            input_mask: b.input_mask.clone(),
+            labels: b.labels.clone(),
+            label_mask: b.label_mask.clone(),
+        }),
+        _ => Err(mismatch(model, batch)),
+    }
+}
+
+/// The batch's (loss, correct predictions, predictions) as f32 scalars.
+fn evaluate(model: &HfModel, batch: &Batch) -> Result<[Tensor; 3]> {
+    let l = loss(model, batch)?;
+    let (logits, labels, weights) = match (model, batch) {
+        (HfModel::Gpt2(m), Batch::Causal(b)) => (m.logits(&b.ids)?, b.targets.clone(), None),
+        (HfModel::Llama(m), Batch::Causal(b)) => (m.logits(&b.ids)?, b.targets.clone(), None),
+        (HfModel::Bert(m), Batch::Mlm(b)) => {
+            let batch = BertBatch { ids: b.ids.clone(), types: b.types.clone(), mask: b.mask.clone() };
+            (m.mlm_logits(&batch)?, b.labels.clone(), Some(b.weights.clone()))
+        }
+        (HfModel::T5(m), Batch::Span(b)) => {
+            let (n, t) = (b.labels.dims()[0], b.labels.dims()[1]);
+            let start = Tensor::zeros(b.labels.dtype(), [n, 1])?;
+            let dec = Tensor::cat(&[start, b.labels.narrow(1, 0, t - 1)?], 1)?;
+            let w = b.label_mask.reshape([n * t])?.to_dtype(DType::F32)?;
+            (m.logits(&b.input_ids, &b.input_mask, &dec)?, b.labels.reshape([n * t])?, Some(w))
+        }
+        _ => return Err(mismatch(model, batch)),
+    };
+    let v = *logits.dims().last().unwrap_or(&1);
+    let n = logits.dims().iter().product::<usize>() / v.max(1);
+    let predicted = logits.reshape([n, v])?.argmax(-1)?.to_dtype(DType::I32)?;
+    let right = predicted.eq(&labels.to_dtype(DType::I32)?)?.to_dtype(DType::F32)?;
+    let weights = match weights {
+        Some(w) => w,
+        None => Tensor::ones(DType::F32, [n])?,
+    };
+    Ok([l.to_dtype(DType::F32)?, right.mul(&weights)?.sum_all()?, weights.sum_all()?])
+}
+
+/// Trains `cfg` on the text at `path` with the tokenizer `spec`, from
+/// `init`; `on_step` sees every step, `on_eval` every evaluation.
+pub fn train(
+    cfg: &ZooConfig,
+    path: &Path,
+    spec: &TokenizerSpec,
+    init: &Init,
+    mut on_step: impl FnMut(&StepInfo),
+    mut on_eval: impl FnMut(&Eval),
+) -> Result<(ZooReport, Trained)> {
+    cfg.check()?;
+    let before = metrics::snapshot();
+    let lines = text::read_lines(path)?;
+    let tokenizer = match spec {
+        TokenizerSpec::File(p) => TextTokenizer::load(p)?,
+        TokenizerSpec::Train { kind, vocab } => {
+            let texts: Vec<String> = lines.iter().map(|(_, l)| l.clone()).collect();
+            TextTokenizer::train(*kind, *vocab, &texts)?
+        }
+    };
+    if matches!(cfg.arch, Arch::Bert | Arch::Roberta) && tokenizer.specials.mask.is_none() {
+        let reason =
+            format!("{} has no mask token ([MASK] or <mask>), which masked-LM training needs", tokenizer.source);
+        return Err(FrontendError::InvalidArgument { op: "train", reason });
+    }
+    let (params, model) = match init {
+        Init::Fresh => fresh(cfg, tokenizer.vocab_size(), tokenizer.specials.pad)?,
+        Init::Hf(dir) => from_hf(dir, cfg, &tokenizer)?,
+    };
+    let (vocab, _) = limits(&model);
+    let (train_lines, held_lines) = text::split(lines);
+    let corpus = Corpus::new(&tokenizer, &train_lines, vocab, path)?;
+    let held = Corpus::new(&tokenizer, &held_lines, vocab, path)?;
+    let batcher = Batcher {
+        arch: cfg.arch,
+        batch: cfg.batch,
+        seq: cfg.seq,
+        buckets: Buckets::up_to(cfg.seq),
+        specials: tokenizer.specials,
+        // T5's sentinels sit at the top: random replacements and ids stay below them.
+        vocab,
+        path: path.to_path_buf(),
+    };
+    let mut report = ZooReport {
+        vocab,
+        tokenizer_vocab: tokenizer.vocab_size(),
+        train_tokens: corpus.tokens(),
+        parameters: params.num_elements(),
+        bucket_lengths: batcher.buckets.0.clone(),
+        ..ZooReport::default()
+    };
+    let mut opt = AdamW::new(&params.tensors(), AdamWConfig { weight_decay: 0.01, ..Default::default() })?;
+    let mut ordered = crate::training::ordered_step(cfg.amp, cfg.max_grad_norm)?;
+    let schedule = WarmupCosine {
+        base_lr: cfg.lr,
+        min_lr: cfg.lr * 0.1,
+        warmup_steps: (cfg.steps / 10).max(1),
+        total_steps: cfg.steps,
+    };
+    let mut rng = Rng::new(cfg.seed);
+    let start = std::time::Instant::now();
+    let mut eval = |step: u64, report: &mut ZooReport| -> Result<()> {
+        // The same held-out batches at every evaluation.
+        let mut rng = Rng::new(cfg.seed ^ 0x5eed_e7a1);
+        let (mut l, mut right, mut total) = (0.0, 0.0, 0.0);
+        for _ in 0..cfg.eval_batches {
+            let batch = batcher.next(&held, &mut rng)?;
+            report.eval_buckets.insert(batch.lens());
+            let _bucket = kiln_frontend::bucket(format!("eval {}", bucket_name(batch.lens())));
+            let [a, b, c] = amp::autocast_if(cfg.amp, || evaluate(&model, &batch))?;
+            kiln_frontend::mark_step()?;
+            l += a.item()?;
+            right += b.item()?;
+            total += c.item()?;
+        }
+        let e = Eval { step, loss: l / cfg.eval_batches as f64, accuracy: right / total.max(1.0) };
+        on_eval(&e);
+        report.evals.push(e);
+        Ok(())
+    };
+    for step in 0..cfg.steps {
+        let t0 = std::time::Instant::now();
+        let batch = batcher.next(&corpus, &mut rng)?;
+        report.buckets.insert(batch.lens());
+        let _bucket = kiln_frontend::bucket(format!("train {}", bucket_name(batch.lens())));
+        let l = amp::autocast_if(cfg.amp, || loss(&model, &batch))?;
+        let lr = schedule.lr(step);
+        let out = crate::training::run_step(ordered.as_mut(), &params, &mut opt, &l, lr)?;
+        drop(_bucket);
+        if !out.loss.is_finite() && !out.skipped && !cfg.allow_non_finite_loss {
+            return Err(FrontendError::NonFiniteLoss { step: step + 1, loss: out.loss });
+        }
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        let t = &mut report.train;
+        t.losses.push(out.loss);
+        t.step_ms.push(ms);
+        t.skipped_steps += u64::from(out.skipped);
+        let info = StepInfo {
+            epoch: 0,
+            step: step + 1,
+            steps_total: cfg.steps,
+            loss: out.loss,
+            step_ms: ms,
+            lr,
+            skipped_steps: t.skipped_steps,
+        };
+        on_step(&info);
+        if cfg.eval_every.is_some_and(|n| n > 0 && (step + 1) % n == 0 && step + 1 < cfg.steps) {
+            eval(step + 1, &mut report)?;
+        }
+    }
+    report.train.train_seconds = start.elapsed().as_secs_f64();
+    report.train.steps = cfg.steps;
+    eval(cfg.steps, &mut report)?;
+    kiln_frontend::sync()?;
+    report.train.count_since(&before);
+    Ok((report, Trained { model, params, tokenizer }))
+}

@@ -1,0 +1,161 @@
+//! `kiln train gpt2|llama|bert|roberta|t5`: every model of the zoo learns
+//! from a text file with a tokenizer trained on it, compiling one program per
+//! batch shape (bucket) and no more; a run writes a Hugging Face directory
+//! with its tokenizer that the next run starts from; bad input is refused
+//! naming the file, line, model or flag, before training.
+
+#![allow(clippy::unwrap_used)] // Test helpers may unwrap (the workspace denies it in library code).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn kiln() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+    cmd.env("KILN_CACHE", "off").env_remove("KILN_CPU_DEVICES").env_remove("PJRT_DEVICE");
+    cmd
+}
+
+fn ok(out: &Output) -> String {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn refused(out: &Output) -> String {
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Sentences of a small grammar, `n` lines of varying length: enough
+/// structure for a tiny model to learn in 100 steps.
+fn corpus(dir: &Path, n: usize) -> PathBuf {
+    let subjects = ["the cat", "a dog", "my friend", "the old man", "a small bird", "the teacher"];
+    let verbs = ["sees", "likes", "follows", "finds", "watches", "helps"];
+    let objects = ["the ball", "a red car", "the garden", "an apple", "the river", "a quiet house"];
+    let adverbs = ["today", "every morning", "in the rain", "at night", "slowly", "again"];
+    let mut text = String::new();
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut pick = |k: usize| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % k as u64) as usize
+    };
+    for _ in 0..n {
+        text += &format!("{} {} {}", subjects[pick(6)], verbs[pick(6)], objects[pick(6)]);
+        for _ in 0..pick(3) {
+            text += &format!(" {}", adverbs[pick(6)]);
+        }
+        if pick(3) == 0 {
+            text += &format!(" and {} {} {}", subjects[pick(6)], verbs[pick(6)], objects[pick(6)]);
+        }
+        text += " .\n";
+    }
+    let path = dir.join("text.txt");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn train(model: &str, text: &Path, extra: &[&str]) -> Value {
+    let out = kiln().args(["train", model, "--json", "--text"]).arg(text).args(extra).output().unwrap();
+    serde_json::from_str(ok(&out).lines().last().unwrap()).unwrap()
+}
+
+#[test]
+fn every_model_learns_its_task_with_one_compile_per_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = corpus(dir.path(), 400);
+    for model in ["gpt2", "llama", "bert", "roberta", "t5"] {
+        let r = train(model, &text, &["--steps", "100"]);
+        let losses: Vec<f64> = r["losses"].as_array().unwrap().iter().map(|l| l.as_f64().unwrap()).collect();
+        let first = losses[0];
+        let last10 = losses[90..].iter().sum::<f64>() / 10.0;
+        eprintln!("{model}: loss {first:.3} -> {last10:.3} (last 10 steps), eval {}", r["eval"]);
+        // From about ln(vocab) (uniform guesses) to well below it.
+        assert!(last10 < 0.8 * first, "{model}: the loss did not fall: {first} -> {last10}");
+        let eval = &r["eval"].as_array().unwrap()[0];
+        assert!(eval["loss"].as_f64().unwrap() < 0.8 * first, "{model}: held-out {eval}");
+        assert!(eval["accuracy"].as_f64().unwrap() > 0.1, "{model}: held-out {eval}");
+        // One training program per batch shape used, one evaluation program
+        // per held-out shape: no recompile beyond the buckets.
+        let shapes = r["buckets_used"].as_array().unwrap().len() + r["eval_buckets_used"].as_array().unwrap().len();
+        assert_eq!(r["compiles"].as_u64().unwrap() as usize, shapes, "{model}: {r}");
+        if matches!(model, "bert" | "roberta" | "t5") {
+            // Lines of different lengths: more than one bucket, each a length
+            // the run allows.
+            let allowed: Vec<u64> =
+                r["bucket_lengths"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap()).collect();
+            assert_eq!(allowed, vec![8, 16, 32]);
+            assert!(r["buckets_used"].as_array().unwrap().len() > 1, "{model}: {r}");
+        }
+    }
+}
+
+#[test]
+fn a_saved_hugging_face_directory_is_where_the_next_run_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = corpus(dir.path(), 120);
+    let saved = dir.path().join("bert-out");
+    let r = train("bert", &text, &["--steps", "30", "--save-hf", saved.to_str().unwrap()]);
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        assert!(saved.join(f).is_file(), "{f} missing");
+    }
+    let tok = saved.join("tokenizer.json");
+    let again = train(
+        "bert",
+        &text,
+        &["--steps", "5", "--init", &format!("hf:{}", saved.display()), "--tokenizer", tok.to_str().unwrap()],
+    );
+    assert_eq!(again["vocab"], r["vocab"]);
+    assert_eq!(again["parameters"], r["parameters"]);
+    // It continues from the saved weights, not from a fresh start.
+    let fresh_first = r["first_loss"].as_f64().unwrap();
+    let resumed_first = again["first_loss"].as_f64().unwrap();
+    assert!(resumed_first < 0.9 * fresh_first, "fresh {fresh_first}, from the directory {resumed_first}");
+    let (_, model) = kiln::models::hf::load(&saved, kiln::models::Spelling::Builtin).unwrap();
+    assert_eq!(model.model_type(), "bert");
+}
+
+#[test]
+fn bad_input_is_refused_before_training_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = corpus(dir.path(), 120);
+    let run = |args: &[&str]| kiln().args(["train"]).args(args).output().unwrap();
+    let t = text.to_str().unwrap();
+
+    let empty = dir.path().join("empty.txt");
+    std::fs::write(&empty, "\n\n").unwrap();
+    let e = refused(&run(&["bert", "--text", empty.to_str().unwrap()]));
+    assert!(e.contains("empty.txt") && e.contains("0 non-blank line(s)"), "{e}");
+    let one = dir.path().join("one.txt");
+    std::fs::write(&one, "a single line of text\n").unwrap();
+    assert!(refused(&run(&["gpt2", "--text", one.to_str().unwrap()])).contains("1 non-blank line(s)"));
+    let binary = dir.path().join("binary.txt");
+    std::fs::write(&binary, [0x66, 0x6f, 0xff, 0xfe, 0x0a, 0x61, 0x0a]).unwrap();
+    assert!(refused(&run(&["t5", "--text", binary.to_str().unwrap()])).contains("not UTF-8"));
+
+    let e = refused(&run(&["bert", "--text", t, "--config", "huge"]));
+    assert!(e.contains("--config huge: bert has tiny, bert-base-uncased"), "{e}");
+    let usage = run(&["bert", "--text", t, "--tokenizer", "wordpiece:x"]);
+    assert_eq!(usage.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&usage.stderr).contains("wordpiece:N takes a vocabulary size N"));
+    let e = refused(&run(&["bert", "--text", t, "--tokenizer", "/nonexistent/tokenizer.json"]));
+    assert!(e.contains("/nonexistent/tokenizer.json"), "{e}");
+    let e = refused(&run(&["bert", "--text", t, "--init", "hf:"]));
+    assert!(e.contains("give hf:DIR"), "{e}");
+    let e = refused(&run(&["bert", "--text", t, "--save-hf", "/sys/kernel/kiln-zoo-out"]));
+    assert!(e.contains("--save-hf /sys/kernel/kiln-zoo-out"), "{e}");
+
+    // A directory of another architecture, and one whose vocabulary is
+    // smaller than the tokenizer's.
+    let small = dir.path().join("gpt2-small-vocab");
+    train("gpt2", &text, &["--steps", "2", "--tokenizer", "wordpiece:40", "--save-hf", small.to_str().unwrap()]);
+    let init = format!("hf:{}", small.display());
+    let e = refused(&run(&["t5", "--text", t, "--init", &init]));
+    assert!(e.contains("a gpt2 model, not t5"), "{e}");
+    let e = refused(&run(&["gpt2", "--text", t, "--init", &init, "--tokenizer", "bpe:1000"]));
+    assert!(e.contains("smaller than the tokenizer's"), "{e}");
+    let e = refused(&run(&["gpt2", "--text", t, "--init", &init, "--tokenizer", "wordpiece:40", "--seq", "64"]));
+    assert!(e.contains("fewer than --seq 64"), "{e}");
+}
