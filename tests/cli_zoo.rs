@@ -117,6 +117,69 @@ fn a_saved_hugging_face_directory_is_where_the_next_run_starts() {
     assert_eq!(model.model_type(), "bert");
 }
 
+/// `label<TAB>text` lines whose label the words decide.
+fn labelled(dir: &Path, n: usize) -> PathBuf {
+    let good = ["great", "wonderful", "lovely", "excellent", "happy"];
+    let bad = ["terrible", "awful", "sad", "horrible", "dull"];
+    let things = ["movie", "day", "meal", "book", "song", "garden"];
+    let mut text = String::new();
+    for i in 0..n {
+        let (label, words) = if (i * 7 + i / 3) % 2 == 0 { ("pos", &good) } else { ("neg", &bad) };
+        let (w, t) = (words[(i * 3) % 5], things[(i * 5) % 6]);
+        let line = match i % 3 {
+            0 => format!("the {t} was {w}"),
+            1 => format!("what a {w} {t}"),
+            _ => format!("i found the {t} {w} today"),
+        };
+        text += &format!("{label}\t{line}\n");
+    }
+    let path = dir.join("labels.tsv");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn bert_and_roberta_learn_to_classify_labelled_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = labelled(dir.path(), 200);
+    for model in ["bert", "roberta"] {
+        let out = dir.path().join(format!("{model}-cls"));
+        let r = kiln()
+            .args(["train", model, "--json", "--steps", "60", "--data"])
+            .arg(&data)
+            .arg("--save-hf")
+            .arg(&out)
+            .output()
+            .unwrap();
+        let r: Value = serde_json::from_str(ok(&r).lines().last().unwrap()).unwrap();
+        assert_eq!(r["task"], "sequence classification");
+        assert_eq!(r["classes"], serde_json::json!(["neg", "pos"]));
+        let eval = &r["eval"][0];
+        assert!(eval["accuracy"].as_f64().unwrap() >= 0.9, "{model}: {eval}");
+        // The directory is a classifier with the classes named.
+        let (_, m) = kiln::models::hf::load(&out, kiln::models::Spelling::Builtin).unwrap();
+        match m {
+            kiln::models::hf::HfModel::BertClassifier(c) => assert_eq!(c.labels, ["neg", "pos"]),
+            _ => panic!("{model}: not a classifier"),
+        }
+        // Data with a class the saved classifier does not have.
+        let other = dir.path().join("other.tsv");
+        std::fs::write(&other, "pos\tthe movie was great\nmaybe\tthe day was dull\npos\ta lovely song\n").unwrap();
+        let e = refused(
+            &kiln()
+                .args(["train", model, "--data"])
+                .arg(&other)
+                .arg("--init")
+                .arg(format!("hf:{}", out.display()))
+                .arg("--tokenizer")
+                .arg(out.join("tokenizer.json"))
+                .output()
+                .unwrap(),
+        );
+        assert!(e.contains("line 2: label \"maybe\" is not one of the model's classes [\"neg\", \"pos\"]"), "{e}");
+    }
+}
+
 #[test]
 fn bad_input_is_refused_before_training_naming_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -135,6 +198,12 @@ fn bad_input_is_refused_before_training_naming_it() {
     std::fs::write(&binary, [0x66, 0x6f, 0xff, 0xfe, 0x0a, 0x61, 0x0a]).unwrap();
     assert!(refused(&run(&["t5", "--text", binary.to_str().unwrap()])).contains("not UTF-8"));
 
+    let untabbed = dir.path().join("untabbed.tsv");
+    std::fs::write(&untabbed, "pos\tfine\nno tab on this line\n").unwrap();
+    let e = refused(&run(&["bert", "--data", untabbed.to_str().unwrap()]));
+    assert!(e.contains("untabbed.tsv") && e.contains("line 2: no tab"), "{e}");
+    let e = refused(&run(&["t5", "--data", untabbed.to_str().unwrap()]));
+    assert!(e.contains("classification (--data) is for bert and roberta, not t5"), "{e}");
     let e = refused(&run(&["bert", "--text", t, "--config", "huge"]));
     assert!(e.contains("--config huge: bert has tiny, bert-base-uncased"), "{e}");
     let usage = run(&["bert", "--text", t, "--tokenizer", "wordpiece:x"]);

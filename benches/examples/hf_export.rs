@@ -7,7 +7,7 @@
 //! Writes `DIR/<name>/model/` and `DIR/<name>/expected.safetensors` (the
 //! inputs under the names the model's forward takes, and `logits`).
 
-use kiln::models::bert::{Bert, BertBatch, BertConfig, BertFlavor};
+use kiln::models::bert::{Bert, BertBatch, BertClassifier, BertConfig, BertFlavor};
 use kiln::models::gpt2::{Gpt2, Gpt2Config};
 use kiln::models::hf::{self, HfModel};
 use kiln::models::llama::{Llama, LlamaConfig};
@@ -47,7 +47,7 @@ fn ids(vocab: usize, len: usize, pad: i32, padded: bool, salt: usize) -> kiln::R
 fn main() -> kiln::Result<()> {
     let dir = std::path::PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "hf-export".into()));
     let mut written = Vec::new();
-    for name in ["gpt2", "bert", "roberta", "llama", "t5", "t5-gated"] {
+    for name in ["gpt2", "bert", "roberta", "llama", "t5", "t5-gated", "bert-cls", "roberta-cls"] {
         let mut ps = ParamStore::new(5);
         let mut inputs = Vec::new();
         let model = match name {
@@ -65,9 +65,30 @@ fn main() -> kiln::Result<()> {
                     type_vocab: 1,
                     flavor: BertFlavor::Roberta { pad: 1 },
                     pooler: false,
+                    mlm_head: true,
                     ..BertConfig::tiny()
                 };
                 HfModel::Bert(Bert::new(&mut ps, cfg, Spelling::Builtin)?)
+            }
+            "bert-cls" => {
+                let labels = vec!["no".to_string(), "maybe".to_string(), "yes".to_string()];
+                HfModel::BertClassifier(BertClassifier::new(
+                    &mut ps,
+                    BertConfig { vocab: 89, ..BertConfig::tiny() },
+                    labels,
+                    Spelling::Builtin,
+                )?)
+            }
+            "roberta-cls" => {
+                let cfg = BertConfig {
+                    vocab: 83,
+                    max_positions: 18,
+                    type_vocab: 1,
+                    flavor: BertFlavor::Roberta { pad: 1 },
+                    ..BertConfig::tiny()
+                };
+                let labels = vec!["a".to_string(), "b".to_string()];
+                HfModel::BertClassifier(BertClassifier::new(&mut ps, cfg, labels, Spelling::Builtin)?)
             }
             "llama" => {
                 let cfg = LlamaConfig { vocab: 79, eps: 1e-6, tie_embeddings: false, ..LlamaConfig::tiny() };
@@ -94,7 +115,12 @@ fn main() -> kiln::Result<()> {
                 inputs.push(("input_ids", x.clone()));
                 m.logits(&x)?
             }
-            HfModel::Bert(m) => {
+            HfModel::Bert(_) | HfModel::BertClassifier(_) => {
+                let m = match &model {
+                    HfModel::BertClassifier(c) => &c.bert,
+                    HfModel::Bert(m) => m,
+                    _ => unreachable!(),
+                };
                 let pad = match m.cfg.flavor {
                     BertFlavor::Bert => 0,
                     BertFlavor::Roberta { pad } => pad as i32,
@@ -110,7 +136,11 @@ fn main() -> kiln::Result<()> {
                 };
                 inputs.push(("input_ids", x.clone()));
                 inputs.push(("attention_mask", mask.clone()));
-                m.mlm_logits(&BertBatch { ids: x, types, mask })?
+                let batch = BertBatch { ids: x, types, mask };
+                match &model {
+                    HfModel::BertClassifier(c) => c.logits(&batch)?,
+                    _ => m.mlm_logits(&batch)?,
+                }
             }
             HfModel::T5(m) => {
                 let (x, mask) = ids(71, 8, 0, true, 4)?;

@@ -42,6 +42,20 @@ def roberta():
     return tf.RobertaForMaskedLM(cfg), ["input_ids", "attention_mask"]
 
 
+def bert_cls():
+    cfg = tf.BertConfig(vocab_size=89, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=16, type_vocab_size=2,
+                        id2label={0: "negative", 1: "neutral", 2: "positive"})
+    return tf.BertForSequenceClassification(cfg), ["input_ids", "attention_mask", "token_type_ids"]
+
+
+def roberta_cls():
+    cfg = tf.RobertaConfig(vocab_size=83, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=64, max_position_embeddings=18, type_vocab_size=1,
+                           pad_token_id=1, num_labels=2)
+    return tf.RobertaForSequenceClassification(cfg), ["input_ids", "attention_mask"]
+
+
 def llama():
     cfg = tf.LlamaConfig(vocab_size=79, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, intermediate_size=48, max_position_embeddings=32,
@@ -66,7 +80,7 @@ def t5_gated():
 
 
 MODELS = {"gpt2-tiny": gpt2, "bert-tiny": bert, "roberta-tiny": roberta, "llama-tiny": llama,
-          "t5-tiny": t5, "t5-gated-tiny": t5_gated}
+          "t5-tiny": t5, "t5-gated-tiny": t5_gated, "bert-cls-tiny": bert_cls, "roberta-cls-tiny": roberta_cls}
 
 
 def inputs(model, names, g):
@@ -121,7 +135,9 @@ def check(d):
             continue
         try:
             model = tf.AutoModelForMaskedLM if name.startswith(("bert", "roberta")) else None
-            if name.startswith("t5"):
+            if "cls" in name:
+                model = tf.AutoModelForSequenceClassification
+            elif name.startswith("t5"):
                 model = tf.AutoModelForSeq2SeqLM
             elif model is None:
                 model = tf.AutoModelForCausalLM

@@ -39,6 +39,9 @@ pub struct BertConfig {
     /// `BertForSequenceClassification`); Hugging Face's masked-LM models do
     /// not.
     pub pooler: bool,
+    /// Whether the model has the masked-LM head (`BertForMaskedLM`);
+    /// classification models do not.
+    pub mlm_head: bool,
 }
 
 /// Which of the BERT family: the parameter names and how positions count.
@@ -66,6 +69,7 @@ impl BertConfig {
             eps: 1e-12,
             flavor: BertFlavor::Bert,
             pooler: true,
+            mlm_head: true,
         }
     }
 
@@ -78,6 +82,7 @@ impl BertConfig {
             eps: 1e-5,
             flavor: BertFlavor::Roberta { pad: 1 },
             pooler: false,
+            mlm_head: true,
             ..BertConfig::bert_base_uncased()
         }
     }
@@ -95,6 +100,7 @@ impl BertConfig {
             eps: 1e-12,
             flavor: BertFlavor::Bert,
             pooler: true,
+            mlm_head: true,
         }
     }
 
@@ -134,9 +140,15 @@ pub struct Bert {
     emb_norm: LayerNorm,
     layers: Vec<Layer>,
     pooler: Option<Linear>,
-    mlm_dense: Linear,
-    mlm_norm: LayerNorm,
-    mlm_bias: Tensor,
+    mlm: Option<MlmHead>,
+}
+
+/// The masked-LM head: a dense layer, GELU and LayerNorm, then the tied
+/// word embeddings and a bias.
+struct MlmHead {
+    dense: Linear,
+    norm: LayerNorm,
+    bias: Tensor,
 }
 
 /// One padded batch: token ids, token types and the padding mask, all
@@ -183,9 +195,15 @@ impl Bert {
         }
         Ok(Bert {
             pooler: if cfg.pooler { Some(linear(ps, format!("{body}.pooler.dense"), d, d)?) } else { None },
-            mlm_dense: linear(ps, head[0].into(), d, d)?,
-            mlm_norm: norm(ps, head[1].into())?,
-            mlm_bias: ps.constant(head[2], [cfg.vocab], 0.0)?,
+            mlm: if cfg.mlm_head {
+                Some(MlmHead {
+                    dense: linear(ps, head[0].into(), d, d)?,
+                    norm: norm(ps, head[1].into())?,
+                    bias: ps.constant(head[2], [cfg.vocab], 0.0)?,
+                })
+            } else {
+                None
+            },
             cfg,
             spelling,
             words,
@@ -293,10 +311,14 @@ impl Bert {
     /// The masked-LM head's logits `[b · s, vocab]` (f32) for the encoder's
     /// output `[b, s, dim]`.
     fn mlm_head(&self, h: &Tensor) -> Result<Tensor> {
+        let Some(head) = &self.mlm else {
+            let reason = "this model was made without its masked-LM head (BertConfig::mlm_head)".to_string();
+            return Err(FrontendError::InvalidArgument { op: "bert", reason });
+        };
         let n = h.dims()[0] * h.dims()[1];
         let h = h.reshape([n, self.cfg.dim])?;
-        let t = self.layer_norm(&self.mlm_norm, &nn::gelu(&self.mlm_dense.forward(&h)?)?)?;
-        t.matmul(&self.words.table.t()?)?.to_dtype(DType::F32)?.add(&self.mlm_bias)
+        let t = self.layer_norm(&head.norm, &nn::gelu(&head.dense.forward(&h)?)?)?;
+        t.matmul(&self.words.table.t()?)?.to_dtype(DType::F32)?.add(&head.bias)
     }
 
     /// The masked-LM logits `[b, s, vocab]` (f32): `BertForMaskedLM`'s and
@@ -339,7 +361,7 @@ impl Module for Bert {
         format!("{name}({} layers, dim {}, {} heads)", self.cfg.layers, self.cfg.dim, self.cfg.heads)
     }
     fn own_parameters(&self) -> Vec<Tensor> {
-        vec![self.mlm_bias.clone()]
+        self.mlm.iter().map(|m| m.bias.clone()).collect()
     }
     fn children(&self) -> Vec<&dyn Module> {
         let mut out: Vec<&dyn Module> = vec![&self.words, &self.positions, &self.types, &self.emb_norm];
@@ -358,7 +380,87 @@ impl Module for Bert {
         if let Some(p) = &self.pooler {
             out.push(p);
         }
-        out.extend([&self.mlm_dense as &dyn Module, &self.mlm_norm]);
+        if let Some(m) = &self.mlm {
+            out.extend([&m.dense as &dyn Module, &m.norm]);
+        }
+        out
+    }
+}
+
+/// A sequence classifier over the encoder, as Hugging Face's
+/// `BertForSequenceClassification` (the pooler, then `classifier`) and
+/// `RobertaForSequenceClassification` (`classifier.dense`, tanh,
+/// `classifier.out_proj` on the first token) compute it.
+pub struct BertClassifier {
+    pub bert: Bert,
+    /// The class names, by id.
+    pub labels: Vec<String>,
+    head: ClassHead,
+}
+
+enum ClassHead {
+    Pooled { classifier: Linear },
+    Roberta { dense: Linear, out_proj: Linear },
+}
+
+impl BertClassifier {
+    /// `cfg`'s encoder (without a masked-LM head; BERT with its pooler) and
+    /// a head over `labels`.
+    pub fn new(ps: &mut ParamStore, cfg: BertConfig, labels: Vec<String>, spelling: Spelling) -> Result<Self> {
+        if labels.len() < 2 {
+            let (value, expected) = (labels.len() as f64, "at least 2 classes");
+            return Err(FrontendError::HyperParameter { op: "bert classifier", name: "labels", value, expected });
+        }
+        let roberta = matches!(cfg.flavor, BertFlavor::Roberta { .. });
+        let cfg = BertConfig { pooler: !roberta, mlm_head: false, ..cfg };
+        let bert = Bert::new(ps, cfg, spelling)?;
+        let (d, n) = (cfg.dim, labels.len());
+        let head = if roberta {
+            ClassHead::Roberta {
+                dense: Linear::new(ps, "classifier.dense", d, d, true)?,
+                out_proj: Linear::new(ps, "classifier.out_proj", d, n, true)?,
+            }
+        } else {
+            ClassHead::Pooled { classifier: Linear::new(ps, "classifier", d, n, true)? }
+        };
+        Ok(BertClassifier { bert, labels, head })
+    }
+
+    /// The class logits `[b, classes]` (f32).
+    pub fn logits(&self, batch: &BertBatch) -> Result<Tensor> {
+        let h = self.bert.encode(batch)?;
+        let out = match &self.head {
+            ClassHead::Pooled { classifier } => classifier.forward(&self.bert.pooled(&h)?)?,
+            ClassHead::Roberta { dense, out_proj } => {
+                let (b, d) = (h.dims()[0], h.dims()[2]);
+                let first = h.narrow(1, 0, 1)?.reshape([b, d])?;
+                out_proj.forward(&dense.forward(&first)?.tanh()?)?
+            }
+        };
+        out.to_dtype(DType::F32)
+    }
+
+    /// The mean cross-entropy of the logits against `labels: [b]`.
+    pub fn loss(&self, batch: &BertBatch, labels: &Tensor) -> Result<Tensor> {
+        nn::cross_entropy(&self.logits(batch)?, labels, None)
+    }
+}
+
+impl Module for BertClassifier {
+    /// Not a one-input model: use [`BertClassifier::logits`].
+    fn forward(&self, _x: &Tensor) -> Result<Tensor> {
+        let reason = "takes a BertBatch: call BertClassifier::logits".into();
+        Err(FrontendError::InvalidArgument { op: "bert classifier", reason })
+    }
+    fn describe(&self) -> String {
+        format!("{} classifier over {} classes", self.bert.describe(), self.labels.len())
+    }
+    fn children(&self) -> Vec<&dyn Module> {
+        let mut out: Vec<&dyn Module> = vec![&self.bert];
+        match &self.head {
+            ClassHead::Pooled { classifier } => out.push(classifier),
+            ClassHead::Roberta { dense, out_proj } => out.extend([dense as &dyn Module, out_proj]),
+        }
         out
     }
 }

@@ -328,9 +328,62 @@ pub struct SpanBatch {
     pub lens: (usize, usize),
 }
 
+/// A classification batch padded to its bucket: ids, token types, mask `[b,
+/// len]` and the class of each row `[b]`.
+pub struct ClassBatch {
+    pub ids: Tensor,
+    pub types: Tensor,
+    pub mask: Tensor,
+    pub labels: Tensor,
+    pub len: usize,
+}
+
+/// `label<TAB>text` lines split: the class names (`classes` when given,
+/// else the labels seen, sorted) and each line's class id with its text. A
+/// line without a tab, with an empty label or text, or with a label outside
+/// `classes` is an error naming it.
+pub fn labelled(lines: Lines, classes: Option<&[String]>, path: &Path) -> Result<(Vec<String>, Vec<u32>, Lines)> {
+    let bad =
+        |n: usize, reason: String| FrontendError::Data { path: path.into(), reason: format!("line {n}: {reason}") };
+    let mut split = Vec::with_capacity(lines.len());
+    for (n, line) in lines {
+        let Some((label, text)) = line.split_once('\t') else {
+            return Err(bad(n, "no tab: a labelled line is `label<TAB>text`".into()));
+        };
+        let (label, text) = (label.trim(), text.trim());
+        if label.is_empty() || text.is_empty() {
+            return Err(bad(n, "an empty label or text: a labelled line is `label<TAB>text`".into()));
+        }
+        split.push((n, label.to_string(), text.to_string()));
+    }
+    let names: Vec<String> = match classes {
+        Some(c) => c.to_vec(),
+        None => {
+            let set: std::collections::BTreeSet<&str> = split.iter().map(|(_, l, _)| l.as_str()).collect();
+            set.into_iter().map(str::to_string).collect()
+        }
+    };
+    if names.len() < 2 {
+        let reason = format!("{} class(es) ({names:?}): classification needs at least 2", names.len());
+        return Err(FrontendError::Data { path: path.into(), reason });
+    }
+    let mut ids = Vec::with_capacity(split.len());
+    let mut texts = Vec::with_capacity(split.len());
+    for (n, label, text) in split {
+        let Some(id) = names.iter().position(|c| *c == label) else {
+            return Err(bad(n, format!("label {label:?} is not one of the model's classes {names:?}")));
+        };
+        ids.push(id as u32);
+        texts.push((n, text));
+    }
+    Ok((names, ids, texts))
+}
+
 /// The training (or held-out) text as token ids, per line, ready to batch.
 pub struct Corpus {
     pub lines: Vec<Vec<u32>>,
+    /// Each line's class (classification data).
+    pub classes: Vec<u32>,
 }
 
 impl Corpus {
@@ -347,7 +400,41 @@ impl Corpus {
             }
             out.push(ids);
         }
-        Ok(Corpus { lines: out })
+        Ok(Corpus { lines: out, classes: Vec::new() })
+    }
+
+    /// A classification batch of `b` random lines, each `cls + line + sep`
+    /// (truncated to the largest bucket), padded with `pad` to the bucket of
+    /// the longest, with the lines' classes.
+    pub fn classify(&self, b: usize, buckets: &Buckets, sp: &Specials, rng: &mut Rng) -> Result<ClassBatch> {
+        let max = buckets.fit(usize::MAX);
+        let (cls, sep) = (sp.cls.unwrap_or(sp.pad), sp.sep.unwrap_or(sp.pad));
+        let picked: Vec<usize> = (0..b).map(|_| rng.below(self.lines.len())).collect();
+        let rows: Vec<Vec<u32>> = picked
+            .iter()
+            .map(|&i| {
+                let mut r = vec![cls];
+                r.extend(self.lines[i].iter().take(max.saturating_sub(2)));
+                r.push(sep);
+                r
+            })
+            .collect();
+        let len = buckets.fit(rows.iter().map(Vec::len).max().unwrap_or(1));
+        let (mut ids, mut mask) = (vec![sp.pad; b * len], vec![0u32; b * len]);
+        for (i, r) in rows.iter().enumerate() {
+            for (j, &t) in r.iter().enumerate() {
+                ids[i * len + j] = t;
+                mask[i * len + j] = 1;
+            }
+        }
+        let labels: Vec<u32> = picked.iter().map(|&i| self.classes.get(i).copied().unwrap_or(0)).collect();
+        Ok(ClassBatch {
+            ids: ids_tensor(&ids, [b, len])?,
+            types: Tensor::zeros(DType::I32, [b, len])?,
+            mask: ids_tensor(&mask, [b, len])?,
+            labels: ids_tensor(&labels, [b, 1])?.reshape([b])?,
+            len,
+        })
     }
 
     pub fn tokens(&self) -> usize {

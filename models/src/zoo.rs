@@ -18,7 +18,7 @@ use kiln_frontend::nn::ParamStore;
 use kiln_frontend::optim::{AdamW, AdamWConfig, WarmupCosine};
 use kiln_frontend::{amp, metrics, FrontendError, Result, Tensor};
 
-use crate::bert::{Bert, BertBatch, BertConfig, BertFlavor};
+use crate::bert::{Bert, BertBatch, BertClassifier, BertConfig, BertFlavor};
 use crate::gpt2::{Gpt2, Gpt2Config};
 use crate::hf::{self, HfModel};
 use crate::llama::{Llama, LlamaConfig};
@@ -89,9 +89,21 @@ pub struct ZooConfig {
     pub eval_batches: usize,
     pub allow_non_finite_loss: bool,
     pub spelling: Spelling,
+    /// Sequence classification on `label<TAB>text` lines (BERT, RoBERTa)
+    /// instead of the architecture's language-model task.
+    pub classify: bool,
 }
 
 impl ZooConfig {
+    /// What the run learns.
+    pub fn task(&self) -> &'static str {
+        if self.classify {
+            "sequence classification"
+        } else {
+            self.arch.task()
+        }
+    }
+
     pub fn new(arch: Arch) -> ZooConfig {
         ZooConfig {
             arch,
@@ -107,6 +119,7 @@ impl ZooConfig {
             eval_batches: 4,
             allow_non_finite_loss: false,
             spelling: Spelling::Builtin,
+            classify: false,
         }
     }
 
@@ -121,6 +134,10 @@ impl ZooConfig {
         }
         if self.steps == 0 {
             return bad("steps", 0.0, "at least 1");
+        }
+        if self.classify && !matches!(self.arch, Arch::Bert | Arch::Roberta) {
+            let reason = format!("classification (--data) is for bert and roberta, not {}", self.arch.name());
+            return Err(FrontendError::InvalidArgument { op: "train", reason });
         }
         if self.eval_batches == 0 {
             return bad("eval_batches", 0.0, "at least 1");
@@ -158,6 +175,11 @@ pub struct ZooReport {
     pub tokenizer_vocab: usize,
     pub train_tokens: usize,
     pub parameters: usize,
+    /// The classes of a classification run, by id.
+    pub classes: Vec<String>,
+    /// How `--init` was used when it was not a whole model of the task (a
+    /// masked-LM encoder under a new classification head).
+    pub init_note: Option<String>,
 }
 
 /// The trained model with its parameters and tokenizer.
@@ -178,7 +200,7 @@ pub enum Init {
 
 /// The model of `cfg` for a tokenizer of `tok_vocab` tokens (its padding id
 /// `pad`): its vocabulary and positions sized to fit.
-fn fresh(cfg: &ZooConfig, tok_vocab: usize, pad: u32) -> Result<(ParamStore, HfModel)> {
+fn fresh(cfg: &ZooConfig, tok_vocab: usize, pad: u32, classes: &[String]) -> Result<(ParamStore, HfModel)> {
     let mut ps = ParamStore::new(cfg.seed);
     let size = cfg.size.as_str();
     if !cfg.arch.sizes().contains(&size) {
@@ -212,9 +234,14 @@ fn fresh(cfg: &ZooConfig, tok_vocab: usize, pad: u32) -> Result<(ParamStore, HfM
                 type_vocab,
                 flavor,
                 pooler: false,
+                mlm_head: true,
                 ..base
             };
-            HfModel::Bert(Bert::new(&mut ps, c, sp)?)
+            if cfg.classify {
+                HfModel::BertClassifier(BertClassifier::new(&mut ps, c, classes.to_vec(), sp)?)
+            } else {
+                HfModel::Bert(Bert::new(&mut ps, c, sp)?)
+            }
         }
         Arch::T5 => {
             let base = match size {
@@ -233,7 +260,7 @@ fn limits(model: &HfModel) -> (usize, Option<usize>) {
     match model {
         HfModel::Gpt2(m) => (m.cfg.vocab, Some(m.cfg.max_positions)),
         HfModel::Llama(m) => (m.cfg.vocab, None),
-        HfModel::Bert(m) => {
+        HfModel::Bert(m) | HfModel::BertClassifier(BertClassifier { bert: m, .. }) => {
             let offset = match m.cfg.flavor {
                 BertFlavor::Bert => 0,
                 BertFlavor::Roberta { pad } => pad + 1,
@@ -246,8 +273,40 @@ fn limits(model: &HfModel) -> (usize, Option<usize>) {
 
 /// A directory's model, checked against the run: the architecture, the
 /// tokenizer's vocabulary and padding id, the sequence length.
-fn from_hf(dir: &Path, cfg: &ZooConfig, tok: &TextTokenizer) -> Result<(ParamStore, HfModel)> {
+fn from_hf(
+    dir: &Path,
+    cfg: &ZooConfig,
+    tok: &TextTokenizer,
+    classes: &[String],
+    note: &mut Option<String>,
+) -> Result<(ParamStore, HfModel)> {
     let (ps, model) = hf::load(dir, cfg.spelling)?;
+    let (ps, model) = match model {
+        // A masked-LM encoder to fine-tune for classification: its weights
+        // under a new head, as `from_pretrained` of a classifier does.
+        HfModel::Bert(m) if cfg.classify => {
+            let mut fresh_ps = ParamStore::new(cfg.seed);
+            let c = BertClassifier::new(&mut fresh_ps, m.cfg, classes.to_vec(), cfg.spelling)?;
+            let (mut copied, mut new) = (0, Vec::new());
+            for (name, t) in fresh_ps.iter() {
+                match ps.get(name).filter(|src| src.ty() == t.ty()) {
+                    Some(src) => {
+                        t.assign(src)?;
+                        copied += 1;
+                    }
+                    None => new.push(name.to_string()),
+                }
+            }
+            kiln_frontend::mark_step()?;
+            *note = Some(format!("{copied} tensors from {}, {} new ({})", dir.display(), new.len(), new.join(", ")));
+            (fresh_ps, HfModel::BertClassifier(c))
+        }
+        HfModel::BertClassifier(_) if !cfg.classify => {
+            let reason = "a sequence classifier: give its labelled data with --data".to_string();
+            return Err(FrontendError::Checkpoint { path: dir.to_path_buf(), reason });
+        }
+        m => (ps, m),
+    };
     let wrong = |reason: String| FrontendError::Checkpoint { path: dir.to_path_buf(), reason };
     if model.model_type() != cfg.arch.name() {
         return Err(wrong(format!("a {} model, not {}", model.model_type(), cfg.arch.name())));
@@ -263,7 +322,7 @@ fn from_hf(dir: &Path, cfg: &ZooConfig, tok: &TextTokenizer) -> Result<(ParamSto
             tok.source
         )));
     }
-    if let HfModel::Bert(m) = &model {
+    if let HfModel::Bert(m) | HfModel::BertClassifier(BertClassifier { bert: m, .. }) = &model {
         if let BertFlavor::Roberta { pad } = m.cfg.flavor {
             if pad != tok.specials.pad as usize {
                 let reason = format!("pad_token_id {pad}, the tokenizer's padding id is {}", tok.specials.pad);
@@ -291,6 +350,7 @@ enum Batch {
     Causal(text::CausalBatch),
     Mlm(text::MlmBatch),
     Span(text::SpanBatch),
+    Class(text::ClassBatch),
 }
 
 impl Batch {
@@ -298,6 +358,7 @@ impl Batch {
         match self {
             Batch::Causal(b) => (b.ids.dims()[1], 0),
             Batch::Mlm(b) => (b.len, 0),
+            Batch::Class(b) => (b.len, 0),
             Batch::Span(b) => b.lens,
         }
     }
@@ -306,6 +367,7 @@ impl Batch {
 /// Makes the batches of the run's task.
 struct Batcher {
     arch: Arch,
+    classify: bool,
     batch: usize,
     seq: usize,
     buckets: Buckets,
@@ -318,6 +380,9 @@ impl Batcher {
     fn next(&self, corpus: &Corpus, rng: &mut Rng) -> Result<Batch> {
         let sp = &self.specials;
         let eos = sp.sep.unwrap_or(sp.pad);
+        if self.classify {
+            return Ok(Batch::Class(corpus.classify(self.batch, &self.buckets, sp, rng)?));
+        }
         Ok(match self.arch {
             Arch::Gpt2 | Arch::Llama => Batch::Causal(corpus.causal(self.batch, self.seq, eos, rng, &self.path)?),
             Arch::Bert | Arch::Roberta => Batch::Mlm(corpus.mlm(self.batch, &self.buckets, sp, self.vocab, rng)?),
@@ -340,6 +405,10 @@ fn loss(model: &HfModel, batch: &Batch) -> Result<Tensor> {
             let batch = BertBatch { ids: b.ids.clone(), types: b.types.clone(), mask: b.mask.clone() };
             m.mlm_loss(&batch, &b.labels, &b.weights)
         }
+        (HfModel::BertClassifier(m), Batch::Class(b)) => {
+            let batch = BertBatch { ids: b.ids.clone(), types: b.types.clone(), mask: b.mask.clone() };
+            m.loss(&batch, &b.labels)
+        }
         (HfModel::T5(m), Batch::Span(b)) => m.loss(&T5Batch {
             input_ids: b.input_ids.clone(),
             input_mask: b.input_mask.clone(),
@@ -359,6 +428,10 @@ fn evaluate(model: &HfModel, batch: &Batch) -> Result<[Tensor; 3]> {
         (HfModel::Bert(m), Batch::Mlm(b)) => {
             let batch = BertBatch { ids: b.ids.clone(), types: b.types.clone(), mask: b.mask.clone() };
             (m.mlm_logits(&batch)?, b.labels.clone(), Some(b.weights.clone()))
+        }
+        (HfModel::BertClassifier(m), Batch::Class(b)) => {
+            let batch = BertBatch { ids: b.ids.clone(), types: b.types.clone(), mask: b.mask.clone() };
+            (m.logits(&batch)?, b.labels.clone(), None)
         }
         (HfModel::T5(m), Batch::Span(b)) => {
             let (n, t) = (b.labels.dims()[0], b.labels.dims()[1]);
@@ -393,27 +466,49 @@ pub fn train(
     cfg.check()?;
     let before = metrics::snapshot();
     let lines = text::read_lines(path)?;
+    // Classification: the lines' format and classes checked first, the
+    // tokenizer trained on their text alone.
+    let (data_classes, texts) = if cfg.classify {
+        let (classes, _, texts) = text::labelled(lines.clone(), None, path)?;
+        (classes, texts)
+    } else {
+        (Vec::new(), lines.clone())
+    };
     let tokenizer = match spec {
         TokenizerSpec::File(p) => TextTokenizer::load(p)?,
         TokenizerSpec::Train { kind, vocab } => {
-            let texts: Vec<String> = lines.iter().map(|(_, l)| l.clone()).collect();
+            let texts: Vec<String> = texts.iter().map(|(_, l)| l.clone()).collect();
             TextTokenizer::train(*kind, *vocab, &texts)?
         }
     };
-    if matches!(cfg.arch, Arch::Bert | Arch::Roberta) && tokenizer.specials.mask.is_none() {
+    if matches!(cfg.arch, Arch::Bert | Arch::Roberta) && !cfg.classify && tokenizer.specials.mask.is_none() {
         let reason =
             format!("{} has no mask token ([MASK] or <mask>), which masked-LM training needs", tokenizer.source);
         return Err(FrontendError::InvalidArgument { op: "train", reason });
     }
+    let mut init_note = None;
     let (params, model) = match init {
-        Init::Fresh => fresh(cfg, tokenizer.vocab_size(), tokenizer.specials.pad)?,
-        Init::Hf(dir) => from_hf(dir, cfg, &tokenizer)?,
+        Init::Fresh => fresh(cfg, tokenizer.vocab_size(), tokenizer.specials.pad, &data_classes)?,
+        Init::Hf(dir) => from_hf(dir, cfg, &tokenizer, &data_classes, &mut init_note)?,
     };
     let (vocab, _) = limits(&model);
+    // A classifier's own classes (a loaded one keeps its id2label order).
+    let classes = match &model {
+        HfModel::BertClassifier(m) => m.labels.clone(),
+        _ => Vec::new(),
+    };
     let (train_lines, held_lines) = text::split(lines);
-    let corpus = Corpus::new(&tokenizer, &train_lines, vocab, path)?;
-    let held = Corpus::new(&tokenizer, &held_lines, vocab, path)?;
+    let corpus_of = |lines: text::Lines| -> Result<Corpus> {
+        if !cfg.classify {
+            return Corpus::new(&tokenizer, &lines, vocab, path);
+        }
+        let (_, ids, texts) = text::labelled(lines, Some(&classes), path)?;
+        Ok(Corpus { classes: ids, ..Corpus::new(&tokenizer, &texts, vocab, path)? })
+    };
+    let corpus = corpus_of(train_lines)?;
+    let held = corpus_of(held_lines)?;
     let batcher = Batcher {
+        classify: cfg.classify,
         arch: cfg.arch,
         batch: cfg.batch,
         seq: cfg.seq,
@@ -429,6 +524,8 @@ pub fn train(
         train_tokens: corpus.tokens(),
         parameters: params.num_elements(),
         bucket_lengths: batcher.buckets.0.clone(),
+        classes: classes.clone(),
+        init_note,
         ..ZooReport::default()
     };
     let mut opt = AdamW::new(&params.tensors(), AdamWConfig { weight_decay: 0.01, ..Default::default() })?;

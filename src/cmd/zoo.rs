@@ -23,8 +23,13 @@ pub enum SpellingArg {
 pub struct ZooArgs {
     /// The text to learn from: one example a line (blank lines skipped; every
     /// tenth line is held out for evaluation).
-    #[arg(long)]
-    pub text: PathBuf,
+    #[arg(long, required_unless_present = "data", conflicts_with = "data")]
+    pub text: Option<PathBuf>,
+    /// Labelled lines (`label<TAB>text`) to learn to classify (bert,
+    /// roberta): the model gets a sequence-classification head; every tenth
+    /// line is held out.
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
     /// A tokenizer.json, or `bpe:N`, `wordpiece:N`, `unigram:N` to train one
     /// of N tokens on the text (default: the architecture's family, 1000).
     #[arg(long, value_name = "FILE|KIND:N")]
@@ -124,6 +129,7 @@ pub fn run(arch: Arch, args: ZooArgs, progress: indicatif::ProgressBar) -> anyho
         max_grad_norm: Some(args.max_grad_norm),
         eval_every: args.eval_every,
         allow_non_finite_loss: args.allow_non_finite_loss,
+        classify: args.data.is_some(),
         spelling: match args.spelling {
             SpellingArg::Plain => Spelling::Plain,
             SpellingArg::Builtin => Spelling::Builtin,
@@ -135,9 +141,12 @@ pub fn run(arch: Arch, args: ZooArgs, progress: indicatif::ProgressBar) -> anyho
     // Both callbacks write it.
     let log = std::cell::RefCell::new(log);
     let mut evals_said = Vec::new();
+    let Some(source) = args.text.as_ref().or(args.data.as_ref()) else {
+        anyhow::bail!("give --text FILE (one example a line) or --data FILE (label<TAB>text lines)");
+    };
     let (report, trained) = zoo::train(
         &cfg,
-        &args.text,
+        source,
         &spec,
         &init,
         |s| {
@@ -168,7 +177,9 @@ pub fn run(arch: Arch, args: ZooArgs, progress: indicatif::ProgressBar) -> anyho
             "{}",
             json!({
                 "model": arch.name(),
-                "task": arch.task(),
+                "task": cfg.task(),
+                "classes": report.classes,
+                "init_note": report.init_note,
                 "config": if matches!(init, Init::Fresh) { args.config.clone() } else { args.init.clone().unwrap_or_default() },
                 "parameters": report.parameters,
                 "vocab": report.vocab,
@@ -202,7 +213,7 @@ pub fn run(arch: Arch, args: ZooArgs, progress: indicatif::ProgressBar) -> anyho
             "{}: {} steps ({}) in {:.1} s, loss {:.4} -> {:.4}; held-out loss {:.4}, accuracy {:.3}",
             arch.name(),
             t.steps,
-            arch.task(),
+            cfg.task(),
             t.train_seconds,
             t.losses.first().copied().unwrap_or(f64::NAN),
             t.losses.last().copied().unwrap_or(f64::NAN),
@@ -223,6 +234,9 @@ pub fn run(arch: Arch, args: ZooArgs, progress: indicatif::ProgressBar) -> anyho
             buckets.join(", "),
             report.eval_buckets.len(),
         );
+        if let Some(note) = &report.init_note {
+            println!("init: {note}");
+        }
         if let Some(dir) = &args.save_hf {
             println!("saved {} (Hugging Face {} directory, with tokenizer.json)", dir.display(), arch.name());
         }

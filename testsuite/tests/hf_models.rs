@@ -36,7 +36,7 @@ fn logits(model: &HfModel, inputs: &[(String, Literal)]) -> Tensor {
     let out = match model {
         HfModel::Gpt2(m) => m.logits(&ids),
         HfModel::Llama(m) => m.logits(&ids),
-        HfModel::Bert(m) => {
+        HfModel::Bert(_) | HfModel::BertClassifier(_) => {
             let has = |n: &str| inputs.iter().any(|(k, _)| k == n);
             let mask = get(inputs, "attention_mask");
             let types = if has("token_type_ids") {
@@ -44,7 +44,12 @@ fn logits(model: &HfModel, inputs: &[(String, Literal)]) -> Tensor {
             } else {
                 Tensor::zeros(kiln::DType::I32, ids.shape().clone()).unwrap()
             };
-            m.mlm_logits(&BertBatch { ids, types, mask })
+            let batch = BertBatch { ids, types, mask };
+            match model {
+                HfModel::Bert(m) => m.mlm_logits(&batch),
+                HfModel::BertClassifier(m) => m.logits(&batch),
+                _ => unreachable!(),
+            }
         }
         HfModel::T5(m) => m.logits(&ids, &get(inputs, "attention_mask"), &get(inputs, "decoder_input_ids")),
     };
@@ -57,13 +62,15 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
     a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
-const MODELS: [(&str, &str); 6] = [
+const MODELS: [(&str, &str); 8] = [
     ("gpt2-tiny", "gpt2"),
     ("bert-tiny", "bert"),
     ("roberta-tiny", "roberta"),
     ("llama-tiny", "llama"),
     ("t5-tiny", "t5"),
     ("t5-gated-tiny", "t5"),
+    ("bert-cls-tiny", "bert"),
+    ("roberta-cls-tiny", "roberta"),
 ];
 
 #[test]
@@ -74,6 +81,15 @@ fn transformers_models_give_transformers_logits() {
         for spelling in Spelling::ALL {
             let (_, model) = hf::load(&fixtures().join(name), spelling).unwrap();
             assert_eq!(model.model_type(), model_type);
+            if let HfModel::BertClassifier(m) = &model {
+                // The classes as the config's id2label names them.
+                let want: &[&str] = if name == "bert-cls-tiny" {
+                    &["negative", "neutral", "positive"]
+                } else {
+                    &["LABEL_0", "LABEL_1"]
+                };
+                assert_eq!(m.labels, want);
+            }
             let diff = max_diff(&logits(&model, &inputs), &want);
             eprintln!("{name} ({}): max |kiln - transformers| = {diff:.2e}", spelling.name());
             assert!(diff <= TOLERANCE, "{name} {spelling:?}: {diff} > {TOLERANCE}");

@@ -11,7 +11,7 @@ use kiln_frontend::Result;
 use serde_json::{json, Value};
 
 use super::{bad, field, flag, load_dir, model_type, save_dir, size, string, HfName};
-use crate::bert::{Bert, BertConfig, BertFlavor};
+use crate::bert::{Bert, BertClassifier, BertConfig, BertFlavor};
 use crate::Spelling;
 
 /// The sizes a Hugging Face `BertConfig`, `RobertaConfig` or
@@ -41,7 +41,9 @@ pub fn bert_config(config: &Value, path: &Path, tensors: &[(String, Literal)]) -
         BertFlavor::Bert => "bert",
         BertFlavor::Roberta { .. } => "roberta",
     };
-    let pooler = tensors.iter().any(|(n, _)| *n == format!("{body}.pooler.dense.weight"));
+    let has = |name: &str| tensors.iter().any(|(n, _)| n == name);
+    let pooler = has(&format!("{body}.pooler.dense.weight"));
+    let mlm_head = has("cls.predictions.transform.dense.weight") || has("lm_head.dense.weight");
     let cfg = BertConfig {
         vocab: size(config, "vocab_size", 30522, path)?,
         dim: size(config, "hidden_size", 768, path)?,
@@ -53,6 +55,7 @@ pub fn bert_config(config: &Value, path: &Path, tensors: &[(String, Literal)]) -
         eps: field(config, "layer_norm_eps", Value::as_f64, path)?.unwrap_or(1e-12),
         flavor,
         pooler,
+        mlm_head,
     };
     if cfg.vocab == 0 || cfg.dim == 0 || cfg.heads == 0 || cfg.type_vocab == 0 || cfg.dim % cfg.heads != 0 {
         return Err(bad(path, format!("sizes that make no model: {cfg:?}")));
@@ -87,15 +90,71 @@ pub fn load_bert(dir: &Path, spelling: Spelling) -> Result<(ParamStore, Bert)> {
     load_dir(dir, bert_config, |ps, cfg| Bert::new(ps, cfg, spelling), locate, ignored)
 }
 
+/// The class names of a classifier's config (`id2label`, by id), or
+/// `LABEL_i` for `n` classes when it has none.
+fn class_names(config: &Value, n: usize, path: &Path) -> Result<Vec<String>> {
+    let mut names: Vec<String> = (0..n).map(|i| format!("LABEL_{i}")).collect();
+    if let Some(map) = config.get("id2label").and_then(Value::as_object) {
+        for (id, name) in map {
+            let i: usize = id.parse().map_err(|_| bad(path, format!("id2label key {id:?} is not a class id")))?;
+            let Some(slot) = names.get_mut(i) else {
+                return Err(bad(path, format!("id2label names class {i}, the classifier has {n}")));
+            };
+            *slot = name.as_str().map_or_else(|| name.to_string(), str::to_string);
+        }
+    }
+    Ok(names)
+}
+
+/// A BERT, RoBERTa or XLM-R sequence classifier from a Hugging Face
+/// directory (`BertForSequenceClassification`,
+/// `RobertaForSequenceClassification`): its classes are the rows of the
+/// classifier's output weight, named by `id2label`.
+pub fn load_bert_classifier(dir: &Path, spelling: Spelling) -> Result<(ParamStore, BertClassifier)> {
+    let config_path = dir.join("config.json");
+    let value = super::read_config(dir)?;
+    let config = |c: &Value, p: &Path, tensors: &[(String, Literal)]| -> Result<(BertConfig, Vec<String>)> {
+        let cfg = bert_config(c, p, tensors)?;
+        let out = tensors.iter().find(|(n, _)| n == "classifier.weight" || n == "classifier.out_proj.weight");
+        let Some((_, w)) = out else {
+            return Err(bad(p, "no classifier.weight or classifier.out_proj.weight: not a sequence classifier".into()));
+        };
+        let n = w.ty().shape.dims().first().copied().unwrap_or(0);
+        Ok((cfg, class_names(&value, n, &config_path)?))
+    };
+    let make =
+        |ps: &mut ParamStore, (cfg, labels): (BertConfig, Vec<String>)| BertClassifier::new(ps, cfg, labels, spelling);
+    load_dir(dir, config, make, locate, ignored)
+}
+
 /// Writes `model` as a Hugging Face `BertForMaskedLM` or
 /// `RobertaForMaskedLM` directory.
 pub fn save_bert(dir: &Path, model: &Bert, ps: &ParamStore) -> Result<()> {
+    save_dir(dir, &config_of(model, "ForMaskedLM"), ps, locate)
+}
+
+/// Writes `model` as a Hugging Face `BertForSequenceClassification` or
+/// `RobertaForSequenceClassification` directory, its classes named.
+pub fn save_bert_classifier(dir: &Path, model: &BertClassifier, ps: &ParamStore) -> Result<()> {
+    let mut config = config_of(&model.bert, "ForSequenceClassification");
+    let id2label: serde_json::Map<String, Value> =
+        model.labels.iter().enumerate().map(|(i, l)| (i.to_string(), json!(l))).collect();
+    let label2id: serde_json::Map<String, Value> =
+        model.labels.iter().enumerate().map(|(i, l)| (l.clone(), json!(i))).collect();
+    config["id2label"] = Value::Object(id2label);
+    config["label2id"] = Value::Object(label2id);
+    save_dir(dir, &config, ps, locate)
+}
+
+/// The config of `model`'s encoder for the architecture `{Bert,Roberta}{task}`.
+fn config_of(model: &Bert, task: &str) -> Value {
     let c = model.cfg;
-    let (model_type, arch, pad) = match c.flavor {
-        BertFlavor::Bert => ("bert", "BertForMaskedLM", 0),
-        BertFlavor::Roberta { pad } => ("roberta", "RobertaForMaskedLM", pad),
+    let (model_type, family, pad) = match c.flavor {
+        BertFlavor::Bert => ("bert", "Bert", 0),
+        BertFlavor::Roberta { pad } => ("roberta", "Roberta", pad),
     };
-    let config = json!({
+    let arch = format!("{family}{task}");
+    json!({
         "architectures": [arch],
         "model_type": model_type,
         "vocab_size": c.vocab,
@@ -111,6 +170,5 @@ pub fn save_bert(dir: &Path, model: &Bert, ps: &ParamStore) -> Result<()> {
         "pad_token_id": pad,
         "tie_word_embeddings": true,
         "torch_dtype": "float32",
-    });
-    save_dir(dir, &config, ps, locate)
+    })
 }

@@ -34,7 +34,7 @@ use kiln_frontend::{FrontendError, Result, Tensor};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
-use crate::bert::Bert;
+use crate::bert::{Bert, BertClassifier};
 use crate::gpt2::Gpt2;
 use crate::llama::Llama;
 use crate::t5::T5;
@@ -45,7 +45,7 @@ pub mod gpt2;
 pub mod llama;
 pub mod t5;
 
-pub use self::bert::{bert_config, load_bert, save_bert};
+pub use self::bert::{bert_config, load_bert, load_bert_classifier, save_bert, save_bert_classifier};
 pub use self::gpt2::{gpt2_config, load_gpt2, save_gpt2};
 pub use self::llama::{llama_config, load_llama, save_llama};
 pub use self::t5::{load_t5, save_t5, t5_config};
@@ -76,6 +76,27 @@ pub fn read_tensors(dir: &Path) -> Result<Vec<(String, Literal)>> {
         return Err(bad(&path, "the checkpoint is sharded (model.safetensors.index.json): not read yet".into()));
     }
     read_safetensors(&path)
+}
+
+/// The tensor names of `dir/model.safetensors`, from its header alone.
+pub fn tensor_names(dir: &Path) -> Result<Vec<String>> {
+    use std::io::Read as _;
+    let path = dir.join("model.safetensors");
+    let io = |source| FrontendError::Io { path: path.clone(), source };
+    let mut file = kiln_frontend::input::open(&path)?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(io)?;
+    let len = u64::from_le_bytes(len);
+    // safetensors' own bound on a header.
+    if len > 100_000_000 {
+        return Err(bad(&path, format!("a header of {len} bytes: not a safetensors file")));
+    }
+    let mut header = Vec::new();
+    file.take(len).read_to_end(&mut header).map_err(io)?;
+    let value: Value =
+        serde_json::from_slice(&header).map_err(|e| bad(&path, format!("not a safetensors header: {e}")))?;
+    let map = value.as_object().ok_or_else(|| bad(&path, "not a safetensors header: not an object".into()))?;
+    Ok(map.keys().filter(|k| *k != "__metadata__").cloned().collect())
 }
 
 /// Every tensor of the safetensors file `path`, by name, as literals.
@@ -299,6 +320,8 @@ fn save_dir(dir: &Path, config: &Value, ps: &ParamStore, locate: impl Fn(&str) -
 pub enum HfModel {
     Gpt2(Gpt2),
     Bert(Bert),
+    /// A BERT-family sequence classifier.
+    BertClassifier(BertClassifier),
     Llama(Llama),
     T5(T5),
 }
@@ -308,7 +331,7 @@ impl HfModel {
     pub fn model_type(&self) -> &'static str {
         match self {
             HfModel::Gpt2(_) => "gpt2",
-            HfModel::Bert(m) => match m.cfg.flavor {
+            HfModel::Bert(m) | HfModel::BertClassifier(BertClassifier { bert: m, .. }) => match m.cfg.flavor {
                 crate::bert::BertFlavor::Bert => "bert",
                 crate::bert::BertFlavor::Roberta { .. } => "roberta",
             },
@@ -329,7 +352,14 @@ pub fn load(dir: &Path, spelling: Spelling) -> Result<(ParamStore, HfModel)> {
     };
     match t.as_str() {
         "gpt2" => load_gpt2(dir, spelling).map(|(ps, m)| (ps, HfModel::Gpt2(m))),
-        "bert" | "roberta" | "xlm-roberta" => load_bert(dir, spelling).map(|(ps, m)| (ps, HfModel::Bert(m))),
+        "bert" | "roberta" | "xlm-roberta" => {
+            let names = tensor_names(dir)?;
+            if names.iter().any(|n| n == "classifier.weight" || n == "classifier.out_proj.weight") {
+                load_bert_classifier(dir, spelling).map(|(ps, m)| (ps, HfModel::BertClassifier(m)))
+            } else {
+                load_bert(dir, spelling).map(|(ps, m)| (ps, HfModel::Bert(m)))
+            }
+        }
         "llama" => load_llama(dir, spelling).map(|(ps, m)| (ps, HfModel::Llama(m))),
         "t5" => load_t5(dir, spelling).map(|(ps, m)| (ps, HfModel::T5(m))),
         other => Err(bad(
@@ -345,6 +375,7 @@ pub fn save(dir: &Path, model: &HfModel, ps: &ParamStore) -> Result<()> {
     match model {
         HfModel::Gpt2(m) => save_gpt2(dir, m, ps),
         HfModel::Bert(m) => save_bert(dir, m, ps),
+        HfModel::BertClassifier(m) => save_bert_classifier(dir, m, ps),
         HfModel::Llama(m) => save_llama(dir, m, ps),
         HfModel::T5(m) => save_t5(dir, m, ps),
     }
