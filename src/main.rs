@@ -43,6 +43,9 @@ enum Command {
     /// Run a command as N processes of one run on this machine (each gets
     /// KILN_NUM_NODES, KILN_NODE_ID, KILN_COORDINATOR; with GPUs, its own).
     Launch(cmd::launch::LaunchArgs),
+    /// Continue a prompt with a GPT-2 or Llama directory (hf:DIR) and its
+    /// tokenizer: a key/value cache, sampling in the graph.
+    Generate(cmd::generate::GenerateArgs),
     /// Draw the curves of one or several runs' --log files as one SVG (loss,
     /// throughput, evaluations).
     Plot(cmd::plot::PlotArgs),
@@ -279,6 +282,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Launch(args) => cmd::launch::run(&args).map(drop),
         Command::Compile(args) => cmd::compile::run(&args),
         Command::Plot(args) => cmd::plot::run(&args),
+        Command::Generate(args) => cmd::generate::run(&args),
         Command::Devices { json } => devices(json),
         Command::Profile(args) => cmd::profile::run(args),
         Command::Cache { command } => cmd::cache::run(command),

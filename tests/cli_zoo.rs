@@ -228,3 +228,67 @@ fn bad_input_is_refused_before_training_naming_it() {
     let e = refused(&run(&["gpt2", "--text", t, "--init", &init, "--tokenizer", "wordpiece:40", "--seq", "64"]));
     assert!(e.contains("fewer than --seq 64"), "{e}");
 }
+
+#[test]
+fn generate_continues_a_prompt_from_a_saved_decoder() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = corpus(dir.path(), 200);
+    for model in ["gpt2", "llama"] {
+        let saved = dir.path().join(model);
+        train(model, &text, &["--steps", "150", "--save-hf", saved.to_str().unwrap()]);
+        let hf = format!("hf:{}", saved.display());
+        let out = kiln()
+            .args([
+                "generate",
+                &hf,
+                "--prompt",
+                "the old man",
+                "--temperature",
+                "0",
+                "--max-new-tokens",
+                "12",
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        let r: Value = serde_json::from_str(ok(&out).lines().last().unwrap()).unwrap();
+        let n = r["new_tokens"].as_u64().unwrap();
+        assert!((1..=12).contains(&n), "{model}: {r}");
+        assert!(r["programs"].as_u64().unwrap() <= 2, "{model}: {r}");
+        // Learnt from the text: the words it continues with are the text's.
+        let words = r["text"].as_str().unwrap().split_whitespace().count();
+        assert!(words >= 1, "{model}: {r}");
+        // Sampled, seeded: the same seed gives the same text.
+        let sampled = |seed: &str| {
+            let o = kiln()
+                .args([
+                    "generate", &hf, "--prompt", "a dog", "--top-k", "5", "--top-p", "0.9", "--seed", seed, "--json",
+                ])
+                .output()
+                .unwrap();
+            let v: Value = serde_json::from_str(ok(&o).lines().last().unwrap()).unwrap();
+            v["tokens"].clone()
+        };
+        assert_eq!(sampled("4"), sampled("4"), "{model}: one seed, two texts");
+    }
+    let e = refused(&kiln().args(["generate", "hf:/nonexistent-kiln-model", "--prompt", "x"]).output().unwrap());
+    assert!(e.contains("nonexistent-kiln-model"), "{e}");
+    let gpt2 = format!("hf:{}", dir.path().join("gpt2").display());
+    let e = refused(&kiln().args(["generate", &gpt2, "--prompt", "x", "--top-p", "0"]).output().unwrap());
+    assert!(e.contains("top_p"), "{e}");
+    let long = "the cat sees the ball ".repeat(20);
+    let e = refused(&kiln().args(["generate", &gpt2, "--prompt", &long]).output().unwrap());
+    assert!(e.contains("more than the context of 32"), "{e}");
+    let classifier = dir.path().join("cls");
+    let data = labelled(dir.path(), 60);
+    kiln()
+        .args(["train", "bert", "--steps", "2", "--data"])
+        .arg(&data)
+        .arg("--save-hf")
+        .arg(&classifier)
+        .output()
+        .unwrap();
+    let e =
+        refused(&kiln().args(["generate", &format!("hf:{}", classifier.display()), "--prompt", "x"]).output().unwrap());
+    assert!(e.contains("a bert model; generation needs a decoder"), "{e}");
+}

@@ -118,13 +118,22 @@ impl Gpt2 {
         scores.softmax(-1)?.to_dtype(v.dtype())?.matmul(v)
     }
 
-    fn block(&self, blk: &Block, x: &Tensor) -> Result<Tensor> {
+    fn block(
+        &self,
+        blk: &Block,
+        x: &Tensor,
+        cache: Option<(&mut crate::generate::LayerCache, &Tensor)>,
+    ) -> Result<Tensor> {
         let (b, t, d) = (x.dims()[0], x.dims()[1], self.cfg.dim);
         let (h, hd) = (self.cfg.heads, d / self.cfg.heads);
         let qkv = blk.c_attn.forward(&self.layer_norm(&blk.ln_1, x)?)?;
         let split = |i: usize| qkv.narrow(2, i * d, d)?.reshape([b, t, h, hd])?.permute(vec![0, 2, 1, 3]);
         let (q, k, v) = (split(0)?, split(1)?, split(2)?);
-        let a = self.attention(&q, &k, &v)?.permute(vec![0, 2, 1, 3])?.reshape([b, t, d])?;
+        let a = match cache {
+            None => self.attention(&q, &k, &v)?,
+            Some((c, pos)) => c.attend(&q, &k, &v, pos)?,
+        };
+        let a = a.permute(vec![0, 2, 1, 3])?.reshape([b, t, d])?;
         let x = x.add(&blk.attn_proj.forward(&a)?)?;
         let m = nn::gelu_tanh(&blk.c_fc.forward(&self.layer_norm(&blk.ln_2, &x)?)?)?;
         x.add(&blk.mlp_proj.forward(&m)?)
@@ -143,9 +152,29 @@ impl Gpt2 {
         let pos = Tensor::iota(DType::I32, [t], 0)?;
         let mut x = self.wte.forward(ids)?.add(&self.wpe.forward(&pos)?)?;
         for blk in &self.blocks {
-            x = self.block(blk, &x)?;
+            x = self.block(blk, &x, None)?;
         }
         self.layer_norm(&self.ln_f, &x)
+    }
+
+    /// An empty key/value cache for `batch` sequences of up to `context`
+    /// tokens.
+    pub fn new_cache(&self, batch: usize, context: usize) -> Result<crate::generate::KvCache> {
+        let (h, hd) = (self.cfg.heads, self.cfg.dim / self.cfg.heads);
+        crate::generate::KvCache::new(self.cfg.layers, [batch, h, context, hd], DType::F32)
+    }
+
+    /// The logits `[b, t, vocab]` (f32) of `ids: [b, t]` at positions `pos
+    /// ..pos + t` (`pos` an i32 scalar tensor), attending to the cache's
+    /// earlier tokens; their keys and values are written into the cache.
+    pub fn decode(&self, ids: &Tensor, pos: &Tensor, cache: &mut crate::generate::KvCache) -> Result<Tensor> {
+        let t = ids.dims()[1];
+        let positions = Tensor::iota(DType::I32, [t], 0)?.add(pos)?;
+        let mut x = self.wte.forward(ids)?.add(&self.wpe.forward(&positions)?)?;
+        for (blk, c) in self.blocks.iter().zip(cache.layers.iter_mut()) {
+            x = self.block(blk, &x, Some((c, pos)))?;
+        }
+        self.layer_norm(&self.ln_f, &x)?.matmul(&self.wte.table.t()?)?.to_dtype(DType::F32)
     }
 
     /// The tied head's logits `[b, t, vocab]` for `ids: [b, t]` (what

@@ -14,6 +14,7 @@
 //! the same weights.
 
 pub mod bert;
+pub mod generate;
 pub mod gpt;
 pub mod gpt2;
 pub mod hf;

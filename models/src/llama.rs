@@ -141,11 +141,14 @@ impl Llama {
 
     /// `cos` and `sin` of the rotary angles, `[t, head_dim / 2]` f32, from
     /// the positions (an `iota`) and the inverse frequencies.
-    fn rotary(&self, t: usize) -> Result<(Tensor, Tensor)> {
+    fn rotary(&self, t: usize, offset: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
         let half = self.cfg.head_dim() / 2;
         let inv: Vec<f32> =
             (0..half).map(|i| self.cfg.rope_theta.powf(-((2 * i) as f64) / (2 * half) as f64) as f32).collect();
-        let pos = Tensor::iota(DType::F32, [t, half], 0)?;
+        let mut pos = Tensor::iota(DType::F32, [t, half], 0)?;
+        if let Some(o) = offset {
+            pos = pos.add(&o.to_dtype(DType::F32)?)?;
+        }
         let angles = pos.mul(&Tensor::from_vec(inv, [half])?)?;
         Ok((angles.cos()?, angles.sin()?))
     }
@@ -189,7 +192,13 @@ impl Llama {
         p.matmul(&v)
     }
 
-    fn block(&self, blk: &Block, x: &Tensor, rot: &(Tensor, Tensor)) -> Result<Tensor> {
+    fn block(
+        &self,
+        blk: &Block,
+        x: &Tensor,
+        rot: &(Tensor, Tensor),
+        cache: Option<(&mut crate::generate::LayerCache, &Tensor)>,
+    ) -> Result<Tensor> {
         let cfg = &self.cfg;
         let (b, t, hd) = (x.dims()[0], x.dims()[1], cfg.head_dim());
         let heads = |y: Tensor, n: usize| y.reshape([b, t, n, hd])?.permute(vec![0, 2, 1, 3]);
@@ -197,7 +206,11 @@ impl Llama {
         let q = Self::rope(&heads(blk.wq.forward(&n)?, cfg.heads)?, &rot.0, &rot.1)?;
         let k = Self::rope(&heads(blk.wk.forward(&n)?, cfg.kv_heads)?, &rot.0, &rot.1)?;
         let v = heads(blk.wv.forward(&n)?, cfg.kv_heads)?;
-        let a = self.attention(&q, &k, &v)?.permute(vec![0, 2, 1, 3])?.reshape([b, t, cfg.heads * hd])?;
+        let a = match cache {
+            None => self.attention(&q, &k, &v)?,
+            Some((c, pos)) => c.attend(&q, &k, &v, pos)?,
+        };
+        let a = a.permute(vec![0, 2, 1, 3])?.reshape([b, t, cfg.heads * hd])?;
         let x = x.add(&blk.wo.forward(&a)?)?;
         let n = self.rms_norm(&blk.mlp_norm, &x)?;
         let g = blk.gate.forward(&n)?;
@@ -210,12 +223,32 @@ impl Llama {
         if ids.rank() != 2 {
             return Err(FrontendError::Rank { op: "llama", expected: 2, got: ids.ty().clone() });
         }
-        let rot = self.rotary(ids.dims()[1])?;
+        let rot = self.rotary(ids.dims()[1], None)?;
         let mut x = self.embed.forward(ids)?;
         for blk in &self.blocks {
-            x = self.block(blk, &x, &rot)?;
+            x = self.block(blk, &x, &rot, None)?;
         }
         self.rms_norm(&self.norm, &x)
+    }
+
+    /// An empty key/value cache for `batch` sequences of up to `context`
+    /// tokens (the key/value heads only: grouped-query attention shares them).
+    pub fn new_cache(&self, batch: usize, context: usize) -> Result<crate::generate::KvCache> {
+        let shape = [batch, self.cfg.kv_heads, context, self.cfg.head_dim()];
+        crate::generate::KvCache::new(self.cfg.layers, shape, DType::F32)
+    }
+
+    /// The logits `[b, t, vocab]` (f32) of `ids: [b, t]` at positions `pos
+    /// ..pos + t` (`pos` an i32 scalar tensor), attending to the cache's
+    /// earlier tokens; their keys and values are written into the cache.
+    pub fn decode(&self, ids: &Tensor, pos: &Tensor, cache: &mut crate::generate::KvCache) -> Result<Tensor> {
+        let rot = self.rotary(ids.dims()[1], Some(pos))?;
+        let mut x = self.embed.forward(ids)?;
+        for (blk, c) in self.blocks.iter().zip(cache.layers.iter_mut()) {
+            x = self.block(blk, &x, &rot, Some((c, pos)))?;
+        }
+        let h = self.rms_norm(&self.norm, &x)?;
+        h.matmul(&self.head().t()?)?.to_dtype(DType::F32)
     }
 
     /// The output head's table `[vocab, dim]`: the token embedding when tied.

@@ -195,6 +195,13 @@ impl TextTokenizer {
         Ok(ids)
     }
 
+    /// The text of `ids` (special tokens left out).
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, true)
+            .map_err(|e| FrontendError::InvalidArgument { op: "tokenizer", reason: format!("decoding: {e}") })
+    }
+
     /// Writes the tokenizer as a `tokenizer.json`, atomically.
     pub fn save(&self, path: &Path) -> Result<()> {
         let text = self

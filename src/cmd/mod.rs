@@ -3,6 +3,7 @@
 
 pub mod cache;
 pub mod compile;
+pub mod generate;
 pub mod launch;
 pub mod memory;
 pub mod plot;
