@@ -27,6 +27,9 @@ use crate::t5::{T5Batch, T5Config, T5};
 use crate::text::{self, Buckets, Corpus, Rng, TextTokenizer, TokenizerSpec};
 use crate::Spelling;
 
+/// The checkpoint tensor holding the run's tokenizer (`tokenizer.json` text).
+pub const TOKENIZER: &str = "run.tokenizer";
+
 /// Which model of the zoo.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
@@ -92,9 +95,36 @@ pub struct ZooConfig {
     /// Sequence classification on `label<TAB>text` lines (BERT, RoBERTa)
     /// instead of the architecture's language-model task.
     pub classify: bool,
+    /// Save the whole training state here every `checkpoint_every` steps and
+    /// at the end (kiln's checkpoint format, with the run's settings).
+    pub checkpoint: Option<std::path::PathBuf>,
+    pub checkpoint_every: Option<u64>,
+    /// Continue from `checkpoint`: the batches depend only on the seed and
+    /// the step, so the resumed run takes the steps the saved one would have.
+    pub resume: bool,
+    /// Replace a file at `checkpoint` instead of refusing it.
+    pub overwrite: bool,
 }
 
 impl ZooConfig {
+    /// What a resumed run must share with the run that saved its checkpoint.
+    fn settings(&self) -> kiln_frontend::checkpoint::Settings {
+        let amp = self.amp.map_or_else(|| "off".to_string(), |d| d.to_string());
+        [
+            ("model", self.arch.name().to_string()),
+            ("task", self.task().to_string()),
+            ("seed", self.seed.to_string()),
+            ("lr", self.lr.to_string()),
+            ("steps", self.steps.to_string()),
+            ("batch", self.batch.to_string()),
+            ("seq", self.seq.to_string()),
+            ("amp", amp),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
     /// What the run learns.
     pub fn task(&self) -> &'static str {
         if self.classify {
@@ -120,6 +150,10 @@ impl ZooConfig {
             allow_non_finite_loss: false,
             spelling: Spelling::Builtin,
             classify: false,
+            checkpoint: None,
+            checkpoint_every: None,
+            resume: false,
+            overwrite: false,
         }
     }
 
@@ -138,6 +172,13 @@ impl ZooConfig {
         if self.classify && !matches!(self.arch, Arch::Bert | Arch::Roberta) {
             let reason = format!("classification (--data) is for bert and roberta, not {}", self.arch.name());
             return Err(FrontendError::InvalidArgument { op: "train", reason });
+        }
+        if self.checkpoint.is_none() && (self.resume || self.checkpoint_every.is_some()) {
+            let reason = "--resume and --checkpoint-every need --checkpoint FILE".to_string();
+            return Err(FrontendError::InvalidArgument { op: "train", reason });
+        }
+        if self.checkpoint_every == Some(0) {
+            return bad("checkpoint_every", 0.0, "at least 1");
         }
         if self.eval_batches == 0 {
             return bad("eval_batches", 0.0, "at least 1");
@@ -474,9 +515,37 @@ pub fn train(
     } else {
         (Vec::new(), lines.clone())
     };
-    let tokenizer = match spec {
-        TokenizerSpec::File(p) => TextTokenizer::load(p)?,
-        TokenizerSpec::Train { kind, vocab } => {
+    // A resumed run reads its tokenizer from the checkpoint: a trained one
+    // can differ between trainings (WordPiece breaks ties in hash order).
+    let resumed = match (&cfg.checkpoint, cfg.resume) {
+        (Some(path), true) => Some((path, kiln_frontend::checkpoint::load(path)?)),
+        _ => None,
+    };
+    let saved_tokenizer = match &resumed {
+        Some((path, loaded)) => match loaded.tensors.iter().find(|(n, _)| n == TOKENIZER) {
+            Some((_, lit)) => {
+                let json = std::str::from_utf8(lit.bytes()).map_err(|_| FrontendError::Checkpoint {
+                    path: path.to_path_buf(),
+                    reason: format!("tensor {TOKENIZER} is not UTF-8 text"),
+                })?;
+                Some(TextTokenizer::from_json(json, format!("the tokenizer saved in {}", path.display()))?)
+            }
+            None => None,
+        },
+        None => None,
+    };
+    let tokenizer = match (saved_tokenizer, spec) {
+        (Some(saved), TokenizerSpec::File(p)) => {
+            let given = TextTokenizer::load(p)?;
+            if given.to_json()? != saved.to_json()? {
+                let reason = format!("--tokenizer {} is not the tokenizer the checkpoint's run used", p.display());
+                return Err(FrontendError::InvalidArgument { op: "train", reason });
+            }
+            saved
+        }
+        (Some(saved), TokenizerSpec::Train { .. }) => saved,
+        (None, TokenizerSpec::File(p)) => TextTokenizer::load(p)?,
+        (None, TokenizerSpec::Train { kind, vocab }) => {
             let texts: Vec<String> = texts.iter().map(|(_, l)| l.clone()).collect();
             TextTokenizer::train(*kind, *vocab, &texts)?
         }
@@ -536,7 +605,33 @@ pub fn train(
         warmup_steps: (cfg.steps / 10).max(1),
         total_steps: cfg.steps,
     };
-    let mut rng = Rng::new(cfg.seed);
+    let json = tokenizer.to_json()?.into_bytes();
+    let tokenizer_tensor = Tensor::from_vec(json.clone(), [json.len()])?;
+    let state =
+        |opt: &AdamW, ordered: &Option<kiln_frontend::train_step::TrainStep>| -> Result<Vec<(String, Tensor)>> {
+            let mut s = crate::training::training_state(&params, opt);
+            s.extend(ordered.iter().flat_map(kiln_frontend::train_step::TrainStep::state));
+            s.push(kiln_frontend::checkpoint::settings_tensor(&cfg.settings())?);
+            s.push((TOKENIZER.to_string(), tokenizer_tensor.clone()));
+            Ok(s)
+        };
+    let mut first = 0u64;
+    if let Some(path) = &cfg.checkpoint {
+        let refuse = |reason: String| FrontendError::Checkpoint { path: path.clone(), reason };
+        if let Some((_, loaded)) = resumed {
+            kiln_frontend::checkpoint::check_settings(path, loaded.settings(path)?.as_ref(), &cfg.settings(), &[])?;
+            // Everything but the run's records (settings, tokenizer), which were checked or used above.
+            let mut targets = state(&opt, &ordered)?;
+            targets.retain(|(n, _)| n != TOKENIZER && n != kiln_frontend::checkpoint::SETTINGS);
+            first = kiln_frontend::checkpoint::restore_loaded(path, loaded, &targets)?;
+            if first >= cfg.steps {
+                return Err(refuse(format!("--resume: it holds step {first} of {}: nothing to train", cfg.steps)));
+            }
+        } else if path.exists() && !cfg.overwrite {
+            return Err(refuse("exists: --resume to continue it, --overwrite to replace it".into()));
+        }
+        kiln_frontend::atomic_write::check_writable(path)?;
+    }
     let start = std::time::Instant::now();
     let mut eval = |step: u64, report: &mut ZooReport| -> Result<()> {
         // The same held-out batches at every evaluation.
@@ -557,8 +652,11 @@ pub fn train(
         report.evals.push(e);
         Ok(())
     };
-    for step in 0..cfg.steps {
+    for step in first..cfg.steps {
         let t0 = std::time::Instant::now();
+        // The step's batch from the seed and the step alone (a resumed run
+        // draws what the saved one would have).
+        let mut rng = Rng::new(cfg.seed ^ (step + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let batch = batcher.next(&corpus, &mut rng)?;
         report.buckets.insert(batch.lens());
         let _bucket = kiln_frontend::bucket(format!("train {}", bucket_name(batch.lens())));
@@ -583,13 +681,18 @@ pub fn train(
             lr,
             skipped_steps: t.skipped_steps,
         };
+        // Saved before the callback sees the step: what it reads is on disk.
+        let due = cfg.checkpoint_every.is_some_and(|n| (step + 1) % n == 0) || step + 1 == cfg.steps;
+        if let Some(path) = cfg.checkpoint.as_ref().filter(|_| due) {
+            kiln_frontend::checkpoint::save(path, step + 1, &state(&opt, &ordered)?)?;
+        }
         on_step(&info);
         if cfg.eval_every.is_some_and(|n| n > 0 && (step + 1) % n == 0 && step + 1 < cfg.steps) {
             eval(step + 1, &mut report)?;
         }
     }
     report.train.train_seconds = start.elapsed().as_secs_f64();
-    report.train.steps = cfg.steps;
+    report.train.steps = cfg.steps - first;
     eval(cfg.steps, &mut report)?;
     kiln_frontend::sync()?;
     report.train.count_since(&before);

@@ -73,6 +73,20 @@ pub struct ZooArgs {
     /// kiln's built-in calls (`builtin`); the compiler makes them the same.
     #[arg(long, value_enum, default_value_t = SpellingArg::Builtin)]
     pub spelling: SpellingArg,
+    /// Save the whole training state (weights, optimizer, generator, the
+    /// run's settings) here at the end and every --checkpoint-every steps.
+    /// A file already there is refused unless --resume or --overwrite.
+    #[arg(long, value_name = "FILE")]
+    pub checkpoint: Option<PathBuf>,
+    #[arg(long, value_name = "N", requires = "checkpoint")]
+    pub checkpoint_every: Option<u64>,
+    /// Continue from --checkpoint FILE with the same settings: the steps it
+    /// has not taken, each on the batch the saved run would have drawn.
+    #[arg(long, requires = "checkpoint")]
+    pub resume: bool,
+    /// Replace whatever is at --checkpoint FILE.
+    #[arg(long, requires = "checkpoint", conflicts_with = "resume")]
+    pub overwrite: bool,
     /// Rematerialize so each step's predicted peak fits SIZE or N%.
     #[arg(long, value_name = "SIZE")]
     pub memory_limit: Option<String>,
@@ -130,6 +144,10 @@ pub fn run(arch: Arch, args: ZooArgs, progress: indicatif::ProgressBar) -> anyho
         eval_every: args.eval_every,
         allow_non_finite_loss: args.allow_non_finite_loss,
         classify: args.data.is_some(),
+        checkpoint: args.checkpoint.clone(),
+        checkpoint_every: args.checkpoint_every,
+        resume: args.resume,
+        overwrite: args.overwrite,
         spelling: match args.spelling {
             SpellingArg::Plain => Spelling::Plain,
             SpellingArg::Builtin => Spelling::Builtin,
