@@ -81,12 +81,11 @@ fn every_model_learns_its_task_with_one_compile_per_bucket() {
         // per held-out shape: no recompile beyond the buckets.
         let shapes = r["buckets_used"].as_array().unwrap().len() + r["eval_buckets_used"].as_array().unwrap().len();
         assert_eq!(r["compiles"].as_u64().unwrap() as usize, shapes, "{model}: {r}");
-        if matches!(model, "bert" | "roberta" | "t5") {
-            // Lines of different lengths: more than one bucket, each a length
-            // the run allows.
-            let allowed: Vec<u64> =
-                r["bucket_lengths"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap()).collect();
-            assert_eq!(allowed, vec![8, 16, 32]);
+        let allowed: Vec<u64> = r["bucket_lengths"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap()).collect();
+        assert_eq!(allowed, vec![8, 16, 32]);
+        if matches!(model, "bert" | "roberta") {
+            // Lines of different lengths: more than one bucket (T5's inputs
+            // of 8 lines, its sentinels and pieces, all reach 32 here).
             assert!(r["buckets_used"].as_array().unwrap().len() > 1, "{model}: {r}");
         }
     }
