@@ -141,6 +141,8 @@ enum Model {
     Bert(cmd::zoo::ZooArgs),
     /// RoBERTa as a masked LM on a text file's lines.
     Roberta(cmd::zoo::ZooArgs),
+    /// DistilBERT as a masked LM on a text file's lines.
+    Distilbert(cmd::zoo::ZooArgs),
     /// T5 with span corruption on a text file's lines.
     T5(cmd::zoo::ZooArgs),
     /// A character-level GPT on a text file.
@@ -346,6 +348,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Train { model: Model::Roberta(args) } => {
             let bar = progress(args.json);
             cmd::zoo::run(Arch::Roberta, args, bar)
+        }
+        Command::Train { model: Model::Distilbert(args) } => {
+            let bar = progress(args.json);
+            cmd::zoo::run(Arch::DistilBert, args, bar)
         }
         Command::Train { model: Model::T5(args) } => {
             let bar = progress(args.json);

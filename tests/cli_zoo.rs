@@ -1,4 +1,4 @@
-//! `kiln train gpt2|llama|bert|roberta|t5`: every model of the zoo learns
+//! `kiln train gpt2|llama|bert|roberta|distilbert|t5`: every model of the zoo learns
 //! from a text file with a tokenizer trained on it, compiling one program per
 //! batch shape (bucket) and no more; a run writes a Hugging Face directory
 //! with its tokenizer that the next run starts from; bad input is refused
@@ -66,7 +66,7 @@ fn train(model: &str, text: &Path, extra: &[&str]) -> Value {
 fn every_model_learns_its_task_with_one_compile_per_bucket() {
     let dir = tempfile::tempdir().unwrap();
     let text = corpus(dir.path(), 400);
-    for model in ["gpt2", "llama", "bert", "roberta", "t5"] {
+    for model in ["gpt2", "llama", "bert", "roberta", "distilbert", "t5"] {
         let r = train(model, &text, &["--steps", "100"]);
         let losses: Vec<f64> = r["losses"].as_array().unwrap().iter().map(|l| l.as_f64().unwrap()).collect();
         let first = losses[0];

@@ -47,7 +47,7 @@ fn ids(vocab: usize, len: usize, pad: i32, padded: bool, salt: usize) -> kiln::R
 fn main() -> kiln::Result<()> {
     let dir = std::path::PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "hf-export".into()));
     let mut written = Vec::new();
-    for name in ["gpt2", "bert", "roberta", "llama", "t5", "t5-gated", "bert-cls", "roberta-cls"] {
+    for name in ["gpt2", "bert", "roberta", "distilbert", "llama", "t5", "t5-gated", "bert-cls", "roberta-cls"] {
         let mut ps = ParamStore::new(5);
         let mut inputs = Vec::new();
         let model = match name {
@@ -66,6 +66,16 @@ fn main() -> kiln::Result<()> {
                     flavor: BertFlavor::Roberta { pad: 1 },
                     pooler: false,
                     mlm_head: true,
+                    ..BertConfig::tiny()
+                };
+                HfModel::Bert(Bert::new(&mut ps, cfg, Spelling::Builtin)?)
+            }
+            "distilbert" => {
+                let cfg = BertConfig {
+                    vocab: 89,
+                    type_vocab: 0,
+                    flavor: BertFlavor::DistilBert,
+                    pooler: false,
                     ..BertConfig::tiny()
                 };
                 HfModel::Bert(Bert::new(&mut ps, cfg, Spelling::Builtin)?)
@@ -122,7 +132,7 @@ fn main() -> kiln::Result<()> {
                     _ => unreachable!(),
                 };
                 let pad = match m.cfg.flavor {
-                    BertFlavor::Bert => 0,
+                    BertFlavor::Bert | BertFlavor::DistilBert => 0,
                     BertFlavor::Roberta { pad } => pad as i32,
                 };
                 let (x, mask) = ids(m.cfg.vocab, 8, pad, true, 3)?;

@@ -42,6 +42,12 @@ def roberta():
     return tf.RobertaForMaskedLM(cfg), ["input_ids", "attention_mask"]
 
 
+def distilbert():
+    cfg = tf.DistilBertConfig(vocab_size=89, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                              max_position_embeddings=16, dropout=0.0, attention_dropout=0.0)
+    return tf.DistilBertForMaskedLM(cfg), ["input_ids", "attention_mask"]
+
+
 def bert_cls():
     cfg = tf.BertConfig(vocab_size=89, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                         intermediate_size=64, max_position_embeddings=16, type_vocab_size=2,
@@ -80,7 +86,7 @@ def t5_gated():
 
 
 MODELS = {"gpt2-tiny": gpt2, "bert-tiny": bert, "roberta-tiny": roberta, "llama-tiny": llama,
-          "t5-tiny": t5, "t5-gated-tiny": t5_gated, "bert-cls-tiny": bert_cls, "roberta-cls-tiny": roberta_cls}
+          "t5-tiny": t5, "t5-gated-tiny": t5_gated, "distilbert-tiny": distilbert, "bert-cls-tiny": bert_cls, "roberta-cls-tiny": roberta_cls}
 
 
 def inputs(model, names, g):
@@ -134,7 +140,7 @@ def check(d):
         if not os.path.isdir(model_dir):
             continue
         try:
-            model = tf.AutoModelForMaskedLM if name.startswith(("bert", "roberta")) else None
+            model = tf.AutoModelForMaskedLM if name.startswith(("bert", "roberta", "distilbert")) else None
             if "cls" in name:
                 model = tf.AutoModelForSequenceClassification
             elif name.startswith("t5"):

@@ -53,6 +53,71 @@ pub enum BertFlavor {
     /// position is `pad + 1 +` the number of non-`pad` ids before it, a
     /// `pad` id's is `pad`.
     Roberta { pad: usize },
+    /// DistilBERT: the same post-norm encoder under `distilbert.`
+    /// (`q_lin`, `sa_layer_norm`, `ffn.lin1`, ...), no token types
+    /// (`type_vocab` 0), the masked-LM head `vocab_transform`,
+    /// `vocab_layer_norm`, `vocab_projector`.
+    DistilBert,
+}
+
+/// A flavor's parameter names: the embeddings', a layer's (from its index)
+/// and the heads'.
+struct Names {
+    body: &'static str,
+    layer: fn(&str, usize) -> [String; 8],
+    head: [&'static str; 3],
+}
+
+impl Names {
+    fn of(flavor: BertFlavor) -> Names {
+        fn bert_layer(body: &str, l: usize) -> [String; 8] {
+            let p = format!("{body}.encoder.layer.{l}");
+            [
+                format!("{p}.attention.self.query"),
+                format!("{p}.attention.self.key"),
+                format!("{p}.attention.self.value"),
+                format!("{p}.attention.output.dense"),
+                format!("{p}.attention.output.LayerNorm"),
+                format!("{p}.intermediate.dense"),
+                format!("{p}.output.dense"),
+                format!("{p}.output.LayerNorm"),
+            ]
+        }
+        fn distil_layer(body: &str, l: usize) -> [String; 8] {
+            let p = format!("{body}.transformer.layer.{l}");
+            [
+                format!("{p}.attention.q_lin"),
+                format!("{p}.attention.k_lin"),
+                format!("{p}.attention.v_lin"),
+                format!("{p}.attention.out_lin"),
+                format!("{p}.sa_layer_norm"),
+                format!("{p}.ffn.lin1"),
+                format!("{p}.ffn.lin2"),
+                format!("{p}.output_layer_norm"),
+            ]
+        }
+        match flavor {
+            BertFlavor::Bert => Names {
+                body: "bert",
+                layer: bert_layer,
+                head: [
+                    "cls.predictions.transform.dense",
+                    "cls.predictions.transform.LayerNorm",
+                    "cls.predictions.bias",
+                ],
+            },
+            BertFlavor::Roberta { .. } => Names {
+                body: "roberta",
+                layer: bert_layer,
+                head: ["lm_head.dense", "lm_head.layer_norm", "lm_head.bias"],
+            },
+            BertFlavor::DistilBert => Names {
+                body: "distilbert",
+                layer: distil_layer,
+                head: ["vocab_transform", "vocab_layer_norm", "vocab_projector.bias"],
+            },
+        }
+    }
 }
 
 impl BertConfig {
@@ -70,6 +135,17 @@ impl BertConfig {
             flavor: BertFlavor::Bert,
             pooler: true,
             mlm_head: true,
+        }
+    }
+
+    /// `distilbert-base-uncased`'s sizes (66M parameters).
+    pub fn distilbert_base_uncased() -> BertConfig {
+        BertConfig {
+            layers: 6,
+            type_vocab: 0,
+            flavor: BertFlavor::DistilBert,
+            pooler: false,
+            ..BertConfig::bert_base_uncased()
         }
     }
 
@@ -136,7 +212,8 @@ pub struct Bert {
     pub spelling: Spelling,
     words: Embedding,
     positions: Embedding,
-    types: Embedding,
+    /// None without token types (DistilBERT).
+    types: Option<Embedding>,
     emb_norm: LayerNorm,
     layers: Vec<Layer>,
     pooler: Option<Linear>,
@@ -167,30 +244,29 @@ impl Bert {
             Ok(LayerNorm { eps: cfg.eps, ..LayerNorm::new(ps, &name, d)? })
         };
         let linear = |ps: &mut ParamStore, name: String, i: usize, o: usize| Linear::new(ps, &name, i, o, true);
-        let (body, head) = match cfg.flavor {
-            BertFlavor::Bert => (
-                "bert",
-                ["cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.bias"],
-            ),
-            BertFlavor::Roberta { .. } => ("roberta", ["lm_head.dense", "lm_head.layer_norm", "lm_head.bias"]),
-        };
+        let names = Names::of(cfg.flavor);
+        let (body, head) = (names.body, names.head);
         let words = Embedding::new(ps, &format!("{body}.embeddings.word_embeddings"), cfg.vocab, d, 0.02)?;
         let positions =
             Embedding::new(ps, &format!("{body}.embeddings.position_embeddings"), cfg.max_positions, d, 0.02)?;
-        let types = Embedding::new(ps, &format!("{body}.embeddings.token_type_embeddings"), cfg.type_vocab, d, 0.02)?;
+        let types = if cfg.type_vocab == 0 {
+            None
+        } else {
+            Some(Embedding::new(ps, &format!("{body}.embeddings.token_type_embeddings"), cfg.type_vocab, d, 0.02)?)
+        };
         let emb_norm = norm(ps, format!("{body}.embeddings.LayerNorm"))?;
         let mut layers = Vec::with_capacity(cfg.layers);
         for l in 0..cfg.layers {
-            let p = format!("{body}.encoder.layer.{l}");
+            let [q, k, v, o, an, i, out, on] = (names.layer)(body, l);
             layers.push(Layer {
-                query: linear(ps, format!("{p}.attention.self.query"), d, d)?,
-                key: linear(ps, format!("{p}.attention.self.key"), d, d)?,
-                value: linear(ps, format!("{p}.attention.self.value"), d, d)?,
-                attn_out: linear(ps, format!("{p}.attention.output.dense"), d, d)?,
-                attn_norm: norm(ps, format!("{p}.attention.output.LayerNorm"))?,
-                intermediate: linear(ps, format!("{p}.intermediate.dense"), d, cfg.ffn)?,
-                output: linear(ps, format!("{p}.output.dense"), cfg.ffn, d)?,
-                out_norm: norm(ps, format!("{p}.output.LayerNorm"))?,
+                query: linear(ps, q, d, d)?,
+                key: linear(ps, k, d, d)?,
+                value: linear(ps, v, d, d)?,
+                attn_out: linear(ps, o, d, d)?,
+                attn_norm: norm(ps, an)?,
+                intermediate: linear(ps, i, d, cfg.ffn)?,
+                output: linear(ps, out, cfg.ffn, d)?,
+                out_norm: norm(ps, on)?,
             });
         }
         Ok(Bert {
@@ -266,7 +342,7 @@ impl Bert {
     fn position_ids(&self, ids: &Tensor) -> Result<Tensor> {
         let s = ids.dims()[1];
         match self.cfg.flavor {
-            BertFlavor::Bert => Tensor::iota(DType::I32, [s], 0),
+            BertFlavor::Bert | BertFlavor::DistilBert => Tensor::iota(DType::I32, [s], 0),
             BertFlavor::Roberta { pad } => {
                 let real = ids.compare(CompareDir::Ne, &Tensor::full(pad as f64, ids.dtype(), [])?)?;
                 let real = real.to_dtype(DType::F32)?;
@@ -289,8 +365,10 @@ impl Bert {
             let reason = format!("{s} tokens a sequence, more than the {} positions", self.cfg.max_positions);
             return Err(FrontendError::InvalidArgument { op: "bert", reason });
         }
-        let x = self.words.forward(ids)?.add(&self.positions.forward(&self.position_ids(ids)?)?)?;
-        let x = x.add(&self.types.forward(&batch.types)?)?;
+        let mut x = self.words.forward(ids)?.add(&self.positions.forward(&self.position_ids(ids)?)?)?;
+        if let Some(types) = &self.types {
+            x = x.add(&types.forward(&batch.types)?)?;
+        }
         let mut x = self.layer_norm(&self.emb_norm, &x)?;
         for l in &self.layers {
             x = self.layer(l, &x, &batch.mask)?;
@@ -357,6 +435,7 @@ impl Module for Bert {
         let name = match self.cfg.flavor {
             BertFlavor::Bert => "Bert",
             BertFlavor::Roberta { .. } => "Roberta",
+            BertFlavor::DistilBert => "DistilBert",
         };
         format!("{name}({} layers, dim {}, {} heads)", self.cfg.layers, self.cfg.dim, self.cfg.heads)
     }
@@ -364,7 +443,11 @@ impl Module for Bert {
         self.mlm.iter().map(|m| m.bias.clone()).collect()
     }
     fn children(&self) -> Vec<&dyn Module> {
-        let mut out: Vec<&dyn Module> = vec![&self.words, &self.positions, &self.types, &self.emb_norm];
+        let mut out: Vec<&dyn Module> = vec![&self.words, &self.positions];
+        if let Some(t) = &self.types {
+            out.push(t);
+        }
+        out.push(&self.emb_norm);
         for l in &self.layers {
             out.extend([
                 &l.query as &dyn Module,
@@ -410,6 +493,10 @@ impl BertClassifier {
         if labels.len() < 2 {
             let (value, expected) = (labels.len() as f64, "at least 2 classes");
             return Err(FrontendError::HyperParameter { op: "bert classifier", name: "labels", value, expected });
+        }
+        if cfg.flavor == BertFlavor::DistilBert {
+            let reason = "DistilBERT's classification head (pre_classifier) is not built yet".to_string();
+            return Err(FrontendError::InvalidArgument { op: "bert classifier", reason });
         }
         let roberta = matches!(cfg.flavor, BertFlavor::Roberta { .. });
         let cfg = BertConfig { pooler: !roberta, mlm_head: false, ..cfg };

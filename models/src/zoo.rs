@@ -37,6 +37,7 @@ pub enum Arch {
     Llama,
     Bert,
     Roberta,
+    DistilBert,
     T5,
 }
 
@@ -47,6 +48,7 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Bert => "bert",
             Arch::Roberta => "roberta",
+            Arch::DistilBert => "distilbert",
             Arch::T5 => "t5",
         }
     }
@@ -58,6 +60,7 @@ impl Arch {
             Arch::Llama => &["tiny", "llama-110m"],
             Arch::Bert => &["tiny", "bert-base-uncased"],
             Arch::Roberta => &["tiny", "roberta-base"],
+            Arch::DistilBert => &["tiny", "distilbert-base-uncased"],
             Arch::T5 => &["tiny", "t5-small", "t5-base"],
         }
     }
@@ -66,7 +69,7 @@ impl Arch {
     pub fn task(self) -> &'static str {
         match self {
             Arch::Gpt2 | Arch::Llama => "causal LM",
-            Arch::Bert | Arch::Roberta => "masked LM",
+            Arch::Bert | Arch::Roberta | Arch::DistilBert => "masked LM",
             Arch::T5 => "span corruption",
         }
     }
@@ -259,14 +262,16 @@ fn fresh(cfg: &ZooConfig, tok_vocab: usize, pad: u32, classes: &[String]) -> Res
             let base = if size == "tiny" { LlamaConfig::tiny() } else { LlamaConfig::llama_110m() };
             HfModel::Llama(Llama::new(&mut ps, LlamaConfig { vocab: tok_vocab, ..base }, sp)?)
         }
-        Arch::Bert | Arch::Roberta => {
+        Arch::Bert | Arch::Roberta | Arch::DistilBert => {
             let base = match (cfg.arch, size) {
                 (_, "tiny") => BertConfig::tiny(),
                 (Arch::Bert, _) => BertConfig::bert_base_uncased(),
+                (Arch::DistilBert, _) => BertConfig::distilbert_base_uncased(),
                 _ => BertConfig::roberta_base(),
             };
             let (flavor, positions, type_vocab) = match cfg.arch {
                 Arch::Bert => (BertFlavor::Bert, seq, base.type_vocab),
+                Arch::DistilBert => (BertFlavor::DistilBert, seq, 0),
                 _ => (BertFlavor::Roberta { pad: pad as usize }, seq + pad as usize + 1, 1),
             };
             let c = BertConfig {
@@ -303,7 +308,7 @@ fn limits(model: &HfModel) -> (usize, Option<usize>) {
         HfModel::Llama(m) => (m.cfg.vocab, None),
         HfModel::Bert(m) | HfModel::BertClassifier(BertClassifier { bert: m, .. }) => {
             let offset = match m.cfg.flavor {
-                BertFlavor::Bert => 0,
+                BertFlavor::Bert | BertFlavor::DistilBert => 0,
                 BertFlavor::Roberta { pad } => pad + 1,
             };
             (m.cfg.vocab, Some(m.cfg.max_positions.saturating_sub(offset)))
@@ -426,7 +431,9 @@ impl Batcher {
         }
         Ok(match self.arch {
             Arch::Gpt2 | Arch::Llama => Batch::Causal(corpus.causal(self.batch, self.seq, eos, rng, &self.path)?),
-            Arch::Bert | Arch::Roberta => Batch::Mlm(corpus.mlm(self.batch, &self.buckets, sp, self.vocab, rng)?),
+            Arch::Bert | Arch::Roberta | Arch::DistilBert => {
+                Batch::Mlm(corpus.mlm(self.batch, &self.buckets, sp, self.vocab, rng)?)
+            }
             Arch::T5 => Batch::Span(corpus.spans(self.batch, &self.buckets, eos, sp.pad, self.vocab, rng)?),
         })
     }
@@ -550,7 +557,10 @@ pub fn train(
             TextTokenizer::train(*kind, *vocab, &texts)?
         }
     };
-    if matches!(cfg.arch, Arch::Bert | Arch::Roberta) && !cfg.classify && tokenizer.specials.mask.is_none() {
+    if matches!(cfg.arch, Arch::Bert | Arch::Roberta | Arch::DistilBert)
+        && !cfg.classify
+        && tokenizer.specials.mask.is_none()
+    {
         let reason =
             format!("{} has no mask token ([MASK] or <mask>), which masked-LM training needs", tokenizer.source);
         return Err(FrontendError::InvalidArgument { op: "train", reason });

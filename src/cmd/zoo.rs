@@ -104,7 +104,7 @@ pub struct ZooArgs {
 fn default_tokenizer(arch: Arch) -> TokenizerSpec {
     use kiln::models::text::TokenizerKind::{Bpe, Unigram, WordPiece};
     let kind = match arch {
-        Arch::Bert => WordPiece,
+        Arch::Bert | Arch::DistilBert => WordPiece,
         Arch::Gpt2 | Arch::Roberta => Bpe,
         Arch::Llama | Arch::T5 => Unigram,
     };

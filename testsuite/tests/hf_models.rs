@@ -62,13 +62,14 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
     a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
-const MODELS: [(&str, &str); 8] = [
+const MODELS: [(&str, &str); 9] = [
     ("gpt2-tiny", "gpt2"),
     ("bert-tiny", "bert"),
     ("roberta-tiny", "roberta"),
     ("llama-tiny", "llama"),
     ("t5-tiny", "t5"),
     ("t5-gated-tiny", "t5"),
+    ("distilbert-tiny", "distilbert"),
     ("bert-cls-tiny", "bert"),
     ("roberta-cls-tiny", "roberta"),
 ];

@@ -18,11 +18,15 @@ use crate::Spelling;
 /// `XLMRobertaConfig` gives, refusing what kiln's encoder does not compute;
 /// `tensors` say whether the checkpoint has the pooler.
 pub fn bert_config(config: &Value, path: &Path, tensors: &[(String, Literal)]) -> Result<BertConfig> {
-    let t = model_type(config, &["bert", "roberta", "xlm-roberta"], path)?;
+    let t = model_type(config, &["bert", "roberta", "xlm-roberta", "distilbert"], path)?;
     let flavor = match t.as_deref() {
         Some("roberta" | "xlm-roberta") => BertFlavor::Roberta { pad: size(config, "pad_token_id", 1, path)? },
+        Some("distilbert") => BertFlavor::DistilBert,
         _ => BertFlavor::Bert,
     };
+    if flavor == BertFlavor::DistilBert {
+        return distilbert_config(config, path, tensors);
+    }
     if let Some(a) = string(config, "hidden_act", path)?.filter(|a| a != "gelu") {
         return Err(bad(path, format!("hidden_act {a:?}: kiln's BERT computes gelu (erf) only")));
     }
@@ -37,10 +41,7 @@ pub fn bert_config(config: &Value, path: &Path, tensors: &[(String, Literal)]) -
     if !flag(config, "tie_word_embeddings", true, path)? {
         return Err(bad(path, "tie_word_embeddings = false: kiln's masked-LM head is tied".into()));
     }
-    let body = match flavor {
-        BertFlavor::Bert => "bert",
-        BertFlavor::Roberta { .. } => "roberta",
-    };
+    let body = if flavor == BertFlavor::Bert { "bert" } else { "roberta" };
     let has = |name: &str| tensors.iter().any(|(n, _)| n == name);
     let pooler = has(&format!("{body}.pooler.dense.weight"));
     let mlm_head = has("cls.predictions.transform.dense.weight") || has("lm_head.dense.weight");
@@ -58,6 +59,37 @@ pub fn bert_config(config: &Value, path: &Path, tensors: &[(String, Literal)]) -
         mlm_head,
     };
     if cfg.vocab == 0 || cfg.dim == 0 || cfg.heads == 0 || cfg.type_vocab == 0 || cfg.dim % cfg.heads != 0 {
+        return Err(bad(path, format!("sizes that make no model: {cfg:?}")));
+    }
+    Ok(cfg)
+}
+
+/// A `DistilBertConfig`'s sizes (its own keys: `dim`, `n_layers`,
+/// `hidden_dim`, ...), refusing sinusoidal positions and other activations.
+fn distilbert_config(config: &Value, path: &Path, tensors: &[(String, Literal)]) -> Result<BertConfig> {
+    if let Some(a) = string(config, "activation", path)?.filter(|a| a != "gelu") {
+        return Err(bad(path, format!("activation {a:?}: kiln's DistilBERT computes gelu (erf) only")));
+    }
+    if flag(config, "sinusoidal_pos_embds", false, path)? {
+        return Err(bad(path, "sinusoidal_pos_embds = true: kiln's DistilBERT has learned positions only".into()));
+    }
+    if !flag(config, "tie_word_embeddings", true, path)? {
+        return Err(bad(path, "tie_word_embeddings = false: kiln's masked-LM head is tied".into()));
+    }
+    let cfg = BertConfig {
+        vocab: size(config, "vocab_size", 30522, path)?,
+        dim: size(config, "dim", 768, path)?,
+        layers: size(config, "n_layers", 6, path)?,
+        heads: size(config, "n_heads", 12, path)?,
+        ffn: size(config, "hidden_dim", 3072, path)?,
+        max_positions: size(config, "max_position_embeddings", 512, path)?,
+        type_vocab: 0,
+        eps: 1e-12,
+        flavor: BertFlavor::DistilBert,
+        pooler: false,
+        mlm_head: tensors.iter().any(|(n, _)| n == "vocab_transform.weight"),
+    };
+    if cfg.vocab == 0 || cfg.dim == 0 || cfg.heads == 0 || cfg.dim % cfg.heads != 0 {
         return Err(bad(path, format!("sizes that make no model: {cfg:?}")));
     }
     Ok(cfg)
@@ -82,6 +114,7 @@ fn ignored(name: &str) -> bool {
             | "cls.predictions.decoder.bias"
             | "lm_head.decoder.weight"
             | "lm_head.decoder.bias"
+            | "vocab_projector.weight"
     ) || name.ends_with("embeddings.position_ids")
 }
 
@@ -152,8 +185,26 @@ fn config_of(model: &Bert, task: &str) -> Value {
     let (model_type, family, pad) = match c.flavor {
         BertFlavor::Bert => ("bert", "Bert", 0),
         BertFlavor::Roberta { pad } => ("roberta", "Roberta", pad),
+        BertFlavor::DistilBert => ("distilbert", "DistilBert", 0),
     };
     let arch = format!("{family}{task}");
+    if c.flavor == BertFlavor::DistilBert {
+        return json!({
+            "architectures": [arch],
+            "model_type": model_type,
+            "vocab_size": c.vocab,
+            "dim": c.dim,
+            "n_layers": c.layers,
+            "n_heads": c.heads,
+            "hidden_dim": c.ffn,
+            "max_position_embeddings": c.max_positions,
+            "activation": "gelu",
+            "sinusoidal_pos_embds": false,
+            "pad_token_id": pad,
+            "tie_word_embeddings": true,
+            "torch_dtype": "float32",
+        });
+    }
     json!({
         "architectures": [arch],
         "model_type": model_type,

@@ -334,6 +334,7 @@ impl HfModel {
             HfModel::Bert(m) | HfModel::BertClassifier(BertClassifier { bert: m, .. }) => match m.cfg.flavor {
                 crate::bert::BertFlavor::Bert => "bert",
                 crate::bert::BertFlavor::Roberta { .. } => "roberta",
+                crate::bert::BertFlavor::DistilBert => "distilbert",
             },
             HfModel::Llama(_) => "llama",
             HfModel::T5(_) => "t5",
@@ -352,7 +353,7 @@ pub fn load(dir: &Path, spelling: Spelling) -> Result<(ParamStore, HfModel)> {
     };
     match t.as_str() {
         "gpt2" => load_gpt2(dir, spelling).map(|(ps, m)| (ps, HfModel::Gpt2(m))),
-        "bert" | "roberta" | "xlm-roberta" => {
+        "bert" | "roberta" | "xlm-roberta" | "distilbert" => {
             let names = tensor_names(dir)?;
             if names.iter().any(|n| n == "classifier.weight" || n == "classifier.out_proj.weight") {
                 load_bert_classifier(dir, spelling).map(|(ps, m)| (ps, HfModel::BertClassifier(m)))
@@ -364,7 +365,7 @@ pub fn load(dir: &Path, spelling: Spelling) -> Result<(ParamStore, HfModel)> {
         "t5" => load_t5(dir, spelling).map(|(ps, m)| (ps, HfModel::T5(m))),
         other => Err(bad(
             &config_path,
-            format!("model_type {other:?}: kiln reads gpt2, bert, roberta, xlm-roberta, llama and t5"),
+            format!("model_type {other:?}: kiln reads gpt2, bert, roberta, xlm-roberta, distilbert, llama and t5"),
         )),
     }
 }
