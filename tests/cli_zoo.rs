@@ -291,3 +291,25 @@ fn generate_continues_a_prompt_from_a_saved_decoder() {
         refused(&kiln().args(["generate", &format!("hf:{}", classifier.display()), "--prompt", "x"]).output().unwrap());
     assert!(e.contains("a bert model; generation needs a decoder"), "{e}");
 }
+
+#[test]
+fn the_log_holds_each_steps_gradient_norm_and_the_evaluations() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = corpus(dir.path(), 100);
+    let log = dir.path().join("run.jsonl");
+    train("gpt2", &text, &["--steps", "6", "--eval-every", "3", "--log", log.to_str().unwrap()]);
+    let lines: Vec<Value> =
+        std::fs::read_to_string(&log).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let steps: Vec<&Value> = lines.iter().filter(|l| l["kind"] == "step").collect();
+    assert_eq!(steps.len(), 6);
+    for s in &steps {
+        let norm = s["grad_norm"].as_f64().unwrap();
+        assert!(norm.is_finite() && norm > 0.0, "{s}");
+    }
+    let evals: Vec<u64> = lines
+        .iter()
+        .filter(|l| l["kind"] == "eval" && l.get("eval_loss").is_some())
+        .map(|l| l["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(evals, [3, 6]);
+}

@@ -653,9 +653,11 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
                     clock: &mut crate::training::StepClock|
      -> Result<()> {
         if let Some((outputs, step)) = unread.take() {
-            let (loss, ms) = crate::training::record_outcome(&outputs, step, cfg.allow_non_finite_loss, report, clock)?;
+            let (loss, ms, grad_norm) =
+                crate::training::record_outcome(&outputs, step, cfg.allow_non_finite_loss, report, clock)?;
             let (lr, skipped_steps) = (schedule.lr(step - 1), report.skipped_steps);
-            on_step(&StepInfo { epoch: 0, step, steps_total: cfg.steps, loss, step_ms: ms, lr, skipped_steps });
+            let steps_total = cfg.steps;
+            on_step(&StepInfo { epoch: 0, step, steps_total, loss, step_ms: ms, lr, skipped_steps, grad_norm });
         }
         Ok(())
     };

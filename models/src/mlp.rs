@@ -150,6 +150,9 @@ pub struct StepInfo {
     pub lr: f64,
     /// Updates skipped so far for non-finite gradients (mixed precision).
     pub skipped_steps: u64,
+    /// The gradients' global norm before clipping, where the loop computes
+    /// it (with clipping or mixed precision: the ordered step).
+    pub grad_norm: Option<f64>,
 }
 
 /// What a run achieved.
@@ -553,10 +556,11 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
                         clock: &mut crate::training::StepClock|
          -> Result<()> {
             if let Some((outputs, step)) = unread.take() {
-                let (loss, ms) =
+                let (loss, ms, grad_norm) =
                     crate::training::record_outcome(&outputs, step, cfg.allow_non_finite_loss, report, clock)?;
                 let (lr, skipped_steps) = (schedule.lr(step - 1), report.skipped_steps);
-                on_step(&StepInfo { epoch, step, steps_total: total, loss, step_ms: ms, lr, skipped_steps });
+                let steps_total = total;
+                on_step(&StepInfo { epoch, step, steps_total, loss, step_ms: ms, lr, skipped_steps, grad_norm });
             }
             Ok(())
         };

@@ -203,6 +203,8 @@ pub(crate) fn ordered_step(amp: Option<DType>, max_grad_norm: Option<f64>) -> Re
 pub(crate) struct StepOutcome {
     pub loss: f64,
     pub skipped: bool,
+    /// The global gradient norm before clipping (only with an ordered step).
+    pub grad_norm: Option<f64>,
 }
 
 /// [`update_and_step`], or the ordered step when there is one; reads the loss
@@ -215,10 +217,14 @@ pub(crate) fn run_step(
     lr: f64,
 ) -> Result<StepOutcome> {
     match ordered {
-        None => Ok(StepOutcome { loss: update_and_step(params, opt, loss, lr)?, skipped: false }),
+        None => Ok(StepOutcome { loss: update_and_step(params, opt, loss, lr)?, skipped: false, grad_norm: None }),
         Some(ts) => {
             let stats = ts.step(loss, &params.tensors(), opt, lr)?;
-            Ok(StepOutcome { loss: stats.loss.item()?, skipped: stats.skipped.item()? != 0.0 })
+            Ok(StepOutcome {
+                loss: stats.loss.item()?,
+                skipped: stats.skipped.item()? != 0.0,
+                grad_norm: Some(stats.grad_norm.item()?),
+            })
         }
     }
 }
@@ -227,8 +233,8 @@ pub(crate) fn run_step(
 /// the forward that produced `loss`: the plain update of [`update_and_step`] or
 /// the ordered step, at the learning rate `lr` (an f32 scalar input of the
 /// step), without `mark_step`. Returns the loss averaged over replicas and,
-/// with an ordered step, whether the update was skipped ([`read_outcome`]
-/// reads them). Records what [`run_step`] records, so replays are
+/// with an ordered step, whether the update was skipped and the gradients'
+/// global norm ([`read_outcome`] reads them). Records what [`run_step`] records, so replays are
 /// bit-identical to traced steps.
 pub(crate) fn record_update(
     ordered: Option<&mut TrainStep>,
@@ -245,7 +251,7 @@ pub(crate) fn record_update(
         }
         Some(ts) => {
             let stats = ts.record_lr(loss, params, opt, lr)?;
-            Ok(vec![stats.loss, stats.skipped])
+            Ok(vec![stats.loss, stats.skipped, stats.grad_norm])
         }
     }
 }
@@ -304,12 +310,14 @@ pub(crate) fn captured_update<'a>(
 pub(crate) fn read_outcome(outputs: &[Tensor]) -> Result<StepOutcome> {
     let loss = outputs.first().map(Tensor::item).transpose()?.unwrap_or(f64::NAN);
     let skipped = outputs.get(1).map(Tensor::item).transpose()?.is_some_and(|s| s != 0.0);
-    Ok(StepOutcome { loss, skipped })
+    let grad_norm = outputs.get(2).map(Tensor::item).transpose()?;
+    Ok(StepOutcome { loss, skipped, grad_norm })
 }
 
 /// Reads step `step`'s outcome (one step late, once a later step is
 /// enqueued), takes its completion time from `clock` and records both in
-/// `report`; returns the loss and the step time in ms. A loss that is not
+/// `report`; returns the loss, the step time in ms and the gradient norm
+/// (with an ordered step). A loss that is not
 /// finite, where no loss scaler skipped the update, is
 /// [`FrontendError::NonFiniteLoss`] unless `allow_non_finite`.
 pub(crate) fn record_outcome(
@@ -318,7 +326,7 @@ pub(crate) fn record_outcome(
     allow_non_finite: bool,
     report: &mut crate::mlp::TrainReport,
     clock: &mut StepClock,
-) -> Result<(f64, f64)> {
+) -> Result<(f64, f64, Option<f64>)> {
     let out = read_outcome(outputs)?;
     if !out.loss.is_finite() && !out.skipped && !allow_non_finite {
         return Err(kiln_frontend::FrontendError::NonFiniteLoss { step, loss: out.loss });
@@ -327,7 +335,7 @@ pub(crate) fn record_outcome(
     report.skipped_steps += u64::from(out.skipped);
     report.losses.push(out.loss);
     report.step_ms.push(ms);
-    Ok((out.loss, ms))
+    Ok((out.loss, ms, out.grad_norm))
 }
 
 /// Step times of a loop whose steps run asynchronously, completion to

@@ -690,6 +690,7 @@ pub fn train(
             step_ms: ms,
             lr,
             skipped_steps: t.skipped_steps,
+            grad_norm: out.grad_norm,
         };
         // Saved before the callback sees the step: what it reads is on disk.
         let due = cfg.checkpoint_every.is_some_and(|n| (step + 1) % n == 0) || step + 1 == cfg.steps;

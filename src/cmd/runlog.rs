@@ -59,6 +59,7 @@ impl RunLog {
             "lr": finite(s.lr),
             "step_ms": finite(s.step_ms),
             "skipped_steps": s.skipped_steps,
+            "grad_norm": s.grad_norm.map_or(Value::Null, finite),
         });
         v[format!("{}_per_second", self.unit)] = throughput.map_or(Value::Null, finite);
         self.line(&v);
