@@ -202,7 +202,9 @@ fn bad_input_is_refused_before_training_naming_it() {
     let e = refused(&run(&["bert", "--data", untabbed.to_str().unwrap()]));
     assert!(e.contains("untabbed.tsv") && e.contains("line 2: no tab"), "{e}");
     let e = refused(&run(&["t5", "--data", untabbed.to_str().unwrap()]));
-    assert!(e.contains("classification (--data) is for bert and roberta, not t5"), "{e}");
+    assert!(e.contains("line 2: no tab: a pair is `source<TAB>target`"), "{e}");
+    let e = refused(&run(&["gpt2", "--data", untabbed.to_str().unwrap()]));
+    assert!(e.contains("is not for gpt2"), "{e}");
     let e = refused(&run(&["bert", "--text", t, "--config", "huge"]));
     assert!(e.contains("--config huge: bert has tiny, bert-base-uncased"), "{e}");
     let usage = run(&["bert", "--text", t, "--tokenizer", "wordpiece:x"]);
@@ -312,4 +314,31 @@ fn the_log_holds_each_steps_gradient_norm_and_the_evaluations() {
         .map(|l| l["step"].as_u64().unwrap())
         .collect();
     assert_eq!(evals, [3, 6]);
+}
+
+#[test]
+fn t5_learns_source_target_pairs() {
+    let dir = tempfile::tempdir().unwrap();
+    let words = ["red", "blue", "green", "cat", "dog", "sun", "moon", "tree"];
+    let mut text = String::new();
+    for i in 0..200usize {
+        let n = 2 + i % 4;
+        let src: Vec<&str> = (0..n).map(|j| words[(i * 3 + j * 5 + i / 7) % 8]).collect();
+        let rev: Vec<&str> = src.iter().rev().copied().collect();
+        text += &format!("{}\t{}\n", src.join(" "), rev.join(" "));
+    }
+    let data = dir.path().join("pairs.tsv");
+    std::fs::write(&data, text).unwrap();
+    let out = kiln()
+        .args(["train", "t5", "--json", "--steps", "120", "--tokenizer", "wordpiece:60", "--data"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    let r: Value = serde_json::from_str(ok(&out).lines().last().unwrap()).unwrap();
+    assert_eq!(r["task"], "sequence to sequence");
+    let losses: Vec<f64> = r["losses"].as_array().unwrap().iter().map(|l| l.as_f64().unwrap()).collect();
+    let last10 = losses[110..].iter().sum::<f64>() / 10.0;
+    assert!(last10 < 0.5 * losses[0], "{} -> {last10}", losses[0]);
+    let shapes = r["buckets_used"].as_array().unwrap().len() + r["eval_buckets_used"].as_array().unwrap().len();
+    assert_eq!(r["compiles"].as_u64().unwrap() as usize, shapes, "{r}");
 }

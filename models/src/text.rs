@@ -402,11 +402,30 @@ pub fn labelled(lines: Lines, classes: Option<&[String]>, path: &Path) -> Result
     Ok((names, ids, texts))
 }
 
+/// `source<TAB>target` lines split: each line's number, source and
+/// target. A line without a tab, or with an empty side, is an error naming it.
+pub fn pairs(lines: Lines, path: &Path) -> Result<Vec<(usize, String, String)>> {
+    lines
+        .into_iter()
+        .map(|(n, line)| {
+            let bad = |reason: &str| FrontendError::Data { path: path.into(), reason: format!("line {n}: {reason}") };
+            let (a, b) = line.split_once('\t').ok_or_else(|| bad("no tab: a pair is `source<TAB>target`"))?;
+            let (a, b) = (a.trim(), b.trim());
+            if a.is_empty() || b.is_empty() {
+                return Err(bad("an empty source or target: a pair is `source<TAB>target`"));
+            }
+            Ok((n, a.to_string(), b.to_string()))
+        })
+        .collect()
+}
+
 /// The training (or held-out) text as token ids, per line, ready to batch.
 pub struct Corpus {
     pub lines: Vec<Vec<u32>>,
     /// Each line's class (classification data).
     pub classes: Vec<u32>,
+    /// Each line's target (sequence-to-sequence data).
+    pub targets: Vec<Vec<u32>>,
 }
 
 impl Corpus {
@@ -423,7 +442,38 @@ impl Corpus {
             }
             out.push(ids);
         }
-        Ok(Corpus { lines: out, classes: Vec::new() })
+        Ok(Corpus { lines: out, classes: Vec::new(), targets: Vec::new() })
+    }
+
+    /// A sequence-to-sequence batch of `b` random pairs: each source and
+    /// target followed by `eos` (truncated to the largest bucket), each side
+    /// padded with `pad` to its own bucket.
+    pub fn pairs(&self, b: usize, buckets: &Buckets, eos: u32, pad: u32, rng: &mut Rng) -> Result<SpanBatch> {
+        let max = buckets.fit(usize::MAX);
+        let picked: Vec<usize> = (0..b).map(|_| rng.below(self.lines.len())).collect();
+        let side = |rows: &[Vec<u32>]| -> Result<(Tensor, Tensor, usize)> {
+            let rows: Vec<Vec<u32>> = picked
+                .iter()
+                .map(|&i| {
+                    let mut r: Vec<u32> =
+                        rows.get(i).map_or(&[][..], Vec::as_slice).iter().take(max - 1).copied().collect();
+                    r.push(eos);
+                    r
+                })
+                .collect();
+            let len = buckets.fit(rows.iter().map(Vec::len).max().unwrap_or(1));
+            let (mut ids, mut mask) = (vec![pad; b * len], vec![0u32; b * len]);
+            for (i, r) in rows.iter().enumerate() {
+                for (j, &t) in r.iter().enumerate() {
+                    ids[i * len + j] = t;
+                    mask[i * len + j] = 1;
+                }
+            }
+            Ok((ids_tensor(&ids, [b, len])?, ids_tensor(&mask, [b, len])?, len))
+        };
+        let (input_ids, input_mask, li) = side(&self.lines)?;
+        let (labels, label_mask, lt) = side(&self.targets)?;
+        Ok(SpanBatch { input_ids, input_mask, labels, label_mask, lens: (li, lt) })
     }
 
     /// A classification batch of `b` random lines, each `cls + line + sep`

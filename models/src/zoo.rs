@@ -95,9 +95,10 @@ pub struct ZooConfig {
     pub eval_batches: usize,
     pub allow_non_finite_loss: bool,
     pub spelling: Spelling,
-    /// Sequence classification on `label<TAB>text` lines (BERT, RoBERTa)
-    /// instead of the architecture's language-model task.
-    pub classify: bool,
+    /// Learn from `--data`'s tab-separated lines instead of the
+    /// architecture's language-model task: `label<TAB>text` classification
+    /// (BERT, RoBERTa) or `source<TAB>target` sequence to sequence (T5).
+    pub labelled: bool,
     /// Save the whole training state here every `checkpoint_every` steps and
     /// at the end (kiln's checkpoint format, with the run's settings).
     pub checkpoint: Option<std::path::PathBuf>,
@@ -128,10 +129,22 @@ impl ZooConfig {
         .collect()
     }
 
+    /// Sequence classification (`--data` for BERT or RoBERTa).
+    pub fn classify(&self) -> bool {
+        self.labelled && matches!(self.arch, Arch::Bert | Arch::Roberta)
+    }
+
+    /// Source-to-target pairs (`--data` for T5).
+    pub fn seq2seq(&self) -> bool {
+        self.labelled && self.arch == Arch::T5
+    }
+
     /// What the run learns.
     pub fn task(&self) -> &'static str {
-        if self.classify {
+        if self.classify() {
             "sequence classification"
+        } else if self.seq2seq() {
+            "sequence to sequence"
         } else {
             self.arch.task()
         }
@@ -152,7 +165,7 @@ impl ZooConfig {
             eval_batches: 4,
             allow_non_finite_loss: false,
             spelling: Spelling::Builtin,
-            classify: false,
+            labelled: false,
             checkpoint: None,
             checkpoint_every: None,
             resume: false,
@@ -172,8 +185,11 @@ impl ZooConfig {
         if self.steps == 0 {
             return bad("steps", 0.0, "at least 1");
         }
-        if self.classify && !matches!(self.arch, Arch::Bert | Arch::Roberta) {
-            let reason = format!("classification (--data) is for bert and roberta, not {}", self.arch.name());
+        if self.labelled && !matches!(self.arch, Arch::Bert | Arch::Roberta | Arch::T5) {
+            let reason = format!(
+                "--data (classification for bert and roberta, source/target pairs for t5) is not for {}",
+                self.arch.name()
+            );
             return Err(FrontendError::InvalidArgument { op: "train", reason });
         }
         if self.checkpoint.is_none() && (self.resume || self.checkpoint_every.is_some()) {
@@ -283,7 +299,7 @@ fn fresh(cfg: &ZooConfig, tok_vocab: usize, pad: u32, classes: &[String]) -> Res
                 mlm_head: true,
                 ..base
             };
-            if cfg.classify {
+            if cfg.classify() {
                 HfModel::BertClassifier(BertClassifier::new(&mut ps, c, classes.to_vec(), sp)?)
             } else {
                 HfModel::Bert(Bert::new(&mut ps, c, sp)?)
@@ -330,7 +346,7 @@ fn from_hf(
     let (ps, model) = match model {
         // A masked-LM encoder to fine-tune for classification: its weights
         // under a new head, as `from_pretrained` of a classifier does.
-        HfModel::Bert(m) if cfg.classify => {
+        HfModel::Bert(m) if cfg.classify() => {
             let mut fresh_ps = ParamStore::new(cfg.seed);
             let c = BertClassifier::new(&mut fresh_ps, m.cfg, classes.to_vec(), cfg.spelling)?;
             let (mut copied, mut new) = (0, Vec::new());
@@ -347,7 +363,7 @@ fn from_hf(
             *note = Some(format!("{copied} tensors from {}, {} new ({})", dir.display(), new.len(), new.join(", ")));
             (fresh_ps, HfModel::BertClassifier(c))
         }
-        HfModel::BertClassifier(_) if !cfg.classify => {
+        HfModel::BertClassifier(_) if !cfg.classify() => {
             let reason = "a sequence classifier: give its labelled data with --data".to_string();
             return Err(FrontendError::Checkpoint { path: dir.to_path_buf(), reason });
         }
@@ -414,6 +430,7 @@ impl Batch {
 struct Batcher {
     arch: Arch,
     classify: bool,
+    seq2seq: bool,
     batch: usize,
     seq: usize,
     buckets: Buckets,
@@ -428,6 +445,10 @@ impl Batcher {
         let eos = sp.sep.unwrap_or(sp.pad);
         if self.classify {
             return Ok(Batch::Class(corpus.classify(self.batch, &self.buckets, sp, rng)?));
+        }
+        if self.seq2seq {
+            let eos = sp.sep.unwrap_or(sp.pad);
+            return Ok(Batch::Span(corpus.pairs(self.batch, &self.buckets, eos, sp.pad, rng)?));
         }
         Ok(match self.arch {
             Arch::Gpt2 | Arch::Llama => Batch::Causal(corpus.causal(self.batch, self.seq, eos, rng, &self.path)?),
@@ -516,7 +537,7 @@ pub fn train(
     let lines = text::read_lines(path)?;
     // Classification: the lines' format and classes checked first, the
     // tokenizer trained on their text alone.
-    let (data_classes, texts) = if cfg.classify {
+    let (data_classes, texts) = if cfg.classify() {
         let (classes, _, texts) = text::labelled(lines.clone(), None, path)?;
         (classes, texts)
     } else {
@@ -558,7 +579,7 @@ pub fn train(
         }
     };
     if matches!(cfg.arch, Arch::Bert | Arch::Roberta | Arch::DistilBert)
-        && !cfg.classify
+        && !cfg.classify()
         && tokenizer.specials.mask.is_none()
     {
         let reason =
@@ -578,7 +599,14 @@ pub fn train(
     };
     let (train_lines, held_lines) = text::split(lines);
     let corpus_of = |lines: text::Lines| -> Result<Corpus> {
-        if !cfg.classify {
+        if cfg.seq2seq() {
+            let pairs = text::pairs(lines, path)?;
+            let sources: text::Lines = pairs.iter().map(|(n, a, _)| (*n, a.clone())).collect();
+            let targets: text::Lines = pairs.into_iter().map(|(n, _, b)| (n, b)).collect();
+            let targets = Corpus::new(&tokenizer, &targets, vocab, path)?.lines;
+            return Ok(Corpus { targets, ..Corpus::new(&tokenizer, &sources, vocab, path)? });
+        }
+        if !cfg.classify() {
             return Corpus::new(&tokenizer, &lines, vocab, path);
         }
         let (_, ids, texts) = text::labelled(lines, Some(&classes), path)?;
@@ -587,7 +615,8 @@ pub fn train(
     let corpus = corpus_of(train_lines)?;
     let held = corpus_of(held_lines)?;
     let batcher = Batcher {
-        classify: cfg.classify,
+        classify: cfg.classify(),
+        seq2seq: cfg.seq2seq(),
         arch: cfg.arch,
         batch: cfg.batch,
         seq: cfg.seq,

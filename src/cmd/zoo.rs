@@ -25,9 +25,10 @@ pub struct ZooArgs {
     /// tenth line is held out for evaluation).
     #[arg(long, required_unless_present = "data", conflicts_with = "data")]
     pub text: Option<PathBuf>,
-    /// Labelled lines (`label<TAB>text`) to learn to classify (bert,
-    /// roberta): the model gets a sequence-classification head; every tenth
-    /// line is held out.
+    /// Tab-separated lines: `label<TAB>text` to learn to classify (bert,
+    /// roberta: the model gets a sequence-classification head), or
+    /// `source<TAB>target` pairs (t5: sequence to sequence); every tenth line
+    /// is held out.
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
     /// A tokenizer.json, or `bpe:N`, `wordpiece:N`, `unigram:N` to train one
@@ -143,7 +144,7 @@ pub fn run(arch: Arch, args: ZooArgs, progress: indicatif::ProgressBar) -> anyho
         max_grad_norm: Some(args.max_grad_norm),
         eval_every: args.eval_every,
         allow_non_finite_loss: args.allow_non_finite_loss,
-        classify: args.data.is_some(),
+        labelled: args.data.is_some(),
         checkpoint: args.checkpoint.clone(),
         checkpoint_every: args.checkpoint_every,
         resume: args.resume,
