@@ -102,9 +102,14 @@ impl Gpt2 {
         }
     }
 
-    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, docs: Option<&Tensor>) -> Result<Tensor> {
         if self.spelling == Spelling::Builtin {
-            return nn::attention(q, k, v, AttentionOptions { causal: true, ..AttentionOptions::default() });
+            return nn::attention(
+                q,
+                k,
+                v,
+                AttentionOptions { causal: true, mask: docs, ..AttentionOptions::default() },
+            );
         }
         let (t, hd) = (q.dims()[2], q.dims()[3]);
         // The causal table `triu(-inf, 1)`: 0 kept, -inf masked, built in
@@ -114,7 +119,10 @@ impl Gpt2 {
         let inf = Tensor::full(f64::NEG_INFINITY, DType::F32, [t, t])?;
         let causal = Tensor::where_cond(&above, &inf, &Tensor::zeros(DType::F32, [t, t])?)?;
         let scores = q.matmul(&k.transpose(-1, -2)?)?.to_dtype(DType::F32)?;
-        let scores = scores.div(&Tensor::full((hd as f64).sqrt(), DType::F32, [])?)?.add(&causal)?;
+        let mut scores = scores.div(&Tensor::full((hd as f64).sqrt(), DType::F32, [])?)?.add(&causal)?;
+        if let Some(docs) = docs {
+            scores = Tensor::where_cond(docs, &scores, &Tensor::full(f64::NEG_INFINITY, DType::F32, [])?)?;
+        }
         scores.softmax(-1)?.to_dtype(v.dtype())?.matmul(v)
     }
 
@@ -123,6 +131,7 @@ impl Gpt2 {
         blk: &Block,
         x: &Tensor,
         cache: Option<(&mut crate::generate::LayerCache, &Tensor)>,
+        docs: Option<&Tensor>,
     ) -> Result<Tensor> {
         let (b, t, d) = (x.dims()[0], x.dims()[1], self.cfg.dim);
         let (h, hd) = (self.cfg.heads, d / self.cfg.heads);
@@ -130,7 +139,7 @@ impl Gpt2 {
         let split = |i: usize| qkv.narrow(2, i * d, d)?.reshape([b, t, h, hd])?.permute(vec![0, 2, 1, 3]);
         let (q, k, v) = (split(0)?, split(1)?, split(2)?);
         let a = match cache {
-            None => self.attention(&q, &k, &v)?,
+            None => self.attention(&q, &k, &v, docs)?,
             Some((c, pos)) => c.attend(&q, &k, &v, pos)?,
         };
         let a = a.permute(vec![0, 2, 1, 3])?.reshape([b, t, d])?;
@@ -141,6 +150,12 @@ impl Gpt2 {
 
     /// The final hidden states `[b, t, dim]` of `ids: [b, t]`.
     pub fn hidden(&self, ids: &Tensor) -> Result<Tensor> {
+        self.hidden_packed(ids, None)
+    }
+
+    /// [`Gpt2::hidden`] of rows that pack several documents: attention
+    /// within each document, positions from each one's start.
+    pub fn hidden_packed(&self, ids: &Tensor, packing: Option<&crate::Packing>) -> Result<Tensor> {
         if ids.rank() != 2 {
             return Err(FrontendError::Rank { op: "gpt2", expected: 2, got: ids.ty().clone() });
         }
@@ -149,10 +164,14 @@ impl Gpt2 {
             let reason = format!("{t} tokens a sequence, more than the {} positions", self.cfg.max_positions);
             return Err(FrontendError::InvalidArgument { op: "gpt2", reason });
         }
-        let pos = Tensor::iota(DType::I32, [t], 0)?;
+        let pos = match packing {
+            Some(p) => p.positions.clone(),
+            None => Tensor::iota(DType::I32, [t], 0)?,
+        };
+        let docs = packing.map(crate::Packing::same_document).transpose()?;
         let mut x = self.wte.forward(ids)?.add(&self.wpe.forward(&pos)?)?;
         for blk in &self.blocks {
-            x = self.block(blk, &x, None)?;
+            x = self.block(blk, &x, None, docs.as_ref())?;
         }
         self.layer_norm(&self.ln_f, &x)
     }
@@ -172,7 +191,7 @@ impl Gpt2 {
         let positions = Tensor::iota(DType::I32, [t], 0)?.add(pos)?;
         let mut x = self.wte.forward(ids)?.add(&self.wpe.forward(&positions)?)?;
         for (blk, c) in self.blocks.iter().zip(cache.layers.iter_mut()) {
-            x = self.block(blk, &x, Some((c, pos)))?;
+            x = self.block(blk, &x, Some((c, pos)), None)?;
         }
         self.layer_norm(&self.ln_f, &x)?.matmul(&self.wte.table.t()?)?.to_dtype(DType::F32)
     }
@@ -180,14 +199,24 @@ impl Gpt2 {
     /// The tied head's logits `[b, t, vocab]` for `ids: [b, t]` (what
     /// Hugging Face's `GPT2LMHeadModel` returns as `logits`).
     pub fn logits(&self, ids: &Tensor) -> Result<Tensor> {
-        let h = self.hidden(ids)?;
+        self.logits_packed(ids, None)
+    }
+
+    /// [`Gpt2::logits`] of packed rows ([`Gpt2::hidden_packed`]).
+    pub fn logits_packed(&self, ids: &Tensor, packing: Option<&crate::Packing>) -> Result<Tensor> {
+        let h = self.hidden_packed(ids, packing)?;
         h.matmul(&self.wte.table.t()?)
     }
 
     /// Mean cross-entropy of the tied head's predictions for `ids: [b, t]`
     /// against `targets: [b · t]`.
     pub fn loss(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        let h = self.hidden(ids)?;
+        self.loss_packed(ids, targets, None)
+    }
+
+    /// [`Gpt2::loss`] of packed rows ([`Gpt2::hidden_packed`]).
+    pub fn loss_packed(&self, ids: &Tensor, targets: &Tensor, packing: Option<&crate::Packing>) -> Result<Tensor> {
+        let h = self.hidden_packed(ids, packing)?;
         let n = h.dims()[0] * h.dims()[1];
         let h = h.reshape([n, self.cfg.dim])?;
         match self.spelling {

@@ -27,6 +27,49 @@ pub mod zoo;
 
 pub use training::{init_placement, SetupBreakdown, ENV_INIT};
 
+/// Several documents packed into each row of a decoder's batch: the
+/// document of every token (`segments`, `[b, t]` i32, counting from 0 in
+/// each row) and its position within its document (`positions`, `[b, t]`
+/// i32). A packed decoder attends within a token's document only and numbers
+/// positions from each document's start, so a packed row computes what its
+/// documents would alone.
+pub struct Packing {
+    pub segments: kiln_frontend::Tensor,
+    pub positions: kiln_frontend::Tensor,
+}
+
+impl Packing {
+    /// The packing of rows of `t` tokens where `ends[i]` says token `i` (of
+    /// the flattened `[b, t]` batch) ends its document (an end-of-text token).
+    pub fn from_ends(ends: &[bool], b: usize, t: usize) -> kiln_frontend::Result<Packing> {
+        let (mut seg, mut pos) = (Vec::with_capacity(b * t), Vec::with_capacity(b * t));
+        for row in ends.chunks(t.max(1)) {
+            let (mut s, mut p) = (0i32, 0i32);
+            for &end in row {
+                seg.push(s);
+                pos.push(p);
+                p += 1;
+                if end {
+                    s += 1;
+                    p = 0;
+                }
+            }
+        }
+        Ok(Packing {
+            segments: kiln_frontend::Tensor::from_vec(seg, [b, t])?,
+            positions: kiln_frontend::Tensor::from_vec(pos, [b, t])?,
+        })
+    }
+
+    /// `[b, 1, t, t]`: whether query `i` and key `j` are in one document.
+    pub(crate) fn same_document(&self) -> kiln_frontend::Result<kiln_frontend::Tensor> {
+        let (b, t) = (self.segments.dims()[0], self.segments.dims()[1]);
+        let q = self.segments.reshape([b, 1, t, 1])?.broadcast_to([b, 1, t, t])?;
+        let k = self.segments.reshape([b, 1, 1, t])?.broadcast_to([b, 1, t, t])?;
+        q.eq(&k)
+    }
+}
+
 /// How a model spells the parts kiln has built-in calls for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Spelling {

@@ -153,6 +153,18 @@ impl Llama {
         Ok((angles.cos()?, angles.sin()?))
     }
 
+    /// `cos` and `sin` of the rotary angles at `positions: [b, t]`, as `[b,
+    /// 1, t, head_dim / 2]` (broadcast over the heads).
+    fn rotary_at(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
+        let half = self.cfg.head_dim() / 2;
+        let (b, t) = (positions.dims()[0], positions.dims()[1]);
+        let inv: Vec<f32> =
+            (0..half).map(|i| self.cfg.rope_theta.powf(-((2 * i) as f64) / (2 * half) as f64) as f32).collect();
+        let pos = positions.to_dtype(DType::F32)?.reshape([b, 1, t, 1])?;
+        let angles = pos.mul(&Tensor::from_vec(inv, [half])?)?;
+        Ok((angles.cos()?, angles.sin()?))
+    }
+
     /// `x: [b, h, t, hd]` rotated: halves `(a, b)` become
     /// `(a cos - b sin, b cos + a sin)`.
     fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
@@ -174,9 +186,14 @@ impl Llama {
         }
     }
 
-    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, docs: Option<&Tensor>) -> Result<Tensor> {
         if self.spelling == Spelling::Builtin {
-            return nn::attention(q, k, v, AttentionOptions { causal: true, ..AttentionOptions::default() });
+            return nn::attention(
+                q,
+                k,
+                v,
+                AttentionOptions { causal: true, mask: docs, ..AttentionOptions::default() },
+            );
         }
         let [b, h, t, hd] = [q.dims()[0], q.dims()[1], q.dims()[2], q.dims()[3]];
         let repeat_kv = |x: &Tensor| -> Result<Tensor> {
@@ -185,9 +202,13 @@ impl Llama {
         };
         let (k, v) = (repeat_kv(k)?, repeat_kv(v)?);
         let scores = q.matmul(&k.transpose(2, 3)?)?.mul_scalar(1.0 / (hd as f64).sqrt())?;
-        let causal = Tensor::iota(DType::I32, [t, t], 0)?.ge(&Tensor::iota(DType::I32, [t, t], 1)?)?;
+        let mut keep = Tensor::iota(DType::I32, [t, t], 0)?.ge(&Tensor::iota(DType::I32, [t, t], 1)?)?;
+        if let Some(docs) = docs {
+            let causal = keep.broadcast_to([b, 1, t, t])?;
+            keep = causal.binary(kiln_compiler::ir::BinaryOp::And, docs)?;
+        }
         let neg = Tensor::full(-1e9, scores.dtype(), [])?;
-        let scores = Tensor::where_cond(&causal, &scores, &neg)?;
+        let scores = Tensor::where_cond(&keep, &scores, &neg)?;
         let p = scores.to_dtype(DType::F32)?.softmax(-1)?.to_dtype(q.dtype())?;
         p.matmul(&v)
     }
@@ -198,6 +219,7 @@ impl Llama {
         x: &Tensor,
         rot: &(Tensor, Tensor),
         cache: Option<(&mut crate::generate::LayerCache, &Tensor)>,
+        docs: Option<&Tensor>,
     ) -> Result<Tensor> {
         let cfg = &self.cfg;
         let (b, t, hd) = (x.dims()[0], x.dims()[1], cfg.head_dim());
@@ -207,7 +229,7 @@ impl Llama {
         let k = Self::rope(&heads(blk.wk.forward(&n)?, cfg.kv_heads)?, &rot.0, &rot.1)?;
         let v = heads(blk.wv.forward(&n)?, cfg.kv_heads)?;
         let a = match cache {
-            None => self.attention(&q, &k, &v)?,
+            None => self.attention(&q, &k, &v, docs)?,
             Some((c, pos)) => c.attend(&q, &k, &v, pos)?,
         };
         let a = a.permute(vec![0, 2, 1, 3])?.reshape([b, t, cfg.heads * hd])?;
@@ -220,13 +242,23 @@ impl Llama {
 
     /// The final hidden states `[b, t, dim]` of `ids: [b, t]`.
     pub fn hidden(&self, ids: &Tensor) -> Result<Tensor> {
+        self.hidden_packed(ids, None)
+    }
+
+    /// [`Llama::hidden`] of rows that pack several documents: attention
+    /// within each document, rotary positions from each one's start.
+    pub fn hidden_packed(&self, ids: &Tensor, packing: Option<&crate::Packing>) -> Result<Tensor> {
         if ids.rank() != 2 {
             return Err(FrontendError::Rank { op: "llama", expected: 2, got: ids.ty().clone() });
         }
-        let rot = self.rotary(ids.dims()[1], None)?;
+        let rot = match packing {
+            Some(p) => self.rotary_at(&p.positions)?,
+            None => self.rotary(ids.dims()[1], None)?,
+        };
+        let docs = packing.map(crate::Packing::same_document).transpose()?;
         let mut x = self.embed.forward(ids)?;
         for blk in &self.blocks {
-            x = self.block(blk, &x, &rot, None)?;
+            x = self.block(blk, &x, &rot, None, docs.as_ref())?;
         }
         self.rms_norm(&self.norm, &x)
     }
@@ -245,7 +277,7 @@ impl Llama {
         let rot = self.rotary(ids.dims()[1], Some(pos))?;
         let mut x = self.embed.forward(ids)?;
         for (blk, c) in self.blocks.iter().zip(cache.layers.iter_mut()) {
-            x = self.block(blk, &x, &rot, Some((c, pos)))?;
+            x = self.block(blk, &x, &rot, Some((c, pos)), None)?;
         }
         let h = self.rms_norm(&self.norm, &x)?;
         h.matmul(&self.head().t()?)?.to_dtype(DType::F32)
@@ -259,14 +291,24 @@ impl Llama {
     /// The next-token logits `[b, t, vocab]` (f32) of `ids: [b, t]`:
     /// `LlamaForCausalLM`'s output.
     pub fn logits(&self, ids: &Tensor) -> Result<Tensor> {
-        let h = self.hidden(ids)?;
+        self.logits_packed(ids, None)
+    }
+
+    /// [`Llama::logits`] of packed rows ([`Llama::hidden_packed`]).
+    pub fn logits_packed(&self, ids: &Tensor, packing: Option<&crate::Packing>) -> Result<Tensor> {
+        let h = self.hidden_packed(ids, packing)?;
         h.matmul(&self.head().t()?)?.to_dtype(DType::F32)
     }
 
     /// Mean cross-entropy of the head's predictions for `ids: [b, t]`
     /// against `targets: [b · t]`.
     pub fn loss(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        let h = self.hidden(ids)?;
+        self.loss_packed(ids, targets, None)
+    }
+
+    /// [`Llama::loss`] of packed rows ([`Llama::hidden_packed`]).
+    pub fn loss_packed(&self, ids: &Tensor, targets: &Tensor, packing: Option<&crate::Packing>) -> Result<Tensor> {
+        let h = self.hidden_packed(ids, packing)?;
         let n = h.dims()[0] * h.dims()[1];
         let h = h.reshape([n, self.cfg.dim])?;
         let table = self.head();

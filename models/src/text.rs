@@ -324,10 +324,13 @@ fn ids_tensor(ids: &[u32], dims: [usize; 2]) -> Result<Tensor> {
     Tensor::from_vec(ids.iter().map(|&i| i as i32).collect::<Vec<i32>>(), dims)
 }
 
-/// A next-token batch: `ids [b, seq]` and `targets [b · seq]`.
+/// A next-token batch: `ids [b, seq]` and `targets [b · seq]`, windows of
+/// the packed lines with the documents each row holds (`packing`: a line's
+/// end token ends its document).
 pub struct CausalBatch {
     pub ids: Tensor,
     pub targets: Tensor,
+    pub packing: crate::Packing,
 }
 
 /// A masked-LM batch padded to its bucket: ids, token types, mask `[b, len]`,
@@ -525,7 +528,8 @@ impl Corpus {
     }
 
     /// A causal batch of `b` windows of `seq + 1` tokens at random offsets
-    /// of the packed stream (lines separated by `eos`).
+    /// of the packed stream (lines separated by `eos`), each row's documents
+    /// kept apart by its packing.
     pub fn causal(&self, b: usize, seq: usize, eos: u32, rng: &mut Rng, path: &Path) -> Result<CausalBatch> {
         let stream = self.stream(eos);
         if stream.len() <= seq + 1 {
@@ -538,9 +542,11 @@ impl Corpus {
             ids.extend_from_slice(&stream[at..at + seq]);
             targets.extend_from_slice(&stream[at + 1..at + seq + 1]);
         }
+        let ends: Vec<bool> = ids.iter().map(|&t| t == eos).collect();
         Ok(CausalBatch {
             ids: ids_tensor(&ids, [b, seq])?,
             targets: ids_tensor(&targets, [b * seq, 1])?.reshape([b * seq])?,
+            packing: crate::Packing::from_ends(&ends, b, seq)?,
         })
     }
 

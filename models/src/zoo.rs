@@ -1,6 +1,7 @@
 //! Training the zoo's models on a user's text: what `kiln train gpt2|llama|
-//! bert|roberta|t5` runs. The decoders learn the next token of the lines
-//! packed into one stream; BERT and RoBERTa the masked tokens of single
+//! bert|roberta|distilbert|t5` runs. The decoders learn the next token of
+//! the lines packed into fixed windows, each line a document of its own
+//! (attention within it, positions from its start: [`crate::Packing`]); BERT and RoBERTa the masked tokens of single
 //! lines; T5 the spans its sentinels replaced. A model starts from a named
 //! size with the tokenizer's vocabulary, or from a Hugging Face directory
 //! (`--init hf:DIR`), and can be written back as one (`hf::save`).
@@ -468,8 +469,8 @@ fn mismatch(model: &HfModel, batch: &Batch) -> FrontendError {
 /// The batch's mean loss.
 fn loss(model: &HfModel, batch: &Batch) -> Result<Tensor> {
     match (model, batch) {
-        (HfModel::Gpt2(m), Batch::Causal(b)) => m.loss(&b.ids, &b.targets),
-        (HfModel::Llama(m), Batch::Causal(b)) => m.loss(&b.ids, &b.targets),
+        (HfModel::Gpt2(m), Batch::Causal(b)) => m.loss_packed(&b.ids, &b.targets, Some(&b.packing)),
+        (HfModel::Llama(m), Batch::Causal(b)) => m.loss_packed(&b.ids, &b.targets, Some(&b.packing)),
         (HfModel::Bert(m), Batch::Mlm(b)) => {
             let batch = BertBatch { ids: b.ids.clone(), types: b.types.clone(), mask: b.mask.clone() };
             m.mlm_loss(&batch, &b.labels, &b.weights)
@@ -492,8 +493,8 @@ fn loss(model: &HfModel, batch: &Batch) -> Result<Tensor> {
 fn evaluate(model: &HfModel, batch: &Batch) -> Result<[Tensor; 3]> {
     let l = loss(model, batch)?;
     let (logits, labels, weights) = match (model, batch) {
-        (HfModel::Gpt2(m), Batch::Causal(b)) => (m.logits(&b.ids)?, b.targets.clone(), None),
-        (HfModel::Llama(m), Batch::Causal(b)) => (m.logits(&b.ids)?, b.targets.clone(), None),
+        (HfModel::Gpt2(m), Batch::Causal(b)) => (m.logits_packed(&b.ids, Some(&b.packing))?, b.targets.clone(), None),
+        (HfModel::Llama(m), Batch::Causal(b)) => (m.logits_packed(&b.ids, Some(&b.packing))?, b.targets.clone(), None),
         (HfModel::Bert(m), Batch::Mlm(b)) => {
             let batch = BertBatch { ids: b.ids.clone(), types: b.types.clone(), mask: b.mask.clone() };
             (m.mlm_logits(&batch)?, b.labels.clone(), Some(b.weights.clone()))
