@@ -342,3 +342,28 @@ fn t5_learns_source_target_pairs() {
     let shapes = r["buckets_used"].as_array().unwrap().len() + r["eval_buckets_used"].as_array().unwrap().len();
     assert_eq!(r["compiles"].as_u64().unwrap() as usize, shapes, "{r}");
 }
+
+#[test]
+fn each_replica_trains_on_its_own_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = corpus(dir.path(), 150);
+    let run = |devices: &str, batch: &str| -> Value {
+        let out = kiln()
+            .env("KILN_CPU_DEVICES", devices)
+            .args(["train", "gpt2", "--json", "--steps", "8", "--tokenizer", "bpe:300", "--batch", batch, "--text"])
+            .arg(&text)
+            .output()
+            .unwrap();
+        serde_json::from_str(ok(&out).lines().last().unwrap()).unwrap()
+    };
+    // Two replicas of 4 rows draw the 8 rows one replica of 8 draws: the
+    // same global batch, so the same losses (f32 means of equal halves).
+    let (one, two) = (run("1", "8"), run("2", "4"));
+    let losses =
+        |r: &Value| -> Vec<f64> { r["losses"].as_array().unwrap().iter().map(|l| l.as_f64().unwrap()).collect() };
+    for (a, b) in losses(&one).iter().zip(losses(&two)) {
+        assert!((a - b).abs() < 1e-4, "{:?} vs {:?}", losses(&one), losses(&two));
+    }
+    let eval = |r: &Value| r["eval"][0]["loss"].as_f64().unwrap();
+    assert!((eval(&one) - eval(&two)).abs() < 1e-4, "{} vs {}", eval(&one), eval(&two));
+}

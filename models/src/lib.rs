@@ -38,9 +38,32 @@ pub struct Packing {
     pub positions: kiln_frontend::Tensor,
 }
 
+/// A batch tensor from `data`: the rows of every replica of the run, each
+/// replica's `shape[0]` rows after the previous one's (`data` holds
+/// `global replicas × shape` values). Each replica of this process gets its
+/// own rows; under a mesh the rows are split over its `data` axis. With one
+/// replica and no mesh it is `Tensor::from_vec(data, shape)`.
+pub(crate) fn batch_rows<T: kiln_frontend::Element + Clone>(
+    data: &[T],
+    shape: Vec<usize>,
+) -> kiln_frontend::Result<kiln_frontend::Tensor> {
+    let global = kiln_frontend::replicas::global_replicas()?;
+    let local = kiln_frontend::replicas::local_replica_indices()?;
+    let chunk: usize = shape.iter().product();
+    if data.len() != chunk * global {
+        let reason = format!("{} values for {global} replica(s) of {shape:?}", data.len());
+        return Err(kiln_frontend::FrontendError::InvalidArgument { op: "batch", reason });
+    }
+    let shards = local.iter().map(|&g| data[g * chunk..(g + 1) * chunk].to_vec()).collect();
+    let t = kiln_frontend::replicas::from_shards(shards, shape)?;
+    kiln_frontend::shard::shard_batch(&t)?;
+    Ok(t)
+}
+
 impl Packing {
     /// The packing of rows of `t` tokens where `ends[i]` says token `i` (of
-    /// the flattened `[b, t]` batch) ends its document (an end-of-text token).
+    /// the flattened batch: `b` rows for each replica of the run) ends its
+    /// document (an end-of-text token). Each replica gets its own `b` rows.
     pub fn from_ends(ends: &[bool], b: usize, t: usize) -> kiln_frontend::Result<Packing> {
         let (mut seg, mut pos) = (Vec::with_capacity(b * t), Vec::with_capacity(b * t));
         for row in ends.chunks(t.max(1)) {
@@ -55,10 +78,7 @@ impl Packing {
                 }
             }
         }
-        Ok(Packing {
-            segments: kiln_frontend::Tensor::from_vec(seg, [b, t])?,
-            positions: kiln_frontend::Tensor::from_vec(pos, [b, t])?,
-        })
+        Ok(Packing { segments: batch_rows(&seg, vec![b, t])?, positions: batch_rows(&pos, vec![b, t])? })
     }
 
     /// `[b, 1, t, t]`: whether query `i` and key `j` are in one document.

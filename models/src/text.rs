@@ -320,8 +320,15 @@ impl Buckets {
     }
 }
 
-fn ids_tensor(ids: &[u32], dims: [usize; 2]) -> Result<Tensor> {
-    Tensor::from_vec(ids.iter().map(|&i| i as i32).collect::<Vec<i32>>(), dims)
+/// Ids as an i32 batch tensor of `dims` a replica (`ids` holds every
+/// replica's rows: [`crate::batch_rows`]).
+fn ids_tensor(ids: &[u32], dims: &[usize]) -> Result<Tensor> {
+    crate::batch_rows(&ids.iter().map(|&i| i as i32).collect::<Vec<i32>>(), dims.to_vec())
+}
+
+/// The rows a batch draws for `b` a replica: `b` for each replica of the run.
+fn all_rows(b: usize) -> Result<usize> {
+    Ok(b * kiln_frontend::replicas::global_replicas()?)
 }
 
 /// A next-token batch: `ids [b, seq]` and `targets [b · seq]`, windows of
@@ -451,7 +458,8 @@ impl Corpus {
     /// A sequence-to-sequence batch of `b` random pairs: each source and
     /// target followed by `eos` (truncated to the largest bucket), each side
     /// padded with `pad` to its own bucket.
-    pub fn pairs(&self, b: usize, buckets: &Buckets, eos: u32, pad: u32, rng: &mut Rng) -> Result<SpanBatch> {
+    pub fn pairs(&self, per: usize, buckets: &Buckets, eos: u32, pad: u32, rng: &mut Rng) -> Result<SpanBatch> {
+        let b = all_rows(per)?;
         let max = buckets.fit(usize::MAX);
         let picked: Vec<usize> = (0..b).map(|_| rng.below(self.lines.len())).collect();
         let side = |rows: &[Vec<u32>]| -> Result<(Tensor, Tensor, usize)> {
@@ -472,7 +480,7 @@ impl Corpus {
                     mask[i * len + j] = 1;
                 }
             }
-            Ok((ids_tensor(&ids, [b, len])?, ids_tensor(&mask, [b, len])?, len))
+            Ok((ids_tensor(&ids, &[per, len])?, ids_tensor(&mask, &[per, len])?, len))
         };
         let (input_ids, input_mask, li) = side(&self.lines)?;
         let (labels, label_mask, lt) = side(&self.targets)?;
@@ -482,7 +490,8 @@ impl Corpus {
     /// A classification batch of `b` random lines, each `cls + line + sep`
     /// (truncated to the largest bucket), padded with `pad` to the bucket of
     /// the longest, with the lines' classes.
-    pub fn classify(&self, b: usize, buckets: &Buckets, sp: &Specials, rng: &mut Rng) -> Result<ClassBatch> {
+    pub fn classify(&self, per: usize, buckets: &Buckets, sp: &Specials, rng: &mut Rng) -> Result<ClassBatch> {
+        let b = all_rows(per)?;
         let max = buckets.fit(usize::MAX);
         let (cls, sep) = (sp.cls.unwrap_or(sp.pad), sp.sep.unwrap_or(sp.pad));
         let picked: Vec<usize> = (0..b).map(|_| rng.below(self.lines.len())).collect();
@@ -505,10 +514,10 @@ impl Corpus {
         }
         let labels: Vec<u32> = picked.iter().map(|&i| self.classes.get(i).copied().unwrap_or(0)).collect();
         Ok(ClassBatch {
-            ids: ids_tensor(&ids, [b, len])?,
-            types: Tensor::zeros(DType::I32, [b, len])?,
-            mask: ids_tensor(&mask, [b, len])?,
-            labels: ids_tensor(&labels, [b, 1])?.reshape([b])?,
+            ids: ids_tensor(&ids, &[per, len])?,
+            types: Tensor::zeros(DType::I32, [per, len])?,
+            mask: ids_tensor(&mask, &[per, len])?,
+            labels: ids_tensor(&labels, &[per])?,
             len,
         })
     }
@@ -530,7 +539,8 @@ impl Corpus {
     /// A causal batch of `b` windows of `seq + 1` tokens at random offsets
     /// of the packed stream (lines separated by `eos`), each row's documents
     /// kept apart by its packing.
-    pub fn causal(&self, b: usize, seq: usize, eos: u32, rng: &mut Rng, path: &Path) -> Result<CausalBatch> {
+    pub fn causal(&self, per: usize, seq: usize, eos: u32, rng: &mut Rng, path: &Path) -> Result<CausalBatch> {
+        let b = all_rows(per)?;
         let stream = self.stream(eos);
         if stream.len() <= seq + 1 {
             let reason = format!("{} tokens, fewer than one sequence of {} (--seq + 1)", stream.len(), seq + 1);
@@ -544,9 +554,9 @@ impl Corpus {
         }
         let ends: Vec<bool> = ids.iter().map(|&t| t == eos).collect();
         Ok(CausalBatch {
-            ids: ids_tensor(&ids, [b, seq])?,
-            targets: ids_tensor(&targets, [b * seq, 1])?.reshape([b * seq])?,
-            packing: crate::Packing::from_ends(&ends, b, seq)?,
+            ids: ids_tensor(&ids, &[per, seq])?,
+            targets: ids_tensor(&targets, &[per * seq])?,
+            packing: crate::Packing::from_ends(&ends, per, seq)?,
         })
     }
 
@@ -555,7 +565,8 @@ impl Corpus {
     /// the longest; 15% of the real tokens chosen (at least one a batch), of
     /// them 80% replaced by `mask`, 10% by a random token below `vocab`, 10%
     /// kept.
-    pub fn mlm(&self, b: usize, buckets: &Buckets, sp: &Specials, vocab: usize, rng: &mut Rng) -> Result<MlmBatch> {
+    pub fn mlm(&self, per: usize, buckets: &Buckets, sp: &Specials, vocab: usize, rng: &mut Rng) -> Result<MlmBatch> {
+        let b = all_rows(per)?;
         let max = buckets.fit(usize::MAX);
         let (cls, sep) = (sp.cls.unwrap_or(sp.pad), sp.sep.unwrap_or(sp.pad));
         let mask_id = sp.mask.unwrap_or(sp.pad);
@@ -602,11 +613,11 @@ impl Corpus {
             ids[k] = mask_id;
         }
         Ok(MlmBatch {
-            ids: ids_tensor(&ids, [b, len])?,
-            types: Tensor::zeros(DType::I32, [b, len])?,
-            mask: ids_tensor(&mask, [b, len])?,
-            labels: ids_tensor(&labels, [n, 1])?.reshape([n])?,
-            weights: Tensor::from_vec(weights, [n])?,
+            ids: ids_tensor(&ids, &[per, len])?,
+            types: Tensor::zeros(DType::I32, [per, len])?,
+            mask: ids_tensor(&mask, &[per, len])?,
+            labels: ids_tensor(&labels, &[per * len])?,
+            weights: crate::batch_rows(&weights, vec![per * len])?,
             len,
         })
     }
@@ -617,13 +628,14 @@ impl Corpus {
     /// target is each sentinel followed by its span, then `eos`.
     pub fn spans(
         &self,
-        b: usize,
+        per: usize,
         buckets: &Buckets,
         eos: u32,
         pad: u32,
         vocab: usize,
         rng: &mut Rng,
     ) -> Result<SpanBatch> {
+        let b = all_rows(per)?;
         let max = buckets.fit(usize::MAX);
         let (mut inputs, mut targets) = (Vec::with_capacity(b), Vec::with_capacity(b));
         for _ in 0..b {
@@ -663,7 +675,7 @@ impl Corpus {
                     mask[i * len + j] = 1;
                 }
             }
-            Ok((ids_tensor(&ids, [b, len])?, ids_tensor(&mask, [b, len])?, len))
+            Ok((ids_tensor(&ids, &[per, len])?, ids_tensor(&mask, &[per, len])?, len))
         };
         let (input_ids, input_mask, li) = pad_to(&inputs)?;
         let (labels, label_mask, lt) = pad_to(&targets)?;

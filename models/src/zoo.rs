@@ -682,6 +682,11 @@ pub fn train(
             report.eval_buckets.insert(batch.lens());
             let _bucket = kiln_frontend::bucket(format!("eval {}", bucket_name(batch.lens())));
             let [a, b, c] = amp::autocast_if(cfg.amp, || evaluate(&model, &batch))?;
+            // Every replica's rows count (means of equal-sized parts; the
+            // accuracy is a ratio of two means).
+            let [a, b, c]: [Tensor; 3] = kiln_frontend::replicas::all_reduce_mean(&[a, b, c])?
+                .try_into()
+                .map_err(|_| FrontendError::InvalidArgument { op: "eval", reason: "all_reduce_mean".into() })?;
             kiln_frontend::mark_step()?;
             l += a.item()?;
             right += b.item()?;
