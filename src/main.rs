@@ -429,7 +429,7 @@ fn check_lr(lr: f64) -> anyhow::Result<()> {
 
 /// `--shard SPEC`: sets the mesh and policy (none for `dp`); returns the
 /// data-parallel degree (the mesh's `data` axis, 1 without one).
-fn set_shard(spec: &str) -> anyhow::Result<usize> {
+pub(crate) fn set_shard(spec: &str) -> anyhow::Result<usize> {
     let env = kiln::runtime::ReplicaEnv::from_env()?;
     let devices = env.plan(kiln::runtime::probe_gpus)?.replicas;
     match kiln::shard::parse_shard_flag(spec, devices)? {

@@ -344,7 +344,7 @@ fn t5_learns_source_target_pairs() {
 }
 
 #[test]
-fn each_replica_trains_on_its_own_rows() {
+fn each_replica_or_data_rank_trains_on_its_own_rows() {
     let dir = tempfile::tempdir().unwrap();
     let text = corpus(dir.path(), 150);
     let run = |devices: &str, batch: &str| -> Value {
@@ -366,4 +366,36 @@ fn each_replica_trains_on_its_own_rows() {
     }
     let eval = |r: &Value| r["eval"][0]["loss"].as_f64().unwrap();
     assert!((eval(&one) - eval(&two)).abs() < 1e-4, "{} vs {}", eval(&one), eval(&two));
+
+    // Sharded: FSDP over 2 devices with 4 rows a data rank is the same global
+    // batch; tensor parallelism over both has one data rank of 4 rows.
+    let sharded = |spec: &str| -> Value {
+        let out = kiln()
+            .env("KILN_CPU_DEVICES", "2")
+            .args([
+                "train",
+                "gpt2",
+                "--json",
+                "--steps",
+                "8",
+                "--tokenizer",
+                "bpe:300",
+                "--batch",
+                "4",
+                "--shard",
+                spec,
+            ])
+            .arg("--text")
+            .arg(&text)
+            .output()
+            .unwrap();
+        serde_json::from_str(ok(&out).lines().last().unwrap()).unwrap()
+    };
+    let four = run("1", "4");
+    for (spec, like) in [("fsdp", &one), ("tp=2", &four)] {
+        let r = sharded(spec);
+        for (a, b) in losses(like).iter().zip(losses(&r)) {
+            assert!((a - b).abs() < 1e-4, "{spec}: {:?} vs {:?}", losses(like), losses(&r));
+        }
+    }
 }

@@ -88,6 +88,11 @@ pub struct ZooArgs {
     /// Replace whatever is at --checkpoint FILE.
     #[arg(long, requires = "checkpoint", conflicts_with = "resume")]
     pub overwrite: bool,
+    /// Spread the step over the devices (KILN_CPU_DEVICES / GPU_NUM_DEVICES):
+    /// `dp`, `fsdp`, `tp=N`, `fsdp,tp=N` as `kiln train gpt --shard`; --batch
+    /// stays per data-parallel rank.
+    #[arg(long, value_name = "SPEC")]
+    pub shard: Option<String>,
     /// Rematerialize so each step's predicted peak fits SIZE or N%.
     #[arg(long, value_name = "SIZE")]
     pub memory_limit: Option<String>,
@@ -133,10 +138,16 @@ pub fn run(arch: Arch, args: ZooArgs, progress: indicatif::ProgressBar) -> anyho
     if let Some(dir) = &args.save_hf {
         prepare_save_dir(dir)?;
     }
+    // Under a mesh the batch is the global one: --batch per data rank.
+    let ranks = match &args.shard {
+        Some(spec) => super::super::set_shard(spec)?,
+        None => 1,
+    };
+    let batch = args.batch.checked_mul(ranks).context("--batch times the data-parallel ranks overflows")?;
     let cfg = ZooConfig {
         size: args.config.clone(),
         seq: args.seq,
-        batch: args.batch,
+        batch,
         steps: args.steps,
         lr: args.lr,
         seed: args.seed,
