@@ -228,6 +228,15 @@ fn bad_input_is_refused_before_training_naming_it() {
     assert!(e.contains("smaller than the tokenizer's"), "{e}");
     let e = refused(&run(&["gpt2", "--text", t, "--init", &init, "--tokenizer", "wordpiece:40", "--seq", "64"]));
     assert!(e.contains("fewer than --seq 64"), "{e}");
+
+    // Text a tokenizer does not cover trains, and says how much of it is unknown.
+    let odd = dir.path().join("odd.txt");
+    std::fs::write(&odd, "zzz qqq xxx\n\u{e9}\u{e9} \u{e7}\u{e7}\nthe cat\n".repeat(5)).unwrap();
+    let tok = small.join("tokenizer.json");
+    let out = run(&["bert", "--text", odd.to_str().unwrap(), "--tokenizer", tok.to_str().unwrap(), "--steps", "2"]);
+    ok(&out);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("are the tokenizer's unknown token"), "{said}");
 }
 
 #[test]

@@ -235,6 +235,8 @@ pub struct ZooReport {
     pub vocab: usize,
     pub tokenizer_vocab: usize,
     pub train_tokens: usize,
+    /// Training tokens the tokenizer could not map (its unknown token).
+    pub unknown_tokens: usize,
     pub parameters: usize,
     /// The classes of a classification run, by id.
     pub classes: Vec<String>,
@@ -631,6 +633,10 @@ pub fn train(
         vocab,
         tokenizer_vocab: tokenizer.vocab_size(),
         train_tokens: corpus.tokens(),
+        unknown_tokens: tokenizer
+            .specials
+            .unk
+            .map_or(0, |u| corpus.lines.iter().flatten().filter(|&&t| t == u).count()),
         parameters: params.num_elements(),
         bucket_lengths: batcher.buckets.0.clone(),
         classes: classes.clone(),

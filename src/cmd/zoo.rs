@@ -199,6 +199,18 @@ pub fn run(arch: Arch, args: ZooArgs, progress: indicatif::ProgressBar) -> anyho
             .with_context(|| format!("--save-hf {}", dir.display()))?;
         trained.tokenizer.save(&dir.join("tokenizer.json")).with_context(|| format!("--save-hf {}", dir.display()))?;
     }
+    // Text the tokenizer cannot map trains on its unknown token: say so
+    // when it is more than a trace.
+    if report.unknown_tokens * 100 > report.train_tokens {
+        eprintln!(
+            "kiln: {} of the {} training tokens ({:.1}%) are the tokenizer's unknown token: {} does not cover \
+             this text (train one on it with --tokenizer wordpiece:N|bpe:N|unigram:N)",
+            report.unknown_tokens,
+            report.train_tokens,
+            100.0 * report.unknown_tokens as f64 / report.train_tokens.max(1) as f64,
+            trained.tokenizer.source
+        );
+    }
     let logged = log.into_inner().finish();
     let t = &report.train;
     let last = report.evals.last();
@@ -216,6 +228,7 @@ pub fn run(arch: Arch, args: ZooArgs, progress: indicatif::ProgressBar) -> anyho
                 "tokenizer": trained.tokenizer.source,
                 "tokenizer_vocab": report.tokenizer_vocab,
                 "train_tokens": report.train_tokens,
+                "unknown_tokens": report.unknown_tokens,
                 "steps": t.steps,
                 "first_loss": t.losses.first(),
                 "final_loss": t.losses.last(),
