@@ -245,7 +245,7 @@ fn generate_continues_a_prompt_from_a_saved_decoder() {
     let text = corpus(dir.path(), 200);
     for model in ["gpt2", "llama"] {
         let saved = dir.path().join(model);
-        train(model, &text, &["--steps", "150", "--save-hf", saved.to_str().unwrap()]);
+        train(model, &text, &["--steps", "50", "--save-hf", saved.to_str().unwrap()]);
         let hf = format!("hf:{}", saved.display());
         let out = kiln()
             .args([

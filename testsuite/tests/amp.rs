@@ -585,9 +585,14 @@ fn the_captured_mlp_step_with_loss_scaling_and_clipping_is_bit_identical_to_the_
         for (n, b) in batches[..steps].iter().enumerate() {
             let (x, y) = kiln::data::image_batch(&data.train, b)?;
             let out = step.call(&[x, y, Tensor::scalar(lr(n) as f32)])?;
-            assert_eq!(out.len(), 2, "loss and the skip flag");
+            assert_eq!(out.len(), 3, "loss, the skip flag and the gradient norm");
             got.push(out[0].item()?.to_bits());
             skipped += u64::from(out[1].item()? != 0.0);
+            // The norm before clipping: positive, and infinite or NaN exactly
+            // when the step was skipped for non-finite gradients.
+            let (norm, was_skipped) = (out[2].item()?, out[1].item()? != 0.0);
+            let fits = if was_skipped { !norm.is_finite() } else { norm.is_finite() && norm > 0.0 };
+            assert!(fits, "step {n}: norm {norm}, skipped {was_skipped}");
         }
         assert_eq!((step.traces(), step.replays()), (1, steps as u64 - 1), "{:?}", step.last_retrace());
     }
