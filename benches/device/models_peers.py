@@ -297,6 +297,30 @@ def run_jax(name, c, iters):
 
 # ----------------------------------------------------------------------------- PyTorch
 
+def time_torch_steps(step, iters):
+    """PyTorch's measure: the first step (its compile), two more, then the
+    median of `iters` steps timed by CUDA events, and the peak memory over
+    them."""
+    import torch
+
+    t0 = time.perf_counter()
+    losses = [float(step())]
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - t0
+    losses += [float(step()) for _ in range(2)]
+    torch.cuda.reset_peak_memory_stats()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        start.record()
+        step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return dict(ms=statistics.median(times), compile_s=compile_s, losses=losses,
+                peak_bytes=torch.cuda.max_memory_allocated())
+
+
 def run_torch(name, c, iters):
     import torch
     import torch.nn.functional as F
@@ -513,22 +537,7 @@ def run_torch(name, c, iters):
         opt.zero_grad(set_to_none=True)
         return l
 
-    t0 = time.perf_counter()
-    losses = [float(step())]
-    torch.cuda.synchronize()
-    compile_s = time.perf_counter() - t0
-    losses += [float(step()) for _ in range(2)]
-    torch.cuda.reset_peak_memory_stats()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        start.record()
-        step()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return dict(ms=statistics.median(times), compile_s=compile_s, losses=losses,
-                peak_bytes=torch.cuda.max_memory_allocated())
+    return time_torch_steps(step, iters)
 
 
 def run_hf(name, c, iters):
@@ -591,23 +600,9 @@ def run_hf(name, c, iters):
         opt.zero_grad(set_to_none=True)
         return l
 
-    t0 = time.perf_counter()
-    losses = [float(step())]
-    torch.cuda.synchronize()
-    compile_s = time.perf_counter() - t0
-    losses += [float(step()) for _ in range(2)]
-    torch.cuda.reset_peak_memory_stats()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        start.record()
-        step()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return dict(ms=statistics.median(times), compile_s=compile_s, losses=losses,
-                peak_bytes=torch.cuda.max_memory_allocated(), transformers=tf.__version__,
-                attention=model.config._attn_implementation)
+    r = time_torch_steps(step, iters)
+    r.update(transformers=tf.__version__, attention=model.config._attn_implementation)
+    return r
 
 
 def main():
