@@ -3,6 +3,7 @@
 
 pub mod cache;
 pub mod compile;
+pub mod devices;
 pub mod generate;
 pub mod launch;
 pub mod memory;
