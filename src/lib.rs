@@ -19,4 +19,7 @@ pub use kiln_frontend::*;
 /// The model zoo (`kiln_models`): the MLP and GPT the CLI trains, and the
 /// transformers written as users write them.
 pub use kiln_models as models;
+/// The training loop as a library: [`train::Trainer`] fits a model's
+/// parameters with evaluation, checkpoints and callbacks.
+pub use kiln_models::trainer as train;
 pub use kiln_runtime as runtime;

@@ -188,6 +188,9 @@ enum Model {
         /// skipped steps never stop it).
         #[arg(long)]
         allow_non_finite_loss: bool,
+        /// Evaluation (on the text's last tenth, held out), checkpoints.
+        #[command(flatten)]
+        run: cmd::RunArgs,
         /// Write one JSON object per step (loss, learning rate, step time,
         /// throughput, skipped steps) and per evaluation to FILE as the run
         /// goes (`kiln plot FILE` draws it).
@@ -371,6 +374,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     memory_limit,
                     shard,
                     allow_non_finite_loss,
+                    run,
                     log,
                     json,
                 },
@@ -404,6 +408,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 amp: amp.map(Into::into),
                 max_grad_norm,
                 allow_non_finite_loss,
+                run: gpt::GptRun {
+                    eval_every: run.eval_every,
+                    checkpoint: run.checkpoint,
+                    checkpoint_every: run.checkpoint_every,
+                    resume: run.resume,
+                    overwrite: run.overwrite,
+                    override_settings: run.override_settings,
+                    keep_best: run.keep_best,
+                },
                 ..base
             };
             // The settings before the text is read (the vocabulary is at
@@ -473,16 +486,28 @@ fn train_gpt(
     let text = gpt::read_text(path, cfg.seq)?;
     // Tokens a step takes over every device (see `global_batch` below).
     let step_tokens = (cfg.batch * kiln::replicas::global_replicas()? * cfg.seq) as f64;
-    let mut log = cmd::runlog::RunLog::create(log, "tokens", step_tokens)?;
+    // Both callbacks write the log.
+    let log = std::cell::RefCell::new(cmd::runlog::RunLog::create(log, "tokens", step_tokens)?);
     let bar = progress(json);
-    let report = gpt::train(&text, cfg, |s| {
-        log.step(s);
-        bar.set_length(s.steps_total);
-        bar.set_position(s.step);
-        bar.set_message(format!("loss {:.4} step {:.1} ms", s.loss, s.step_ms));
-    })?;
+    let mut evals = Vec::new();
+    let report = gpt::train_with(
+        &text,
+        cfg,
+        |s| {
+            log.borrow_mut().step(s);
+            bar.set_length(s.steps_total);
+            bar.set_position(s.step);
+            bar.set_message(format!("loss {:.4} step {:.1} ms", s.loss, s.step_ms));
+        },
+        |e| {
+            let loss = e.get("loss").unwrap_or(f64::NAN);
+            log.borrow_mut().eval(e.step, "eval_loss", loss);
+            bar.println(format!("eval at step {}: held-out loss {loss:.4}", e.step));
+            evals.push((e.step, loss));
+        },
+    )?;
     bar.finish_and_clear();
-    let logged = log.finish();
+    let logged = log.into_inner().finish();
     // Sequences per step over every device (replicas draw `batch` each; under
     // a mesh `batch` is already the global batch and there is one replica).
     let global_batch = cfg.batch * kiln::replicas::global_replicas()?;
@@ -495,6 +520,7 @@ fn train_gpt(
             "{}",
             json!({
                 "model": "gpt",
+                "eval": evals.iter().map(|&(step, loss)| json!({"step": step, "loss": loss})).collect::<Vec<_>>(),
                 "mesh": mesh.as_ref().map(ToString::to_string),
                 "global_batch": global_batch,
                 "seq": cfg.seq,
@@ -538,6 +564,9 @@ fn train_gpt(
             report.compiles,
             report.step_ms_median()
         );
+        for (step, loss) in &evals {
+            println!("eval at step {step}: held-out loss {loss:.4}");
+        }
         print_amp(cfg.amp, &report);
         if let Some(line) = kiln::metrics::snapshot().step_remat_line() {
             println!("remat: {line}");
@@ -649,29 +678,37 @@ fn train_mlp(
         return Ok(());
     }
     let examples = (cfg.batch * kiln::replicas::global_replicas()?) as f64;
-    let mut log = cmd::runlog::RunLog::create(log, "examples", examples)?;
+    // Both callbacks write the log.
+    let log = std::cell::RefCell::new(cmd::runlog::RunLog::create(log, "examples", examples)?);
     let bar = progress(json);
-    let report = mlp::train(&data, cfg, |s| {
-        log.step(s);
-        bar.set_length(s.steps_total);
-        bar.set_position(s.step);
-        if s.step % 20 == 0 {
-            let m = kiln::metrics::snapshot();
-            bar.set_message(format!(
-                "epoch {} loss {:.4} step {:.1} ms compiles {} hits {}",
-                s.epoch + 1,
-                s.loss,
-                s.step_ms,
-                m.compiles,
-                m.cache_hits
-            ));
-        }
-    })?;
+    let report = mlp::train_with(
+        &data,
+        cfg,
+        |s| {
+            log.borrow_mut().step(s);
+            bar.set_length(s.steps_total);
+            bar.set_position(s.step);
+            if s.step % 20 == 0 {
+                let m = kiln::metrics::snapshot();
+                bar.set_message(format!(
+                    "epoch {} loss {:.4} step {:.1} ms compiles {} hits {}",
+                    s.epoch + 1,
+                    s.loss,
+                    s.step_ms,
+                    m.compiles,
+                    m.cache_hits
+                ));
+            }
+        },
+        |e| {
+            if let Some(a) = e.get("accuracy") {
+                log.borrow_mut().eval(e.step, "test_accuracy", a);
+                bar.println(format!("step {}: test accuracy {:.2}%", e.step, a * 100.0));
+            }
+        },
+    )?;
     bar.finish_and_clear();
-    if let Some(a) = report.test_accuracy {
-        log.eval(report.steps, "test_accuracy", a);
-    }
-    let logged = log.finish();
+    let logged = log.into_inner().finish();
     let acc = report.test_accuracy.unwrap_or(f64::NAN);
     if json {
         println!(

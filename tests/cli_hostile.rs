@@ -779,6 +779,73 @@ fn a_killed_run_resumes_bit_identical_and_leaves_no_temp_files() {
     assert!(temps.is_empty(), "{temps:?}");
 }
 
+/// `kiln train gpt` through the general trainer: evaluation on the held-out
+/// tail, periodic checkpoints and the best one; killed after its first
+/// checkpoint and resumed, it ends bit-identical to the run never stopped,
+/// with the same evaluations.
+#[test]
+fn a_killed_gpt_run_resumes_bit_identical_with_its_evaluations_and_best_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "/usr/share/common-licenses/Apache-2.0";
+    let args = |name: &str| -> Vec<String> {
+        let ck = dir.path().join(format!("{name}.ck")).display().to_string();
+        let best = dir.path().join(format!("{name}.best")).display().to_string();
+        let log = dir.path().join(format!("{name}.jsonl")).display().to_string();
+        let flags =
+            ["train", "gpt", "--text", text, "--steps", "120", "--eval-every", "30", "--checkpoint-every", "10"];
+        flags
+            .iter()
+            .map(ToString::to_string)
+            .chain(["--checkpoint".into(), ck, "--keep-best".into(), best, "--log".into(), log, "--json".into()])
+            .collect()
+    };
+    let whole = json(&kiln().args(args("whole")).output().unwrap());
+    assert_eq!(whole["steps"], 120);
+    let evals = whole["eval"].as_array().unwrap();
+    assert_eq!(evals.iter().map(|e| e["step"].as_u64().unwrap()).collect::<Vec<_>>(), [30, 60, 90, 120]);
+    // The best checkpoint is the step of the lowest held-out loss.
+    let best = evals.iter().min_by(|a, b| a["loss"].as_f64().unwrap().total_cmp(&b["loss"].as_f64().unwrap())).unwrap();
+    assert_eq!(kiln::checkpoint::load(dir.path().join("whole.best")).unwrap().step, best["step"].as_u64().unwrap());
+
+    let ck = dir.path().join("cut.ck");
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("kiln"))
+        .args(args("cut"))
+        .env("KILN_CACHE", "off")
+        .env_remove("KILN_CPU_DEVICES")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !ck.exists() && t.elapsed() < Duration::from_secs(240) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let at = kiln::checkpoint::load(&ck).unwrap().step;
+    assert!(at < 120, "killed at step {at}");
+    let mut resume = args("cut");
+    resume.push("--resume".into());
+    let resumed = json(&kiln().args(&resume).output().unwrap());
+    assert_same_checkpoint(&dir.path().join("whole.ck"), &ck);
+    // The evaluations after the cut are the uninterrupted run's.
+    let after: Vec<&serde_json::Value> = evals.iter().filter(|e| e["step"].as_u64().unwrap() > at).collect();
+    let got: Vec<&serde_json::Value> = resumed["eval"].as_array().unwrap().iter().collect();
+    assert_eq!(got, after);
+    // A resume with another --steps is refused, naming the setting.
+    let mut other: Vec<String> = args("cut").into_iter().map(|a| if a == "120" { "200".into() } else { a }).collect();
+    other.push("--resume".into());
+    let err = refused(&kiln().args(&other).output().unwrap());
+    assert!(err.contains("steps 120 in the checkpoint, 200 in this run"), "{err}");
+    // Evaluation needs a held-out tail longer than a window.
+    let short = dir.path().join("short.txt");
+    std::fs::write(&short, "abcdefghij".repeat(30)).unwrap();
+    let err = refused(
+        &kiln().args(["train", "gpt", "--text", short.to_str().unwrap(), "--eval-every", "5"]).output().unwrap(),
+    );
+    assert!(err.contains("last tenth") && err.contains("--seq 32"), "{err}");
+}
+
 // ---- replicas ----
 
 /// A small MLP (batch 16 per replica, one hidden layer of 32): with the

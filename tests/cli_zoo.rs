@@ -326,6 +326,22 @@ fn the_log_holds_each_steps_gradient_norm_and_the_evaluations() {
 }
 
 #[test]
+fn keep_best_holds_the_step_of_the_lowest_held_out_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = corpus(dir.path(), 100);
+    let best = dir.path().join("best.ckpt");
+    let r = train("llama", &text, &["--steps", "40", "--eval-every", "10", "--keep-best", best.to_str().unwrap()]);
+    let evals = r["eval"].as_array().unwrap();
+    assert_eq!(evals.len(), 4, "{r}");
+    let lowest =
+        evals.iter().min_by(|a, b| a["loss"].as_f64().unwrap().total_cmp(&b["loss"].as_f64().unwrap())).unwrap();
+    let saved = kiln::checkpoint::load(&best).unwrap();
+    assert_eq!(saved.step, lowest["step"].as_u64().unwrap(), "{r}");
+    // It carries the run's tokenizer, as the run's checkpoints do.
+    assert!(saved.tensors.iter().any(|(n, _)| n == kiln::models::zoo::TOKENIZER));
+}
+
+#[test]
 fn t5_learns_source_target_pairs() {
     let dir = tempfile::tempdir().unwrap();
     let words = ["red", "blue", "green", "cat", "dog", "sun", "moon", "tree"];

@@ -18,7 +18,7 @@ use kiln_frontend::amp;
 use kiln_frontend::nn::{
     self, CausalSelfAttention, Embedding, HostRng, InitPlacement, LayerNorm, MlpBlock, Module, ParamStore,
 };
-use kiln_frontend::optim::{AdamW, AdamWConfig, WarmupCosine};
+use kiln_frontend::optim::{AdamW, AdamWConfig};
 use kiln_frontend::train_step::TrainStep;
 use kiln_frontend::Tensor;
 use kiln_frontend::{checkpoint, metrics, random};
@@ -50,7 +50,32 @@ pub struct GptConfig {
     /// Keep training through a loss that is NaN or infinite (the default
     /// stops with [`kiln_frontend::FrontendError::NonFiniteLoss`]).
     pub allow_non_finite_loss: bool,
+    /// Evaluation and checkpoints of [`train`].
+    pub run: GptRun,
 }
+
+/// Evaluation and checkpoints of a [`train`] run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GptRun {
+    /// Hold out the text's last tenth and evaluate on windows of it every N
+    /// steps (and at the end).
+    pub eval_every: Option<u64>,
+    /// Save the training state here at the end and every `checkpoint_every`
+    /// steps; a file there is refused unless `resume` or `overwrite`.
+    pub checkpoint: Option<std::path::PathBuf>,
+    pub checkpoint_every: Option<u64>,
+    /// Continue from `checkpoint`: each step's windows depend on the seed and
+    /// the step alone, so the resumed run takes the steps the saved one would.
+    pub resume: bool,
+    pub overwrite: bool,
+    /// Settings ([`GptConfig::run_settings`]) a resumed run may change.
+    pub override_settings: Vec<String>,
+    /// Keep the state of the evaluation with the lowest held-out loss here.
+    pub keep_best: Option<std::path::PathBuf>,
+}
+
+/// Validation batches a GPT run's evaluation takes from the held-out text.
+pub const EVAL_BATCHES: u64 = 4;
 
 /// Environment variable for [`GptConfig::lm_head`]: `logits`, `blocks` or
 /// `blocks:MIB` (blocks of at most MIB MiB of f32 logits).
@@ -165,6 +190,7 @@ impl GptConfig {
             init: None,
             lm_head: None,
             allow_non_finite_loss: false,
+            run: GptRun::default(),
         }
     }
 
@@ -186,11 +212,33 @@ impl GptConfig {
             init: None,
             lm_head: None,
             allow_non_finite_loss: false,
+            run: GptRun::default(),
         }
     }
 }
 
 impl GptConfig {
+    /// What a resumed run must share with the run that saved its checkpoint
+    /// (the model's shape is checked by the tensors themselves).
+    pub fn run_settings(&self) -> checkpoint::Settings {
+        let amp = self.amp.map_or_else(|| "off".to_string(), |d| d.to_string());
+        let clip = self.max_grad_norm.map_or_else(|| "off".to_string(), |c| c.to_string());
+        let held_out = self.run.eval_every.is_some() || self.run.keep_best.is_some();
+        [
+            ("seed", self.seed.to_string()),
+            ("lr", self.lr.to_string()),
+            ("steps", self.steps.to_string()),
+            ("seq", self.seq.to_string()),
+            ("dropout", self.dropout.to_string()),
+            ("amp", amp),
+            ("max_grad_norm", clip),
+            ("held_out", held_out.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
     /// Parameters of the model: the token and position embeddings, per
     /// block two layer norms, attention (`qkv`, `proj`) and the MLP (`fc`,
     /// `proj`) with their biases, and the final norm: `vocab·dim + seq·dim +
@@ -523,6 +571,24 @@ pub fn captured_step<'a>(
     crate::training::captured_update(move |x, y| model.loss(x, y, true), params, opt, ordered, amp)
 }
 
+/// Splits the text's last tenth off `data` (for evaluation); each part must
+/// hold a window of `seq` + 1 characters.
+fn held_out(data: &mut Vec<i32>, seq: usize) -> Result<Vec<i32>> {
+    let cut = data.len() - data.len() / 10;
+    if data.len() - cut <= seq || cut <= seq {
+        return Err(FrontendError::InvalidArgument {
+            op: "train gpt",
+            reason: format!(
+                "evaluation holds out the text's last tenth, {} of its {} characters: each part needs more than \
+                 --seq {seq} (give a longer text or drop --eval-every and --keep-best)",
+                data.len() - cut,
+                data.len()
+            ),
+        });
+    }
+    Ok(data.split_off(cut))
+}
+
 /// Random windows of `data` (see [`GptTrainer::next_batch`]).
 fn sample_batch(data: &[i32], sampler: &mut HostRng, cfg: &GptConfig) -> Result<(Tensor, Tensor)> {
     let (b, t) = (cfg.batch, cfg.seq);
@@ -596,8 +662,23 @@ pub fn read_text(path: &Path, seq: usize) -> Result<String> {
     Ok(text)
 }
 
-/// Trains `cfg` on `text`'s characters, calling `on_step` after every step.
-pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) -> Result<TrainReport> {
+/// Trains `cfg` on `text`'s characters, calling `on_step` after every step
+/// ([`train_with`] without an evaluation callback).
+pub fn train(text: &str, cfg: &GptConfig, on_step: impl FnMut(&StepInfo)) -> Result<TrainReport> {
+    train_with(text, cfg, on_step, |_| {})
+}
+
+/// Trains `cfg` on `text`'s characters through the general trainer
+/// ([`crate::trainer::Trainer`]), calling `on_step` after every step and
+/// `on_eval` with every evaluation (`cfg.run.eval_every`: the mean loss on
+/// [`EVAL_BATCHES`] fixed batches of windows of the text's last tenth, held
+/// out of training).
+pub fn train_with(
+    text: &str,
+    cfg: &GptConfig,
+    mut on_step: impl FnMut(&StepInfo),
+    mut on_eval: impl FnMut(&crate::trainer::EvalResult),
+) -> Result<TrainReport> {
     let before = metrics::snapshot();
     let vocab = CharVocab::new(text);
     // `cfg.vocab` pads the embedding past the text's characters (0: no
@@ -618,7 +699,7 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
     let client_seconds = client.seconds;
     let setup = Instant::now();
     let counters = metrics::snapshot();
-    let (mut t, mut breakdown) = GptTrainer::build(vocab.encode(text), &cfg)?;
+    let (t, mut breakdown) = GptTrainer::build(vocab.encode(text), &cfg)?;
     // The set-up ends when the parameters exist: the init program (device
     // placement) has finished, not only been enqueued.
     let waited = Instant::now();
@@ -627,56 +708,60 @@ pub fn train(text: &str, cfg: &GptConfig, mut on_step: impl FnMut(&StepInfo)) ->
     let setup_seconds = setup.elapsed().as_secs_f64();
     breakdown.finish(&counters, setup_seconds * 1e3);
     breakdown.memory_pool_ms = client.pool_ms();
-    let schedule = WarmupCosine {
-        base_lr: cfg.lr,
-        min_lr: cfg.lr * 0.1,
-        warmup_steps: (cfg.steps / 10).max(1),
-        total_steps: cfg.steps,
+    let GptTrainer { params, model, opt, mut data, .. } = t;
+    // The held-out tail, when the run evaluates.
+    let evaluates = cfg.run.eval_every.is_some() || cfg.run.keep_best.is_some();
+    let held = if evaluates { held_out(&mut data, cfg.seq)? } else { Vec::new() };
+    let mut fit = crate::trainer::FitConfig::new(cfg.steps, cfg.lr);
+    fit.amp = cfg.amp;
+    fit.max_grad_norm = cfg.max_grad_norm;
+    fit.allow_non_finite_loss = cfg.allow_non_finite_loss;
+    fit.eval_every = cfg.run.eval_every;
+    fit.checkpoint = cfg.run.checkpoint.as_ref().map(|path| crate::trainer::Checkpointing {
+        every: cfg.run.checkpoint_every,
+        resume: cfg.run.resume,
+        overwrite: cfg.run.overwrite,
+        override_settings: cfg.run.override_settings.clone(),
+        ..crate::trainer::Checkpointing::new(path)
+    });
+    fit.keep_best = cfg.run.keep_best.as_ref().map(|path| crate::trainer::KeepBest {
+        path: path.clone(),
+        metric: "loss".into(),
+        higher_is_better: false,
+    });
+    fit.record = crate::trainer::RunRecord {
+        settings: Some(cfg.run_settings()),
+        examples_per_step: Some((cfg.batch * kiln_frontend::replicas::global_replicas()?) as u64),
+        tensors: Vec::new(),
     };
+    let mut trainer = crate::trainer::Trainer::with_optimizer(&params, opt, fit)?;
+    trainer.on_step(&mut on_step);
+    trainer.on_eval(&mut on_eval);
+    // Each step's windows from the seed and the step alone.
+    let mut batches = |step: u64| -> Result<Vec<Tensor>> {
+        let mut sampler = HostRng::new((cfg.seed ^ 0x5eed).wrapping_add(step.wrapping_mul(0x9e37_79b9_7f4a_7c15)));
+        let (x, y) = sample_batch(&data, &mut sampler, &cfg)?;
+        Ok(vec![x, y])
+    };
+    // Fixed windows of the held-out text (dropout off).
+    let eval_batches = (0..if evaluates { EVAL_BATCHES } else { 0 })
+        .map(|i| {
+            let mut sampler = HostRng::new(cfg.seed ^ 0xe7a1 ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            sample_batch(&held, &mut sampler, &cfg).map(|(x, y)| vec![x, y])
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let metrics = |b: &Vec<Tensor>| -> Result<Vec<crate::trainer::Metric>> {
+        Ok(vec![crate::trainer::Metric::mean("loss", model.loss(&b[0], &b[1], false)?)])
+    };
+    let eval = evaluates.then(|| crate::trainer::Eval::new(eval_batches, &metrics));
+    let fitted = trainer.fit(&mut batches, &|b: &Vec<Tensor>| model.loss(&b[0], &b[1], true), eval.as_ref())?;
     let mut report = TrainReport {
         setup_seconds,
         client_seconds,
         setup: Some(breakdown),
-        init: Some(t.params.placement()),
-        ..TrainReport::default()
+        init: Some(params.placement()),
+        ..fitted.train
     };
-    let start = Instant::now();
-    // The step is captured (`compile_step`), with or without an ordered step:
-    // traced once, replayed with each batch and learning rate; the loss of
-    // step n is read after step n+1 is enqueued, and steps are timed from one
-    // completion (that read) to the next.
-    let mut clock = crate::training::StepClock::default();
-    let mut captured = captured_step(&t.model, t.params.tensors(), &mut t.opt, t.ordered.as_mut(), cfg.amp);
-    let mut unread: Option<(Vec<Tensor>, u64)> = None;
-    let mut read = |unread: &mut Option<(Vec<Tensor>, u64)>,
-                    report: &mut TrainReport,
-                    clock: &mut crate::training::StepClock|
-     -> Result<()> {
-        if let Some((outputs, step)) = unread.take() {
-            let (loss, ms, grad_norm) =
-                crate::training::record_outcome(&outputs, step, cfg.allow_non_finite_loss, report, clock)?;
-            let (lr, skipped_steps) = (schedule.lr(step - 1), report.skipped_steps);
-            let steps_total = cfg.steps;
-            on_step(&StepInfo { epoch: 0, step, steps_total, loss, step_ms: ms, lr, skipped_steps, grad_norm });
-        }
-        Ok(())
-    };
-    while t.step < cfg.steps {
-        clock.start();
-        let (x, y) = sample_batch(&t.data, &mut t.sampler, &t.cfg)?;
-        let lr = Tensor::scalar(schedule.lr(t.step) as f32);
-        let outputs = captured.call(&[x, y, lr])?;
-        t.step += 1;
-        read(&mut unread, &mut report, &mut clock)?;
-        unread = Some((outputs, t.step));
-    }
-    read(&mut unread, &mut report, &mut clock)?;
-    drop(captured);
-    t.skipped += report.skipped_steps;
-    report.train_seconds = start.elapsed().as_secs_f64();
-    report.steps = t.step;
-    report.loss_scale = t.ordered.as_ref().and_then(|o| o.scaler.as_ref()).map(|s| s.scale.item()).transpose()?;
-    kiln_frontend::sync()?;
     report.count_since(&before);
     Ok(report)
 }

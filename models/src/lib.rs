@@ -22,6 +22,7 @@ pub mod llama;
 pub mod mlp;
 pub mod t5;
 pub mod text;
+pub mod trainer;
 pub mod training;
 pub mod zoo;
 

@@ -107,6 +107,10 @@ pub struct Llama {
     norm: RmsNorm,
     /// The untied head's table `[vocab, dim]`.
     lm_head: Option<Tensor>,
+    /// RoPE's inverse frequencies `[head_dim / 2]` f32, made once: a tensor
+    /// that outlives a captured step, which the step reads as state (made
+    /// inside it from host data, it would retrace every call).
+    inv_freq: Tensor,
 }
 
 impl Llama {
@@ -136,32 +140,31 @@ impl Llama {
         let norm = norm(ps, "model.norm".into())?;
         let lm_head =
             if cfg.tie_embeddings { None } else { Some(ps.normal("lm_head.weight", [cfg.vocab, d], 0.02)?) };
-        Ok(Llama { cfg, spelling, embed, blocks, norm, lm_head })
+        let half = cfg.head_dim() / 2;
+        let inv: Vec<f32> =
+            (0..half).map(|i| cfg.rope_theta.powf(-((2 * i) as f64) / (2 * half) as f64) as f32).collect();
+        let inv_freq = Tensor::from_vec(inv, [half])?;
+        Ok(Llama { cfg, spelling, embed, blocks, norm, lm_head, inv_freq })
     }
 
     /// `cos` and `sin` of the rotary angles, `[t, head_dim / 2]` f32, from
     /// the positions (an `iota`) and the inverse frequencies.
     fn rotary(&self, t: usize, offset: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
         let half = self.cfg.head_dim() / 2;
-        let inv: Vec<f32> =
-            (0..half).map(|i| self.cfg.rope_theta.powf(-((2 * i) as f64) / (2 * half) as f64) as f32).collect();
         let mut pos = Tensor::iota(DType::F32, [t, half], 0)?;
         if let Some(o) = offset {
             pos = pos.add(&o.to_dtype(DType::F32)?)?;
         }
-        let angles = pos.mul(&Tensor::from_vec(inv, [half])?)?;
+        let angles = pos.mul(&self.inv_freq)?;
         Ok((angles.cos()?, angles.sin()?))
     }
 
     /// `cos` and `sin` of the rotary angles at `positions: [b, t]`, as `[b,
     /// 1, t, head_dim / 2]` (broadcast over the heads).
     fn rotary_at(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
-        let half = self.cfg.head_dim() / 2;
         let (b, t) = (positions.dims()[0], positions.dims()[1]);
-        let inv: Vec<f32> =
-            (0..half).map(|i| self.cfg.rope_theta.powf(-((2 * i) as f64) / (2 * half) as f64) as f32).collect();
         let pos = positions.to_dtype(DType::F32)?.reshape([b, 1, t, 1])?;
-        let angles = pos.mul(&Tensor::from_vec(inv, [half])?)?;
+        let angles = pos.mul(&self.inv_freq)?;
         Ok((angles.cos()?, angles.sin()?))
     }
 

@@ -23,6 +23,8 @@ use kiln_frontend::Tensor;
 use kiln_frontend::{checkpoint, metrics, random};
 use kiln_frontend::{FrontendError, Result};
 
+use crate::trainer::{Checkpointing, FitConfig, Metric, RunRecord};
+
 /// A stack of linear layers with ReLU between them.
 #[derive(Clone, Debug)]
 pub struct Mlp {
@@ -477,8 +479,15 @@ impl MlpConfig {
     }
 }
 
-/// Trains on `data` per `cfg`, calling `on_step` after every step.
-pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&StepInfo)) -> Result<TrainReport> {
+/// Trains on `data` per `cfg`, calling `on_step` after every step and
+/// `on_eval` with the test set's accuracy after every epoch (`cfg.eval`): the
+/// general trainer ([`crate::trainer::Trainer`]) over [`EpochBatches`].
+pub fn train_with(
+    data: &FashionMnist,
+    cfg: &MlpConfig,
+    mut on_step: impl FnMut(&StepInfo),
+    mut on_eval: impl FnMut(&crate::trainer::EvalResult),
+) -> Result<TrainReport> {
     let before = metrics::snapshot();
     // The run's replicas: over several processes each keeps its own shards.
     let replicas = kiln_frontend::replicas::global_replicas()?;
@@ -486,193 +495,130 @@ pub fn train(data: &FashionMnist, cfg: &MlpConfig, mut on_step: impl FnMut(&Step
     let client = crate::training::open_client()?;
     let client_seconds = client.seconds;
     let setup = Instant::now();
-    let mut t = Trainer::new(data.train.pixels(), CLASSES, cfg)?;
-    t.examples_per_step = Some((cfg.batch * replicas) as u64);
+    let t = Trainer::new(data.train.pixels(), CLASSES, cfg)?;
     // `cfg.batch` examples per replica per step.
     let per_epoch = (data.train.len() / (cfg.batch * replicas)) as u64;
     let all_steps = per_epoch.saturating_mul(cfg.epochs as u64);
     let total = cfg.max_steps.unwrap_or(all_steps).min(all_steps);
-    t.settings = Some(cfg.run_settings(total));
     // The set-up ends with the devices' memory pool reserved (the first
     // step's allocations would wait for it anyway).
     client.pool_ms();
     let setup_seconds = setup.elapsed().as_secs_f64();
-    if let Some(path) = &cfg.checkpoint {
-        prepare_checkpoint(&mut t, path, cfg)?;
-    }
-    // A resumed run with nothing left would report the checkpoint's step and
-    // no loss: say so instead.
-    if let (true, Some(path)) = (cfg.resume, &cfg.checkpoint) {
-        if t.step >= total {
-            return Err(FrontendError::Checkpoint {
-                path: path.clone(),
-                reason: format!(
-                    "--resume: the checkpoint holds step {} and this run has {total} steps: nothing to train \
-                     (give more --max-steps or --epochs)",
-                    t.step
-                ),
-            });
-        }
-    }
-    let schedule =
+    let Trainer { params, model, opt, .. } = t;
+    let mut fit = FitConfig::new(total, cfg.lr);
+    fit.schedule =
         WarmupCosine { base_lr: cfg.lr, min_lr: cfg.lr * 0.05, warmup_steps: (total / 20).max(1), total_steps: total };
-    let mut report =
-        TrainReport { setup_seconds, client_seconds, init: Some(t.params.placement()), ..TrainReport::default() };
-    let mut clock = crate::training::StepClock::default();
-    let start = Instant::now();
-    // A resumed run starts in the epoch (and at the batch) where the saved
-    // step left off; the shuffle of every epoch depends only on the seed.
-    let first_epoch = (t.step / per_epoch) as usize;
-    let mut saved_at = None;
-    'epochs: for epoch in first_epoch..cfg.epochs {
-        if t.step >= total {
-            break;
-        }
-        let seed = Some(cfg.seed ^ epoch as u64);
-        let mut steps = kiln_frontend::replicas::local_shards(data::replica_batches(
-            data.train.len(),
-            cfg.batch,
-            replicas,
-            seed,
-            LastBatch::Drop,
-        ))?;
-        let done_in_epoch = (t.step - epoch as u64 * per_epoch) as usize;
-        steps.drain(..done_in_epoch.min(steps.len()));
-        // Never prefetch past the last step.
-        steps.truncate(usize::try_from(total - t.step).unwrap_or(usize::MAX));
-        let checkpoint_due =
-            |step: u64| matches!((&cfg.checkpoint, cfg.checkpoint_every), (Some(_), Some(every)) if step % every == 0);
-        // The step is captured (`compile_step`): traced once per stretch
-        // between checkpoints (a checkpoint needs the whole trainer), then
-        // replayed with each batch and learning rate, with or without an
-        // ordered step (mixed precision). The loss of step n is read after
-        // step n+1 is enqueued, so reading it does not stall the device; the
-        // read is where step n is known complete, and `clock` times steps
-        // from one completion to the next.
-        let mut batches = Prefetcher::sharded(data.train.clone(), steps, 2)?;
-        let mut unread: Option<(Vec<Tensor>, u64)> = None;
-        let mut read = |unread: &mut Option<(Vec<Tensor>, u64)>,
-                        report: &mut TrainReport,
-                        clock: &mut crate::training::StepClock|
-         -> Result<()> {
-            if let Some((outputs, step)) = unread.take() {
-                let (loss, ms, grad_norm) =
-                    crate::training::record_outcome(&outputs, step, cfg.allow_non_finite_loss, report, clock)?;
-                let (lr, skipped_steps) = (schedule.lr(step - 1), report.skipped_steps);
-                let steps_total = total;
-                on_step(&StepInfo { epoch, step, steps_total, loss, step_ms: ms, lr, skipped_steps, grad_norm });
-            }
-            Ok(())
-        };
-        loop {
-            let mut captured = captured_step(&t.model, t.params.tensors(), &mut t.opt, t.ordered.as_mut(), t.amp);
-            let mut save_now = false;
-            for item in batches.by_ref() {
-                let (_, x, y) = item?;
-                clock.start();
-                let lr = Tensor::scalar(schedule.lr(t.step) as f32);
-                let outputs = captured.call(&[x, y, lr])?;
-                t.step += 1;
-                read(&mut unread, &mut report, &mut clock)?;
-                unread = Some((outputs, t.step));
-                if checkpoint_due(t.step) {
-                    save_now = true;
-                    break;
-                }
-            }
-            drop(captured);
-            read(&mut unread, &mut report, &mut clock)?;
-            if !save_now {
-                break;
-            }
-            t.save(cfg.checkpoint.as_ref().expect("checked by checkpoint_due"))?;
-            saved_at = Some(t.step);
-        }
-        if t.step >= total {
-            break 'epochs;
-        }
-        if let Some(path) = cfg.checkpoint.as_ref().filter(|_| saved_at != Some(t.step)) {
-            t.save(path)?;
-            saved_at = Some(t.step);
-        }
-    }
-    // The end of the run, wherever it stopped (mid-epoch with --max-steps).
-    if let Some(path) = cfg.checkpoint.as_ref().filter(|_| saved_at != Some(t.step)) {
-        t.save(path)?;
-    }
-    report.train_seconds = start.elapsed().as_secs_f64();
-    if cfg.eval {
-        report.test_accuracy = Some(t.evaluate(&data.test, cfg.eval_batch)?);
-    }
-    // Every step has finished and reported (its checks included) before the
-    // run is called done.
-    kiln_frontend::sync()?;
-    report.steps = t.step;
-    t.skipped += report.skipped_steps;
-    report.loss_scale = t.ordered.as_ref().and_then(|o| o.scaler.as_ref()).map(|s| s.scale.item()).transpose()?;
+    fit.amp = cfg.amp;
+    fit.allow_non_finite_loss = cfg.allow_non_finite_loss;
+    fit.checkpoint = cfg.checkpoint.as_ref().map(|path| Checkpointing {
+        every: cfg.checkpoint_every,
+        resume: cfg.resume,
+        overwrite: cfg.overwrite,
+        override_settings: cfg.override_settings.clone(),
+        each_epoch: true,
+        ..Checkpointing::new(path)
+    });
+    fit.eval_each_epoch = cfg.eval;
+    fit.record = RunRecord {
+        settings: Some(cfg.run_settings(total)),
+        examples_per_step: Some((cfg.batch * replicas) as u64),
+        tensors: Vec::new(),
+    };
+    let mut trainer = crate::trainer::Trainer::with_optimizer(&params, opt, fit)?;
+    trainer.on_step(&mut on_step);
+    trainer.on_eval(&mut on_eval);
+    let mut batches =
+        EpochBatches { data, batch: cfg.batch, seed: cfg.seed, replicas, per_epoch, total, current: None };
+    // The test set in padded batches (every example counts once): hits
+    // weighted by the rows' weights, out of their sum.
+    let test = if cfg.eval { test_batches(&data.test, cfg.eval_batch)? } else { Vec::new() };
+    let classes = model.layers.last().map_or(0, |l| l.weight.dims()[1]);
+    let accuracy = |b: &Vec<Tensor>| -> Result<Vec<Metric>> {
+        // A test label no class can match would only lower the accuracy.
+        kiln_frontend::check_index_range("evaluate", "label", &b[1], classes)?;
+        let hits = model.forward(&b[0])?.argmax(-1)?.eq(&b[1])?.to_dtype(DType::F32)?.mul(&b[2])?.sum_all()?;
+        Ok(vec![Metric::ratio("accuracy", hits, b[2].sum_all()?)])
+    };
+    // Every replica sees the whole test set: nothing to average.
+    let eval =
+        cfg.eval.then(|| crate::trainer::Eval { per_replica: false, ..crate::trainer::Eval::new(test, &accuracy) });
+    let loss = |b: &Vec<Tensor>| cross_entropy(&model.forward(&b[0])?, &b[1], None);
+    let fitted = trainer.fit(&mut batches, &loss, eval.as_ref())?;
+    let mut report = TrainReport {
+        setup_seconds,
+        client_seconds,
+        init: Some(params.placement()),
+        test_accuracy: fitted.evals.last().and_then(|e| e.get("accuracy")),
+        steps: trainer.step(),
+        ..fitted.train
+    };
     report.count_since(&before);
     Ok(report)
 }
 
-/// Checks `path` before any training: it must be writable without destroying
-/// anything, and its directory must take a new file
-/// ([`kiln_frontend::atomic_write::check_writable`]). With `resume`, the
-/// checkpoint there is restored into `t`. Without it, an existing file is
-/// replaced only with `overwrite`; anything there is refused otherwise, with
-/// what it is (a checkpoint of this model and its step, another model's, or
-/// not a readable checkpoint), so a rerun never replaces a run's checkpoint
-/// by accident.
-fn prepare_checkpoint(t: &mut Trainer, path: &std::path::Path, cfg: &MlpConfig) -> Result<()> {
-    let target = kiln_frontend::atomic_write::check_writable(path)?;
-    let exists = target.exists();
-    if cfg.resume {
-        if !exists {
-            return Err(FrontendError::Checkpoint {
-                path: path.to_path_buf(),
-                reason: "--resume: no checkpoint to resume from".into(),
-            });
+/// Trains on `data` per `cfg`, calling `on_step` after every step
+/// ([`train_with`] without an evaluation callback).
+pub fn train(data: &FashionMnist, cfg: &MlpConfig, on_step: impl FnMut(&StepInfo)) -> Result<TrainReport> {
+    train_with(data, cfg, on_step, |_| {})
+}
+
+/// `set` in batches of `size`, the last padded, as `[images, labels,
+/// weights]` (weight 0 on padding rows).
+fn test_batches(set: &ImageSet, size: usize) -> Result<Vec<Vec<Tensor>>> {
+    data::batches(set.len(), size, None, LastBatch::Pad)
+        .iter()
+        .map(|b| {
+            let (x, y) = data::image_batch(set, b)?;
+            Ok(vec![x, y, Tensor::from_vec(b.weights.clone(), [b.weights.len()])?])
+        })
+        .collect()
+}
+
+/// Fashion-MNIST's training batches as the trainer asks for them: step n is
+/// batch `n mod per_epoch` of epoch `n / per_epoch`, each epoch shuffled from
+/// the seed and the epoch alone, uploaded two steps ahead on a thread of
+/// their own ([`Prefetcher`]); each replica gets its own rows.
+pub struct EpochBatches<'d> {
+    data: &'d FashionMnist,
+    batch: usize,
+    seed: u64,
+    replicas: usize,
+    per_epoch: u64,
+    /// The run's steps: nothing is prefetched past them.
+    total: u64,
+    /// The epoch being read, the step its prefetcher yields next.
+    current: Option<(u64, u64, Prefetcher)>,
+}
+
+impl crate::trainer::Data<Vec<Tensor>> for EpochBatches<'_> {
+    fn batch(&mut self, step: u64) -> Result<Vec<Tensor>> {
+        let epoch = step / self.per_epoch.max(1);
+        if !matches!(&self.current, Some((e, next, _)) if *e == epoch && *next == step) {
+            let mut steps = kiln_frontend::replicas::local_shards(data::replica_batches(
+                self.data.train.len(),
+                self.batch,
+                self.replicas,
+                Some(self.seed ^ epoch),
+                LastBatch::Drop,
+            ))?;
+            let first = epoch * self.per_epoch;
+            steps.truncate(usize::try_from(self.total.saturating_sub(first)).unwrap_or(usize::MAX));
+            steps.drain(..usize::try_from(step - first).unwrap_or(usize::MAX).min(steps.len()));
+            self.current = Some((epoch, step, Prefetcher::sharded(self.data.train.clone(), steps, 2)?));
         }
-        return t.restore(path);
+        let none = || FrontendError::InvalidArgument {
+            op: "train mlp",
+            reason: format!("step {step} is past the epoch's batches"),
+        };
+        let (_, next, batches) = self.current.as_mut().ok_or_else(none)?;
+        let (_, x, y) = batches.next().ok_or_else(none)??;
+        *next += 1;
+        Ok(vec![x, y])
     }
-    // A restarted attempt under `kiln launch --restarts` continues from what
-    // an earlier attempt of this run saved: the first attempt refused any
-    // file that was there before (below), so this one is the run's own.
-    let attempt = kiln_runtime::distributed::identity::NodeEnv::from_env().identity()?.scope.attempt;
-    if exists && attempt > 0 {
-        t.restore(path)?;
-        eprintln!(
-            "kiln: attempt {attempt} resumes from {} (step {}), which an earlier attempt of this run saved",
-            path.display(),
-            t.step
-        );
-        return Ok(());
+
+    fn epoch(&self, step: u64) -> usize {
+        (step / self.per_epoch.max(1)) as usize
     }
-    if !exists || cfg.overwrite {
-        return Ok(());
-    }
-    let refuse = |what: String| FrontendError::Checkpoint {
-        path: path.to_path_buf(),
-        reason: format!("{what}; pass --resume to continue from it or --overwrite to replace it"),
-    };
-    let loaded =
-        checkpoint::load(path).map_err(|e| refuse(format!("exists and is not a readable kiln checkpoint ({e})")))?;
-    let step = loaded.step;
-    for (name, tensor) in t.state() {
-        match loaded.tensors.iter().find(|(n, _)| *n == name) {
-            Some((_, lit)) if lit.ty() == tensor.ty() => {}
-            Some((_, lit)) => {
-                return Err(refuse(format!(
-                    "holds a checkpoint of another model at step {step} (tensor {name} is {}, this model's is {})",
-                    lit.ty(),
-                    tensor.ty()
-                )))
-            }
-            None => {
-                return Err(refuse(format!("holds a checkpoint of another model at step {step} (no tensor {name})")))
-            }
-        }
-    }
-    Err(refuse(format!("holds a checkpoint of this model at step {step}")))
 }
 
 /// Runs the first `steps` training steps on the compiled backend and again on the

@@ -17,7 +17,6 @@
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use kiln_compiler::ir::DType;
 use kiln_frontend::{FrontendError, Result, Tensor};
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
 use tokenizers::models::unigram::{Unigram, UnigramTrainerBuilder};
@@ -515,7 +514,7 @@ impl Corpus {
         let labels: Vec<u32> = picked.iter().map(|&i| self.classes.get(i).copied().unwrap_or(0)).collect();
         Ok(ClassBatch {
             ids: ids_tensor(&ids, &[per, len])?,
-            types: Tensor::zeros(DType::I32, [per, len])?,
+            types: ids_tensor(&vec![0u32; b * len], &[per, len])?,
             mask: ids_tensor(&mask, &[per, len])?,
             labels: ids_tensor(&labels, &[per])?,
             len,
@@ -614,7 +613,7 @@ impl Corpus {
         }
         Ok(MlmBatch {
             ids: ids_tensor(&ids, &[per, len])?,
-            types: Tensor::zeros(DType::I32, [per, len])?,
+            types: ids_tensor(&vec![0u32; b * len], &[per, len])?,
             mask: ids_tensor(&mask, &[per, len])?,
             labels: ids_tensor(&labels, &[per * len])?,
             weights: crate::batch_rows(&weights, vec![per * len])?,

@@ -11,13 +11,14 @@
 //! pair of buckets for T5) and one evaluation program per held-out bucket,
 //! never one per length.
 
+use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::path::Path;
 
 use kiln_compiler::ir::DType;
 use kiln_frontend::nn::ParamStore;
-use kiln_frontend::optim::{AdamW, AdamWConfig, WarmupCosine};
-use kiln_frontend::{amp, metrics, FrontendError, Result, Tensor};
+use kiln_frontend::optim::AdamWConfig;
+use kiln_frontend::{metrics, FrontendError, Result, Tensor};
 
 use crate::bert::{Bert, BertBatch, BertClassifier, BertConfig, BertFlavor};
 use crate::gpt2::{Gpt2, Gpt2Config};
@@ -26,6 +27,7 @@ use crate::llama::{Llama, LlamaConfig};
 use crate::mlp::{StepInfo, TrainReport};
 use crate::t5::{T5Batch, T5Config, T5};
 use crate::text::{self, Buckets, Corpus, Rng, TextTokenizer, TokenizerSpec};
+use crate::trainer::{self, Checkpointing, FitConfig, Metric, RunRecord, Trainer};
 use crate::Spelling;
 
 /// The checkpoint tensor holding the run's tokenizer (`tokenizer.json` text).
@@ -109,6 +111,11 @@ pub struct ZooConfig {
     pub resume: bool,
     /// Replace a file at `checkpoint` instead of refusing it.
     pub overwrite: bool,
+    /// Keep the state of the evaluation with the lowest held-out loss here
+    /// (with the run's settings and tokenizer).
+    pub keep_best: Option<std::path::PathBuf>,
+    /// Settings a resumed run may change from the checkpoint's.
+    pub override_settings: Vec<String>,
 }
 
 impl ZooConfig {
@@ -171,6 +178,8 @@ impl ZooConfig {
             checkpoint_every: None,
             resume: false,
             overwrite: false,
+            keep_best: None,
+            override_settings: Vec::new(),
         }
     }
 
@@ -429,6 +438,57 @@ impl Batch {
     }
 }
 
+impl trainer::Batch for Batch {
+    fn tensors(&self) -> Vec<Tensor> {
+        match self {
+            Batch::Causal(b) => {
+                vec![b.ids.clone(), b.targets.clone(), b.packing.segments.clone(), b.packing.positions.clone()]
+            }
+            Batch::Mlm(b) => vec![b.ids.clone(), b.types.clone(), b.mask.clone(), b.labels.clone(), b.weights.clone()],
+            Batch::Span(b) => vec![b.input_ids.clone(), b.input_mask.clone(), b.labels.clone(), b.label_mask.clone()],
+            Batch::Class(b) => vec![b.ids.clone(), b.types.clone(), b.mask.clone(), b.labels.clone()],
+        }
+    }
+
+    fn with_tensors(&self, t: &[Tensor]) -> Result<Self> {
+        let want = trainer::Batch::tensors(self).len();
+        if t.len() != want {
+            let reason = format!("a batch of {want} tensors rebuilt from {}", t.len());
+            return Err(FrontendError::InvalidArgument { op: "train", reason });
+        }
+        let t = |i: usize| t[i].clone();
+        Ok(match self {
+            Batch::Causal(_) => Batch::Causal(text::CausalBatch {
+                ids: t(0),
+                targets: t(1),
+                packing: crate::Packing { segments: t(2), positions: t(3) },
+            }),
+            Batch::Mlm(b) => Batch::Mlm(text::MlmBatch {
+                ids: t(0),
+                types: t(1),
+                mask: t(2),
+                labels: t(3),
+                weights: t(4),
+                len: b.len,
+            }),
+            Batch::Span(b) => Batch::Span(text::SpanBatch {
+                input_ids: t(0),
+                input_mask: t(1),
+                labels: t(2),
+                label_mask: t(3),
+                lens: b.lens,
+            }),
+            Batch::Class(b) => {
+                Batch::Class(text::ClassBatch { ids: t(0), types: t(1), mask: t(2), labels: t(3), len: b.len })
+            }
+        })
+    }
+
+    fn bucket(&self) -> Option<String> {
+        Some(bucket_name(self.lens()))
+    }
+}
+
 /// Makes the batches of the run's task.
 struct Batcher {
     arch: Arch,
@@ -643,110 +703,64 @@ pub fn train(
         init_note,
         ..ZooReport::default()
     };
-    let mut opt = AdamW::new(&params.tensors(), AdamWConfig { weight_decay: 0.01, ..Default::default() })?;
-    let mut ordered = crate::training::ordered_step(cfg.amp, cfg.max_grad_norm)?;
-    let schedule = WarmupCosine {
-        base_lr: cfg.lr,
-        min_lr: cfg.lr * 0.1,
-        warmup_steps: (cfg.steps / 10).max(1),
-        total_steps: cfg.steps,
-    };
     let json = tokenizer.to_json()?.into_bytes();
     let tokenizer_tensor = Tensor::from_vec(json.clone(), [json.len()])?;
-    let state =
-        |opt: &AdamW, ordered: &Option<kiln_frontend::train_step::TrainStep>| -> Result<Vec<(String, Tensor)>> {
-            let mut s = crate::training::training_state(&params, opt);
-            s.extend(ordered.iter().flat_map(kiln_frontend::train_step::TrainStep::state));
-            s.push(kiln_frontend::checkpoint::settings_tensor(&cfg.settings())?);
-            s.push((TOKENIZER.to_string(), tokenizer_tensor.clone()));
-            Ok(s)
-        };
-    let mut first = 0u64;
-    if let Some(path) = &cfg.checkpoint {
-        let refuse = |reason: String| FrontendError::Checkpoint { path: path.clone(), reason };
-        if let Some((_, loaded)) = resumed {
-            kiln_frontend::checkpoint::check_settings(path, loaded.settings(path)?.as_ref(), &cfg.settings(), &[])?;
-            // Everything but the run's records (settings, tokenizer), which were checked or used above.
-            let mut targets = state(&opt, &ordered)?;
-            targets.retain(|(n, _)| n != TOKENIZER && n != kiln_frontend::checkpoint::SETTINGS);
-            first = kiln_frontend::checkpoint::restore_loaded(path, loaded, &targets)?;
-            if first >= cfg.steps {
-                return Err(refuse(format!("--resume: it holds step {first} of {}: nothing to train", cfg.steps)));
-            }
-        } else if path.exists() && !cfg.overwrite {
-            return Err(refuse("exists: --resume to continue it, --overwrite to replace it".into()));
-        }
-        kiln_frontend::atomic_write::check_writable(path)?;
-    }
-    let start = std::time::Instant::now();
-    let mut eval = |step: u64, report: &mut ZooReport| -> Result<()> {
-        // The same held-out batches at every evaluation.
-        let mut rng = Rng::new(cfg.seed ^ 0x5eed_e7a1);
-        let (mut l, mut right, mut total) = (0.0, 0.0, 0.0);
-        for _ in 0..cfg.eval_batches {
-            let batch = batcher.next(&held, &mut rng)?;
-            report.eval_buckets.insert(batch.lens());
-            let _bucket = kiln_frontend::bucket(format!("eval {}", bucket_name(batch.lens())));
-            let [a, b, c] = amp::autocast_if(cfg.amp, || evaluate(&model, &batch))?;
-            // Every replica's rows count (means of equal-sized parts; the
-            // accuracy is a ratio of two means).
-            let [a, b, c]: [Tensor; 3] = kiln_frontend::replicas::all_reduce_mean(&[a, b, c])?
-                .try_into()
-                .map_err(|_| FrontendError::InvalidArgument { op: "eval", reason: "all_reduce_mean".into() })?;
-            kiln_frontend::mark_step()?;
-            l += a.item()?;
-            right += b.item()?;
-            total += c.item()?;
-        }
-        let e = Eval { step, loss: l / cfg.eval_batches as f64, accuracy: right / total.max(1.0) };
-        on_eval(&e);
-        report.evals.push(e);
-        Ok(())
+    let mut fit = FitConfig::new(cfg.steps, cfg.lr);
+    fit.amp = cfg.amp;
+    fit.max_grad_norm = cfg.max_grad_norm;
+    fit.allow_non_finite_loss = cfg.allow_non_finite_loss;
+    fit.eval_every = cfg.eval_every;
+    fit.checkpoint = cfg.checkpoint.as_ref().map(|path| Checkpointing {
+        every: cfg.checkpoint_every,
+        resume: cfg.resume,
+        overwrite: cfg.overwrite,
+        override_settings: cfg.override_settings.clone(),
+        ..Checkpointing::new(path)
+    });
+    fit.record = RunRecord {
+        settings: Some(cfg.settings()),
+        examples_per_step: Some((cfg.batch * kiln_frontend::replicas::global_replicas()?) as u64),
+        tensors: vec![(TOKENIZER.to_string(), tokenizer_tensor)],
     };
-    for step in first..cfg.steps {
-        let t0 = std::time::Instant::now();
-        // The step's batch from the seed and the step alone (a resumed run
-        // draws what the saved one would have).
+    fit.keep_best = cfg.keep_best.as_ref().map(|path| trainer::KeepBest {
+        path: path.clone(),
+        metric: "loss".into(),
+        higher_is_better: false,
+    });
+    let evals = RefCell::new(Vec::new());
+    let mut trainer = Trainer::new(&params, AdamWConfig { weight_decay: 0.01, ..Default::default() }, fit)?;
+    trainer.on_step(&mut on_step);
+    trainer.on_eval(|e| {
+        let e = Eval {
+            step: e.step,
+            loss: e.get("loss").unwrap_or(f64::NAN),
+            accuracy: e.get("accuracy").unwrap_or(f64::NAN),
+        };
+        on_eval(&e);
+        evals.borrow_mut().push(e);
+    });
+    // The same held-out batches at every evaluation.
+    let mut rng = Rng::new(cfg.seed ^ 0x5eed_e7a1);
+    let held: Vec<Batch> = (0..cfg.eval_batches).map(|_| batcher.next(&held, &mut rng)).collect::<Result<_>>()?;
+    report.eval_buckets = held.iter().map(Batch::lens).collect();
+    let metrics = |b: &Batch| -> Result<Vec<Metric>> {
+        let [l, right, total] = evaluate(&model, b)?;
+        Ok(vec![Metric::mean("loss", l), Metric::ratio("accuracy", right, total)])
+    };
+    let mut buckets = BTreeSet::new();
+    // The step's batch from the seed and the step alone (a resumed run
+    // draws what the saved one would have).
+    let mut data = |step: u64| -> Result<Batch> {
         let mut rng = Rng::new(cfg.seed ^ (step + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let batch = batcher.next(&corpus, &mut rng)?;
-        report.buckets.insert(batch.lens());
-        let _bucket = kiln_frontend::bucket(format!("train {}", bucket_name(batch.lens())));
-        let l = amp::autocast_if(cfg.amp, || loss(&model, &batch))?;
-        let lr = schedule.lr(step);
-        let out = crate::training::run_step(ordered.as_mut(), &params, &mut opt, &l, lr)?;
-        drop(_bucket);
-        if !out.loss.is_finite() && !out.skipped && !cfg.allow_non_finite_loss {
-            return Err(FrontendError::NonFiniteLoss { step: step + 1, loss: out.loss });
-        }
-        let ms = t0.elapsed().as_secs_f64() * 1e3;
-        let t = &mut report.train;
-        t.losses.push(out.loss);
-        t.step_ms.push(ms);
-        t.skipped_steps += u64::from(out.skipped);
-        let info = StepInfo {
-            epoch: 0,
-            step: step + 1,
-            steps_total: cfg.steps,
-            loss: out.loss,
-            step_ms: ms,
-            lr,
-            skipped_steps: t.skipped_steps,
-            grad_norm: out.grad_norm,
-        };
-        // Saved before the callback sees the step: what it reads is on disk.
-        let due = cfg.checkpoint_every.is_some_and(|n| (step + 1) % n == 0) || step + 1 == cfg.steps;
-        if let Some(path) = cfg.checkpoint.as_ref().filter(|_| due) {
-            kiln_frontend::checkpoint::save(path, step + 1, &state(&opt, &ordered)?)?;
-        }
-        on_step(&info);
-        if cfg.eval_every.is_some_and(|n| n > 0 && (step + 1) % n == 0 && step + 1 < cfg.steps) {
-            eval(step + 1, &mut report)?;
-        }
-    }
-    report.train.train_seconds = start.elapsed().as_secs_f64();
-    report.train.steps = cfg.steps - first;
-    eval(cfg.steps, &mut report)?;
-    kiln_frontend::sync()?;
+        buckets.insert(batch.lens());
+        Ok(batch)
+    };
+    let fitted = trainer.fit(&mut data, &|b: &Batch| loss(&model, b), Some(&trainer::Eval::new(held, &metrics)))?;
+    drop(trainer);
+    report.buckets = buckets;
+    report.evals = evals.into_inner();
+    report.train = fitted.train;
     report.train.count_since(&before);
     Ok((report, Trained { model, params, tokenizer }))
 }

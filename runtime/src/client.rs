@@ -384,6 +384,14 @@ impl Device {
         let limit = self.raw().bytes_limit(self.client.inner.api)?;
         Ok(limit.and_then(|b| u64::try_from(b).ok()))
     }
+
+    /// The bytes this device's buffers hold now, and the most they have held
+    /// (`None` where the plugin does not track it); an error where the plugin
+    /// has no memory stats (the XLA CPU plugin).
+    pub fn memory_in_use(&self) -> Result<(u64, Option<u64>)> {
+        let (now, peak) = self.raw().bytes_in_use(self.client.inner.api)?;
+        Ok((u64::try_from(now).unwrap_or(0), peak.and_then(|p| u64::try_from(p).ok())))
+    }
 }
 
 impl PartialEq for Device {

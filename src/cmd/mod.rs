@@ -14,6 +14,37 @@ pub mod zoo;
 
 use kiln::compiler::lower::ConstantForm;
 
+/// A training run's evaluation and checkpoints (`kiln train gpt` and the zoo's
+/// models), as `kiln::train::FitConfig` takes them.
+#[derive(clap::Args, Clone, Debug)]
+pub struct RunArgs {
+    /// Evaluate on held-out data every N steps (always at the end).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub eval_every: Option<u64>,
+    /// Save the whole training state (weights, optimizer, generator, the
+    /// run's settings) here at the end and every --checkpoint-every steps.
+    /// A file already there is refused unless --resume or --overwrite.
+    #[arg(long, value_name = "FILE")]
+    pub checkpoint: Option<std::path::PathBuf>,
+    #[arg(long, value_name = "N", requires = "checkpoint", value_parser = clap::value_parser!(u64).range(1..))]
+    pub checkpoint_every: Option<u64>,
+    /// Continue from --checkpoint FILE with the same settings: the steps it
+    /// has not taken, each on the batch the saved run would have drawn.
+    #[arg(long, requires = "checkpoint")]
+    pub resume: bool,
+    /// Replace whatever is at --checkpoint FILE.
+    #[arg(long, requires = "checkpoint", conflicts_with = "resume")]
+    pub overwrite: bool,
+    /// With --resume: settings this run may change from the checkpoint's
+    /// (comma-separated names, as the refusal names them).
+    #[arg(long, value_name = "NAMES", value_delimiter = ',', requires = "resume")]
+    pub override_settings: Vec<String>,
+    /// Keep the training state of the evaluation with the lowest held-out
+    /// loss here (replaced only by a better one).
+    #[arg(long, value_name = "FILE")]
+    pub keep_best: Option<std::path::PathBuf>,
+}
+
 /// The largest graph text `kiln compile`/`kiln profile` read (1 GiB: a
 /// saved step of GPT-2 small is a few MB); a wrong file, or a gzip'd one
 /// that expands without end, is an error, not an endless read.

@@ -2,7 +2,10 @@
 //! for `kiln plot` and for whatever a user reads logs with.
 //!
 //! Lines: `{"kind":"step","step":N,"epoch":E,"loss":L,"lr":R,"step_ms":T,
-//! "<unit>_per_second":X,"skipped_steps":S}` once a step's loss is read (one
+//! "<unit>_per_second":X,"skipped_steps":S,"grad_norm":G,
+//! "device_memory_bytes":M,"device_peak_bytes":P}` (the busiest device's
+//! bytes now and at peak, `null` where the plugin does not report them) once
+//! a step's loss is read (one
 //! step late: the loop reads step n while step n+1 runs), and
 //! `{"kind":"eval","step":N,"test_accuracy":A}` for an evaluation. A loss that
 //! is not finite is written as `null` (JSON has no NaN).
@@ -28,6 +31,8 @@ pub struct RunLog {
     /// What the throughput counts (`tokens`, `examples`) and how many a step takes.
     unit: &'static str,
     per_step: f64,
+    /// Whether the devices report their memory (`None`: not asked yet).
+    memory_stats: Option<bool>,
 }
 
 impl RunLog {
@@ -42,7 +47,7 @@ impl RunLog {
                 Some((p.to_path_buf(), file))
             }
         };
-        Ok(RunLog { out, error: None, unit, per_step })
+        Ok(RunLog { out, error: None, unit, per_step, memory_stats: None })
     }
 
     /// A step's line.
@@ -62,7 +67,25 @@ impl RunLog {
             "grad_norm": s.grad_norm.map_or(Value::Null, finite),
         });
         v[format!("{}_per_second", self.unit)] = throughput.map_or(Value::Null, finite);
+        let (now, peak) = self.device_memory();
+        v["device_memory_bytes"] = now.map_or(Value::Null, |b| json!(b));
+        v["device_peak_bytes"] = peak.map_or(Value::Null, |b| json!(b));
         self.line(&v);
+    }
+
+    /// The bytes the busiest local device holds now and its peak so far,
+    /// where the plugin reports them (the CUDA plugin; not the XLA CPU
+    /// plugin, which is asked once).
+    fn device_memory(&mut self) -> (Option<u64>, Option<u64>) {
+        if self.memory_stats == Some(false) || kiln::backend() != kiln::Backend::Pjrt {
+            return (None, None);
+        }
+        let stats: Option<Vec<(u64, Option<u64>)>> = kiln::client()
+            .ok()
+            .and_then(|c| c.devices().iter().map(|d| d.memory_in_use().ok()).collect::<Option<Vec<_>>>());
+        self.memory_stats = Some(stats.is_some());
+        let stats = stats.unwrap_or_default();
+        (stats.iter().map(|s| s.0).max(), stats.iter().filter_map(|s| s.1).max())
     }
 
     /// An evaluation's line.

@@ -67,27 +67,13 @@ pub struct ZooArgs {
     /// Clip the global gradient norm to this value.
     #[arg(long, default_value_t = 1.0)]
     pub max_grad_norm: f64,
-    /// Evaluate on the held-out lines every N steps (always at the end).
-    #[arg(long, value_name = "N")]
-    pub eval_every: Option<u64>,
+    /// Evaluation, checkpoints, the best checkpoint.
+    #[command(flatten)]
+    pub run: super::RunArgs,
     /// Write attention, norms and the loss as plain ops (`plain`) or with
     /// kiln's built-in calls (`builtin`); the compiler makes them the same.
     #[arg(long, value_enum, default_value_t = SpellingArg::Builtin)]
     pub spelling: SpellingArg,
-    /// Save the whole training state (weights, optimizer, generator, the
-    /// run's settings) here at the end and every --checkpoint-every steps.
-    /// A file already there is refused unless --resume or --overwrite.
-    #[arg(long, value_name = "FILE")]
-    pub checkpoint: Option<PathBuf>,
-    #[arg(long, value_name = "N", requires = "checkpoint")]
-    pub checkpoint_every: Option<u64>,
-    /// Continue from --checkpoint FILE with the same settings: the steps it
-    /// has not taken, each on the batch the saved run would have drawn.
-    #[arg(long, requires = "checkpoint")]
-    pub resume: bool,
-    /// Replace whatever is at --checkpoint FILE.
-    #[arg(long, requires = "checkpoint", conflicts_with = "resume")]
-    pub overwrite: bool,
     /// Spread the step over the devices (KILN_CPU_DEVICES / GPU_NUM_DEVICES):
     /// `dp`, `fsdp`, `tp=N`, `fsdp,tp=N` as `kiln train gpt --shard`; --batch
     /// stays per data-parallel rank.
@@ -153,13 +139,15 @@ pub fn run(arch: Arch, args: ZooArgs, progress: indicatif::ProgressBar) -> anyho
         seed: args.seed,
         amp: args.amp.map(Into::into),
         max_grad_norm: Some(args.max_grad_norm),
-        eval_every: args.eval_every,
+        eval_every: args.run.eval_every,
         allow_non_finite_loss: args.allow_non_finite_loss,
         labelled: args.data.is_some(),
-        checkpoint: args.checkpoint.clone(),
-        checkpoint_every: args.checkpoint_every,
-        resume: args.resume,
-        overwrite: args.overwrite,
+        checkpoint: args.run.checkpoint.clone(),
+        checkpoint_every: args.run.checkpoint_every,
+        resume: args.run.resume,
+        overwrite: args.run.overwrite,
+        keep_best: args.run.keep_best.clone(),
+        override_settings: args.run.override_settings.clone(),
         spelling: match args.spelling {
             SpellingArg::Plain => Spelling::Plain,
             SpellingArg::Builtin => Spelling::Builtin,

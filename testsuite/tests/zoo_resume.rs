@@ -54,6 +54,6 @@ fn a_resumed_run_continues_the_saved_one_bit_for_bit() {
         // An existing checkpoint without --resume or --overwrite is refused.
         let fresh = ZooConfig { overwrite: false, ..cfg.clone() };
         let e = zoo::train(&fresh, &text, &spec, &Init::Fresh, |_| {}, |_| {}).err().unwrap().to_string();
-        assert!(e.contains("exists: --resume to continue it"), "{e}");
+        assert!(e.contains("pass --resume to continue from it"), "{e}");
     }
 }

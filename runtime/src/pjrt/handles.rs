@@ -249,10 +249,23 @@ impl RawDevice {
     /// does not set it. `api` must be the plugin of the client that owns this
     /// device, and that client must be alive.
     pub(crate) fn bytes_limit(self, api: &Api) -> Result<Option<i64>> {
+        let stats = self.memory_stats(api)?;
+        Ok(stats.bytes_limit_is_set.then_some(stats.bytes_limit))
+    }
+
+    /// The bytes this device's buffers take now and at most so far (`None`
+    /// where the plugin does not track the peak). Same contract as
+    /// [`RawDevice::bytes_limit`].
+    pub(crate) fn bytes_in_use(self, api: &Api) -> Result<(i64, Option<i64>)> {
+        let stats = self.memory_stats(api)?;
+        Ok((stats.bytes_in_use, stats.peak_bytes_in_use_is_set.then_some(stats.peak_bytes_in_use)))
+    }
+
+    fn memory_stats(self, api: &Api) -> Result<ffi::PJRT_Device_MemoryStats_Args> {
         let mut stats = ffi::PJRT_Device_MemoryStats_Args::zeroed();
         stats.device = self.0.as_ptr();
         pjrt_call!(api, PJRT_Device_MemoryStats, &mut stats)?;
-        Ok(stats.bytes_limit_is_set.then_some(stats.bytes_limit))
+        Ok(stats)
     }
 }
 
