@@ -784,7 +784,7 @@ fn a_killed_run_resumes_bit_identical_and_leaves_no_temp_files() {
 /// checkpoint and resumed, it ends bit-identical to the run never stopped,
 /// with the same evaluations.
 #[test]
-fn a_killed_gpt_run_resumes_bit_identical_with_its_evaluations_and_best_checkpoint() {
+fn a_killed_gpt_run_resumes_bit_identical_and_its_checkpoint_generates() {
     let dir = tempfile::tempdir().unwrap();
     let text = "/usr/share/common-licenses/Apache-2.0";
     let args = |name: &str| -> Vec<String> {
@@ -832,6 +832,31 @@ fn a_killed_gpt_run_resumes_bit_identical_with_its_evaluations_and_best_checkpoi
     let after: Vec<&serde_json::Value> = evals.iter().filter(|e| e["step"].as_u64().unwrap() > at).collect();
     let got: Vec<&serde_json::Value> = resumed["eval"].as_array().unwrap().iter().collect();
     assert_eq!(got, after);
+    // `kiln generate` samples from the trained model: greedy from a prompt,
+    // two programs (the prompt, the decode step) whatever the lengths.
+    let whole_ck = dir.path().join("whole.ck").display().to_string();
+    let gen = |prompt: &str, extra: &[&str]| {
+        kiln().args(["generate", "--checkpoint", &whole_ck, "--prompt", prompt, "--json"]).args(extra).output().unwrap()
+    };
+    let g = json(&gen("the License", &["--temperature", "0", "--max-new-tokens", "12"]));
+    assert_eq!((g["model"].as_str(), g["new_tokens"].as_u64()), (Some("gpt"), Some(12)), "{g}");
+    assert!(g["programs"].as_u64().unwrap() <= 2, "{g}");
+    assert_eq!(g["text"].as_str().unwrap().chars().count(), 12, "{g}");
+    let again = json(&gen("the License", &["--temperature", "0", "--max-new-tokens", "12"]));
+    assert_eq!(again["text"], g["text"], "greedy is deterministic");
+    // A prompt longer than the window, and a checkpoint of another model.
+    let err = refused(&gen(&"License ".repeat(8), &["--max-new-tokens", "1"]));
+    assert!(err.contains("more than the context of 32"), "{err}");
+    let mlp = dir.path().join("mlp.ck");
+    json(
+        &kiln()
+            .args(["train", "mlp", "--max-steps", "2", "--json", "--checkpoint", mlp.to_str().unwrap()])
+            .output()
+            .unwrap(),
+    );
+    let err =
+        refused(&kiln().args(["generate", "--checkpoint", mlp.to_str().unwrap(), "--prompt", "a"]).output().unwrap());
+    assert!(err.contains("not a checkpoint of `kiln train gpt`"), "{err}");
     // A resume with another --steps is refused, naming the setting.
     let mut other: Vec<String> = args("cut").into_iter().map(|a| if a == "120" { "200".into() } else { a }).collect();
     other.push("--resume".into());

@@ -1,4 +1,5 @@
-//! Generation from the zoo's decoders (GPT-2, Llama) with a key/value cache.
+//! Generation from the zoo's decoders (GPT-2, Llama) and `kiln train gpt`'s
+//! character-level GPT, with a key/value cache.
 //!
 //! The cache is one pair of fixed-size tensors per layer, `[batch,
 //! kv_heads, context, head_dim]`, updated in place (`dynamic_update_slice`
@@ -18,6 +19,7 @@ use kiln_compiler::ir::{BinaryOp, DType};
 use kiln_frontend::nn::{self, AttentionOptions};
 use kiln_frontend::{metrics, FrontendError, Result, Tensor};
 
+use crate::gpt::Gpt;
 use crate::gpt2::Gpt2;
 use crate::llama::Llama;
 
@@ -67,6 +69,8 @@ impl KvCache {
 pub enum Decoder<'a> {
     Gpt2(&'a Gpt2),
     Llama(&'a Llama),
+    /// `kiln train gpt`'s character-level model.
+    Gpt(&'a Gpt),
 }
 
 impl Decoder<'_> {
@@ -74,6 +78,7 @@ impl Decoder<'_> {
         match self {
             Decoder::Gpt2(m) => m.new_cache(1, context),
             Decoder::Llama(m) => m.new_cache(1, context),
+            Decoder::Gpt(m) => m.new_cache(1, context),
         }
     }
 
@@ -81,6 +86,7 @@ impl Decoder<'_> {
         match self {
             Decoder::Gpt2(m) => m.decode(ids, pos, cache),
             Decoder::Llama(m) => m.decode(ids, pos, cache),
+            Decoder::Gpt(m) => m.decode(ids, pos, cache),
         }
     }
 
@@ -88,6 +94,7 @@ impl Decoder<'_> {
         match self {
             Decoder::Gpt2(m) => m.cfg.vocab,
             Decoder::Llama(m) => m.cfg.vocab,
+            Decoder::Gpt(m) => m.config().vocab,
         }
     }
 
@@ -96,6 +103,7 @@ impl Decoder<'_> {
         match self {
             Decoder::Gpt2(m) => Some(m.cfg.max_positions),
             Decoder::Llama(_) => None,
+            Decoder::Gpt(m) => Some(m.config().seq),
         }
     }
 
@@ -104,6 +112,7 @@ impl Decoder<'_> {
         match self {
             Decoder::Gpt2(m) => m.logits(ids)?.to_dtype(DType::F32),
             Decoder::Llama(m) => m.logits(ids),
+            Decoder::Gpt(m) => m.forward(ids, false),
         }
     }
 }

@@ -74,6 +74,58 @@ pub struct GptRun {
     pub keep_best: Option<std::path::PathBuf>,
 }
 
+/// The checkpoint tensor holding a run's characters in id order (UTF-8).
+pub const CHARS: &str = "run.chars";
+/// The checkpoint tensor holding the model's shape (`vocab=.. seq=.. dim=..
+/// heads=.. layers=..`).
+pub const SHAPE: &str = "run.gpt_shape";
+
+fn text_tensor(name: &str, text: &str) -> Result<(String, Tensor)> {
+    let bytes = text.as_bytes().to_vec();
+    Ok((name.to_string(), Tensor::from_vec(bytes.clone(), [bytes.len()])?))
+}
+
+/// The model `kiln train gpt --checkpoint FILE` saved, its parameters (on
+/// the host) and its characters: what `kiln generate --checkpoint FILE`
+/// samples from. A checkpoint without the run's characters and shape (an
+/// MLP's, a zoo model's) is refused naming what it lacks.
+pub fn load_checkpoint(path: &Path) -> Result<(Gpt, ParamStore, CharVocab)> {
+    let loaded = checkpoint::load(path)?;
+    let refuse = |reason: String| FrontendError::Checkpoint { path: path.to_path_buf(), reason };
+    let text = |name: &str| -> Result<String> {
+        let (_, lit) = loaded.tensors.iter().find(|(n, _)| n == name).ok_or_else(|| {
+            refuse(format!("no tensor {name}: not a checkpoint of `kiln train gpt` (a character-level GPT)"))
+        })?;
+        String::from_utf8(lit.bytes().to_vec()).map_err(|_| refuse(format!("tensor {name} is not UTF-8 text")))
+    };
+    let chars = text(CHARS)?;
+    let shape = text(SHAPE)?;
+    let field = |key: &str| -> Result<usize> {
+        shape
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+            .ok_or_else(|| refuse(format!("tensor {SHAPE} ({shape:?}) has no {key}")))
+    };
+    let vocab = CharVocab::new(&chars);
+    if vocab.as_text() != chars {
+        return Err(refuse(format!("tensor {CHARS} is not a sorted set of characters")));
+    }
+    let cfg = GptConfig {
+        vocab: field("vocab")?,
+        seq: field("seq")?,
+        dim: field("dim")?,
+        heads: field("heads")?,
+        layers: field("layers")?,
+        init: Some(InitPlacement::Host),
+        ..GptConfig::tiny(0)
+    };
+    let mut params = ParamStore::with_placement(0, InitPlacement::Host);
+    let model = Gpt::new(&mut params, &cfg)?;
+    let targets: Vec<(String, Tensor)> = params.iter().map(|(n, t)| (format!("param.{n}"), t.clone())).collect();
+    checkpoint::restore_loaded(path, loaded, &targets)?;
+    Ok((model, params, vocab))
+}
+
 /// Validation batches a GPT run's evaluation takes from the held-out text.
 pub const EVAL_BATCHES: u64 = 4;
 
@@ -218,6 +270,11 @@ impl GptConfig {
 }
 
 impl GptConfig {
+    /// The model's shape as [`load_checkpoint`] reads it.
+    pub fn shape_text(&self) -> String {
+        format!("vocab={} seq={} dim={} heads={} layers={}", self.vocab, self.seq, self.dim, self.heads, self.layers)
+    }
+
     /// What a resumed run must share with the run that saved its checkpoint
     /// (the model's shape is checked by the tensors themselves).
     pub fn run_settings(&self) -> checkpoint::Settings {
@@ -332,6 +389,11 @@ impl CharVocab {
     pub fn decode(&self, ids: &[i32]) -> String {
         ids.iter().filter_map(|&i| self.chars.get(i as usize)).collect()
     }
+
+    /// The characters in id order, as one string (what a checkpoint keeps).
+    pub fn as_text(&self) -> String {
+        self.chars.iter().collect()
+    }
 }
 
 /// One pre-LN transformer block.
@@ -398,6 +460,38 @@ impl Gpt {
             h = h.add(&nn::dropout(&b.mlp.forward(&b.ln2.forward(&h)?)?, self.cfg.dropout, train)?)?;
         }
         self.ln_f.forward(&h)
+    }
+
+    /// The model's settings.
+    pub fn config(&self) -> &GptConfig {
+        &self.cfg
+    }
+
+    /// An empty key/value cache of `context` positions for `batch` rows
+    /// ([`crate::generate`]).
+    pub fn new_cache(&self, batch: usize, context: usize) -> Result<crate::generate::KvCache> {
+        let (h, hd) = (self.cfg.heads, self.cfg.dim / self.cfg.heads);
+        crate::generate::KvCache::new(self.cfg.layers, [batch, h, context, hd], DType::F32)
+    }
+
+    /// The logits `[b, t, vocab]` of `ids: [b, t]` at positions `pos..pos +
+    /// t` (`pos` an i32 scalar tensor), in eval mode, attending to the
+    /// cache's earlier characters; their keys and values join the cache.
+    pub fn decode(&self, ids: &Tensor, pos: &Tensor, cache: &mut crate::generate::KvCache) -> Result<Tensor> {
+        let (b, t) = (ids.dims()[0], ids.dims()[1]);
+        let positions = Tensor::iota(DType::I32, [t], 0)?.add(pos)?;
+        let mut h = self.tok.forward(ids)?.add(&self.pos.forward(&positions)?)?;
+        for (blk, c) in self.blocks.iter().zip(cache.layers.iter_mut()) {
+            let x = blk.ln1.forward(&h)?;
+            let (heads, d) = (blk.attn.heads, self.cfg.dim);
+            let hd = d / heads;
+            let qkv = blk.attn.qkv.forward(&x)?.reshape([b, t, 3, heads, hd])?;
+            let pick = |i: usize| qkv.narrow(2, i, 1)?.reshape([b, t, heads, hd])?.permute(vec![0, 2, 1, 3]);
+            let y = c.attend(&pick(0)?, &pick(1)?, &pick(2)?, pos)?.permute(vec![0, 2, 1, 3])?.reshape([b, t, d])?;
+            h = h.add(&blk.attn.proj.forward(&y)?)?;
+            h = h.add(&blk.mlp.forward(&blk.ln2.forward(&h)?)?)?;
+        }
+        self.ln_f.forward(&h)?.matmul(&self.tok.table.t()?)
     }
 
     /// Mean next-character cross-entropy over every position, through the
@@ -732,7 +826,8 @@ pub fn train_with(
     fit.record = crate::trainer::RunRecord {
         settings: Some(cfg.run_settings()),
         examples_per_step: Some((cfg.batch * kiln_frontend::replicas::global_replicas()?) as u64),
-        tensors: Vec::new(),
+        // What `load_checkpoint` rebuilds the model and its characters from.
+        tensors: vec![text_tensor(CHARS, &vocab.as_text())?, text_tensor(SHAPE, &cfg.shape_text())?],
     };
     let mut trainer = crate::trainer::Trainer::with_optimizer(&params, opt, fit)?;
     trainer.on_step(&mut on_step);

@@ -1,12 +1,13 @@
 //! Generation with a key/value cache (`kiln::models::generate`): greedy
-//! decoding gives the argmax of a full forward at every step, for GPT-2 and
-//! a grouped-query Llama; two programs serve every prompt length and count
+//! decoding gives the argmax of a full forward at every step, for GPT-2, a
+//! grouped-query Llama and `kiln train gpt`'s character GPT; two programs serve every prompt length and count
 //! of new tokens; top-k and top-p keep only the tokens they should; bad
 //! settings are refused naming them.
 
 #![allow(clippy::unwrap_used)] // Test helpers may unwrap (the workspace denies it in library code).
 
 use kiln::models::generate::{generate, Decoder, Sampling};
+use kiln::models::gpt::{Gpt, GptConfig};
 use kiln::models::gpt2::{Gpt2, Gpt2Config};
 use kiln::models::llama::{Llama, LlamaConfig};
 use kiln::models::Spelling;
@@ -23,6 +24,11 @@ fn llama(seed: u64) -> Llama {
     Llama::new(&mut ps, LlamaConfig { tie_embeddings: false, ..LlamaConfig::tiny() }, Spelling::Builtin).unwrap()
 }
 
+fn char_gpt(seed: u64) -> Gpt {
+    let mut ps = ParamStore::new(seed);
+    Gpt::new(&mut ps, &GptConfig { seq: 24, ..GptConfig::tiny(48) }).unwrap()
+}
+
 /// The full forward's logits of the last position of `seq`, sorted
 /// descending by value: (token, logit).
 fn ranked(model: Decoder<'_>, seq: &[u32]) -> Vec<(u32, f32)> {
@@ -37,8 +43,8 @@ fn ranked(model: Decoder<'_>, seq: &[u32]) -> Vec<(u32, f32)> {
 
 #[test]
 fn greedy_decoding_is_the_argmax_of_a_full_forward() {
-    let (g, l) = (gpt2(3), llama(4));
-    for (name, model) in [("gpt2", Decoder::Gpt2(&g)), ("llama", Decoder::Llama(&l))] {
+    let (g, l, c) = (gpt2(3), llama(4), char_gpt(6));
+    for (name, model) in [("gpt2", Decoder::Gpt2(&g)), ("llama", Decoder::Llama(&l)), ("gpt", Decoder::Gpt(&c))] {
         let prompt = [5u32, 17, 2, 40, 11];
         let out = generate(model, &prompt, 10, 20, &Sampling::GREEDY, None).unwrap();
         assert_eq!(out.tokens.len(), 10);

@@ -192,6 +192,48 @@ kiln::set_activation_budget(None)?;       // later steps keep everything again
 }
 
 #[test]
+#[rustfmt::skip]
+fn a_trainer() -> kiln::Result<()> {
+    let dir = tempfile::tempdir().map_err(|e| kiln::FrontendError::InvalidArgument { op: "test", reason: e.to_string() })?;
+    let dir = dir.path();
+    let mut ps = kiln::nn::ParamStore::new(2);
+    let model = kiln::models::mlp::Mlp::new(&mut ps, &[784, 64, 10])?;
+    // Fresh data for each step (the same for the same step), three held-out batches.
+    let batch_of = |step: u64| -> kiln::Result<Vec<Tensor>> {
+        let (x, y) = batches(&mut Rng::new(100 + step), 1, 16, 784, 10)?.remove(0);
+        Ok(vec![x, y])
+    };
+    let held_out: Vec<Vec<Tensor>> = (0..3).map(|i| batch_of(1_000_000 + i)).collect::<kiln::Result<_>>()?;
+
+use kiln::nn::cross_entropy;
+use kiln::optim::AdamWConfig;
+use kiln::train::{Checkpointing, Eval, FitConfig, KeepBest, Metric, Trainer};
+use kiln::Tensor;
+
+let mut cfg = FitConfig::new(/* steps */ 400, /* peak lr */ 1e-3);  // warm-up, cosine decay
+cfg.max_grad_norm = Some(1.0);
+cfg.amp = Some(kiln::DType::BF16);
+cfg.eval_every = Some(100);                               // and always at the end
+cfg.checkpoint = Some(Checkpointing { every: Some(200), ..Checkpointing::new(dir.join("run.ckpt")) });
+cfg.keep_best = Some(KeepBest { path: dir.join("best.ckpt"), metric: "loss".into(), higher_is_better: false });
+let mut trainer = Trainer::new(&ps, AdamWConfig::default(), cfg)?;
+trainer.on_step(|s| if s.step % 100 == 0 { println!("step {} loss {:.4}", s.step, s.loss) });
+trainer.on_eval(|e| println!("eval at {}: {:?}", e.step, e.metrics));
+let loss = |b: &Vec<Tensor>| cross_entropy(&model.forward(&b[0])?, &b[1], None);
+let metrics = |b: &Vec<Tensor>| -> kiln::Result<Vec<Metric>> {
+    Ok(vec![Metric::mean("loss", cross_entropy(&model.forward(&b[0])?, &b[1], None)?)])
+};
+let report = trainer.fit(&mut |step| batch_of(step), &loss, Some(&Eval::new(held_out, &metrics)))?;
+
+    assert_eq!(report.train.steps, 400);
+    assert_eq!(report.evals.iter().map(|e| e.step).collect::<Vec<_>>(), [100, 200, 300, 400]);
+    assert_eq!(kiln::checkpoint::load(dir.join("run.ckpt"))?.step, 400);
+    let (_, best_step) = report.best.ok_or_else(|| kiln::FrontendError::InvalidArgument { op: "test", reason: "no best".into() })?;
+    assert_eq!(kiln::checkpoint::load(dir.join("best.ckpt"))?.step, best_step);
+    Ok(())
+}
+
+#[test]
 fn mlp_layer_lowering() -> kiln::Result<()> {
     let x = kiln::Tensor::from_vec(vec![0.5f32; 8], [2, 4])?;
     let w = kiln::Tensor::from_vec(vec![0.25f32; 12], [4, 3])?;
@@ -217,7 +259,7 @@ fn every_rust_example_in_the_readme_is_run_here() {
         }
     }
     assert!(open.is_none(), "an unclosed ```rust block in the README");
-    assert_eq!(blocks.len(), 5, "the README's Rust examples changed in number: run each here");
+    assert_eq!(blocks.len(), 6, "the README's Rust examples changed in number: run each here");
     for block in &blocks {
         let found = here.windows(block.len()).any(|w| w == block.as_slice());
         assert!(found, "this README example is not run by testsuite/tests/readme.rs:\n{}", block.join("\n"));
