@@ -138,10 +138,10 @@ fn labelled(dir: &Path, n: usize) -> PathBuf {
 }
 
 #[test]
-fn bert_and_roberta_learn_to_classify_labelled_lines() {
+fn bert_roberta_and_distilbert_learn_to_classify_labelled_lines() {
     let dir = tempfile::tempdir().unwrap();
     let data = labelled(dir.path(), 200);
-    for model in ["bert", "roberta"] {
+    for model in ["bert", "roberta", "distilbert"] {
         let out = dir.path().join(format!("{model}-cls"));
         let r = kiln()
             .args(["train", model, "--json", "--steps", "60", "--data"])

@@ -47,7 +47,20 @@ fn ids(vocab: usize, len: usize, pad: i32, padded: bool, salt: usize) -> kiln::R
 fn main() -> kiln::Result<()> {
     let dir = std::path::PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "hf-export".into()));
     let mut written = Vec::new();
-    for name in ["gpt2", "bert", "roberta", "distilbert", "llama", "t5", "t5-gated", "bert-cls", "roberta-cls"] {
+    let names = [
+        "gpt2",
+        "bert",
+        "roberta",
+        "distilbert",
+        "llama",
+        "llama-sharded",
+        "t5",
+        "t5-gated",
+        "bert-cls",
+        "roberta-cls",
+        "distilbert-cls",
+    ];
+    for name in names {
         let mut ps = ParamStore::new(5);
         let mut inputs = Vec::new();
         let model = match name {
@@ -100,7 +113,18 @@ fn main() -> kiln::Result<()> {
                 let labels = vec!["a".to_string(), "b".to_string()];
                 HfModel::BertClassifier(BertClassifier::new(&mut ps, cfg, labels, Spelling::Builtin)?)
             }
-            "llama" => {
+            "distilbert-cls" => {
+                let cfg = BertConfig {
+                    vocab: 89,
+                    type_vocab: 0,
+                    flavor: BertFlavor::DistilBert,
+                    pooler: false,
+                    ..BertConfig::tiny()
+                };
+                let labels = ["w", "x", "y", "z"].map(String::from).to_vec();
+                HfModel::BertClassifier(BertClassifier::new(&mut ps, cfg, labels, Spelling::Builtin)?)
+            }
+            "llama" | "llama-sharded" => {
                 let cfg = LlamaConfig { vocab: 79, eps: 1e-6, tie_embeddings: false, ..LlamaConfig::tiny() };
                 HfModel::Llama(Llama::new(&mut ps, cfg, Spelling::Builtin)?)
             }
@@ -162,7 +186,9 @@ fn main() -> kiln::Result<()> {
         };
         kiln::mark_step()?;
         let out = dir.join(name);
-        hf::save(&out.join("model"), &model, &ps)?;
+        // The sharded one in shards of at most 30 KB, as transformers names them.
+        let shard = if name == "llama-sharded" { 30_000 } else { hf::MAX_SHARD_BYTES };
+        hf::save_sharded(&out.join("model"), &model, &ps, shard)?;
         let mut tensors: Vec<(String, Tensor)> = inputs.into_iter().map(|(n, t)| (n.to_string(), t)).collect();
         tensors.push(("logits".to_string(), logits));
         kiln::checkpoint::save(out.join("expected.safetensors"), 0, &tensors)?;

@@ -1,6 +1,7 @@
 """kiln's Hugging Face models against `transformers` itself (CPU torch is enough).
 
-make DIR:   for each architecture, saves a tiny random model as `save_pretrained`
+make DIR [NAME...]:
+            for each architecture (or those named), saves a tiny random model as `save_pretrained`
             writes it (DIR/<name>/) and its logits on fixed inputs
             (DIR/<name>-expected.safetensors: the inputs as i32 tensors named
             as the model's forward names them, and `logits` f32) -- the
@@ -62,6 +63,20 @@ def roberta_cls():
     return tf.RobertaForSequenceClassification(cfg), ["input_ids", "attention_mask"]
 
 
+def distilbert_cls():
+    cfg = tf.DistilBertConfig(vocab_size=89, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                              max_position_embeddings=16, dropout=0.0, attention_dropout=0.0,
+                              seq_classif_dropout=0.0, id2label={0: "spam", 1: "ham", 2: "other", 3: "more"})
+    return tf.DistilBertForSequenceClassification(cfg), ["input_ids", "attention_mask"]
+
+
+def xlm_roberta():
+    cfg = tf.XLMRobertaConfig(vocab_size=91, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                              intermediate_size=64, max_position_embeddings=18, type_vocab_size=1,
+                              pad_token_id=1)
+    return tf.XLMRobertaForMaskedLM(cfg), ["input_ids", "attention_mask"]
+
+
 def llama():
     cfg = tf.LlamaConfig(vocab_size=79, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, intermediate_size=48, max_position_embeddings=32,
@@ -86,7 +101,13 @@ def t5_gated():
 
 
 MODELS = {"gpt2-tiny": gpt2, "bert-tiny": bert, "roberta-tiny": roberta, "llama-tiny": llama,
-          "t5-tiny": t5, "t5-gated-tiny": t5_gated, "distilbert-tiny": distilbert, "bert-cls-tiny": bert_cls, "roberta-cls-tiny": roberta_cls}
+          "t5-tiny": t5, "t5-gated-tiny": t5_gated, "distilbert-tiny": distilbert, "bert-cls-tiny": bert_cls, "roberta-cls-tiny": roberta_cls,
+          "distilbert-cls-tiny": distilbert_cls, "xlm-roberta-tiny": xlm_roberta,
+          "llama-sharded-tiny": llama}
+
+# Saved in shards of at most this (`model-0000i-of-0000n.safetensors` and
+# `model.safetensors.index.json`, as transformers writes a large model).
+SHARDED = {"llama-sharded-tiny": "40KB"}
 
 
 def inputs(model, names, g):
@@ -113,8 +134,10 @@ def inputs(model, names, g):
     return out
 
 
-def make(out):
+def make(out, only=()):
     for name, build in MODELS.items():
+        if only and name not in only:
+            continue
         torch.manual_seed(0)
         model, names = build()
         model = model.eval()
@@ -123,7 +146,10 @@ def make(out):
             for _, p in model.named_parameters():
                 if p.dim() == 1:
                     p.add_(0.1 * torch.randn_like(p))
-        model.save_pretrained(f"{out}/{name}")
+        if name in SHARDED:
+            model.save_pretrained(f"{out}/{name}", max_shard_size=SHARDED[name])
+        else:
+            model.save_pretrained(f"{out}/{name}")
         x = inputs(model, names, torch.Generator().manual_seed(1))
         with torch.no_grad():
             logits = model(**x).logits.float()
@@ -140,7 +166,7 @@ def check(d):
         if not os.path.isdir(model_dir):
             continue
         try:
-            model = tf.AutoModelForMaskedLM if name.startswith(("bert", "roberta", "distilbert")) else None
+            model = tf.AutoModelForMaskedLM if name.startswith(("bert", "roberta", "distilbert", "xlm")) else None
             if "cls" in name:
                 model = tf.AutoModelForSequenceClassification
             elif name.startswith("t5"):
@@ -165,4 +191,7 @@ def check(d):
 
 
 if __name__ == "__main__":
-    {"make": make, "check": check}[sys.argv[1]](sys.argv[2])
+    if sys.argv[1] == "make":
+        make(sys.argv[2], sys.argv[3:])
+    else:
+        check(sys.argv[2])

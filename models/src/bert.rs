@@ -471,9 +471,11 @@ impl Module for Bert {
 }
 
 /// A sequence classifier over the encoder, as Hugging Face's
-/// `BertForSequenceClassification` (the pooler, then `classifier`) and
+/// `BertForSequenceClassification` (the pooler, then `classifier`),
 /// `RobertaForSequenceClassification` (`classifier.dense`, tanh,
-/// `classifier.out_proj` on the first token) compute it.
+/// `classifier.out_proj` on the first token) and
+/// `DistilBertForSequenceClassification` (`pre_classifier`, ReLU,
+/// `classifier` on the first token) compute it.
 pub struct BertClassifier {
     pub bert: Bert,
     /// The class names, by id.
@@ -484,6 +486,7 @@ pub struct BertClassifier {
 enum ClassHead {
     Pooled { classifier: Linear },
     Roberta { dense: Linear, out_proj: Linear },
+    Distil { pre_classifier: Linear, classifier: Linear },
 }
 
 impl BertClassifier {
@@ -494,21 +497,20 @@ impl BertClassifier {
             let (value, expected) = (labels.len() as f64, "at least 2 classes");
             return Err(FrontendError::HyperParameter { op: "bert classifier", name: "labels", value, expected });
         }
-        if cfg.flavor == BertFlavor::DistilBert {
-            let reason = "DistilBERT's classification head (pre_classifier) is not built yet".to_string();
-            return Err(FrontendError::InvalidArgument { op: "bert classifier", reason });
-        }
-        let roberta = matches!(cfg.flavor, BertFlavor::Roberta { .. });
-        let cfg = BertConfig { pooler: !roberta, mlm_head: false, ..cfg };
+        let pooler = cfg.flavor == BertFlavor::Bert;
+        let cfg = BertConfig { pooler, mlm_head: false, ..cfg };
         let bert = Bert::new(ps, cfg, spelling)?;
         let (d, n) = (cfg.dim, labels.len());
-        let head = if roberta {
-            ClassHead::Roberta {
+        let head = match cfg.flavor {
+            BertFlavor::Roberta { .. } => ClassHead::Roberta {
                 dense: Linear::new(ps, "classifier.dense", d, d, true)?,
                 out_proj: Linear::new(ps, "classifier.out_proj", d, n, true)?,
-            }
-        } else {
-            ClassHead::Pooled { classifier: Linear::new(ps, "classifier", d, n, true)? }
+            },
+            BertFlavor::DistilBert => ClassHead::Distil {
+                pre_classifier: Linear::new(ps, "pre_classifier", d, d, true)?,
+                classifier: Linear::new(ps, "classifier", d, n, true)?,
+            },
+            BertFlavor::Bert => ClassHead::Pooled { classifier: Linear::new(ps, "classifier", d, n, true)? },
         };
         Ok(BertClassifier { bert, labels, head })
     }
@@ -518,10 +520,9 @@ impl BertClassifier {
         let h = self.bert.encode(batch)?;
         let out = match &self.head {
             ClassHead::Pooled { classifier } => classifier.forward(&self.bert.pooled(&h)?)?,
-            ClassHead::Roberta { dense, out_proj } => {
-                let (b, d) = (h.dims()[0], h.dims()[2]);
-                let first = h.narrow(1, 0, 1)?.reshape([b, d])?;
-                out_proj.forward(&dense.forward(&first)?.tanh()?)?
+            ClassHead::Roberta { dense, out_proj } => out_proj.forward(&dense.forward(&first_token(&h)?)?.tanh()?)?,
+            ClassHead::Distil { pre_classifier, classifier } => {
+                classifier.forward(&pre_classifier.forward(&first_token(&h)?)?.relu()?)?
             }
         };
         out.to_dtype(DType::F32)
@@ -531,6 +532,12 @@ impl BertClassifier {
     pub fn loss(&self, batch: &BertBatch, labels: &Tensor) -> Result<Tensor> {
         nn::cross_entropy(&self.logits(batch)?, labels, None)
     }
+}
+
+/// The first token's hidden state `[b, d]` of `h: [b, t, d]`.
+fn first_token(h: &Tensor) -> Result<Tensor> {
+    let (b, d) = (h.dims()[0], h.dims()[2]);
+    h.narrow(1, 0, 1)?.reshape([b, d])
 }
 
 impl Module for BertClassifier {
@@ -547,6 +554,7 @@ impl Module for BertClassifier {
         match &self.head {
             ClassHead::Pooled { classifier } => out.push(classifier),
             ClassHead::Roberta { dense, out_proj } => out.extend([dense as &dyn Module, out_proj]),
+            ClassHead::Distil { pre_classifier, classifier } => out.extend([pre_classifier as &dyn Module, classifier]),
         }
         out
     }

@@ -137,9 +137,9 @@ impl ZooConfig {
         .collect()
     }
 
-    /// Sequence classification (`--data` for BERT or RoBERTa).
+    /// Sequence classification (`--data` for BERT, RoBERTa or DistilBERT).
     pub fn classify(&self) -> bool {
-        self.labelled && matches!(self.arch, Arch::Bert | Arch::Roberta)
+        self.labelled && matches!(self.arch, Arch::Bert | Arch::Roberta | Arch::DistilBert)
     }
 
     /// Source-to-target pairs (`--data` for T5).
@@ -195,9 +195,9 @@ impl ZooConfig {
         if self.steps == 0 {
             return bad("steps", 0.0, "at least 1");
         }
-        if self.labelled && !matches!(self.arch, Arch::Bert | Arch::Roberta | Arch::T5) {
+        if self.labelled && !matches!(self.arch, Arch::Bert | Arch::Roberta | Arch::DistilBert | Arch::T5) {
             let reason = format!(
-                "--data (classification for bert and roberta, source/target pairs for t5) is not for {}",
+                "--data (classification for bert, roberta and distilbert, source/target pairs for t5) is not for {}",
                 self.arch.name()
             );
             return Err(FrontendError::InvalidArgument { op: "train", reason });

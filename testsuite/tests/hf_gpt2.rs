@@ -31,7 +31,7 @@ fn a_written_directory_loads_back_to_the_same_logits() {
     let dir = tempfile::tempdir().unwrap();
     let mut ps = ParamStore::new(11);
     let model = Gpt2::new(&mut ps, tiny(), Spelling::Builtin).unwrap();
-    hf::save_gpt2(dir.path(), &model, &ps).unwrap();
+    hf::save_gpt2(dir.path(), &model, &ps, None).unwrap();
     for spelling in Spelling::ALL {
         let (_, loaded) = hf::load_gpt2(dir.path(), spelling).unwrap();
         assert_eq!(loaded.cfg, tiny());
@@ -65,7 +65,7 @@ fn bad_directories_name_what_is_wrong() {
         let dir = tempfile::tempdir().unwrap();
         let mut ps = ParamStore::new(3);
         let model = Gpt2::new(&mut ps, tiny(), Spelling::Builtin).unwrap();
-        hf::save_gpt2(dir.path(), &model, &ps).unwrap();
+        hf::save_gpt2(dir.path(), &model, &ps, None).unwrap();
         dir
     };
     let d = fresh();

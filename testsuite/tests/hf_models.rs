@@ -62,7 +62,7 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
     a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
-const MODELS: [(&str, &str); 9] = [
+const MODELS: [(&str, &str); 12] = [
     ("gpt2-tiny", "gpt2"),
     ("bert-tiny", "bert"),
     ("roberta-tiny", "roberta"),
@@ -72,6 +72,11 @@ const MODELS: [(&str, &str); 9] = [
     ("distilbert-tiny", "distilbert"),
     ("bert-cls-tiny", "bert"),
     ("roberta-cls-tiny", "roberta"),
+    ("distilbert-cls-tiny", "distilbert"),
+    // XLM-R is RoBERTa's architecture under another model_type.
+    ("xlm-roberta-tiny", "roberta"),
+    // Saved by transformers in three shards with an index.
+    ("llama-sharded-tiny", "llama"),
 ];
 
 #[test]
@@ -84,10 +89,10 @@ fn transformers_models_give_transformers_logits() {
             assert_eq!(model.model_type(), model_type);
             if let HfModel::BertClassifier(m) = &model {
                 // The classes as the config's id2label names them.
-                let want: &[&str] = if name == "bert-cls-tiny" {
-                    &["negative", "neutral", "positive"]
-                } else {
-                    &["LABEL_0", "LABEL_1"]
+                let want: &[&str] = match name {
+                    "bert-cls-tiny" => &["negative", "neutral", "positive"],
+                    "distilbert-cls-tiny" => &["spam", "ham", "other", "more"],
+                    _ => &["LABEL_0", "LABEL_1"],
                 };
                 assert_eq!(m.labels, want);
             }
@@ -112,9 +117,79 @@ fn every_architecture_written_back_loads_to_the_same_logits() {
         // shapes (kiln drops nothing and adds nothing).
         let ours = hf::read_tensors(dir.path()).unwrap();
         let theirs = hf::read_tensors(&fixtures().join(name)).unwrap();
-        let shapes = |t: &[(String, Literal)]| t.iter().map(|(n, l)| (n.clone(), l.ty().clone())).collect::<Vec<_>>();
+        let shapes = |t: &[(String, Literal)]| {
+            let mut v = t.iter().map(|(n, l)| (n.clone(), l.ty().clone())).collect::<Vec<_>>();
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v
+        };
         assert_eq!(shapes(&ours), shapes(&theirs), "{name}");
     }
+}
+
+#[test]
+fn sharded_checkpoints_load_and_save_and_bad_indexes_are_refused() {
+    let name = "llama-sharded-tiny";
+    let inputs = expected(name);
+    let (ps, model) = hf::load(&fixtures().join(name), Spelling::Builtin).unwrap();
+    // Written in shards of at most 30 KB (82 KB of weights): an index and three files, as
+    // transformers names them; read back to the same logits.
+    let dir = tempfile::tempdir().unwrap();
+    hf::save(dir.path(), &model, &ps).unwrap();
+    assert!(dir.path().join("model.safetensors").exists());
+    hf::save_sharded(dir.path(), &model, &ps, 30_000).unwrap();
+    let mut files: Vec<String> =
+        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    files.sort();
+    assert_eq!(
+        files,
+        [
+            "config.json",
+            "model-00001-of-00003.safetensors",
+            "model-00002-of-00003.safetensors",
+            "model-00003-of-00003.safetensors",
+            "model.safetensors.index.json"
+        ],
+        "the one-file weights of the earlier save are gone"
+    );
+    let (_, again) = hf::load(dir.path(), Spelling::Builtin).unwrap();
+    assert_eq!(max_diff(&logits(&model, &inputs), &logits(&again, &inputs)), 0.0);
+    // Saved whole again: the shards and the index go.
+    hf::save(dir.path(), &model, &ps).unwrap();
+    assert!(!dir.path().join("model.safetensors.index.json").exists());
+    assert!(!dir.path().join("model-00001-of-00003.safetensors").exists());
+
+    // Bad indexes: a shard outside the directory, a tensor not in its shard,
+    // a shard holding a tensor the index does not list.
+    let copy = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let d = tempfile::tempdir().unwrap();
+        for e in std::fs::read_dir(fixtures().join(name)).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), d.path().join(e.file_name())).unwrap();
+        }
+        let index = d.path().join("model.safetensors.index.json");
+        let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&index).unwrap()).unwrap();
+        edit(&mut v);
+        std::fs::write(&index, v.to_string()).unwrap();
+        d
+    };
+    let d = copy(&|v| v["weight_map"]["lm_head.weight"] = "../../etc/passwd".into());
+    let e = refused(d.path());
+    assert!(e.contains("lm_head.weight") && e.contains("not a file of this directory"), "{e}");
+    // (lm_head.weight is all of shard 3, which the index then no longer names.)
+    let d = copy(&|v| v["weight_map"]["lm_head.weight"] = "model-00001-of-00003.safetensors".into());
+    let e = refused(d.path());
+    assert!(e.contains("not in their shards: lm_head.weight (in model-00001-of-00003.safetensors)"), "{e}");
+    let d = copy(&|v| v["weight_map"]["model.norm.weight"] = "model-00003-of-00003.safetensors".into());
+    let e = refused(d.path());
+    assert!(e.contains("tensor model.norm.weight is in this shard but the index has it listed in"), "{e}");
+    let d = copy(&|v| {
+        v["weight_map"].as_object_mut().unwrap().remove("model.norm.weight");
+    });
+    let e = refused(d.path());
+    assert!(e.contains("model.norm.weight is in this shard but the index has it not listed"), "{e}");
+    let d = copy(&|v| v["weight_map"]["extra.weight"] = "model-00001-of-00003.safetensors".into());
+    let e = refused(d.path());
+    assert!(e.contains("extra.weight (in model-00001-of-00003.safetensors)"), "{e}");
 }
 
 /// A copy of fixture `name` with its tensors edited.

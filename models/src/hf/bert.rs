@@ -139,9 +139,9 @@ fn class_names(config: &Value, n: usize, path: &Path) -> Result<Vec<String>> {
     Ok(names)
 }
 
-/// A BERT, RoBERTa or XLM-R sequence classifier from a Hugging Face
-/// directory (`BertForSequenceClassification`,
-/// `RobertaForSequenceClassification`): its classes are the rows of the
+/// A BERT, RoBERTa, XLM-R or DistilBERT sequence classifier from a Hugging
+/// Face directory (`BertForSequenceClassification`,
+/// `RobertaForSequenceClassification`, `DistilBertForSequenceClassification`): its classes are the rows of the
 /// classifier's output weight, named by `id2label`.
 pub fn load_bert_classifier(dir: &Path, spelling: Spelling) -> Result<(ParamStore, BertClassifier)> {
     let config_path = dir.join("config.json");
@@ -162,13 +162,19 @@ pub fn load_bert_classifier(dir: &Path, spelling: Spelling) -> Result<(ParamStor
 
 /// Writes `model` as a Hugging Face `BertForMaskedLM` or
 /// `RobertaForMaskedLM` directory.
-pub fn save_bert(dir: &Path, model: &Bert, ps: &ParamStore) -> Result<()> {
-    save_dir(dir, &config_of(model, "ForMaskedLM"), ps, locate)
+pub fn save_bert(dir: &Path, model: &Bert, ps: &ParamStore, max_shard_bytes: Option<u64>) -> Result<()> {
+    save_dir(dir, &config_of(model, "ForMaskedLM"), ps, locate, max_shard_bytes)
 }
 
-/// Writes `model` as a Hugging Face `BertForSequenceClassification` or
-/// `RobertaForSequenceClassification` directory, its classes named.
-pub fn save_bert_classifier(dir: &Path, model: &BertClassifier, ps: &ParamStore) -> Result<()> {
+/// Writes `model` as a Hugging Face `BertForSequenceClassification`,
+/// `RobertaForSequenceClassification` or `DistilBertForSequenceClassification`
+/// directory, its classes named.
+pub fn save_bert_classifier(
+    dir: &Path,
+    model: &BertClassifier,
+    ps: &ParamStore,
+    max_shard_bytes: Option<u64>,
+) -> Result<()> {
     let mut config = config_of(&model.bert, "ForSequenceClassification");
     let id2label: serde_json::Map<String, Value> =
         model.labels.iter().enumerate().map(|(i, l)| (i.to_string(), json!(l))).collect();
@@ -176,7 +182,7 @@ pub fn save_bert_classifier(dir: &Path, model: &BertClassifier, ps: &ParamStore)
         model.labels.iter().enumerate().map(|(i, l)| (l.clone(), json!(i))).collect();
     config["id2label"] = Value::Object(id2label);
     config["label2id"] = Value::Object(label2id);
-    save_dir(dir, &config, ps, locate)
+    save_dir(dir, &config, ps, locate, max_shard_bytes)
 }
 
 /// The config of `model`'s encoder for the architecture `{Bert,Roberta}{task}`.

@@ -69,7 +69,7 @@ pub fn load_gpt2(dir: &Path, spelling: Spelling) -> Result<(ParamStore, Gpt2)> {
 
 /// Writes `model` (its parameters in `ps`) as a Hugging Face
 /// `GPT2LMHeadModel` directory: `config.json` and `model.safetensors`.
-pub fn save_gpt2(dir: &Path, model: &Gpt2, ps: &ParamStore) -> Result<()> {
+pub fn save_gpt2(dir: &Path, model: &Gpt2, ps: &ParamStore, max_shard_bytes: Option<u64>) -> Result<()> {
     let c = model.cfg;
     let config = json!({
         "architectures": ["GPT2LMHeadModel"],
@@ -85,5 +85,5 @@ pub fn save_gpt2(dir: &Path, model: &Gpt2, ps: &ParamStore) -> Result<()> {
         "tie_word_embeddings": true,
         "torch_dtype": "float32",
     });
-    save_dir(dir, &config, ps, locate)
+    save_dir(dir, &config, ps, locate, max_shard_bytes)
 }

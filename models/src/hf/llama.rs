@@ -82,7 +82,7 @@ pub fn load_llama(dir: &Path, spelling: Spelling) -> Result<(ParamStore, Llama)>
 }
 
 /// Writes `model` as a Hugging Face `LlamaForCausalLM` directory.
-pub fn save_llama(dir: &Path, model: &Llama, ps: &ParamStore) -> Result<()> {
+pub fn save_llama(dir: &Path, model: &Llama, ps: &ParamStore, max_shard_bytes: Option<u64>) -> Result<()> {
     let c = model.cfg;
     let config = json!({
         "architectures": ["LlamaForCausalLM"],
@@ -102,5 +102,5 @@ pub fn save_llama(dir: &Path, model: &Llama, ps: &ParamStore) -> Result<()> {
         "tie_word_embeddings": c.tie_embeddings,
         "torch_dtype": "float32",
     });
-    save_dir(dir, &config, ps, locate)
+    save_dir(dir, &config, ps, locate, max_shard_bytes)
 }

@@ -1,6 +1,7 @@
 //! Hugging Face checkpoints in and out: a directory as `save_pretrained`
-//! writes it (`config.json` and `model.safetensors`), read into a kiln model
-//! and written back so that `transformers` loads it.
+//! writes it (`config.json` and `model.safetensors`, or the shards a
+//! `model.safetensors.index.json` lists), read into a kiln model and written
+//! back so that `transformers` loads it.
 //!
 //! kiln's models name their parameters as the Hugging Face architectures do
 //! (`transformer.h.0.attn.c_attn.weight`, `bert.encoder.layer.0...`,
@@ -25,6 +26,9 @@
 //!   does not have) is refused naming the field, never silently computed
 //!   another way.
 //! - Written files are atomic (`kiln::atomic_write`).
+//! - A shard the index names is a file of the directory itself (a name with a
+//!   path separator or `..` is refused), every tensor the index lists is in
+//!   the shard it names, and no shard holds a tensor the index does not list.
 
 use std::path::Path;
 
@@ -69,19 +73,92 @@ pub fn read_config(dir: &Path) -> Result<Value> {
     serde_json::from_str(&text).map_err(|e| bad(&path, format!("not JSON: {e}")))
 }
 
-/// Every tensor of `dir/model.safetensors`, by name, as literals.
-pub fn read_tensors(dir: &Path) -> Result<Vec<(String, Literal)>> {
-    let path = dir.join("model.safetensors");
-    if !path.exists() && dir.join("model.safetensors.index.json").exists() {
-        return Err(bad(&path, "the checkpoint is sharded (model.safetensors.index.json): not read yet".into()));
+/// The one-file weights' name.
+const WEIGHTS: &str = "model.safetensors";
+/// The sharded weights' index.
+const INDEX: &str = "model.safetensors.index.json";
+/// The largest index read (a 70B model's is about 100 KB).
+const MAX_INDEX_BYTES: u64 = 64 << 20;
+/// Shards `save` writes at most (transformers' long-standing default): a
+/// model below it is one `model.safetensors`.
+pub const MAX_SHARD_BYTES: u64 = 5_000_000_000;
+
+/// Where the weights of `dir` are: `model.safetensors`, else the index of
+/// a sharded checkpoint (the path errors name).
+pub fn weights_path(dir: &Path) -> std::path::PathBuf {
+    let one = dir.join(WEIGHTS);
+    if !one.exists() && dir.join(INDEX).exists() {
+        return dir.join(INDEX);
     }
-    read_safetensors(&path)
+    one
 }
 
-/// The tensor names of `dir/model.safetensors`, from its header alone.
+/// A sharded checkpoint's `weight_map`: each tensor's shard, a file name in
+/// the directory.
+fn shard_index(dir: &Path) -> Result<std::collections::BTreeMap<String, String>> {
+    let path = dir.join(INDEX);
+    let io = |source| FrontendError::Io { path: path.clone(), source };
+    let meta = std::fs::metadata(&path).map_err(io)?;
+    if !meta.is_file() || meta.len() > MAX_INDEX_BYTES {
+        return Err(bad(&path, format!("not a regular file of at most {MAX_INDEX_BYTES} bytes")));
+    }
+    let value: Value = serde_json::from_str(&std::fs::read_to_string(&path).map_err(io)?)
+        .map_err(|e| bad(&path, format!("not JSON: {e}")))?;
+    let map = value.get("weight_map").and_then(Value::as_object).ok_or_else(|| bad(&path, "no weight_map".into()))?;
+    let mut out = std::collections::BTreeMap::new();
+    for (tensor, file) in map {
+        let file = file.as_str().ok_or_else(|| bad(&path, format!("tensor {tensor}: its shard is not a file name")))?;
+        let plain = !file.is_empty() && file != "." && file != ".." && !file.contains(['/', '\\']);
+        if !plain {
+            return Err(bad(&path, format!("tensor {tensor}: shard {file:?} is not a file of this directory")));
+        }
+        out.insert(tensor.clone(), file.to_string());
+    }
+    if out.is_empty() {
+        return Err(bad(&path, "an empty weight_map".into()));
+    }
+    Ok(out)
+}
+
+/// Every tensor of `dir`'s weights (`model.safetensors`, or every shard of a
+/// sharded checkpoint), by name, as literals.
+pub fn read_tensors(dir: &Path) -> Result<Vec<(String, Literal)>> {
+    let path = weights_path(dir);
+    if !path.ends_with(INDEX) {
+        return read_safetensors(&path);
+    }
+    let index = shard_index(dir)?;
+    let mut files: Vec<&String> = index.values().collect();
+    files.sort();
+    files.dedup();
+    let mut out = Vec::with_capacity(index.len());
+    for file in files {
+        let shard = dir.join(file);
+        for (name, lit) in read_safetensors(&shard)? {
+            if index.get(&name) != Some(file) {
+                let listed = index.get(&name).map_or("not listed".to_string(), |f| format!("listed in {f}"));
+                return Err(bad(&shard, format!("tensor {name} is in this shard but the index has it {listed}")));
+            }
+            out.push((name, lit));
+        }
+    }
+    if out.len() != index.len() {
+        let found: std::collections::BTreeSet<&str> = out.iter().map(|(n, _)| n.as_str()).collect();
+        let missing: Vec<String> =
+            index.iter().filter(|(n, _)| !found.contains(n.as_str())).map(|(n, f)| format!("{n} (in {f})")).collect();
+        return Err(bad(&path, format!("tensors the index lists are not in their shards: {}", missing.join(", "))));
+    }
+    Ok(out)
+}
+
+/// The tensor names of `dir`'s weights, from the safetensors header (or the
+/// sharded checkpoint's index) alone.
 pub fn tensor_names(dir: &Path) -> Result<Vec<String>> {
     use std::io::Read as _;
-    let path = dir.join("model.safetensors");
+    if weights_path(dir).ends_with(INDEX) {
+        return Ok(shard_index(dir)?.into_keys().collect());
+    }
+    let path = dir.join(WEIGHTS);
     let io = |source| FrontendError::Io { path: path.clone(), source };
     let mut file = kiln_frontend::input::open(&path)?;
     let mut len = [0u8; 8];
@@ -276,14 +353,23 @@ fn load_dir<C, M>(
     let cfg = config(&value, &config_path, &tensors)?;
     let mut ps = ParamStore::new(0);
     let model = make(&mut ps, cfg)?;
-    load_into(&ps, &tensors, &dir.join("model.safetensors"), locate, ignored)?;
+    load_into(&ps, &tensors, &weights_path(dir), locate, ignored)?;
     Ok((ps, model))
 }
 
-/// Writes `ps`'s parameters as `dir/model.safetensors`, each under the first
-/// of `locate(name)`'s places (transposed where it says), and `config` as
-/// `dir/config.json`; both atomically.
-fn save_dir(dir: &Path, config: &Value, ps: &ParamStore, locate: impl Fn(&str) -> Vec<HfName>) -> Result<()> {
+/// Writes `ps`'s parameters as `dir/model.safetensors` (or, past
+/// `max_shard_bytes`, as shards `model-0000i-of-0000n.safetensors` and their
+/// index), each under the first of `locate(name)`'s places (transposed where
+/// it says), and `config` as `dir/config.json`; every file atomically. The
+/// other layout's files a previous save left there are removed once the new
+/// ones are written, so the directory holds one model.
+fn save_dir(
+    dir: &Path,
+    config: &Value,
+    ps: &ParamStore,
+    locate: impl Fn(&str) -> Vec<HfName>,
+    max_shard_bytes: Option<u64>,
+) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|source| FrontendError::Io { path: dir.to_path_buf(), source })?;
     let mut tensors = Vec::with_capacity(ps.len());
     for (name, t) in ps.iter() {
@@ -292,27 +378,86 @@ fn save_dir(dir: &Path, config: &Value, ps: &ParamStore, locate: impl Fn(&str) -
         if place.transposed {
             lit = transpose(&lit)?;
         }
-        tensors.push((place.name, lit.ty().clone(), lit.bytes().to_vec()));
+        if !matches!(lit.ty().dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Err(bad(dir, format!("parameter {name} is {}: not written", lit.ty().dtype)));
+        }
+        tensors.push((place.name, lit));
     }
+    // Shards in parameter order, each up to the limit (a larger tensor alone).
+    let limit = max_shard_bytes.unwrap_or(u64::MAX).max(1);
+    let mut shards: Vec<Vec<&(String, Literal)>> = vec![Vec::new()];
+    let mut size = 0u64;
+    for t in &tensors {
+        let bytes = t.1.bytes().len() as u64;
+        if size > 0 && size.saturating_add(bytes) > limit {
+            shards.push(Vec::new());
+            size = 0;
+        }
+        size += bytes;
+        if let Some(shard) = shards.last_mut() {
+            shard.push(t);
+        }
+    }
+    let n = shards.len();
+    let names: Vec<String> = if n == 1 {
+        vec![WEIGHTS.to_string()]
+    } else {
+        (1..=n).map(|i| format!("model-{i:05}-of-{n:05}.safetensors")).collect()
+    };
+    for (file, shard) in names.iter().zip(&shards) {
+        let bytes = serialize(dir, shard)?;
+        kiln_frontend::atomic_write::write_atomically(&dir.join(file), &bytes)?;
+    }
+    if n > 1 {
+        let total: u64 = tensors.iter().map(|(_, l)| l.bytes().len() as u64).sum();
+        let weight_map: serde_json::Map<String, Value> = names
+            .iter()
+            .zip(&shards)
+            .flat_map(|(file, shard)| shard.iter().map(move |(t, _)| (t.clone(), Value::from(file.as_str()))))
+            .collect();
+        let index = serde_json::json!({ "metadata": { "total_size": total }, "weight_map": weight_map });
+        let text = serde_json::to_string_pretty(&index).map_err(|e| bad(dir, e.to_string()))?;
+        kiln_frontend::atomic_write::write_atomically(&dir.join(INDEX), text.as_bytes())?;
+    }
+    let text = serde_json::to_string_pretty(config).map_err(|e| bad(dir, e.to_string()))?;
+    kiln_frontend::atomic_write::write_atomically(&dir.join("config.json"), text.as_bytes())?;
+    remove_stale(dir, &names)
+}
+
+/// One safetensors file of `tensors`.
+fn serialize(dir: &Path, tensors: &[&(String, Literal)]) -> Result<Vec<u8>> {
     let views = tensors
         .iter()
-        .map(|(n, ty, b)| {
-            let dtype = match ty.dtype {
-                DType::F32 => Dtype::F32,
+        .map(|(n, lit)| {
+            let dtype = match lit.ty().dtype {
                 DType::F16 => Dtype::F16,
                 DType::BF16 => Dtype::BF16,
-                other => return Err(bad(dir, format!("parameter {n} is {other}: not written"))),
+                _ => Dtype::F32,
             };
-            let view = safetensors::tensor::TensorView::new(dtype, ty.shape.dims().to_vec(), b)
+            let view = safetensors::tensor::TensorView::new(dtype, lit.ty().shape.dims().to_vec(), lit.bytes())
                 .map_err(|e| bad(dir, format!("parameter {n}: {e}")))?;
             Ok((n.as_str(), view))
         })
         .collect::<Result<Vec<_>>>()?;
     let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
-    let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| bad(dir, format!("serializing: {e}")))?;
-    kiln_frontend::atomic_write::write_atomically(&dir.join("model.safetensors"), &bytes)?;
-    let text = serde_json::to_string_pretty(config).map_err(|e| bad(dir, e.to_string()))?;
-    kiln_frontend::atomic_write::write_atomically(&dir.join("config.json"), text.as_bytes())
+    safetensors::serialize(views, Some(meta)).map_err(|e| bad(dir, format!("serializing: {e}")))
+}
+
+/// Removes the weights files of `dir` a save did not just write (`written`):
+/// the one-file weights after a sharded save, the index and older shards
+/// after either.
+fn remove_stale(dir: &Path, written: &[String]) -> Result<()> {
+    let entries = std::fs::read_dir(dir).map_err(|source| FrontendError::Io { path: dir.to_path_buf(), source })?;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let shard = name.starts_with("model-") && name.contains("-of-") && name.ends_with(".safetensors");
+        let stale =
+            if name == INDEX { written.len() == 1 } else { (name == WEIGHTS || shard) && !written.contains(&name) };
+        if stale {
+            std::fs::remove_file(entry.path()).map_err(|source| FrontendError::Io { path: entry.path(), source })?;
+        }
+    }
+    Ok(())
 }
 
 /// A model read from a Hugging Face directory, of whichever architecture its
@@ -371,13 +516,20 @@ pub fn load(dir: &Path, spelling: Spelling) -> Result<(ParamStore, HfModel)> {
 }
 
 /// Writes `model` (its parameters in `ps`) as a Hugging Face directory of its
-/// architecture.
+/// architecture, in shards of at most [`MAX_SHARD_BYTES`].
 pub fn save(dir: &Path, model: &HfModel, ps: &ParamStore) -> Result<()> {
+    save_sharded(dir, model, ps, MAX_SHARD_BYTES)
+}
+
+/// [`save`] with shards of at most `max_shard_bytes` (one
+/// `model.safetensors` when the weights fit in one).
+pub fn save_sharded(dir: &Path, model: &HfModel, ps: &ParamStore, max_shard_bytes: u64) -> Result<()> {
+    let max = Some(max_shard_bytes);
     match model {
-        HfModel::Gpt2(m) => save_gpt2(dir, m, ps),
-        HfModel::Bert(m) => save_bert(dir, m, ps),
-        HfModel::BertClassifier(m) => save_bert_classifier(dir, m, ps),
-        HfModel::Llama(m) => save_llama(dir, m, ps),
-        HfModel::T5(m) => save_t5(dir, m, ps),
+        HfModel::Gpt2(m) => save_gpt2(dir, m, ps, max),
+        HfModel::Bert(m) => save_bert(dir, m, ps, max),
+        HfModel::BertClassifier(m) => save_bert_classifier(dir, m, ps, max),
+        HfModel::Llama(m) => save_llama(dir, m, ps, max),
+        HfModel::T5(m) => save_t5(dir, m, ps, max),
     }
 }

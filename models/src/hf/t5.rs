@@ -71,7 +71,7 @@ pub fn load_t5(dir: &Path, spelling: Spelling) -> Result<(ParamStore, T5)> {
 }
 
 /// Writes `model` as a Hugging Face `T5ForConditionalGeneration` directory.
-pub fn save_t5(dir: &Path, model: &T5, ps: &ParamStore) -> Result<()> {
+pub fn save_t5(dir: &Path, model: &T5, ps: &ParamStore, max_shard_bytes: Option<u64>) -> Result<()> {
     let c = model.cfg;
     let feed_forward_proj = match c.feed_forward {
         FeedForward::Relu => "relu",
@@ -99,5 +99,5 @@ pub fn save_t5(dir: &Path, model: &T5, ps: &ParamStore) -> Result<()> {
         "decoder_start_token_id": 0,
         "torch_dtype": "float32",
     });
-    save_dir(dir, &config, ps, locate)
+    save_dir(dir, &config, ps, locate, max_shard_bytes)
 }
