@@ -7,11 +7,13 @@
 //! built-in models (`mlp`, `gpt`, the zoo) are its users.
 //!
 //! ```no_run
-//! use kiln::nn::{Linear, Module, ParamStore};
-//! use kiln::optim::AdamWConfig;
-//! use kiln::train::{Checkpointing, Eval, FitConfig, Metric, Trainer};
-//! use kiln::Tensor;
-//! # fn batch_of(step: u64) -> kiln::Result<Vec<Tensor>> { unimplemented!() }
+//! // `kiln::train` in the `kiln` crate.
+//! use kiln_frontend::nn::{cross_entropy, Linear, Module, ParamStore};
+//! use kiln_frontend::optim::AdamWConfig;
+//! use kiln_compiler::ir::DType;
+//! use kiln_frontend::{Result, Tensor};
+//! use kiln_models::trainer::{Checkpointing, Eval, FitConfig, Metric, Trainer};
+//! # fn batch_of(step: u64) -> Result<Vec<Tensor>> { unimplemented!() }
 //! let mut ps = ParamStore::new(0);
 //! let layer = Linear::new(&mut ps, "out", 784, 10, true)?;
 //! let mut cfg = FitConfig::new(1_000, 1e-3);
@@ -19,14 +21,14 @@
 //! cfg.checkpoint = Some(Checkpointing::new("run.ckpt"));
 //! let mut trainer = Trainer::new(&ps, AdamWConfig::default(), cfg)?;
 //! trainer.on_step(|s| println!("step {} loss {:.4}", s.step, s.loss));
-//! let loss = |b: &Vec<Tensor>| kiln::nn::cross_entropy(&layer.forward(&b[0])?, &b[1], None);
-//! let held: Vec<Vec<Tensor>> = (0..4).map(|i| batch_of(1_000_000 + i)).collect::<kiln::Result<_>>()?;
-//! let accuracy = |b: &Vec<Tensor>| {
-//!     let hits = layer.forward(&b[0])?.argmax(-1)?.eq(&b[1])?.to_dtype(kiln::DType::F32)?;
+//! let loss = |b: &Vec<Tensor>| cross_entropy(&layer.forward(&b[0])?, &b[1], None);
+//! let held: Vec<Vec<Tensor>> = (0..4).map(|i| batch_of(1_000_000 + i)).collect::<Result<_>>()?;
+//! let accuracy = |b: &Vec<Tensor>| -> Result<Vec<Metric>> {
+//!     let hits = layer.forward(&b[0])?.argmax(-1)?.eq(&b[1])?.to_dtype(DType::F32)?;
 //!     Ok(vec![Metric::mean("accuracy", hits.mean_all()?)])
 //! };
 //! let report = trainer.fit(&mut batch_of, &loss, Some(&Eval::new(held, &accuracy)))?;
-//! # Ok::<(), kiln::FrontendError>(())
+//! # Ok::<(), kiln_frontend::FrontendError>(())
 //! ```
 //!
 //! How a step runs: the step (the loss, its gradients averaged over
