@@ -419,6 +419,11 @@ fn each_replica_or_data_rank_trains_on_its_own_rows() {
     let four = run("1", "4");
     for (spec, like) in [("fsdp", &one), ("tp=2", &four)] {
         let r = sharded(spec);
+        // The parameters are split, not replicated: FSDP splits the large
+        // ones, tensor parallelism the Megatron pairs (c_attn, c_fc and their
+        // row Linears, two layers: 8 weights and the 4 column biases).
+        let split = r["sharded_parameters"].as_u64().unwrap();
+        assert!(if spec == "tp=2" { split == 12 } else { split > 12 }, "{spec}: {split} sharded: {r}");
         for (a, b) in losses(like).iter().zip(losses(&r)) {
             assert!((a - b).abs() < 1e-4, "{spec}: {:?} vs {:?}", losses(like), losses(&r));
         }

@@ -326,8 +326,11 @@ pub struct Trainer<'a> {
 
 impl<'a> Trainer<'a> {
     /// A trainer of `params` with a new AdamW (its state made where the
-    /// parameters are).
+    /// parameters are, and, under a mesh with a policy set —
+    /// `kiln::shard::set_policy`, `--shard` — split as the policy splits the
+    /// parameters, which it applies first).
     pub fn new(params: &'a ParamStore, opt: AdamWConfig, cfg: FitConfig) -> Result<Trainer<'a>> {
+        kiln_frontend::shard::apply_active(params)?;
         let opt = AdamW::with_state_on(&params.tensors(), opt, params.placement())?;
         Trainer::with_optimizer(params, opt, cfg)
     }

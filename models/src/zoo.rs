@@ -247,6 +247,8 @@ pub struct ZooReport {
     /// Training tokens the tokenizer could not map (its unknown token).
     pub unknown_tokens: usize,
     pub parameters: usize,
+    /// Parameters split over the mesh (`--shard fsdp|tp=N`; 0 without one).
+    pub sharded_parameters: usize,
     /// The classes of a classification run, by id.
     pub classes: Vec<String>,
     /// How `--init` was used when it was not a whole model of the task (a
@@ -760,6 +762,7 @@ pub fn train(
     drop(trainer);
     report.buckets = buckets;
     report.evals = evals.into_inner();
+    report.sharded_parameters = params.iter().filter(|(_, t)| t.sharding().is_some()).count();
     report.train = fitted.train;
     report.train.count_since(&before);
     Ok((report, Trained { model, params, tokenizer }))

@@ -212,6 +212,7 @@ pub fn run(arch: Arch, args: ZooArgs, progress: indicatif::ProgressBar) -> anyho
                 "init_note": report.init_note,
                 "config": if matches!(init, Init::Fresh) { args.config.clone() } else { args.init.clone().unwrap_or_default() },
                 "parameters": report.parameters,
+                "sharded_parameters": report.sharded_parameters,
                 "vocab": report.vocab,
                 "tokenizer": trained.tokenizer.source,
                 "tokenizer_vocab": report.tokenizer_vocab,

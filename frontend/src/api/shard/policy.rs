@@ -54,19 +54,47 @@ impl fmt::Display for ShardPolicy {
     }
 }
 
-/// The Linear pairs of kiln's transformer blocks (`<block>.attn.qkv` →
-/// `<block>.attn.proj`, `<block>.mlp.fc` → `<block>.mlp.proj`) found in
-/// `store`: (column, row) names.
+/// Megatron's pairs by parameter names: a block's row-parallel Linear (input
+/// features split) and the column-parallel Linears (output features split)
+/// that feed it. kiln's own blocks, then the Hugging Face names of the
+/// model zoo's: GPT-2, Llama, BERT/RoBERTa, DistilBERT, T5 (self- and
+/// cross-attention, ReLU and gated feed-forwards).
+const MEGATRON: [(&str, &[&str]); 12] = [
+    (".attn.proj", &[".attn.qkv"]),
+    (".mlp.proj", &[".mlp.fc"]),
+    (".attn.c_proj", &[".attn.c_attn"]),
+    (".mlp.c_proj", &[".mlp.c_fc"]),
+    (".self_attn.o_proj", &[".self_attn.q_proj", ".self_attn.k_proj", ".self_attn.v_proj"]),
+    (".mlp.down_proj", &[".mlp.gate_proj", ".mlp.up_proj"]),
+    (".attention.output.dense", &[".attention.self.query", ".attention.self.key", ".attention.self.value"]),
+    (".output.dense", &[".intermediate.dense"]),
+    (".attention.out_lin", &[".attention.q_lin", ".attention.k_lin", ".attention.v_lin"]),
+    (".ffn.lin2", &[".ffn.lin1"]),
+    (".o", &[".q", ".k", ".v"]),
+    (".DenseReluDense.wo", &[".DenseReluDense.wi", ".DenseReluDense.wi_0", ".DenseReluDense.wi_1"]),
+];
+
+/// The Megatron Linear pairs found in `store` (see [`MEGATRON`]): (column,
+/// row) Linear names, a row kept only with at least one of its columns.
+/// GPT-2's fused `c_attn` is one flat `[dim, 3·dim]` Linear: its output
+/// split is contiguous thirds, not whole heads, so the partitioner moves
+/// q, k and v between devices after it (kiln's own `attn.qkv` keeps a
+/// heads axis instead: docs/sharding.md).
 pub fn megatron_pairs(store: &ParamStore) -> (Vec<String>, Vec<String>) {
     let mut column = Vec::new();
     let mut row = Vec::new();
     for (name, _) in store.iter() {
-        for (col, r) in [(".attn.qkv.weight", ".attn.proj.weight"), (".mlp.fc.weight", ".mlp.proj.weight")] {
-            if let Some(prefix) = name.strip_suffix(col) {
-                if store.get(&format!("{prefix}{r}")).is_some() {
-                    column.push(format!("{prefix}{}", col.trim_end_matches(".weight")));
-                    row.push(format!("{prefix}{}", r.trim_end_matches(".weight")));
-                }
+        let Some(linear) = name.strip_suffix(".weight") else { continue };
+        for (r, cols) in MEGATRON {
+            let Some(prefix) = linear.strip_suffix(r) else { continue };
+            let found: Vec<String> = cols
+                .iter()
+                .map(|c| format!("{prefix}{c}"))
+                .filter(|c| store.get(&format!("{c}.weight")).is_some())
+                .collect();
+            if !found.is_empty() && !row.iter().any(|x: &String| x == linear) {
+                column.extend(found);
+                row.push(linear.to_string());
             }
         }
     }
