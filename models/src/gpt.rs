@@ -834,14 +834,14 @@ pub fn train_with(
     trainer.on_eval(&mut on_eval);
     // Each step's windows from the seed and the step alone.
     let mut batches = |step: u64| -> Result<Vec<Tensor>> {
-        let mut sampler = HostRng::new((cfg.seed ^ 0x5eed).wrapping_add(step.wrapping_mul(0x9e37_79b9_7f4a_7c15)));
+        let mut sampler = HostRng::new(crate::training::step_seed(cfg.seed ^ 0x5eed, step));
         let (x, y) = sample_batch(&data, &mut sampler, &cfg)?;
         Ok(vec![x, y])
     };
     // Fixed windows of the held-out text (dropout off).
     let eval_batches = (0..if evaluates { EVAL_BATCHES } else { 0 })
         .map(|i| {
-            let mut sampler = HostRng::new(cfg.seed ^ 0xe7a1 ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let mut sampler = HostRng::new(crate::training::step_seed(cfg.seed ^ 0xe7a1, i));
             sample_batch(&held, &mut sampler, &cfg).map(|(x, y)| vec![x, y])
         })
         .collect::<Result<Vec<_>>>()?;

@@ -139,6 +139,22 @@ impl SetupBreakdown {
     }
 }
 
+/// The seed of step `step`'s own generator in a run seeded `seed`: both
+/// through SplitMix64's output mix, so the generators of neighbouring steps
+/// draw unrelated sequences. (A seed plus the step times SplitMix's own
+/// increment, as the GPT's windows were drawn at first, makes step n+1's
+/// draws step n's shifted by one: 15 of a batch's 16 windows repeated from
+/// the step before.)
+pub fn step_seed(seed: u64, step: u64) -> u64 {
+    fn mix(mut z: u64) -> u64 {
+        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    mix(seed ^ mix(step))
+}
+
 /// Milliseconds since `t`, and restarts `t`.
 pub(crate) fn lap(t: &mut Instant) -> f64 {
     let now = Instant::now();
@@ -371,4 +387,27 @@ impl StepClock {
 /// (the names of [`kiln_frontend::checkpoint::training_state`]).
 pub(crate) fn training_state(params: &ParamStore, opt: &AdamW) -> Vec<(String, Tensor)> {
     kiln_frontend::checkpoint::state_of(params.iter().map(|(n, t)| (n.to_string(), t.clone())).collect(), opt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::step_seed;
+    use kiln_frontend::nn::HostRng;
+
+    /// Neighbouring steps draw unrelated windows: none of step n+1's first
+    /// 16 draws is among step n's (with seed + n·increment, 15 were).
+    #[test]
+    fn neighbouring_steps_draw_unrelated_sequences() {
+        for seed in [0, 1, 0x5eed] {
+            let draws = |step: u64| {
+                let mut r = HostRng::new(step_seed(seed, step));
+                (0..16).map(|_| r.next_u64()).collect::<Vec<u64>>()
+            };
+            for n in 0..200 {
+                let (a, b) = (draws(n), draws(n + 1));
+                assert!(b.iter().all(|x| !a.contains(x)), "seed {seed}, steps {n} and {}", n + 1);
+            }
+        }
+        assert_ne!(step_seed(1, 0), step_seed(0, 1));
+    }
 }

@@ -753,7 +753,7 @@ pub fn train(
     // The step's batch from the seed and the step alone (a resumed run
     // draws what the saved one would have).
     let mut data = |step: u64| -> Result<Batch> {
-        let mut rng = Rng::new(cfg.seed ^ (step + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut rng = Rng::new(crate::training::step_seed(cfg.seed, step));
         let batch = batcher.next(&corpus, &mut rng)?;
         buckets.insert(batch.lens());
         Ok(batch)
