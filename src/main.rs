@@ -44,7 +44,8 @@ enum Command {
     /// KILN_NUM_NODES, KILN_NODE_ID, KILN_COORDINATOR; with GPUs, its own).
     Launch(cmd::launch::LaunchArgs),
     /// Continue a prompt with a GPT-2 or Llama directory (hf:DIR) and its
-    /// tokenizer: a key/value cache, sampling in the graph.
+    /// tokenizer, or a `kiln train gpt` checkpoint (--checkpoint FILE): a
+    /// key/value cache, sampling in the graph.
     Generate(cmd::generate::GenerateArgs),
     /// Draw the curves of one or several runs' --log files as one SVG (loss,
     /// throughput, evaluations).

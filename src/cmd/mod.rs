@@ -26,6 +26,7 @@ pub struct RunArgs {
     /// A file already there is refused unless --resume or --overwrite.
     #[arg(long, value_name = "FILE")]
     pub checkpoint: Option<std::path::PathBuf>,
+    /// Also save every N steps.
     #[arg(long, value_name = "N", requires = "checkpoint", value_parser = clap::value_parser!(u64).range(1..))]
     pub checkpoint_every: Option<u64>,
     /// Continue from --checkpoint FILE with the same settings: the steps it
