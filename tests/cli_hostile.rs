@@ -734,6 +734,26 @@ fn assert_same_checkpoint(a: &Path, b: &Path) {
     }
 }
 
+/// Runs `kiln` with `args`, kills it once its checkpoint `ck` is on disk
+/// (within 240 s), and returns the step that checkpoint holds.
+fn kill_after_first_checkpoint(args: &[String], ck: &Path) -> u64 {
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("kiln"))
+        .args(args)
+        .env("KILN_CACHE", "off")
+        .env_remove("KILN_CPU_DEVICES")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !ck.exists() && t.elapsed() < Duration::from_secs(240) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    kiln::checkpoint::load(ck).unwrap().step
+}
+
 #[test]
 fn a_killed_run_resumes_bit_identical_and_leaves_no_temp_files() {
     let dir = tempfile::tempdir().unwrap();
@@ -749,21 +769,7 @@ fn a_killed_run_resumes_bit_identical_and_leaves_no_temp_files() {
     assert_eq!(json(&out)["steps"], 300);
 
     // The same run, killed once its first periodic checkpoint is on disk.
-    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("kiln"))
-        .args(args(&resumed))
-        .env("KILN_CACHE", "off")
-        .env_remove("KILN_CPU_DEVICES")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while !resumed.exists() && t.elapsed() < Duration::from_secs(240) {
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let at = kiln::checkpoint::load(&resumed).unwrap().step;
+    let at = kill_after_first_checkpoint(&args(&resumed), &resumed);
     assert!(at < 300, "killed at step {at}");
 
     let mut resume = args(&resumed);
@@ -808,21 +814,7 @@ fn a_killed_gpt_run_resumes_bit_identical_and_its_checkpoint_generates() {
     assert_eq!(kiln::checkpoint::load(dir.path().join("whole.best")).unwrap().step, best["step"].as_u64().unwrap());
 
     let ck = dir.path().join("cut.ck");
-    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("kiln"))
-        .args(args("cut"))
-        .env("KILN_CACHE", "off")
-        .env_remove("KILN_CPU_DEVICES")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while !ck.exists() && t.elapsed() < Duration::from_secs(240) {
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let at = kiln::checkpoint::load(&ck).unwrap().step;
+    let at = kill_after_first_checkpoint(&args("cut"), &ck);
     assert!(at < 120, "killed at step {at}");
     let mut resume = args("cut");
     resume.push("--resume".into());

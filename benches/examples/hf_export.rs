@@ -44,6 +44,11 @@ fn ids(vocab: usize, len: usize, pad: i32, padded: bool, salt: usize) -> kiln::R
     Ok((Tensor::from_vec(ids, [2, len])?, Tensor::from_vec(mask, [2, len])?))
 }
 
+/// The tiny DistilBERT both DistilBERT directories are written from.
+fn distilbert() -> BertConfig {
+    BertConfig { vocab: 89, type_vocab: 0, flavor: BertFlavor::DistilBert, pooler: false, ..BertConfig::tiny() }
+}
+
 fn main() -> kiln::Result<()> {
     let dir = std::path::PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "hf-export".into()));
     let mut written = Vec::new();
@@ -83,16 +88,7 @@ fn main() -> kiln::Result<()> {
                 };
                 HfModel::Bert(Bert::new(&mut ps, cfg, Spelling::Builtin)?)
             }
-            "distilbert" => {
-                let cfg = BertConfig {
-                    vocab: 89,
-                    type_vocab: 0,
-                    flavor: BertFlavor::DistilBert,
-                    pooler: false,
-                    ..BertConfig::tiny()
-                };
-                HfModel::Bert(Bert::new(&mut ps, cfg, Spelling::Builtin)?)
-            }
+            "distilbert" => HfModel::Bert(Bert::new(&mut ps, distilbert(), Spelling::Builtin)?),
             "bert-cls" => {
                 let labels = vec!["no".to_string(), "maybe".to_string(), "yes".to_string()];
                 HfModel::BertClassifier(BertClassifier::new(
@@ -114,15 +110,8 @@ fn main() -> kiln::Result<()> {
                 HfModel::BertClassifier(BertClassifier::new(&mut ps, cfg, labels, Spelling::Builtin)?)
             }
             "distilbert-cls" => {
-                let cfg = BertConfig {
-                    vocab: 89,
-                    type_vocab: 0,
-                    flavor: BertFlavor::DistilBert,
-                    pooler: false,
-                    ..BertConfig::tiny()
-                };
                 let labels = ["w", "x", "y", "z"].map(String::from).to_vec();
-                HfModel::BertClassifier(BertClassifier::new(&mut ps, cfg, labels, Spelling::Builtin)?)
+                HfModel::BertClassifier(BertClassifier::new(&mut ps, distilbert(), labels, Spelling::Builtin)?)
             }
             "llama" | "llama-sharded" => {
                 let cfg = LlamaConfig { vocab: 79, eps: 1e-6, tie_embeddings: false, ..LlamaConfig::tiny() };

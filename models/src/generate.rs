@@ -13,13 +13,15 @@
 //! bisection (no sort: each halving is one reduction over the vocabulary),
 //! then a Gumbel-max draw among the tokens kept. Temperature 0 is greedy.
 
+use std::path::Path;
 use std::time::Instant;
 
 use kiln_compiler::ir::{BinaryOp, DType};
-use kiln_frontend::nn::{self, AttentionOptions};
+use kiln_frontend::checkpoint;
+use kiln_frontend::nn::{self, AttentionOptions, InitPlacement, ParamStore};
 use kiln_frontend::{metrics, FrontendError, Result, Tensor};
 
-use crate::gpt::Gpt;
+use crate::gpt::{self, CharVocab, Gpt, GptConfig};
 use crate::gpt2::Gpt2;
 use crate::llama::Llama;
 
@@ -284,4 +286,45 @@ pub fn generate(
     let after = metrics::snapshot();
     out.programs = (after.compiles - before.compiles) + (after.disk_hits - before.disk_hits);
     Ok(out)
+}
+
+/// The model `kiln train gpt --checkpoint FILE` saved, its parameters (on
+/// the host) and its characters: what `kiln generate --checkpoint FILE`
+/// samples from. A checkpoint without the run's characters and shape (an
+/// MLP's, a zoo model's) is refused naming what it lacks.
+pub fn load_gpt_checkpoint(path: &Path) -> Result<(Gpt, ParamStore, CharVocab)> {
+    let loaded = checkpoint::load(path)?;
+    let refuse = |reason: String| FrontendError::Checkpoint { path: path.to_path_buf(), reason };
+    let text = |name: &str| -> Result<String> {
+        let (_, lit) = loaded.tensors.iter().find(|(n, _)| n == name).ok_or_else(|| {
+            refuse(format!("no tensor {name}: not a checkpoint of `kiln train gpt` (a character-level GPT)"))
+        })?;
+        String::from_utf8(lit.bytes().to_vec()).map_err(|_| refuse(format!("tensor {name} is not UTF-8 text")))
+    };
+    let chars = text(gpt::CHARS)?;
+    let shape = text(gpt::SHAPE)?;
+    let field = |key: &str| -> Result<usize> {
+        shape
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+            .ok_or_else(|| refuse(format!("tensor {} ({shape:?}) has no {key}", gpt::SHAPE)))
+    };
+    let vocab = CharVocab::new(&chars);
+    if vocab.as_text() != chars {
+        return Err(refuse(format!("tensor {} is not a sorted set of characters", gpt::CHARS)));
+    }
+    let cfg = GptConfig {
+        vocab: field("vocab")?,
+        seq: field("seq")?,
+        dim: field("dim")?,
+        heads: field("heads")?,
+        layers: field("layers")?,
+        init: Some(InitPlacement::Host),
+        ..GptConfig::tiny(0)
+    };
+    let mut params = ParamStore::with_placement(0, InitPlacement::Host);
+    let model = Gpt::new(&mut params, &cfg)?;
+    let targets: Vec<(String, Tensor)> = params.iter().map(|(n, t)| (format!("param.{n}"), t.clone())).collect();
+    checkpoint::restore_loaded(path, loaded, &targets)?;
+    Ok((model, params, vocab))
 }

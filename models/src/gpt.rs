@@ -77,53 +77,12 @@ pub struct GptRun {
 /// The checkpoint tensor holding a run's characters in id order (UTF-8).
 pub const CHARS: &str = "run.chars";
 /// The checkpoint tensor holding the model's shape (`vocab=.. seq=.. dim=..
-/// heads=.. layers=..`).
+/// heads=.. layers=..`; `generate::load_gpt_checkpoint` reads both).
 pub const SHAPE: &str = "run.gpt_shape";
 
 fn text_tensor(name: &str, text: &str) -> Result<(String, Tensor)> {
     let bytes = text.as_bytes().to_vec();
     Ok((name.to_string(), Tensor::from_vec(bytes.clone(), [bytes.len()])?))
-}
-
-/// The model `kiln train gpt --checkpoint FILE` saved, its parameters (on
-/// the host) and its characters: what `kiln generate --checkpoint FILE`
-/// samples from. A checkpoint without the run's characters and shape (an
-/// MLP's, a zoo model's) is refused naming what it lacks.
-pub fn load_checkpoint(path: &Path) -> Result<(Gpt, ParamStore, CharVocab)> {
-    let loaded = checkpoint::load(path)?;
-    let refuse = |reason: String| FrontendError::Checkpoint { path: path.to_path_buf(), reason };
-    let text = |name: &str| -> Result<String> {
-        let (_, lit) = loaded.tensors.iter().find(|(n, _)| n == name).ok_or_else(|| {
-            refuse(format!("no tensor {name}: not a checkpoint of `kiln train gpt` (a character-level GPT)"))
-        })?;
-        String::from_utf8(lit.bytes().to_vec()).map_err(|_| refuse(format!("tensor {name} is not UTF-8 text")))
-    };
-    let chars = text(CHARS)?;
-    let shape = text(SHAPE)?;
-    let field = |key: &str| -> Result<usize> {
-        shape
-            .split_whitespace()
-            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
-            .ok_or_else(|| refuse(format!("tensor {SHAPE} ({shape:?}) has no {key}")))
-    };
-    let vocab = CharVocab::new(&chars);
-    if vocab.as_text() != chars {
-        return Err(refuse(format!("tensor {CHARS} is not a sorted set of characters")));
-    }
-    let cfg = GptConfig {
-        vocab: field("vocab")?,
-        seq: field("seq")?,
-        dim: field("dim")?,
-        heads: field("heads")?,
-        layers: field("layers")?,
-        init: Some(InitPlacement::Host),
-        ..GptConfig::tiny(0)
-    };
-    let mut params = ParamStore::with_placement(0, InitPlacement::Host);
-    let model = Gpt::new(&mut params, &cfg)?;
-    let targets: Vec<(String, Tensor)> = params.iter().map(|(n, t)| (format!("param.{n}"), t.clone())).collect();
-    checkpoint::restore_loaded(path, loaded, &targets)?;
-    Ok((model, params, vocab))
 }
 
 /// Validation batches a GPT run's evaluation takes from the held-out text.
@@ -270,7 +229,7 @@ impl GptConfig {
 }
 
 impl GptConfig {
-    /// The model's shape as [`load_checkpoint`] reads it.
+    /// The model's shape as `generate::load_gpt_checkpoint` reads it.
     pub fn shape_text(&self) -> String {
         format!("vocab={} seq={} dim={} heads={} layers={}", self.vocab, self.seq, self.dim, self.heads, self.layers)
     }
@@ -826,7 +785,7 @@ pub fn train_with(
     fit.record = crate::trainer::RunRecord {
         settings: Some(cfg.run_settings()),
         examples_per_step: Some((cfg.batch * kiln_frontend::replicas::global_replicas()?) as u64),
-        // What `load_checkpoint` rebuilds the model and its characters from.
+        // What `generate::load_gpt_checkpoint` rebuilds the model and its characters from.
         tensors: vec![text_tensor(CHARS, &vocab.as_text())?, text_tensor(SHAPE, &cfg.shape_text())?],
     };
     let mut trainer = crate::trainer::Trainer::with_optimizer(&params, opt, fit)?;

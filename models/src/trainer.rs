@@ -13,7 +13,9 @@
 //! use kiln_compiler::ir::DType;
 //! use kiln_frontend::{Result, Tensor};
 //! use kiln_models::trainer::{Checkpointing, Eval, FitConfig, Metric, Trainer};
-//! # fn batch_of(step: u64) -> Result<Vec<Tensor>> { unimplemented!() }
+//! # fn batch_of(step: u64) -> Result<Vec<Tensor>> {
+//! #     Ok(vec![Tensor::from_vec(vec![0.5f32; 784], [1, 784])?, Tensor::from_vec(vec![(step % 10) as i32], [1])?])
+//! # }
 //! let mut ps = ParamStore::new(0);
 //! let layer = Linear::new(&mut ps, "out", 784, 10, true)?;
 //! let mut cfg = FitConfig::new(1_000, 1e-3);

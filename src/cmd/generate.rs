@@ -90,7 +90,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
 /// `--checkpoint FILE`: the character-level GPT `kiln train gpt` saved; its
 /// context is the model's window.
 fn from_checkpoint(args: &GenerateArgs, path: &std::path::Path, sampling: &Sampling) -> anyhow::Result<()> {
-    let (model, _params, chars) = kiln::models::gpt::load_checkpoint(path)?;
+    let (model, _params, chars) = kiln::models::generate::load_gpt_checkpoint(path)?;
     let context = args.context.unwrap_or(model.config().seq);
     let prompt: Vec<u32> = chars.encode(&args.prompt).into_iter().map(|c| c as u32).collect();
     if prompt.len() < args.prompt.chars().count() {
